@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Clippy on every target and feature; the lints live in [workspace.lints].
+source "$(dirname "$0")/lib.sh"
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings

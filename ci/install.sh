@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the tools the CI steps need. Idempotent: each tool is checked
+# first, so a second run takes a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo-nextest >/dev/null; then
+    cargo install --locked cargo-nextest
+fi
+
+shopt -s nullglob
+fuzz_targets=(fuzz/fuzz_targets/*.rs)
+if [ ${#fuzz_targets[@]} -gt 0 ] && ! command -v cargo-fuzz >/dev/null; then
+    cargo install --locked cargo-fuzz --version "^0.13"
+fi

@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Every publishable crate packages and builds on its own, the way crates.io
+# will see it (cargo >= 1.90 resolves the crates' dependencies on each other).
+source "$(dirname "$0")/lib.sh"
+cargo publish --workspace --dry-run --allow-dirty --locked
