@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs QEMU 10 (qemu-system-x86) from bookworm-backports, plus the host
+# tools the guest conformance run needs (diod, socat, busybox-static source
+# package, build deps for the vhost-user QEMU rebuild are handled by
+# build-qemu-vhost.sh). Idempotent: a second run only checks versions.
+set -euo pipefail
+
+need_root() {
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "install-qemu: must run as root (apt)" >&2
+        exit 1
+    fi
+}
+
+qemu_major() {
+    command -v qemu-system-x86_64 >/dev/null || { echo 0; return; }
+    qemu-system-x86_64 --version | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p'
+}
+
+list=/etc/apt/sources.list.d/bookworm-backports.sources
+updated=0
+if [ ! -f "$list" ]; then
+    need_root
+    cat >"$list" <<'SRC'
+Types: deb deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    apt-get update -qq
+    updated=1
+fi
+
+# deb-src for bookworm itself is not needed; backports carries the QEMU source.
+if [ "$(qemu_major)" -lt 10 ]; then
+    need_root
+    [ "$updated" -eq 1 ] || apt-get update -qq
+    updated=1
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports \
+        --no-install-recommends qemu-system-x86 qemu-utils >/dev/null
+fi
+
+# Host-side tools: diod (peer 9P server), socat (relay), cpio (initramfs).
+missing=()
+command -v diod >/dev/null || missing+=(diod)
+command -v socat >/dev/null || missing+=(socat)
+command -v cpio >/dev/null || missing+=(cpio)
+command -v setfattr >/dev/null || missing+=(attr)
+if [ ${#missing[@]} -gt 0 ]; then
+    need_root
+    [ "$updated" -eq 1 ] || apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+echo "install-qemu: $(qemu-system-x86_64 --version | head -1)"
