@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Quick mode of every ready benchmark suite, so the harness cannot rot.
-# Figures from this run are not meaningful; the full runs are manual.
+# Quick mode of the benchmark report: every ready suite at small sizes with
+# one repetition, so the harness and the suites cannot rot. It writes
+# target/bench/BENCHMARKS.quick.md; the committed BENCHMARKS.md comes from
+# the full, manual `cargo run --release -p vmm-benches -- report`.
 source "$(dirname "$0")/lib.sh"
-cargo run --release --locked -p vmm-benches -- --quick all
+cargo run --release --locked -p vmm-benches -- --quick report

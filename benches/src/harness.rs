@@ -40,6 +40,11 @@ impl Ctx {
         self.reps
     }
 
+    /// Where JSON (and quick-mode report) files go.
+    pub fn out_dir(&self) -> &std::path::Path {
+        &self.out_dir
+    }
+
     /// Picks the full-size or the quick-mode value of a parameter.
     pub fn pick<T>(&self, full: T, quick: T) -> T {
         if self.quick {
@@ -50,11 +55,20 @@ impl Ctx {
     }
 }
 
+/// The workspace root (the parent of this crate's directory).
+pub fn workspace_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or(manifest_dir)
+}
+
 /// `$CARGO_TARGET_DIR`, or `target/` at the workspace root.
 fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
+        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// A markdown table beyond the metric list (for example one row per msize).
@@ -103,12 +117,24 @@ impl Table {
     }
 }
 
+/// One line of a plot: a label and its (x, y) points.
+#[derive(Debug, Clone)]
+pub struct Series {
+    /// Which plot it belongs to (see `plots::PLOTS`).
+    pub plot: String,
+    /// Legend label, for example "ours" or "QEMU".
+    pub label: String,
+    /// The points, in x order.
+    pub points: Vec<(f64, f64)>,
+}
+
 /// Metrics, notes and extra tables produced by one suite run.
 #[derive(Debug, Clone, Default)]
 pub struct SuiteReport {
     metrics: Vec<(String, f64)>,
     notes: Vec<String>,
     tables: Vec<Table>,
+    series: Vec<Series>,
 }
 
 impl SuiteReport {
@@ -130,6 +156,27 @@ impl SuiteReport {
         self
     }
 
+    /// Adds a line to one of the report's plots (`plots::PLOTS` names them).
+    #[allow(dead_code)] // Used by the suites that feed plots.
+    pub fn series(&mut self, plot: &str, label: &str, points: Vec<(f64, f64)>) -> &mut Self {
+        self.series.push(Series {
+            plot: plot.to_string(),
+            label: label.to_string(),
+            points,
+        });
+        self
+    }
+
+    /// The recorded metrics, in insertion order.
+    pub fn metrics(&self) -> &[(String, f64)] {
+        &self.metrics
+    }
+
+    /// The recorded plot lines.
+    pub fn all_series(&self) -> &[Series] {
+        &self.series
+    }
+
     fn to_json(&self, suite: &str) -> serde_json::Value {
         let metrics: serde_json::Map<String, serde_json::Value> = self
             .metrics
@@ -141,14 +188,24 @@ impl SuiteReport {
                 (name.clone(), v)
             })
             .collect();
-        serde_json::json!({
+        let mut json = serde_json::json!({
             "suite": suite,
             "metrics": metrics,
             "notes": self.notes.join(" "),
-        })
+        });
+        if !self.series.is_empty() {
+            let series: Vec<serde_json::Value> = self
+                .series
+                .iter()
+                .map(|s| serde_json::json!({"plot": s.plot, "label": s.label, "points": s.points}))
+                .collect();
+            json["series"] = serde_json::Value::Array(series);
+        }
+        json
     }
 
-    fn to_markdown(&self, suite: &str) -> String {
+    /// Metric list, extra tables and notes as markdown.
+    pub fn to_markdown(&self, suite: &str) -> String {
         let mut metrics = Table::new(&format!("suite `{suite}`"), &["metric", "value"]);
         for (name, value) in &self.metrics {
             metrics.row(&[name.clone(), format_value(*value)]);
@@ -212,7 +269,7 @@ pub fn time<T>(f: impl FnOnce() -> T) -> (T, Duration) {
 }
 
 /// Runs one suite, prints its table and writes its JSON file.
-pub fn run_suite(ctx: &Ctx, suite: &Suite) -> Result<(), Box<dyn Error>> {
+pub fn run_suite(ctx: &Ctx, suite: &Suite) -> Result<SuiteReport, Box<dyn Error>> {
     eprintln!(
         "== suite {} ({})",
         suite.name,
@@ -225,7 +282,7 @@ pub fn run_suite(ctx: &Ctx, suite: &Suite) -> Result<(), Box<dyn Error>> {
     let json = serde_json::to_string_pretty(&report.to_json(suite.name))?;
     std::fs::write(&path, json + "\n")?;
     eprintln!("== wrote {}", path.display());
-    Ok(())
+    Ok(report)
 }
 
 #[cfg(test)]

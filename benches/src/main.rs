@@ -6,10 +6,15 @@
 //! cargo run --release -p vmm-benches -- list
 //! cargo run --release -p vmm-benches -- selftest
 //! cargo run --release -p vmm-benches -- --quick all
+//! cargo run --release -p vmm-benches -- report      # regenerates BENCHMARKS.md
 //! ```
 
 mod harness;
+mod machine;
+mod plots;
+mod report;
 mod suites;
+mod targets;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,7 +36,8 @@ struct Args {
     /// Where the JSON results go (default: `<target>/bench`).
     #[arg(long)]
     out_dir: Option<PathBuf>,
-    /// Suites to run, `all`, or `list` to show them.
+    /// Suites to run, `all`, `list` to show them, or `report` to run every
+    /// suite and regenerate BENCHMARKS.md (with --quick: target/bench/BENCHMARKS.quick.md).
     #[arg(required = true)]
     suites: Vec<String>,
 }
@@ -43,6 +49,20 @@ fn main() -> ExitCode {
             println!("{:<18} {}", suite.name, suite.about);
         }
         return ExitCode::SUCCESS;
+    }
+    if args.suites.iter().any(|s| s == "report") {
+        let ctx = Ctx::new(args.quick, args.reps, args.out_dir);
+        return match report::run(&ctx) {
+            Ok(0) => ExitCode::SUCCESS,
+            Ok(failed) => {
+                eprintln!("vmm-benches: {failed} suite(s) failed; the report says which");
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("vmm-benches: report failed: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let selected = match suites::select(&args.suites) {
         Ok(selected) => selected,

@@ -1,0 +1,55 @@
+//! What the figures were measured on: CPU model, cores, memory, kernel.
+
+use std::fs;
+
+/// A description of this machine for the report header.
+#[derive(Debug, Clone)]
+pub struct Machine {
+    /// `model name` from /proc/cpuinfo.
+    pub cpu: String,
+    /// CPUs this process may run on.
+    pub cores: usize,
+    /// MemTotal, in GiB.
+    pub memory_gib: f64,
+    /// The running kernel's release.
+    pub kernel: String,
+    /// UTC date of the run (YYYY-MM-DD).
+    pub date: String,
+}
+
+impl Machine {
+    /// Reads the description from /proc; unknown fields say so.
+    pub fn detect() -> Self {
+        let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_else(|| "unknown".to_string());
+        let meminfo = fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let memory_kib: f64 = meminfo
+            .lines()
+            .find(|l| l.starts_with("MemTotal:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".to_string());
+        let date = std::process::Command::new("date")
+            .args(["-u", "+%Y-%m-%d"])
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| "unknown".to_string());
+        Machine {
+            cpu,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_gib: memory_kib / (1024.0 * 1024.0),
+            kernel,
+            date,
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The targets the crate issues set, checked against the figures of one run.
+//! The report lists each with its value and whether this run met it.
+
+/// How a figure is compared with its target.
+#[derive(Debug, Clone, Copy)]
+pub enum Op {
+    /// The figure must be at least the target.
+    AtLeast,
+    /// The figure must be at most the target.
+    AtMost,
+}
+
+/// One target: a figure (a metric or a difference of two) against a bound.
+pub struct Target {
+    /// Suite that produces the figure.
+    pub suite: &'static str,
+    /// What the target claims, in words.
+    pub claim: &'static str,
+    /// The metric, or `a - b` for a difference of two metrics.
+    pub figure: &'static str,
+    /// Comparison.
+    pub op: Op,
+    /// Bound.
+    pub bound: f64,
+}
+
+/// Every target named in the crate issues.
+pub const TARGETS: &[Target] = &[
+    Target {
+        suite: "coro-pool",
+        claim: "pooled lifecycle vs mmap per coroutine",
+        figure: "speedup_vs_mmap",
+        op: Op::AtLeast,
+        bound: 20.0,
+    },
+    Target {
+        suite: "coro-pool",
+        claim: "pooled lifecycle vs bare corosensei",
+        figure: "overhead_vs_bare",
+        op: Op::AtMost,
+        bound: 1.2,
+    },
+    Target {
+        suite: "coro-pool",
+        claim: "pool get/put scales to two threads",
+        figure: "getput_2t_vs_1t",
+        op: Op::AtLeast,
+        bound: 1.6,
+    },
+    Target {
+        suite: "coro-pool",
+        claim: "burst scenario never fails with the default policy",
+        figure: "burst_default_failed",
+        op: Op::AtMost,
+        bound: 0.0,
+    },
+    Target {
+        suite: "mem-prealloc",
+        claim: "two threads vs one",
+        figure: "speedup_2t",
+        op: Op::AtLeast,
+        bound: 1.7,
+    },
+    Target {
+        suite: "mem-prealloc",
+        claim: "one thread vs the kernel's MAP_POPULATE (time)",
+        figure: "ratio_vs_map_populate_1t",
+        op: Op::AtMost,
+        bound: 1.3,
+    },
+    Target {
+        suite: "mem-prealloc",
+        claim: "two threads vs QEMU prealloc-threads=2 (time)",
+        figure: "ratio_vs_qemu_2t",
+        op: Op::AtMost,
+        bound: 1.0,
+    },
+    Target {
+        suite: "mlock-policy",
+        claim: "on-fault RSS within 5 MiB of off",
+        figure: "rss_mib_on_fault - rss_mib_off",
+        op: Op::AtMost,
+        bound: 5.0,
+    },
+    Target {
+        suite: "virtqueue-large",
+        claim: "chain walk vs virtio-queue's iterator",
+        figure: "ratio_vs_virtio_queue",
+        op: Op::AtMost,
+        bound: 1.0,
+    },
+    Target {
+        suite: "virtqueue-large",
+        claim: "preadv into a 32768-descriptor chain vs memcpy",
+        figure: "ratio_vs_memcpy",
+        op: Op::AtLeast,
+        bound: 0.7,
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "Tgetattr vs crosvm p9",
+        figure: "ratio_getattr_vs_p9",
+        op: Op::AtMost,
+        bound: 1.0,
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "4 KiB IOPS with the coroutine pool vs without",
+        figure: "iops_pool_ratio",
+        op: Op::AtLeast,
+        bound: 1.3,
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "128 MiB msize read vs memcpy",
+        figure: "read_128m_vs_memcpy",
+        op: Op::AtLeast,
+        bound: 0.7,
+    },
+];
+
+impl Target {
+    /// The figure's value from a metric lookup, or `None` if a metric is missing.
+    pub fn value(&self, metric: impl Fn(&str) -> Option<f64>) -> Option<f64> {
+        match self.figure.split_once(" - ") {
+            Some((a, b)) => Some(metric(a)? - metric(b)?),
+            None => metric(self.figure),
+        }
+    }
+
+    /// Whether `value` meets the bound.
+    pub fn met(&self, value: f64) -> bool {
+        match self.op {
+            Op::AtLeast => value >= self.bound,
+            Op::AtMost => value <= self.bound,
+        }
+    }
+
+    /// The bound as text, for example `>= 20`.
+    pub fn bound_text(&self) -> String {
+        let op = match self.op {
+            Op::AtLeast => ">=",
+            Op::AtMost => "<=",
+        };
+        format!("{op} {}", self.bound)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_difference_figure() {
+        let t = TARGETS.iter().find(|t| t.suite == "mlock-policy").unwrap();
+        let v = t.value(|m| match m {
+            "rss_mib_on_fault" => Some(37.0),
+            "rss_mib_off" => Some(35.0),
+            _ => None,
+        });
+        assert_eq!(v, Some(2.0));
+        assert!(t.met(2.0));
+        assert!(!t.met(6.0));
+    }
+
+    #[test]
+    fn test_missing_metric_gives_none() {
+        assert_eq!(TARGETS[0].value(|_| None), None);
+    }
+}
