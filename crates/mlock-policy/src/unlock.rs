@@ -1,0 +1,120 @@
+//! Temporary unlocks for postcopy-like flows.
+
+use log::{error, info};
+
+use crate::region::RegionLock;
+use crate::{sys, Error, MlockPolicy, Result};
+
+/// What a [`TemporaryUnlock`] unlocked.
+#[derive(Debug)]
+enum Target<'a> {
+    /// The whole process, to be locked again under this policy.
+    Process(MlockPolicy),
+    /// Some regions, to be locked again one by one.
+    Regions(&'a mut [RegionLock]),
+}
+
+/// Memory unlocked for a while; locks it again on [`relock`] or on drop.
+///
+/// Made by [`MlockPolicy::unlock_temporarily`] (process-wide) or
+/// `unlock_temporarily` on a [`RegionLock`] or `GuestMemoryLock`. QEMU's
+/// postcopy unlocks this way, since faults into userfaultfd-registered
+/// memory must not be forced by the lock, and re-locks once the guest RAM
+/// is complete.
+///
+/// Re-locking can fail (the limit may have been lowered, memory may be
+/// short). [`relock`] returns that as [`Error::Relock`]; dropping the guard
+/// without calling it re-locks too and logs a failure at `error!`. It never
+/// panics.
+///
+/// [`relock`]: TemporaryUnlock::relock
+#[derive(Debug)]
+#[must_use = "dropping the guard re-locks the memory at once"]
+pub struct TemporaryUnlock<'a> {
+    target: Target<'a>,
+    pending: bool,
+}
+
+impl<'a> TemporaryUnlock<'a> {
+    /// Unlocks the whole process if the policy locks memory.
+    pub(crate) fn process(policy: MlockPolicy) -> Result<TemporaryUnlock<'static>> {
+        if policy.locks_memory() {
+            sys::munlockall().map_err(|source| Error::Lock {
+                op: "munlockall",
+                source,
+            })?;
+            info!("memory unlocked temporarily (mem-lock={policy})");
+        }
+        Ok(TemporaryUnlock {
+            target: Target::Process(policy),
+            pending: policy.locks_memory(),
+        })
+    }
+
+    /// Unlocks the locked ones among `regions`. If one fails, the ones
+    /// already unlocked are locked again and the error is returned.
+    pub(crate) fn regions(regions: &'a mut [RegionLock]) -> Result<TemporaryUnlock<'a>> {
+        let mut failure = None;
+        for region in regions.iter_mut() {
+            if let Err(e) = region.suspend() {
+                failure = Some(e);
+                break;
+            }
+        }
+        let mut guard = TemporaryUnlock {
+            target: Target::Regions(regions),
+            pending: true,
+        };
+        if let Some(e) = failure {
+            guard.pending = false;
+            if let Err(relock) = guard.lock_again() {
+                error!("{relock}");
+            }
+            return Err(e);
+        }
+        Ok(guard)
+    }
+
+    /// Locks the memory again and reports whether that worked. After an
+    /// error the memory stays unlocked (regions that could be re-locked
+    /// are); a later `unlock_temporarily` and `relock` may try again.
+    pub fn relock(mut self) -> Result<()> {
+        self.pending = false;
+        self.lock_again()
+    }
+
+    fn lock_again(&mut self) -> Result<()> {
+        match &mut self.target {
+            Target::Process(policy) => {
+                policy.apply_process().map_err(|e| Error::Relock(Box::new(e)))?;
+                info!("memory locked again (mem-lock={policy})");
+                Ok(())
+            }
+            Target::Regions(regions) => {
+                // Try every region, so that one failure does not leave the
+                // others unlocked; report the first failure.
+                let mut first = None;
+                for region in regions.iter_mut().filter(|r| r.is_suspended()) {
+                    if let Err(e) = region.lock() {
+                        first.get_or_insert(e);
+                    }
+                }
+                match first {
+                    None => Ok(()),
+                    Some(e) => Err(Error::Relock(Box::new(e))),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for TemporaryUnlock<'_> {
+    fn drop(&mut self) {
+        if self.pending {
+            self.pending = false;
+            if let Err(e) = self.lock_again() {
+                error!("{e}");
+            }
+        }
+    }
+}
