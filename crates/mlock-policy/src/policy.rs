@@ -66,9 +66,7 @@ impl MlockPolicy {
         match self {
             MlockPolicy::Off => None,
             MlockPolicy::On => Some(libc::MCL_CURRENT | libc::MCL_FUTURE),
-            MlockPolicy::OnFault => {
-                Some(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT)
-            }
+            MlockPolicy::OnFault => Some(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT),
         }
     }
 
@@ -222,8 +220,21 @@ mod tests {
     #[test]
     fn test_parse_rejects_other_strings() {
         for bad in [
-            "", "ON", "Off", "true", "false", "yes", "1", "onfault", "on_fault", "on-fault ",
-            " on", "on-fault\n", "on-fault=1", "mem-lock=on", "o\u{301}n",
+            "",
+            "ON",
+            "Off",
+            "true",
+            "false",
+            "yes",
+            "1",
+            "onfault",
+            "on_fault",
+            "on-fault ",
+            " on",
+            "on-fault\n",
+            "on-fault=1",
+            "mem-lock=on",
+            "o\u{301}n",
         ] {
             let err = bad.parse::<MlockPolicy>().unwrap_err();
             assert_eq!(
@@ -267,8 +278,8 @@ mod tests {
 
     #[test]
     fn test_mlockall_einval_under_on_fault_is_unsupported() {
-        let err = MlockPolicy::OnFault
-            .diagnose_mlockall(io::Error::from_raw_os_error(libc::EINVAL));
+        let err =
+            MlockPolicy::OnFault.diagnose_mlockall(io::Error::from_raw_os_error(libc::EINVAL));
         assert!(matches!(err, Error::OnFaultUnsupported { .. }));
         assert!(
             err.to_string().starts_with(

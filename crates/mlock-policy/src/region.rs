@@ -378,7 +378,8 @@ mod tests {
         let base = ptr as usize;
         // SAFETY: the middle page belongs to the mapping above and nothing
         // refers to it.
-        assert_eq!(unsafe { libc::munmap((base + page) as *mut libc::c_void, page) }, 0);
+        let ret = unsafe { libc::munmap((base + page) as *mut libc::c_void, page) };
+        assert_eq!(ret, 0);
         let budget = LockBudget::current().unwrap();
         for policy in [MlockPolicy::On, MlockPolicy::OnFault] {
             let err = policy.lock_region(base as *const u8, 3 * page).unwrap_err();

@@ -169,7 +169,10 @@ mod tests {
     #[test]
     fn test_field_prefix_does_not_match() {
         // "VmLckX" must not be taken for "VmLck".
-        assert_eq!(field_kib("VmLckX:\t5 kB\nVmLck:\t7 kB\n", "VmLck"), Some(7 * 1024));
+        assert_eq!(
+            field_kib("VmLckX:\t5 kB\nVmLck:\t7 kB\n", "VmLck"),
+            Some(7 * 1024)
+        );
     }
 
     #[test]
@@ -184,7 +187,8 @@ mod tests {
         // PIDs never reach u32::MAX (pid_max is at most 2^22).
         let err = LockStatus::of_pid(u32::MAX).unwrap_err();
         assert!(
-            err.to_string().starts_with("cannot read /proc/4294967295/status: "),
+            err.to_string()
+                .starts_with("cannot read /proc/4294967295/status: "),
             "{err}"
         );
     }

@@ -74,8 +74,11 @@ pub(crate) fn munlock(addr: usize, len: usize) -> io::Result<()> {
 /// both arrived together). A zero-length `mlock2` validates the flags and
 /// locks nothing.
 pub(crate) fn probe_onfault() -> io::Result<()> {
+    // The start must be page-aligned: the kernel rounds an unaligned
+    // zero-length range up to a whole page and would lock it.
     let anchor = 0u8;
-    match mlock2_onfault(std::ptr::addr_of!(anchor) as usize, 0) {
+    let page_start = (std::ptr::addr_of!(anchor) as usize) & !(page_size() - 1);
+    match mlock2_onfault(page_start, 0) {
         Ok(()) => Ok(()),
         // The flag check comes before the permission check, so EPERM
         // (RLIMIT_MEMLOCK of 0 without CAP_IPC_LOCK) still means "supported".
@@ -153,6 +156,35 @@ mod tests {
     fn test_probe_onfault_supported_on_this_kernel() {
         // Every kernel this crate supports (4.4+) knows MLOCK_ONFAULT.
         probe_onfault().unwrap();
+    }
+
+    #[test]
+    fn test_probe_onfault_locks_nothing() {
+        let smaps_marker = 0u8;
+        probe_onfault().unwrap();
+        // The probe's page is on this thread's stack: that VMA must not
+        // have become locked ("lo", "lf" in VmFlags).
+        let here = std::ptr::addr_of!(smaps_marker) as usize;
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((start, end)) = range.split_once('-') {
+                    if let (Ok(start), Ok(end)) = (
+                        usize::from_str_radix(start, 16),
+                        usize::from_str_radix(end, 16),
+                    ) {
+                        inside = (start..end).contains(&here);
+                        continue;
+                    }
+                }
+            }
+            if inside && line.starts_with("VmFlags:") {
+                assert!(!line.contains(" lo") && !line.contains(" lf"), "{line}");
+                return;
+            }
+        }
+        panic!("the stack VMA was not found in smaps");
     }
 
     #[test]

@@ -86,7 +86,9 @@ impl<'a> TemporaryUnlock<'a> {
     fn lock_again(&mut self) -> Result<()> {
         match &mut self.target {
             Target::Process(policy) => {
-                policy.apply_process().map_err(|e| Error::Relock(Box::new(e)))?;
+                policy
+                    .apply_process()
+                    .map_err(|e| Error::Relock(Box::new(e)))?;
                 info!("memory locked again (mem-lock={policy})");
                 Ok(())
             }
