@@ -1,0 +1,250 @@
+//! What a caller can tune: threads, method, page size, affinity, progress and
+//! cancellation.
+
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::sys;
+
+/// QEMU's hard cap on preallocation threads (`MAX_MEM_PREALLOC_THREAD_COUNT`).
+/// This crate applies it only when asked, through
+/// [`PreallocOptions::max_threads`] or [`PreallocOptions::qemu_thread_cap`].
+pub const QEMU_MAX_THREADS: usize = 16;
+
+/// Below this many bytes per thread another thread is not worth starting
+/// (QEMU's `size / 64 MiB` term).
+pub const MIN_BYTES_PER_THREAD: usize = 64 << 20;
+
+/// The largest CPU number accepted in an affinity list (`CPU_SETSIZE - 1`).
+pub const MAX_CPU: usize = 1023;
+
+/// How pages are faulted in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Method {
+    /// `PopulateWrite` when the kernel has it (Linux 5.14+), `Touch` on older
+    /// kernels. Unlike QEMU, an `EINVAL` from a kernel that *does* have
+    /// `MADV_POPULATE_WRITE` is reported as an unsupported mapping instead of
+    /// falling back to touching (which would fault on a read-only mapping).
+    #[default]
+    Auto,
+    /// `madvise(MADV_POPULATE_WRITE)` per chunk.
+    PopulateWrite,
+    /// One kernel-side atomic write fault per page (see the crate docs); works
+    /// on every kernel, preserves contents, never raises `SIGBUS`.
+    Touch,
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Method::Auto => "auto",
+            Method::PopulateWrite => "populate-write",
+            Method::Touch => "touch",
+        })
+    }
+}
+
+/// A shareable flag that asks running jobs to stop at the next chunk.
+///
+/// Clones share the flag. Cancelling is sticky: a cancelled token stays
+/// cancelled, and jobs started with it stop before touching anything.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A token that is not cancelled.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks every job that holds this token to stop.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// The progress callback: receives the bytes done so far.
+pub(crate) type ProgressFn = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// Options for [`preallocate`](crate::preallocate) and
+/// [`start`](crate::start). The defaults match QEMU without its hard thread
+/// cap: automatic method, base page size, no pinning.
+#[derive(Clone, Default)]
+pub struct PreallocOptions {
+    pub(crate) threads: Option<usize>,
+    pub(crate) max_threads: Option<usize>,
+    pub(crate) method: Method,
+    pub(crate) page_size: Option<usize>,
+    pub(crate) cpus: Vec<usize>,
+    pub(crate) progress: Option<ProgressFn>,
+    pub(crate) cancel: Option<CancelToken>,
+}
+
+impl fmt::Debug for PreallocOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreallocOptions")
+            .field("threads", &self.threads)
+            .field("max_threads", &self.max_threads)
+            .field("method", &self.method)
+            .field("page_size", &self.page_size)
+            .field("cpus", &self.cpus)
+            .field("progress", &self.progress.is_some())
+            .field("cancel", &self.cancel)
+            .finish()
+    }
+}
+
+impl PreallocOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Requested thread count (QEMU's `prealloc-threads`). The formula still
+    /// lowers it for small regions; see [`thread_count`].
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = Some(threads);
+        self
+    }
+
+    /// An upper bound on the thread count. None by default.
+    pub fn max_threads(mut self, max: usize) -> Self {
+        self.max_threads = Some(max);
+        self
+    }
+
+    /// Applies QEMU's hard cap of [`QEMU_MAX_THREADS`] threads.
+    pub fn qemu_thread_cap(self) -> Self {
+        self.max_threads(QEMU_MAX_THREADS)
+    }
+
+    /// How pages are faulted in.
+    pub fn method(mut self, method: Method) -> Self {
+        self.method = method;
+        self
+    }
+
+    /// The page size of the mapping. Without it the base page size is
+    /// assumed, which is correct but slower for a hugetlbfs mapping.
+    pub fn page_size(mut self, page_size: usize) -> Self {
+        self.page_size = Some(page_size);
+        self
+    }
+
+    /// Sets the page size from the file backing the mapping: the hugepage
+    /// size on hugetlbfs (`fstatfs`), the base page size otherwise.
+    pub fn page_size_from_fd(self, fd: impl AsFd) -> Result<Self> {
+        let size = page_size_of(fd)?;
+        Ok(self.page_size(size))
+    }
+
+    /// Pins the workers: worker `i` runs on `cpus[i % cpus.len()]`. Without
+    /// an explicit thread count the list length bounds the thread count in
+    /// place of the CPUs available to the process.
+    pub fn cpus(mut self, cpus: impl IntoIterator<Item = usize>) -> Self {
+        self.cpus = cpus.into_iter().collect();
+        self
+    }
+
+    /// Called from the workers with the bytes done so far. Calls are
+    /// serialised, strictly increasing, and the last one of a successful run
+    /// reports the full length. Keep it cheap: workers wait while it runs.
+    pub fn progress(mut self, progress: impl Fn(u64) + Send + Sync + 'static) -> Self {
+        self.progress = Some(Arc::new(progress));
+        self
+    }
+
+    /// A token that stops the workers at the next chunk boundary.
+    pub fn cancel_token(mut self, token: CancelToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    /// Checks the options that do not depend on the region.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.threads == Some(0) {
+            return Err(Error::InvalidOption(
+                "thread count must be at least 1".into(),
+            ));
+        }
+        if self.max_threads == Some(0) {
+            return Err(Error::InvalidOption(
+                "maximum thread count must be at least 1".into(),
+            ));
+        }
+        if let Some(&cpu) = self.cpus.iter().find(|&&cpu| cpu > MAX_CPU) {
+            return Err(Error::InvalidOption(format!(
+                "cpu {cpu} is beyond the largest cpu number {MAX_CPU}"
+            )));
+        }
+        if let Some(size) = self.page_size {
+            if !size.is_power_of_two() || size < sys::base_page_size() {
+                return Err(Error::InvalidOption(format!(
+                    "page size {size:#x} is not a power of two of at least {:#x}",
+                    sys::base_page_size()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The page size in force.
+    pub(crate) fn effective_page_size(&self) -> usize {
+        self.page_size.unwrap_or_else(sys::base_page_size)
+    }
+
+    /// The CPUs available to the workers.
+    pub(crate) fn available_cpus(&self) -> usize {
+        if self.cpus.is_empty() {
+            std::thread::available_parallelism().map_or(1, NonZeroUsize::get)
+        } else {
+            let mut distinct = self.cpus.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            distinct.len()
+        }
+    }
+}
+
+/// The page size of the file behind `fd`: the hugepage size for hugetlbfs
+/// (also `memfd_create(MFD_HUGETLB)`), the base page size for anything else.
+pub fn page_size_of(fd: impl AsFd) -> Result<usize> {
+    sys::fd_page_size(fd).map_err(Error::PageSize)
+}
+
+/// The number of worker threads for `len` bytes of `page_size` pages:
+///
+/// `min(cpus, requested, max, pages, max(1, len / 64 MiB))`, at least 1.
+///
+/// This is QEMU's formula without its hard cap of 16, which callers can keep
+/// by passing `max = Some(QEMU_MAX_THREADS)`. `None` means unbounded.
+pub fn thread_count(
+    len: usize,
+    page_size: usize,
+    cpus: usize,
+    requested: Option<usize>,
+    max: Option<usize>,
+) -> usize {
+    let pages = len / page_size.max(1);
+    let by_size = (len / MIN_BYTES_PER_THREAD).max(1);
+    [
+        cpus,
+        requested.unwrap_or(usize::MAX),
+        max.unwrap_or(usize::MAX),
+        pages,
+        by_size,
+    ]
+    .into_iter()
+    .min()
+    .unwrap_or(1)
+    .max(1)
+}

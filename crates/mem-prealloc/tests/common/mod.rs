@@ -1,0 +1,214 @@
+//! Helpers shared by the integration tests: memfds, mappings, residency
+//! checks and a hugepage pool guard.
+
+#![allow(dead_code)]
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::FileExt;
+
+pub const MIB: usize = 1 << 20;
+
+/// A memfd.
+pub fn memfd(name: &str, len: usize, flags: libc::c_uint) -> io::Result<File> {
+    let name = CString::new(name).unwrap();
+    // SAFETY: a NUL-terminated name; the returned fd is owned by the File.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor nobody else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(len as u64)?;
+    Ok(file)
+}
+
+/// An mmap that is unmapped on drop.
+pub struct Mapping {
+    pub addr: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: the mapping is plain memory; tests synchronise their own accesses.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    pub fn new(file: Option<&File>, len: usize, prot: i32, flags: i32) -> io::Result<Self> {
+        let fd = file.map_or(-1, |f| f.as_raw_fd());
+        // SAFETY: a new mapping at an address chosen by the kernel.
+        let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+        if addr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            addr: addr.cast(),
+            len,
+        })
+    }
+
+    /// A shared read-write mapping of `file`.
+    pub fn shared(file: &File, len: usize) -> Self {
+        Self::new(
+            Some(file),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+        )
+        .unwrap()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is readable and lives as long as self.
+        unsafe { std::slice::from_raw_parts(self.addr, self.len) }
+    }
+
+    /// Pages resident according to mincore.
+    pub fn resident_pages(&self) -> usize {
+        let page = mem_prealloc::base_page_size();
+        let mut vec = vec![0u8; self.len.div_ceil(page)];
+        // SAFETY: vec has one byte per page of the range.
+        let ret = unsafe { libc::mincore(self.addr.cast(), self.len, vec.as_mut_ptr()) };
+        assert_eq!(ret, 0, "mincore: {}", io::Error::last_os_error());
+        vec.iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    pub fn fully_resident(&self) -> bool {
+        self.resident_pages() * mem_prealloc::base_page_size() == self.len
+    }
+
+    /// `Rss` of this mapping in /proc/self/smaps, in bytes.
+    pub fn smaps_rss(&self) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let start = format!("{:x}-", self.addr as usize);
+        let mut in_vma = false;
+        for line in smaps.lines() {
+            if line.starts_with(&start) {
+                in_vma = true;
+            } else if in_vma && line.starts_with("Rss:") {
+                let kib: usize = line
+                    .split_ascii_whitespace()
+                    .nth(1)
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                return kib * 1024;
+            }
+        }
+        panic!("mapping {start} not found in smaps");
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly this mapping.
+        unsafe { libc::munmap(self.addr.cast(), self.len) };
+    }
+}
+
+/// Writes a recognisable pattern at every `stride` bytes through the fd
+/// (not through a mapping), so that the mapping starts with no pages mapped.
+pub fn write_pattern(file: &File, len: usize, stride: usize) {
+    for off in (0..len).step_by(stride) {
+        file.write_all_at(&pattern_at(off), off as u64).unwrap();
+    }
+}
+
+pub fn pattern_at(off: usize) -> [u8; 8] {
+    ((off as u64) ^ 0x5a5a_1234_dead_beef).to_le_bytes()
+}
+
+pub fn check_pattern(map: &Mapping, stride: usize) {
+    let bytes = map.as_slice();
+    for off in (0..map.len).step_by(stride) {
+        assert_eq!(&bytes[off..off + 8], &pattern_at(off), "offset {off:#x}");
+    }
+}
+
+const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
+
+/// Reads a field of /proc/meminfo (in its own unit).
+pub fn meminfo(field: &str) -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    line.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
+fn read_nr_hugepages() -> Option<usize> {
+    std::fs::read_to_string(NR_HUGEPAGES)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn write_nr_hugepages(n: usize) -> io::Result<()> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(NR_HUGEPAGES)?
+        .write_all(format!("{n}\n").as_bytes())
+}
+
+/// Adds pages to the 2 MiB hugepage pool for the duration of a test and
+/// removes the same number on drop (so concurrent changes by others are
+/// kept). Holds a file lock so that the hugepage tests of this crate, which
+/// nextest runs in parallel processes, take turns.
+pub struct HugepagePool {
+    added: usize,
+    _lock: File,
+}
+
+impl HugepagePool {
+    /// Grows the pool by `extra` pages, or explains why that is impossible.
+    pub fn grow(extra: usize) -> Result<Self, String> {
+        if meminfo("Hugepagesize:") != Some(2048) {
+            return Err("the default hugepage size is not 2 MiB".into());
+        }
+        let lock =
+            File::create("/tmp/mem-prealloc-hugetlb-tests.lock").map_err(|e| e.to_string())?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(format!("flock: {}", io::Error::last_os_error()));
+        }
+        let before = read_nr_hugepages().ok_or("cannot read nr_hugepages")?;
+        write_nr_hugepages(before + extra)
+            .map_err(|e| format!("cannot write {NR_HUGEPAGES}: {e}"))?;
+        let after = read_nr_hugepages().unwrap_or(before);
+        let pool = HugepagePool {
+            added: after.saturating_sub(before),
+            _lock: lock,
+        };
+        if pool.added < extra {
+            return Err(format!(
+                "the kernel gave {} of {extra} extra hugepages",
+                pool.added
+            ));
+        }
+        Ok(pool)
+    }
+
+    /// Hugepages free and not reserved by anyone.
+    pub fn available() -> usize {
+        meminfo("HugePages_Free:")
+            .unwrap_or(0)
+            .saturating_sub(meminfo("HugePages_Rsvd:").unwrap_or(0))
+    }
+}
+
+impl Drop for HugepagePool {
+    fn drop(&mut self) {
+        if self.added > 0 {
+            if let Some(now) = read_nr_hugepages() {
+                let _ = write_nr_hugepages(now.saturating_sub(self.added));
+            }
+        }
+    }
+}
+
+/// Prints the skip notice of a test that cannot run here.
+pub fn skip(test: &str, why: &str) {
+    eprintln!("SKIPPED {test}: {why}");
+}
