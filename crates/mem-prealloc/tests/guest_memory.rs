@@ -1,0 +1,72 @@
+//! The vm-memory integration: whole `GuestMemoryMmap`s and single regions.
+#![cfg(feature = "vm-memory")]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::{memfd, MIB};
+use mem_prealloc::guest_memory::{preallocate_guest_memory, preallocate_region, start_region};
+use mem_prealloc::{Error, Method, PreallocOptions};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestRegionMmap};
+
+fn resident(addr: *mut u8, len: usize) -> usize {
+    let page = mem_prealloc::base_page_size();
+    let mut vec = vec![0u8; len / page];
+    // SAFETY: vec has one byte per page.
+    assert_eq!(
+        unsafe { libc::mincore(addr.cast(), len, vec.as_mut_ptr()) },
+        0
+    );
+    vec.iter().filter(|&&b| b & 1 != 0).count() * page
+}
+
+#[test]
+fn test_every_region_of_guest_memory_is_preallocated() {
+    let mem: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[
+        (GuestAddress(0), 16 * MIB),
+        (GuestAddress(1 << 32), 8 * MIB),
+    ])
+    .unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&calls);
+    let opts = PreallocOptions::new().progress(move |done| sink.lock().unwrap().push(done));
+    let reports = preallocate_guest_memory(&mem, &opts).unwrap();
+    assert_eq!(reports.len(), 2);
+    assert_eq!(reports[0].bytes, 16 * MIB as u64);
+    assert_eq!(reports[1].bytes, 8 * MIB as u64);
+    for region in mem.iter() {
+        assert_eq!(resident(region.as_ptr(), region.size()), region.size());
+    }
+    let calls = calls.lock().unwrap();
+    assert!(calls.windows(2).all(|w| w[0] < w[1]), "{calls:?}");
+    assert_eq!(*calls.last().unwrap(), 24 * MIB as u64);
+}
+
+#[test]
+fn test_file_backed_region_uses_the_file_page_size() {
+    let len = 8 * MIB;
+    let file = memfd("region", len, 0).unwrap();
+    let region: GuestRegionMmap =
+        GuestRegionMmap::from_range(GuestAddress(0), len, Some(FileOffset::new(file, 0))).unwrap();
+    let job = start_region(&region, &PreallocOptions::new().method(Method::Touch)).unwrap();
+    let report = job.join().unwrap();
+    assert_eq!(report.page_size, mem_prealloc::base_page_size());
+    assert_eq!(report.method, Method::Touch);
+    assert_eq!(resident(region.as_ptr(), len), len);
+    // Again, now that everything is resident: still fine.
+    let report = preallocate_region(&region, &PreallocOptions::new()).unwrap();
+    assert_eq!(report.bytes, len as u64);
+}
+
+#[test]
+fn test_guest_memory_reports_invalid_options() {
+    let mem: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[
+        (GuestAddress(0), 4 * MIB),
+        (GuestAddress(1 << 30), 4 * MIB),
+    ])
+    .unwrap();
+    let opts = PreallocOptions::new().threads(0);
+    let err = preallocate_guest_memory(&mem, &opts).unwrap_err();
+    assert!(matches!(err, Error::InvalidOption(_)), "{err}");
+}
