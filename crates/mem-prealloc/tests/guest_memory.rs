@@ -14,10 +14,8 @@ fn resident(addr: *mut u8, len: usize) -> usize {
     let page = mem_prealloc::base_page_size();
     let mut vec = vec![0u8; len / page];
     // SAFETY: vec has one byte per page.
-    assert_eq!(
-        unsafe { libc::mincore(addr.cast(), len, vec.as_mut_ptr()) },
-        0
-    );
+    let ret = unsafe { libc::mincore(addr.cast(), len, vec.as_mut_ptr()) };
+    assert_eq!(ret, 0);
     vec.iter().filter(|&&b| b & 1 != 0).count() * page
 }
 
