@@ -405,10 +405,8 @@ fn test_unmapped_range_is_an_error() {
         .unwrap();
         // Punch a hole in the middle.
         // SAFETY: unmaps part of our own mapping, which nothing else uses.
-        assert_eq!(
-            unsafe { libc::munmap(map.addr.add(4 * MIB).cast(), MIB) },
-            0
-        );
+        let ret = unsafe { libc::munmap(map.addr.add(4 * MIB).cast(), MIB) };
+        assert_eq!(ret, 0);
         let opts = PreallocOptions::new().threads(1).method(method);
         let err = preallocate(map.addr, 8 * MIB, &opts).unwrap_err();
         let Error::NotMapped { offset, .. } = err else {
