@@ -1,0 +1,95 @@
+#!/bin/sh
+# Runs inside the guest as /ci/run (busybox sh). Mounts the share under test,
+# proves the mount with /proc/mounts, then runs the checks named in CI_TESTS.
+# Every result is one line on the console with a fixed prefix that
+# ci/guest/run.sh parses:
+#   CI-MOUNT <line of /proc/mounts>          POSIX PASS|FAIL <name>[: why]
+#   PJD <pjdfstest line>                     CI-DD read|write bytes=N centis=N
+#   CI-DONE
+# Settings come from the kernel command line (the kernel hands unknown
+# key=value words to init as environment variables):
+#   CI_MODE   virtio (CI_SRC is the mount tag) or unix (virtio-serial port
+#             named "ninep" relayed to a guest unix socket)
+#   CI_SRC    mount tag for virtio mode
+#   CI_OPTS   extra 9p mount options, comma separated
+#   CI_TESTS  comma list of: posix, pjdfstest, dd
+#   CI_DD_MIB size of the dd transfers and of the checksummed file (MiB)
+mnt=/mnt
+opts="version=9p2000.L${CI_OPTS:+,$CI_OPTS}"
+uptime_centis() { read -r up _ </proc/uptime; echo "${up%.*}${up#*.}"; }
+
+case "$CI_MODE" in
+virtio)
+    mount -t 9p -o "trans=virtio,$opts" "$CI_SRC" "$mnt"
+    ;;
+unix)
+    port=
+    for n in /sys/class/virtio-ports/*/name; do
+        [ -f "$n" ] && [ "$(cat "$n")" = ninep ] && port=$(basename "$(dirname "$n")")
+    done
+    if [ -z "$port" ]; then
+        echo "CI-MOUNT-FAILED no virtio-serial port named ninep"
+        exit 1
+    fi
+    /ci/bin/relay "/dev/$port" /run/9p.sock &
+    i=0
+    while [ ! -S /run/9p.sock ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+    mount -t 9p -o "trans=unix,$opts" /run/9p.sock "$mnt"
+    ;;
+*)
+    echo "CI-MOUNT-FAILED unknown CI_MODE '$CI_MODE'"
+    exit 1
+    ;;
+esac
+line=$(grep " $mnt 9p " /proc/mounts)
+if [ -z "$line" ]; then
+    echo "CI-MOUNT-FAILED mount returned but /proc/mounts has no 9p at $mnt"
+    exit 1
+fi
+echo "CI-MOUNT $line"
+
+has_test() { case ",$CI_TESTS," in *",$1,"*) return 0 ;; esac; return 1; }
+mib=${CI_DD_MIB:-256}
+
+if has_test posix; then
+    mkdir -p "$mnt/posix"
+    /ci/bin/posix-suite "$mnt/posix"
+    # A file the host wrote, checksummed here against the host's sha256.
+    want=$(cat "$mnt/data/big.sha256" 2>/dev/null)
+    got=$(sha256sum "$mnt/data/big.bin" 2>/dev/null | cut -d' ' -f1)
+    if [ -n "$want" ] && [ "$want" = "$got" ]; then
+        echo "POSIX PASS big_file_checksum (${mib} MiB)"
+    else
+        echo "POSIX FAIL big_file_checksum: guest sha256 '$got', host sha256 '$want'"
+    fi
+fi
+
+if has_test dd; then
+    mkdir -p "$mnt/dd"
+    t0=$(uptime_centis)
+    if dd if=/dev/zero of="$mnt/dd/zero.bin" bs=1M count="$mib" conv=fsync 2>/dev/null; then
+        t1=$(uptime_centis)
+        echo "CI-DD write bytes=$((mib * 1048576)) centis=$((t1 - t0))"
+    else
+        echo "CI-DD write failed"
+    fi
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    t0=$(uptime_centis)
+    if dd if="$mnt/data/big.bin" of=/dev/null bs=1M 2>/dev/null; then
+        t1=$(uptime_centis)
+        echo "CI-DD read bytes=$(stat -c %s "$mnt/data/big.bin") centis=$((t1 - t0))"
+    else
+        echo "CI-DD read failed"
+    fi
+fi
+
+if has_test pjdfstest; then
+    mkdir -p "$mnt/pjd"
+    # pjdfstest switches to these users; the guest's /etc holds them.
+    NO_COLOR=1 CLICOLOR=0 /ci/bin/pjdfstest -c /ci/pjdfstest.toml -p "$mnt/pjd" 2>&1 | sed 's/^/PJD /'
+fi
+
+cd /
+umount "$mnt" 2>/dev/null || echo "CI-WARN umount failed"
+echo "CI-DONE"

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Prepares everything the guest conformance run needs, idempotently and with
+# all downloads/builds cached under $VIRTIO_9P_CI_CACHE (default
+# /var/cache/virtio-9p-ci):
+#   QEMU 10 + diod/socat (install-qemu.sh), the guest kernels and base
+#   initramfs (fetch-kernel.sh), pjdfstest 0.2.2 (cargo install), the static
+#   guest tools (posix-suite, relay) and, unless --no-vhost-qemu, the QEMU
+#   rebuilt with a user-creatable vhost-user-device-pci (build-qemu-vhost.sh).
+# Usage: prepare.sh [--no-vhost-qemu] [--kernel 6.12|6.1]...
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
+export VIRTIO_9P_CI_CACHE=$CACHE
+vhost=1
+kernels=()
+while [ $# -gt 0 ]; do
+    case $1 in
+        --no-vhost-qemu) vhost=0 ;;
+        --kernel) kernels+=("$2"); shift ;;
+        *) echo "prepare: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+[ ${#kernels[@]} -gt 0 ] || kernels=(6.12 6.1)
+log() { echo "prepare: $*" >&2; }
+mkdir -p "$CACHE"
+
+bash "$here/install-qemu.sh" >&2
+for k in "${kernels[@]}"; do
+    bash "$here/fetch-kernel.sh" "$k" >/dev/null
+done
+
+# pjdfstest (the Rust rewrite) from crates.io, built once.
+PJD=$CACHE/pjdfstest/bin/pjdfstest
+if [ ! -x "$PJD" ]; then
+    log "cargo install pjdfstest 0.2.2 (a few minutes)"
+    CARGO_TARGET_DIR=$CACHE/pjdfstest-target cargo install --locked --quiet \
+        pjdfstest --version 0.2.2 --root "$CACHE/pjdfstest" >&2
+    rm -rf "$CACHE/pjdfstest-target"
+fi
+
+# Static guest tools, rebuilt when their source changes.
+if ! dpkg -s libc6-dev >/dev/null 2>&1 || ! command -v gcc >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null
+fi
+sum=$(cat "$here"/src/*.c | sha256sum | cut -c1-16)
+tools=$CACHE/tools/$sum
+if [ ! -x "$tools/relay" ] || [ ! -x "$tools/posix-suite" ]; then
+    mkdir -p "$tools"
+    for t in posix-suite relay; do
+        gcc -static -O2 -Wall -Wextra -Werror -o "$tools/$t.tmp" "$here/src/$t.c"
+        mv "$tools/$t.tmp" "$tools/$t"
+    done
+fi
+ln -sfn "$tools" "$CACHE/tools/current"
+
+if [ "$vhost" -eq 1 ]; then
+    bash "$here/build-qemu-vhost.sh" >/dev/null
+fi
+log "ready (cache: $CACHE)"
