@@ -1,24 +1,158 @@
 //! Stackful coroutines on pooled, guard-paged stacks that never exhaust
 //! `vm.max_map_count`.
 //!
-//! Every coroutine stack is an `mmap` with a guard page: two VMAs with
-//! `mprotect`, one with `MADV_GUARD_INSTALL` (Linux 6.13+). A server that keeps
-//! thousands of requests in flight needs a pool of such stacks, and a pool
-//! that grows without bound per thread runs into the kernel's mapping limit.
-//! This crate bounds the pool by demand and by the mapping budget, and gives
-//! memory back after bursts.
+//! Every coroutine stack is an `mmap` with a guard page below it: two VMAs
+//! with `mprotect`, one with `MADV_GUARD_INSTALL` (Linux 6.13+, probed once,
+//! `mprotect` otherwise). A server that keeps thousands of requests in flight
+//! needs a pool of such stacks, and a pool that grows without bound per
+//! thread runs into the kernel's mapping limit, where QEMU used to abort.
+//! This crate bounds the pool by demand and by the mapping budget, gives
+//! memory back after bursts, and reports every failure as an [`Error`].
 //!
-//! # Status
+//! - [`StackPool`] / [`PoolConfig`]: per-thread local pools of at most two
+//!   batches (default 128 stacks each), a global pool of batches behind one
+//!   lock, batch moves in both directions (QEMU's 2024 design). The global
+//!   maximum is `min(base + reserved, budget)`: [`StackPool::reserve`]
+//!   returns a [`Reservation`] that raises it while it lives, and the budget
+//!   ([`MapBudget`]) comes from `/proc/sys/vm/max_map_count` (read lazily,
+//!   5000 VMAs kept for the rest of the process, 1 or 2 VMAs per stack, a
+//!   documented fallback when the file is unreadable). The budget also caps
+//!   the stacks in use, so creation fails cleanly before the kernel refuses.
+//! - [`StackPool::trim`] and an optional background trimmer
+//!   ([`PoolConfig::trim_interval`]) free idle stacks above the recent peak
+//!   of demand (the 2021 resize-to-demand idea); [`IdlePages::Release`]
+//!   drops the pages of stacks parked in the global pool.
+//! - [`Coroutine`]: resume/yield with a return value, built on `corosensei`.
+//!   Its stack goes back to the pool when it returns or is dropped.
+//! - [`Stats`]: live coroutines, pooled stacks (local and global), stacks
+//!   created, reused and freed, VMAs held.
+//! - [`Policy::UnboundedPerThread`] (QEMU before 2024) and
+//!   [`Policy::NoPool`] (one `mmap` per coroutine) for comparison.
 //!
-//! This release contains the crate skeleton only. The planned API:
+//! # Example
 //!
-//! - `StackPool` / `PoolConfig`: a global pool of stack batches behind one lock,
-//!   per-thread local pools capped at two batches, a hard cap derived from
-//!   `/proc/sys/vm/max_map_count`, and `reserve(n)` returning an RAII
-//!   reservation that raises the pool's maximum while it lives.
-//! - `Coroutine`: resume/yield with a return value (built on `corosensei`),
-//!   whose stack goes back to the pool when it finishes or is dropped.
-//! - `trim()` and an optional background trimmer that free idle stacks above
-//!   the recent high-water mark of demand.
-//! - `Stats`: live coroutines, pooled stacks, creations, reuses, frees and VMAs.
-//! - `Error`: mmap, guard and mapping-budget failures, never an abort.
+//! ```
+//! use coro_pool::{Coroutine, CoroutineResult, PoolConfig, StackPool};
+//!
+//! let pool = StackPool::new(PoolConfig::default().stack_size(64 << 10))?;
+//! // Up to 1024 requests in flight: keep that many stacks pooled.
+//! let _demand = pool.reserve(1024);
+//!
+//! let mut co = Coroutine::new_in(&pool, |yielder, first: u32| {
+//!     // Hand a blocking call to a worker, wait for its result.
+//!     let reply: u32 = yielder.suspend(first * 2);
+//!     reply + 1
+//! })?;
+//! assert!(matches!(co.resume(21), CoroutineResult::Yield(42)));
+//! assert!(matches!(co.resume(99), CoroutineResult::Return(100)));
+//!
+//! // The finished coroutine's stack is back in this thread's local pool.
+//! let stats = pool.stats();
+//! assert_eq!(stats.live_coroutines, 0);
+//! assert_eq!(stats.pooled_local, 1);
+//! # Ok::<(), coro_pool::Error>(())
+//! ```
+//!
+//! # Stack overflow
+//!
+//! Overflowing a coroutine stack touches its guard region and raises
+//! `SIGSEGV`, which kills the process as a thread-stack overflow would.
+//! Memory next to the stack is never written: Rust's stack probes make large
+//! frames touch the guard first. See [`Coroutine`].
+//!
+//! # Platforms
+//!
+//! Linux on x86_64 and aarch64 (any architecture `corosensei` supports
+//! should work). Other Unix systems build with `mprotect` guards and the
+//! fallback budget.
+
+#![cfg(unix)]
+
+mod budget;
+mod config;
+mod coroutine;
+mod pool;
+mod stack;
+
+use std::io;
+
+pub use budget::{
+    BudgetOrigin, MapBudget, MaxMapCount, DEFAULT_VMA_RESERVE, FALLBACK_MAX_MAP_COUNT,
+    MAX_MAP_COUNT_PATH,
+};
+pub use config::{
+    GuardMode, IdlePages, Policy, PoolConfig, DEFAULT_BATCH_SIZE, DEFAULT_STACK_SIZE,
+    MAX_BATCH_SIZE, MAX_GUARD_PAGES, MAX_STACK_SIZE,
+};
+pub use corosensei::{CoroutineResult, Yielder};
+pub use coroutine::Coroutine;
+pub use pool::{PooledStack, Reservation, StackId, StackPool, Stats};
+pub use stack::{guard_install_supported, GuardKind};
+
+/// Errors of this crate. Stack exhaustion is always reported, never an abort.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `mmap` of a stack failed (typically `ENOMEM`: `vm.max_map_count`,
+    /// `RLIMIT_AS` or overcommit limits).
+    #[error("failed to map a {size}-byte coroutine stack: {source}")]
+    Mmap {
+        /// Bytes requested, guard included.
+        size: usize,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The guard page could not be set up (`ENOMEM` when splitting the
+    /// mapping would exceed `vm.max_map_count`).
+    #[error("failed to set up the coroutine stack guard page with {method}: {source}")]
+    Guard {
+        /// The mechanism that failed.
+        method: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The pool already holds as many stacks as its mapping budget allows.
+    #[error(
+        "coroutine stack budget exhausted: {held} stacks held, at most {max_stacks} allowed \
+         (vm.max_map_count {max_map_count}, {reserved_vmas} VMAs reserved, \
+         {vmas_per_stack} per stack)"
+    )]
+    BudgetExhausted {
+        /// Stacks held when the request came.
+        held: usize,
+        /// The budget in stacks.
+        max_stacks: usize,
+        /// VMAs per stack.
+        vmas_per_stack: usize,
+        /// The `vm.max_map_count` used.
+        max_map_count: u64,
+        /// VMAs kept free for the rest of the process.
+        reserved_vmas: u64,
+    },
+    /// A [`PoolConfig`] value is out of range.
+    #[error("invalid coroutine pool configuration: {0}")]
+    InvalidConfig(String),
+    /// [`GuardMode::GuardInstall`] was required but the kernel lacks it.
+    #[error("MADV_GUARD_INSTALL is not supported by this kernel (Linux 6.13 or later needed)")]
+    GuardInstallUnsupported,
+    /// The background trimmer thread could not be started.
+    #[error("failed to start the coroutine pool trimmer thread: {0}")]
+    Trimmer(#[source] io::Error),
+    /// [`Coroutine::try_resume`] on a coroutine that has already returned.
+    #[error("the coroutine has already returned")]
+    Finished,
+}
+
+impl Error {
+    /// The OS error number behind the error, if any.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Mmap { source, .. } | Error::Guard { source, .. } | Error::Trimmer(source) => {
+                source.raw_os_error()
+            }
+            _ => None,
+        }
+    }
+}
+
+/// This crate's result type.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,879 @@
+//! The stack pool: per-thread local pools of at most two batches, a global
+//! pool of batches behind one lock, demand reservations, the mapping budget,
+//! trimming and statistics.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::num::NonZeroUsize;
+use std::ptr::NonNull;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::budget::{self, BudgetOrigin, MapBudget, MaxMapCount};
+use crate::config::{
+    GuardMode, IdlePages, Policy, PoolConfig, MAX_BATCH_SIZE, MAX_GUARD_PAGES, MAX_STACK_SIZE,
+};
+use crate::stack::{self, GuardKind, GuardOutcome, Layout, StackList};
+use crate::{Error, Result};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // No code panics while holding these locks; recover the data if a
+    // foreign panic ever poisons one.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Counters of one thread's local pool. Only the owning thread writes them
+/// (plain load + store, no read-modify-write); any thread may read them.
+#[derive(Debug, Default)]
+struct ThreadStats {
+    live: AtomicUsize,
+    hwm: AtomicUsize,
+    epoch: AtomicU64,
+    local: AtomicUsize,
+    reused: AtomicU64,
+}
+
+/// The global pool: batches of idle stacks. New batches go to the back;
+/// refills take from the back (the warmest), trims free from the front.
+#[derive(Debug, Default)]
+struct Global {
+    batches: VecDeque<StackList>,
+    size: usize,
+}
+
+/// State shared by every handle, thread-local pool and stack of one pool.
+pub(crate) struct Shared {
+    layout: Layout,
+    policy: Policy,
+    batch_size: usize,
+    base_max: usize,
+    idle_pages: IdlePages,
+    max_map_count: MaxMapCount,
+    vma_reserve: u64,
+    guard: AtomicU8,
+    mmc: OnceLock<Option<(u64, BudgetOrigin)>>,
+    global: Mutex<Global>,
+    global_len: AtomicUsize,
+    reserved: AtomicUsize,
+    held: AtomicUsize,
+    created: AtomicU64,
+    freed: AtomicU64,
+    unmap_failures: AtomicU64,
+    retired_reused: AtomicU64,
+    trim_epoch: AtomicU64,
+    threads: Mutex<Vec<Arc<ThreadStats>>>,
+    closed: AtomicBool,
+}
+
+impl Shared {
+    fn guard_kind(&self) -> GuardKind {
+        GuardKind::from_u8(self.guard.load(Ordering::Relaxed))
+    }
+
+    fn budget(&self) -> MapBudget {
+        let value = *self
+            .mmc
+            .get_or_init(|| budget::resolve(&self.max_map_count));
+        MapBudget::compute_with_origin(value, self.vma_reserve, self.guard_kind())
+    }
+
+    fn max_pooled(&self) -> usize {
+        match self.policy {
+            Policy::Bounded => {
+                let demand = self
+                    .base_max
+                    .saturating_add(self.reserved.load(Ordering::Relaxed));
+                demand.min(self.budget().max_stacks)
+            }
+            Policy::UnboundedPerThread => usize::MAX,
+            Policy::NoPool => 0,
+        }
+    }
+
+    /// Maps a new stack, within the budget unless the policy is unbounded.
+    fn create(&self) -> Result<NonNull<u8>> {
+        let held = self.held.fetch_add(1, Ordering::Relaxed);
+        if self.policy != Policy::UnboundedPerThread {
+            let budget = self.budget();
+            if held >= budget.max_stacks {
+                self.held.fetch_sub(1, Ordering::Relaxed);
+                return Err(Error::BudgetExhausted {
+                    held,
+                    max_stacks: budget.max_stacks,
+                    vmas_per_stack: budget.vmas_per_stack,
+                    max_map_count: budget.max_map_count,
+                    reserved_vmas: budget.reserved_vmas,
+                });
+            }
+        }
+        match stack::map_stack(&self.layout, self.guard_kind()) {
+            Ok((top, outcome)) => {
+                if let GuardOutcome::FellBack = outcome {
+                    if self
+                        .guard
+                        .swap(GuardKind::Mprotect.to_u8(), Ordering::Relaxed)
+                        != GuardKind::Mprotect.to_u8()
+                    {
+                        log::warn!(
+                            "coro-pool: MADV_GUARD_INSTALL refused on a stack (EINVAL, \
+                             mlock'd memory?); this pool now uses mprotect guards"
+                        );
+                    }
+                }
+                self.created.fetch_add(1, Ordering::Relaxed);
+                Ok(top)
+            }
+            Err(e) => {
+                self.held.fetch_sub(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    fn free_one(&self, top: NonNull<u8>) {
+        // SAFETY: every stack handed to free_one was mapped by this pool with
+        // self.layout and is idle (no coroutine runs on it any more).
+        match unsafe { stack::unmap_stack(top, &self.layout) } {
+            Ok(()) => {
+                self.freed.fetch_add(1, Ordering::Relaxed);
+                self.held.fetch_sub(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.unmap_failures.fetch_add(1, Ordering::Relaxed);
+                log::error!("coro-pool: munmap of an idle coroutine stack failed: {e}");
+            }
+        }
+    }
+
+    fn free_list(&self, mut list: StackList) {
+        while let Some(top) = list.pop() {
+            self.free_one(top);
+        }
+    }
+
+    /// Moves a batch into the global pool, keeping what fits under the
+    /// maximum and freeing the rest.
+    fn put_global(&self, mut batch: StackList) {
+        if batch.is_empty() {
+            return;
+        }
+        if self.closed.load(Ordering::Relaxed) {
+            self.free_list(batch);
+            return;
+        }
+        let max = self.max_pooled();
+        if self.idle_pages == IdlePages::Release {
+            // SAFETY: the batch holds idle stacks of this pool's layout.
+            batch.for_each(|top| unsafe { stack::release_pages(top, &self.layout) });
+        }
+        let excess = {
+            let mut g = lock(&self.global);
+            let room = max.saturating_sub(g.size);
+            let excess = if batch.len() <= room {
+                None
+            } else {
+                let keep = batch.split_off(room);
+                Some(std::mem::replace(&mut batch, keep))
+            };
+            if !batch.is_empty() {
+                g.size += batch.len();
+                g.batches.push_back(batch);
+            }
+            self.global_len.store(g.size, Ordering::Relaxed);
+            excess
+        };
+        if let Some(excess) = excess {
+            self.free_list(excess);
+        }
+    }
+
+    fn take_global_batch(&self) -> Option<StackList> {
+        if self.global_len.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut g = lock(&self.global);
+        let batch = g.batches.pop_back()?;
+        g.size -= batch.len();
+        self.global_len.store(g.size, Ordering::Relaxed);
+        Some(batch)
+    }
+
+    /// Frees idle global stacks above `min(max, recent peak - live)` and
+    /// starts a new observation window. Returns the number freed.
+    fn trim(&self) -> usize {
+        if self.policy != Policy::Bounded {
+            return 0;
+        }
+        let epoch = self.trim_epoch.load(Ordering::Acquire);
+        let (peak, live) = {
+            let threads = lock(&self.threads);
+            threads.iter().fold((0usize, 0usize), |(peak, live), t| {
+                let l = t.live.load(Ordering::Relaxed);
+                let h = if t.epoch.load(Ordering::Relaxed) == epoch {
+                    t.hwm.load(Ordering::Relaxed).max(l)
+                } else {
+                    l
+                };
+                (peak.saturating_add(h), live.saturating_add(l))
+            })
+        };
+        let keep = self.max_pooled().min(peak.saturating_sub(live));
+        self.trim_epoch.fetch_add(1, Ordering::AcqRel);
+        let mut doomed = Vec::new();
+        {
+            let mut g = lock(&self.global);
+            while g.size > keep {
+                let Some(mut batch) = g.batches.pop_front() else {
+                    break;
+                };
+                let excess = g.size - keep;
+                if batch.len() <= excess {
+                    g.size -= batch.len();
+                    doomed.push(batch);
+                } else {
+                    let part = batch.split_off(excess);
+                    g.size -= part.len();
+                    doomed.push(part);
+                    g.batches.push_front(batch);
+                }
+            }
+            self.global_len.store(g.size, Ordering::Relaxed);
+        }
+        let mut freed = 0;
+        for batch in doomed {
+            freed += batch.len();
+            self.free_list(batch);
+        }
+        if freed > 0 {
+            log::debug!("coro-pool: trim freed {freed} idle stacks (kept {keep})");
+        }
+        freed
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        let batches = {
+            let mut g = lock(&self.global);
+            g.size = 0;
+            self.global_len.store(0, Ordering::Relaxed);
+            std::mem::take(&mut g.batches)
+        };
+        for batch in batches {
+            self.free_list(batch);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct LocalState {
+    cur: StackList,
+    spare: StackList,
+    live: usize,
+    hwm: usize,
+    epoch: u64,
+    reused: u64,
+}
+
+/// One thread's cache of a pool's stacks.
+pub(crate) struct LocalPool {
+    shared: Arc<Shared>,
+    stats: Arc<ThreadStats>,
+    state: RefCell<LocalState>,
+}
+
+impl LocalPool {
+    fn new(shared: Arc<Shared>) -> LocalPool {
+        let epoch = shared.trim_epoch.load(Ordering::Acquire);
+        let stats = Arc::new(ThreadStats::default());
+        stats.epoch.store(epoch, Ordering::Relaxed);
+        lock(&shared.threads).push(Arc::clone(&stats));
+        LocalPool {
+            shared,
+            stats,
+            state: RefCell::new(LocalState {
+                epoch,
+                ..LocalState::default()
+            }),
+        }
+    }
+
+    fn publish_local(&self, st: &LocalState) {
+        self.stats
+            .local
+            .store(st.cur.len() + st.spare.len(), Ordering::Relaxed);
+    }
+
+    fn take(self: &Rc<Self>) -> Result<PooledStack> {
+        let sh = &*self.shared;
+        let mut st = self.state.borrow_mut();
+        let mut top = match sh.policy {
+            Policy::Bounded => {
+                let mut top = st.cur.pop();
+                if top.is_none() && !st.spare.is_empty() {
+                    st.cur = st.spare.take();
+                    top = st.cur.pop();
+                }
+                top
+            }
+            Policy::UnboundedPerThread => st.cur.pop(),
+            Policy::NoPool => None,
+        };
+        if top.is_none() && sh.policy == Policy::Bounded {
+            if let Some(mut batch) = sh.take_global_batch() {
+                top = batch.pop();
+                st.cur = batch;
+            }
+        }
+        let top = match top {
+            Some(top) => {
+                st.reused += 1;
+                self.stats.reused.store(st.reused, Ordering::Relaxed);
+                top
+            }
+            None => sh.create()?,
+        };
+        let epoch = sh.trim_epoch.load(Ordering::Relaxed);
+        if epoch != st.epoch {
+            st.epoch = epoch;
+            st.hwm = st.live;
+            self.stats.epoch.store(epoch, Ordering::Relaxed);
+        }
+        st.live += 1;
+        self.stats.live.store(st.live, Ordering::Relaxed);
+        if st.live > st.hwm {
+            st.hwm = st.live;
+            self.stats.hwm.store(st.hwm, Ordering::Relaxed);
+        }
+        self.publish_local(&st);
+        Ok(PooledStack {
+            top,
+            local: Rc::clone(self),
+        })
+    }
+
+    fn put(&self, top: NonNull<u8>) {
+        let sh = &*self.shared;
+        let mut st = self.state.borrow_mut();
+        st.live -= 1;
+        self.stats.live.store(st.live, Ordering::Relaxed);
+        if sh.policy == Policy::NoPool || sh.closed.load(Ordering::Relaxed) {
+            drop(st);
+            sh.free_one(top);
+            return;
+        }
+        let mut spill = None;
+        if sh.policy == Policy::Bounded && st.cur.len() >= sh.batch_size {
+            if !st.spare.is_empty() {
+                spill = Some(st.spare.take());
+            }
+            st.spare = st.cur.take();
+        }
+        // SAFETY: the stack was handed out by this pool, its coroutine is
+        // gone, and it is in no list.
+        unsafe { st.cur.push(top) };
+        self.publish_local(&st);
+        drop(st);
+        if let Some(batch) = spill {
+            sh.put_global(batch);
+        }
+    }
+
+    fn flush(&self) {
+        let (cur, spare) = {
+            let mut st = self.state.borrow_mut();
+            let lists = (st.cur.take(), st.spare.take());
+            self.publish_local(&st);
+            lists
+        };
+        self.release_lists(cur, spare);
+    }
+
+    fn release_lists(&self, cur: StackList, spare: StackList) {
+        if self.shared.policy == Policy::Bounded {
+            self.shared.put_global(spare);
+            self.shared.put_global(cur);
+        } else {
+            self.shared.free_list(cur);
+            self.shared.free_list(spare);
+        }
+    }
+}
+
+impl Drop for LocalPool {
+    fn drop(&mut self) {
+        let st = self.state.get_mut();
+        let (cur, spare) = (st.cur.take(), st.spare.take());
+        let reused = st.reused;
+        self.release_lists(cur, spare);
+        self.shared
+            .retired_reused
+            .fetch_add(reused, Ordering::Relaxed);
+        lock(&self.shared.threads).retain(|t| !Arc::ptr_eq(t, &self.stats));
+    }
+}
+
+thread_local! {
+    static REGISTRY: RefCell<Vec<Rc<LocalPool>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// This thread's local pool for `shared`, registering one on first use.
+/// During thread teardown (registry gone) an unregistered one is returned;
+/// it gives its stacks back when its last stack is dropped.
+fn local_pool(shared: &Arc<Shared>) -> Rc<LocalPool> {
+    let mut stale = Vec::new();
+    let found = REGISTRY.try_with(|reg| {
+        let mut reg = reg.try_borrow_mut().ok()?;
+        if let Some(local) = reg.iter().find(|l| Arc::ptr_eq(&l.shared, shared)) {
+            return Some(Rc::clone(local));
+        }
+        let mut i = 0;
+        while i < reg.len() {
+            if reg[i].shared.closed.load(Ordering::Relaxed) {
+                stale.push(reg.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        let local = Rc::new(LocalPool::new(Arc::clone(shared)));
+        reg.push(Rc::clone(&local));
+        Some(local)
+    });
+    drop(stale);
+    match found {
+        Ok(Some(local)) => local,
+        _ => Rc::new(LocalPool::new(Arc::clone(shared))),
+    }
+}
+
+/// The identity of a stack (its top address), for checking reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackId(pub usize);
+
+/// A stack taken from a [`StackPool`]. Dropping it returns it to the pool
+/// (to this thread's local pool, or unmaps it under [`Policy::NoPool`]).
+///
+/// It implements [`corosensei::stack::Stack`], so it can also back a
+/// `corosensei::Coroutine` directly. It is neither `Send` nor `Sync`: it
+/// belongs to the thread's local pool.
+pub struct PooledStack {
+    top: NonNull<u8>,
+    local: Rc<LocalPool>,
+}
+
+impl std::fmt::Debug for PooledStack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledStack")
+            .field("id", &self.id())
+            .field("usable_size", &self.usable_size())
+            .finish()
+    }
+}
+
+impl PooledStack {
+    /// The stack's identity (its top address).
+    pub fn id(&self) -> StackId {
+        StackId(self.top.as_ptr() as usize)
+    }
+
+    /// Usable bytes (above the guard).
+    pub fn usable_size(&self) -> usize {
+        self.local.shared.layout.usable_len
+    }
+
+    /// Bytes of the guard region below the usable part.
+    pub fn guard_size(&self) -> usize {
+        self.local.shared.layout.guard_len
+    }
+}
+
+impl Drop for PooledStack {
+    fn drop(&mut self) {
+        self.local.put(self.top);
+    }
+}
+
+// SAFETY: base() is the top of a live mapping of mmap_len bytes whose lowest
+// guard_len bytes are inaccessible (MADV_GUARD_INSTALL or PROT_NONE), limit()
+// is the start of that mapping, both are page aligned (so aligned to
+// STACK_ALIGNMENT), and the usable part is at least MIN_STACK_SIZE bytes
+// (checked when the pool is built). The mapping stays valid until the
+// PooledStack is dropped.
+unsafe impl corosensei::stack::Stack for PooledStack {
+    #[inline]
+    fn base(&self) -> corosensei::stack::StackPointer {
+        // SAFETY: the top of a mapping is never address 0.
+        unsafe { NonZeroUsize::new_unchecked(self.top.as_ptr() as usize) }
+    }
+
+    #[inline]
+    fn limit(&self) -> corosensei::stack::StackPointer {
+        let start = self.top.as_ptr() as usize - self.local.shared.layout.mmap_len();
+        // SAFETY: a mapping never starts at address 0 (mmap_min_addr).
+        unsafe { NonZeroUsize::new_unchecked(start) }
+    }
+}
+
+/// A demand reservation: while it lives, the pool's global maximum is
+/// raised by its size (within the mapping budget). Dropping it lowers the
+/// maximum again; stacks above the lowered maximum are freed by the next
+/// [`StackPool::trim`] or when a full batch is returned.
+#[must_use = "the reservation ends when the handle is dropped"]
+#[derive(Debug)]
+pub struct Reservation {
+    shared: Arc<Shared>,
+    stacks: usize,
+}
+
+impl Reservation {
+    /// Stacks this reservation adds to the pool's maximum.
+    pub fn stacks(&self) -> usize {
+        self.stacks
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.shared
+            .reserved
+            .fetch_sub(self.stacks, Ordering::Relaxed);
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("policy", &self.policy)
+            .field("layout", &self.layout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A snapshot of a pool's counters. Per-thread figures are read without
+/// stopping the threads, so a snapshot taken while other threads work is
+/// approximate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Stacks in use: live coroutines (and [`PooledStack`]s held directly).
+    pub live_coroutines: usize,
+    /// Idle stacks in thread-local pools, all threads together.
+    pub pooled_local: usize,
+    /// Idle stacks in the global pool.
+    pub pooled_global: usize,
+    /// Stacks mapped since the pool was created.
+    pub stacks_created: u64,
+    /// Stacks handed out again from a pool instead of being mapped.
+    pub stacks_reused: u64,
+    /// Stacks unmapped.
+    pub stacks_freed: u64,
+    /// Stacks currently mapped (in use or idle).
+    pub stacks_held: usize,
+    /// VMAs those stacks hold at most (`stacks_held` × VMAs per stack;
+    /// adjacent guard-installed stacks may merge into fewer).
+    pub vmas_held: usize,
+    /// The global pool's current maximum.
+    pub max_pooled: usize,
+    /// Stacks reserved by live [`Reservation`]s.
+    pub reserved: usize,
+    /// `munmap` calls that failed (the stacks stay counted as held).
+    pub unmap_failures: u64,
+}
+
+/// A pool of guard-paged coroutine stacks. See the [crate docs](crate).
+///
+/// Dropping the pool frees its global pool and the calling thread's local
+/// pool; other threads' local pools (two batches at most) are freed when
+/// those threads exit or next register a pool, and stacks still in use are
+/// freed when their coroutines end.
+#[derive(Debug)]
+pub struct StackPool {
+    shared: Arc<Shared>,
+    trimmer: Option<Trimmer>,
+}
+
+#[derive(Debug)]
+struct Trimmer {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StackPool {
+    /// Builds a pool. Fails on an invalid configuration, when
+    /// [`GuardMode::GuardInstall`] is required but unsupported, or when the
+    /// background trimmer cannot be started. No stack is mapped and
+    /// `vm.max_map_count` is not read until needed.
+    pub fn new(config: PoolConfig) -> Result<StackPool> {
+        let page = stack::page_size();
+        if config.stack_size < corosensei::stack::MIN_STACK_SIZE
+            || config.stack_size > MAX_STACK_SIZE
+        {
+            return Err(Error::InvalidConfig(format!(
+                "stack size {} is outside {}..={MAX_STACK_SIZE}",
+                config.stack_size,
+                corosensei::stack::MIN_STACK_SIZE
+            )));
+        }
+        if config.guard_pages == 0 || config.guard_pages > MAX_GUARD_PAGES {
+            return Err(Error::InvalidConfig(format!(
+                "guard pages {} is outside 1..={MAX_GUARD_PAGES}",
+                config.guard_pages
+            )));
+        }
+        if config.batch_size == 0 || config.batch_size > MAX_BATCH_SIZE {
+            return Err(Error::InvalidConfig(format!(
+                "batch size {} is outside 1..={MAX_BATCH_SIZE}",
+                config.batch_size
+            )));
+        }
+        if config.trim_interval == Some(Duration::ZERO) {
+            return Err(Error::InvalidConfig(
+                "trim interval must not be zero".to_string(),
+            ));
+        }
+        let guard = match config.guard {
+            GuardMode::Auto if stack::guard_install_supported() => GuardKind::GuardInstall,
+            GuardMode::Auto | GuardMode::Mprotect => GuardKind::Mprotect,
+            GuardMode::GuardInstall if stack::guard_install_supported() => GuardKind::GuardInstall,
+            GuardMode::GuardInstall => return Err(Error::GuardInstallUnsupported),
+        };
+        let usable = config.stack_size.div_ceil(page) * page;
+        let mut pool = Self::from_parts(&config, guard, usable, page);
+        if let Some(interval) = config.trim_interval {
+            pool.trimmer = Some(Self::spawn_trimmer(&pool.shared, interval)?);
+        }
+        Ok(pool)
+    }
+
+    fn from_parts(config: &PoolConfig, guard: GuardKind, usable: usize, page: usize) -> StackPool {
+        let shared = Shared {
+            layout: Layout {
+                guard_len: config.guard_pages * page,
+                usable_len: usable,
+            },
+            policy: config.policy,
+            batch_size: config.batch_size,
+            base_max: config.base_max,
+            idle_pages: config.idle_pages,
+            max_map_count: config.max_map_count.clone(),
+            vma_reserve: config.vma_reserve,
+            guard: AtomicU8::new(guard.to_u8()),
+            mmc: OnceLock::new(),
+            global: Mutex::new(Global::default()),
+            global_len: AtomicUsize::new(0),
+            reserved: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
+            created: AtomicU64::new(0),
+            freed: AtomicU64::new(0),
+            unmap_failures: AtomicU64::new(0),
+            retired_reused: AtomicU64::new(0),
+            trim_epoch: AtomicU64::new(0),
+            threads: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+        };
+        StackPool {
+            shared: Arc::new(shared),
+            trimmer: None,
+        }
+    }
+
+    fn spawn_trimmer(shared: &Arc<Shared>, interval: Duration) -> Result<Trimmer> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let weak: Weak<Shared> = Arc::downgrade(shared);
+        let stop2 = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("coro-pool-trim".to_string())
+            .spawn(move || {
+                let (flag, cv) = &*stop2;
+                let mut stopped = lock(flag);
+                loop {
+                    let (guard, _) = cv
+                        .wait_timeout(stopped, interval)
+                        .unwrap_or_else(|e| e.into_inner());
+                    stopped = guard;
+                    if *stopped {
+                        return;
+                    }
+                    match weak.upgrade() {
+                        Some(shared) => {
+                            drop(stopped);
+                            shared.trim();
+                            stopped = lock(flag);
+                        }
+                        None => return,
+                    }
+                }
+            })
+            .map_err(Error::Trimmer)?;
+        Ok(Trimmer {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The process-wide default pool (default [`PoolConfig`]), used by
+    /// [`Coroutine::new`](crate::Coroutine::new).
+    pub fn global() -> &'static StackPool {
+        static GLOBAL: OnceLock<StackPool> = OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            let config = PoolConfig::default();
+            let guard = if stack::guard_install_supported() {
+                GuardKind::GuardInstall
+            } else {
+                GuardKind::Mprotect
+            };
+            let page = stack::page_size();
+            let usable = config.stack_size.div_ceil(page) * page;
+            Self::from_parts(&config, guard, usable, page)
+        })
+    }
+
+    /// Takes a stack: from this thread's local pool, else a batch from the
+    /// global pool, else a new mapping. Fails when the mapping budget is
+    /// exhausted or `mmap`/the guard setup fails; never aborts.
+    pub fn take_stack(&self) -> Result<PooledStack> {
+        local_pool(&self.shared).take()
+    }
+
+    /// Raises the global pool's maximum by `stacks` until the returned
+    /// handle is dropped. Under [`Policy::UnboundedPerThread`] and
+    /// [`Policy::NoPool`] it is recorded but changes nothing.
+    pub fn reserve(&self, stacks: usize) -> Reservation {
+        let mut added = 0;
+        let _ = self
+            .shared
+            .reserved
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                let next = r.saturating_add(stacks);
+                added = next - r;
+                Some(next)
+            });
+        Reservation {
+            shared: Arc::clone(&self.shared),
+            stacks: added,
+        }
+    }
+
+    /// Frees idle stacks of the global pool above the demand seen since the
+    /// previous trim: it keeps `min(max_pooled, peak - live)` stacks, where
+    /// `peak` is the high-water mark of stacks in use during the window
+    /// (summed over threads) and `live` the stacks in use now, then starts a
+    /// new window. Thread-local pools are left alone (at most two batches
+    /// each). Returns the number of stacks freed. A no-op for the
+    /// non-default policies.
+    pub fn trim(&self) -> usize {
+        self.shared.trim()
+    }
+
+    /// Moves the calling thread's local stacks to the global pool (freeing
+    /// what does not fit), for a thread about to go idle for a long time.
+    /// Under [`Policy::UnboundedPerThread`] they are freed.
+    pub fn flush_local(&self) {
+        let found = REGISTRY.try_with(|reg| {
+            reg.try_borrow().ok().and_then(|reg| {
+                reg.iter()
+                    .find(|l| Arc::ptr_eq(&l.shared, &self.shared))
+                    .cloned()
+            })
+        });
+        if let Ok(Some(local)) = found {
+            local.flush();
+        }
+    }
+
+    /// A snapshot of the pool's counters.
+    pub fn stats(&self) -> Stats {
+        let sh = &*self.shared;
+        let (live, local, reused) = {
+            let threads = lock(&sh.threads);
+            threads.iter().fold((0usize, 0usize, 0u64), |(l, p, r), t| {
+                (
+                    l + t.live.load(Ordering::Relaxed),
+                    p + t.local.load(Ordering::Relaxed),
+                    r + t.reused.load(Ordering::Relaxed),
+                )
+            })
+        };
+        let held = sh.held.load(Ordering::Relaxed);
+        Stats {
+            live_coroutines: live,
+            pooled_local: local,
+            pooled_global: sh.global_len.load(Ordering::Relaxed),
+            stacks_created: sh.created.load(Ordering::Relaxed),
+            stacks_reused: reused + sh.retired_reused.load(Ordering::Relaxed),
+            stacks_freed: sh.freed.load(Ordering::Relaxed),
+            stacks_held: held,
+            vmas_held: held.saturating_mul(sh.guard_kind().vmas_per_stack()),
+            max_pooled: sh.max_pooled(),
+            reserved: sh.reserved.load(Ordering::Relaxed),
+            unmap_failures: sh.unmap_failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The global pool's current maximum: `min(base + reserved, budget)`
+    /// for [`Policy::Bounded`], `usize::MAX` for
+    /// [`Policy::UnboundedPerThread`], 0 for [`Policy::NoPool`].
+    pub fn max_pooled(&self) -> usize {
+        self.shared.max_pooled()
+    }
+
+    /// The mapping budget (reads `vm.max_map_count` on first use).
+    pub fn budget(&self) -> MapBudget {
+        self.shared.budget()
+    }
+
+    /// The guard mechanism new stacks use.
+    pub fn guard_kind(&self) -> GuardKind {
+        self.shared.guard_kind()
+    }
+
+    /// Usable bytes per stack (page rounded).
+    pub fn stack_size(&self) -> usize {
+        self.shared.layout.usable_len
+    }
+
+    /// The pooling policy.
+    pub fn policy(&self) -> Policy {
+        self.shared.policy
+    }
+
+    /// Stacks per batch.
+    pub fn batch_size(&self) -> usize {
+        self.shared.batch_size
+    }
+}
+
+impl Drop for StackPool {
+    fn drop(&mut self) {
+        if let Some(mut trimmer) = self.trimmer.take() {
+            *lock(&trimmer.stop.0) = true;
+            trimmer.stop.1.notify_all();
+            if let Some(thread) = trimmer.thread.take() {
+                let _ = thread.join();
+            }
+        }
+        self.shared.close();
+        let mine = REGISTRY.try_with(|reg| {
+            reg.try_borrow_mut().ok().map(|mut reg| {
+                let mut out = Vec::new();
+                let mut i = 0;
+                while i < reg.len() {
+                    if Arc::ptr_eq(&reg[i].shared, &self.shared) {
+                        out.push(reg.swap_remove(i));
+                    } else {
+                        i += 1;
+                    }
+                }
+                out
+            })
+        });
+        if let Ok(Some(locals)) = mine {
+            // Stacks still in use keep their LocalPool alive; free its idle
+            // stacks now rather than when the last of them ends.
+            for local in locals {
+                local.flush();
+            }
+        }
+    }
+}
