@@ -1,13 +1,18 @@
 //! A driver-side mock: lays out split rings, direct, indirect and malicious
 //! chains in a real guest memory, and reads back the used ring.
 //!
-//! It wraps virtio-queue's [`MockSplitQueue`] (which places the descriptor
-//! table, available ring and used ring) and adds what large chains need: a
-//! data area allocator, indirect tables of up to 65535 entries, chained
-//! tables, descriptor reclaim from the used ring, event-idx fields, and every
-//! malicious pattern the walker must refuse ([`Malicious`]).
+//! It extends virtio-queue's `mock::MockSplitQueue` with what large chains
+//! need: a data area allocator, indirect tables of up to 65535 entries,
+//! chained tables, descriptor reclaim from the used ring, event-idx fields,
+//! and every malicious pattern the walker must refuse ([`Malicious`]). It
+//! lays out the rings itself: in virtio-queue 0.18 `MockSplitQueue` places
+//! the used ring right after the first `size` *bytes* of the available ring
+//! entries (`SplitQueueRing::end` counts entries, not bytes), so for queues
+//! of 8 entries or more the used ring overwrites the upper available ring
+//! entries and `used_event`.
 //!
-//! Memory layout: the rings start at guest address 0; buffers and indirect
+//! Memory layout: the descriptor table at guest address 0, the available
+//! ring after it, the used ring on the next 4 KiB page; buffers and indirect
 //! tables are bump-allocated from [`MockDriver::data_start`] and the area is
 //! reused once every chain has been returned through the used ring.
 
@@ -18,8 +23,7 @@ use virtio_bindings::bindings::virtio_ring::{
     VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
 };
 use virtio_queue::desc::split::Descriptor;
-use virtio_queue::mock::MockSplitQueue;
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 pub use crate::io::IoCall;
@@ -266,7 +270,9 @@ impl Malicious {
 /// The driver side of one split queue in guest memory.
 pub struct MockDriver<'a, M: GuestMemoryBackend> {
     mem: &'a M,
-    vq: MockSplitQueue<'a, M>,
+    desc_table: GuestAddress,
+    avail: GuestAddress,
+    used: GuestAddress,
     size: u16,
     free: Vec<u16>,
     outstanding: HashMap<u16, Vec<u16>>,
@@ -281,13 +287,23 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
     /// A queue of `size` entries (a power of two up to 32768) with its rings
     /// at guest address 0.
     pub fn new(mem: &'a M, size: u16) -> Self {
-        let vq = MockSplitQueue::create(mem, GuestAddress(0), size);
-        let used_end = vq.used_addr().0 + 6 + 8 * u64::from(size);
+        assert!(size.is_power_of_two() && size <= 32768, "queue size {size}");
+        let n = u64::from(size);
+        let desc_table = GuestAddress(0);
+        let avail = GuestAddress(16 * n);
+        let used = GuestAddress((16 * n + 6 + 2 * n + 0xfff) & !0xfff);
+        let used_end = used.0 + 6 + 8 * n;
         let data_start = (used_end + 0xfff) & !0xfff;
         let data_end = mem.last_addr().0.saturating_add(1);
-        MockDriver {
+        // Zero the ring headers and event fields.
+        for addr in [avail, used] {
+            mem.write_slice(&[0u8; 4], addr).expect("mock ring memory");
+        }
+        let driver = MockDriver {
             mem,
-            vq,
+            desc_table,
+            avail,
+            used,
             size,
             free: (0..size).rev().collect(),
             outstanding: HashMap::new(),
@@ -296,7 +312,9 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
             data_start,
             data_next: data_start,
             data_end,
-        }
+        };
+        driver.set_used_event(0).expect("mock ring memory");
+        driver
     }
 
     /// The guest memory.
@@ -319,17 +337,25 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
         self.data_end
     }
 
-    /// The wrapped virtio-queue mock.
-    pub fn split_queue(&self) -> &MockSplitQueue<'a, M> {
-        &self.vq
+    /// Guest addresses of the descriptor table, available ring and used ring.
+    pub fn ring_addresses(&self) -> (GuestAddress, GuestAddress, GuestAddress) {
+        (self.desc_table, self.avail, self.used)
     }
 
     /// A ready `Queue` pointing at the rings (event-idx off; enable it with
     /// `set_event_idx(true)`).
     pub fn create_queue(&self) -> Queue {
-        self.vq
-            .create_queue::<Queue>()
-            .expect("mock queue parameters are valid")
+        let mut q = Queue::new(self.size).expect("mock queue size is valid");
+        q.set_size(self.size);
+        for (addr, set) in [
+            (self.desc_table, Queue::set_desc_table_address as fn(&mut Queue, Option<u32>, Option<u32>)),
+            (self.avail, Queue::set_avail_ring_address),
+            (self.used, Queue::set_used_ring_address),
+        ] {
+            set(&mut q, Some(addr.0 as u32), Some((addr.0 >> 32) as u32));
+        }
+        q.set_ready(true);
+        q
     }
 
     /// Allocates `len` bytes (16-byte aligned) in the data area.
@@ -375,7 +401,7 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
 
     /// Writes one descriptor of the ring's table.
     pub fn write_desc(&self, index: u16, d: Descriptor) -> Result<(), MockError> {
-        let addr = self.vq.desc_table_addr().unchecked_add(16 * u64::from(index));
+        let addr = self.desc_table.unchecked_add(16 * u64::from(index));
         self.mem
             .write_obj(d, addr)
             .map_err(|e| MockError::Memory(e.to_string()))
@@ -402,7 +428,7 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
     /// descriptors the chain uses, reclaimed when the device returns it.
     pub fn publish(&mut self, head: u16, ring: Vec<u16>) -> Result<(), MockError> {
         let slot = u64::from(self.avail_idx % self.size);
-        let avail = self.vq.avail_addr();
+        let avail = self.avail;
         self.mem
             .write_obj(u16::to_le(head), avail.unchecked_add(4 + 2 * slot))
             .map_err(|e| MockError::Memory(e.to_string()))?;
@@ -418,7 +444,7 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
         self.mem
             .store(
                 u16::to_le(idx),
-                self.vq.avail_addr().unchecked_add(2),
+                self.avail.unchecked_add(2),
                 Ordering::Release,
             )
             .map_err(|e| MockError::Memory(e.to_string()))
@@ -587,7 +613,7 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
     /// The used ring index written by the device.
     pub fn used_idx(&self) -> u16 {
         self.mem
-            .load::<u16>(self.vq.used_addr().unchecked_add(2), Ordering::Acquire)
+            .load::<u16>(self.used.unchecked_add(2), Ordering::Acquire)
             .map(u16::from_le)
             .unwrap_or(0)
     }
@@ -600,7 +626,7 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
         let mut out = Vec::new();
         while self.used_seen != used_idx {
             let slot = u64::from(self.used_seen % self.size);
-            let addr = self.vq.used_addr().unchecked_add(4 + 8 * slot);
+            let addr = self.used.unchecked_add(4 + 8 * slot);
             let id = self.mem.read_obj::<u32>(addr).map(u32::from_le).unwrap_or(u32::MAX);
             let len = self
                 .mem
@@ -623,7 +649,7 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
 
     /// Writes `used_event` (the driver's event-idx threshold).
     pub fn set_used_event(&self, idx: u16) -> Result<(), MockError> {
-        let addr = self.vq.avail_addr().unchecked_add(4 + 2 * u64::from(self.size));
+        let addr = self.avail.unchecked_add(4 + 2 * u64::from(self.size));
         self.mem
             .store(u16::to_le(idx), addr, Ordering::Release)
             .map_err(|e| MockError::Memory(e.to_string()))
@@ -631,7 +657,7 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
 
     /// Reads `avail_event` (the device's event-idx threshold).
     pub fn avail_event(&self) -> u16 {
-        let addr = self.vq.used_addr().unchecked_add(4 + 8 * u64::from(self.size));
+        let addr = self.used.unchecked_add(4 + 8 * u64::from(self.size));
         self.mem
             .load::<u16>(addr, Ordering::Acquire)
             .map(u16::from_le)
