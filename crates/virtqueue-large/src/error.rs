@@ -11,7 +11,9 @@ use vm_memory::GuestAddress;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The chain visits more descriptors than its table holds, so it loops.
-    #[error("descriptor loop: more than {table_len} descriptors visited in a table of {table_len}")]
+    #[error(
+        "descriptor loop: more than {table_len} descriptors visited in a table of {table_len}"
+    )]
     DescriptorLoop {
         /// Entries in the table being walked (the ring or an indirect table).
         table_len: u32,

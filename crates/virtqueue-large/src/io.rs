@@ -37,18 +37,21 @@ pub struct IoCall {
 
 #[cfg(any(test, feature = "test-utils"))]
 thread_local! {
-    pub(crate) static IO_TRACE: RefCell<Vec<IoCall>> = const { RefCell::new(Vec::new()) };
+    // `None` until the first `take_io_trace` on this thread.
+    pub(crate) static IO_TRACE: RefCell<Option<Vec<IoCall>>> = const { RefCell::new(None) };
 }
 
 #[inline]
 fn trace(_iovecs: usize, _requested: usize, _transferred: usize) {
     #[cfg(any(test, feature = "test-utils"))]
     IO_TRACE.with(|t| {
-        t.borrow_mut().push(IoCall {
-            iovecs: _iovecs,
-            requested: _requested,
-            transferred: _transferred,
-        })
+        if let Some(calls) = t.borrow_mut().as_mut() {
+            calls.push(IoCall {
+                iovecs: _iovecs,
+                requested: _requested,
+                transferred: _transferred,
+            })
+        }
     });
 }
 
@@ -184,7 +187,13 @@ where
     /// Vectored file I/O at the cursor, at most `IOV_MAX` iovecs per call.
     /// Stops at the first short transfer; an error after some progress ends
     /// the loop with the progress made (the next call sees the error again).
-    fn file_io(&mut self, fd: RawFd, count: usize, offset: Option<u64>, dir: Dir) -> io::Result<usize> {
+    fn file_io(
+        &mut self,
+        fd: RawFd,
+        count: usize,
+        offset: Option<u64>,
+        dir: Dir,
+    ) -> io::Result<usize> {
         let want = count.min(self.remaining);
         let mut total = 0usize;
         IOV_SCRATCH.with(|cell| {
@@ -319,7 +328,12 @@ where
     /// `pwritev`, straight from guest memory, at most [`IOV_MAX`] iovecs per
     /// call. Returns the bytes written; it stops early at the first short
     /// write (the cursor then sits exactly after the bytes written).
-    pub fn write_to_file_at<F: AsFd>(&mut self, file: &F, count: usize, offset: u64) -> io::Result<usize> {
+    pub fn write_to_file_at<F: AsFd>(
+        &mut self,
+        file: &F,
+        count: usize,
+        offset: u64,
+    ) -> io::Result<usize> {
         self.cur
             .file_io(file.as_fd().as_raw_fd(), count, Some(offset), Dir::ToFile)
     }
@@ -400,7 +414,12 @@ where
     /// call. Returns the bytes read; 0 means end of file. It stops early at
     /// the first short read (end of file, or a pipe with less data), and the
     /// cursor then sits exactly after the bytes read.
-    pub fn read_from_file_at<F: AsFd>(&mut self, file: &F, count: usize, offset: u64) -> io::Result<usize> {
+    pub fn read_from_file_at<F: AsFd>(
+        &mut self,
+        file: &F,
+        count: usize,
+        offset: u64,
+    ) -> io::Result<usize> {
         self.cur
             .file_io(file.as_fd().as_raw_fd(), count, Some(offset), Dir::FromFile)
     }

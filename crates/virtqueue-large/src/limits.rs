@@ -168,7 +168,10 @@ mod tests {
             .validate()
             .unwrap_err()
             .to_string();
-        assert_eq!(msg, "invalid chain limits: max_descriptors must be at least 1");
+        assert_eq!(
+            msg,
+            "invalid chain limits: max_descriptors must be at least 1"
+        );
         assert!(ChainLimits::large()
             .with_max_descriptors(65536)
             .validate()

@@ -42,11 +42,12 @@ pub fn guest_memory(size: usize) -> GuestMemoryMmap<()> {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size)]).expect("mock guest memory")
 }
 
-/// The file I/O system calls made by this thread since the last call (what
-/// [`Reader`](crate::Reader)/[`Writer`](crate::Writer) passed to
-/// `preadv`/`pwritev`/`readv`/`writev`).
+/// The file I/O system calls that [`Reader`](crate::Reader) and
+/// [`Writer`](crate::Writer) made on this thread since the last call (what
+/// they passed to `preadv`/`pwritev`/`readv`/`writev`). The first call turns
+/// tracing on for the thread and returns nothing.
 pub fn take_io_trace() -> Vec<IoCall> {
-    crate::io::IO_TRACE.with(|t| std::mem::take(&mut *t.borrow_mut()))
+    crate::io::IO_TRACE.with(|t| t.borrow_mut().replace(Vec::new()).unwrap_or_default())
 }
 
 /// A split descriptor.
@@ -235,9 +236,7 @@ impl Malicious {
             RingLoop | RingSelfLoop | IndirectLoop => ErrorKind::DescriptorLoop,
             RingNextOutOfRange | IndirectNextOutOfRange => ErrorKind::NextIndexOutOfRange,
             HeadOutOfRange => ErrorKind::HeadIndexOutOfRange,
-            BufferPastEnd | BufferCrossesEnd | BufferAddressWraps => {
-                ErrorKind::BufferOutsideMemory
-            }
+            BufferPastEnd | BufferCrossesEnd | BufferAddressWraps => ErrorKind::BufferOutsideMemory,
             TableOutsideMemory | TableCrossesEnd => ErrorKind::TableOutsideMemory,
             LengthOverflow => ErrorKind::LengthOverflow,
             TooManyBytes => ErrorKind::TooManyBytes,
@@ -348,7 +347,10 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
         let mut q = Queue::new(self.size).expect("mock queue size is valid");
         q.set_size(self.size);
         for (addr, set) in [
-            (self.desc_table, Queue::set_desc_table_address as fn(&mut Queue, Option<u32>, Option<u32>)),
+            (
+                self.desc_table,
+                Queue::set_desc_table_address as fn(&mut Queue, Option<u32>, Option<u32>),
+            ),
             (self.avail, Queue::set_avail_ring_address),
             (self.used, Queue::set_used_ring_address),
         ] {
@@ -408,7 +410,11 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
     }
 
     /// Writes descriptors at `addr` (an indirect table).
-    pub fn write_table_at(&self, addr: GuestAddress, descs: &[Descriptor]) -> Result<(), MockError> {
+    pub fn write_table_at(
+        &self,
+        addr: GuestAddress,
+        descs: &[Descriptor],
+    ) -> Result<(), MockError> {
         for (i, d) in descs.iter().enumerate() {
             self.mem
                 .write_obj(*d, addr.unchecked_add(16 * i as u64))
@@ -627,7 +633,11 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
         while self.used_seen != used_idx {
             let slot = u64::from(self.used_seen % self.size);
             let addr = self.used.unchecked_add(4 + 8 * slot);
-            let id = self.mem.read_obj::<u32>(addr).map(u32::from_le).unwrap_or(u32::MAX);
+            let id = self
+                .mem
+                .read_obj::<u32>(addr)
+                .map(u32::from_le)
+                .unwrap_or(u32::MAX);
             let len = self
                 .mem
                 .read_obj::<u32>(addr.unchecked_add(4))
@@ -739,7 +749,9 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
                 let t_addr = self.write_table(&t)?;
                 self.publish_indirect(t_addr, t.len())?
             }
-            TooManyBytes => self.publish_ring_chain(&[desc(page, LARGE_MAX_BYTES + 1, 0, 0)], false)?,
+            TooManyBytes => {
+                self.publish_ring_chain(&[desc(page, LARGE_MAX_BYTES + 1, 0, 0)], false)?
+            }
             TooManyDescriptorsStrict => {
                 let mut t = vec![r(8); usize::from(self.size) + 1];
                 link_in_order(&mut t);
@@ -766,11 +778,16 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
             }
             NestedIndirect => {
                 let inner = self.write_table(&[r(8)])?;
-                let t_addr = self.write_table(&[desc(page, 8, F_NEXT, 1), desc(inner.0, 16, F_INDIRECT, 0)])?;
+                let t_addr = self
+                    .write_table(&[desc(page, 8, F_NEXT, 1), desc(inner.0, 16, F_INDIRECT, 0)])?;
                 self.publish_indirect(t_addr, 2)?
             }
-            IndirectTableMisaligned => self.publish_ring_chain(&[desc(page, 17, F_INDIRECT, 0)], false)?,
-            IndirectTableEmpty => self.publish_ring_chain(&[desc(page, 0, F_INDIRECT, 0)], false)?,
+            IndirectTableMisaligned => {
+                self.publish_ring_chain(&[desc(page, 17, F_INDIRECT, 0)], false)?
+            }
+            IndirectTableEmpty => {
+                self.publish_ring_chain(&[desc(page, 0, F_INDIRECT, 0)], false)?
+            }
             IndirectTableTooLong => {
                 self.publish_ring_chain(&[desc(page, 16 * 65536, F_INDIRECT, 0)], false)?
             }
@@ -784,10 +801,8 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
             }
             IndirectWithNextInTable => {
                 let inner = self.write_table(&[r(8)])?;
-                let t_addr = self.write_table(&[
-                    desc(inner.0, 16, F_INDIRECT | F_NEXT, 1),
-                    r(8),
-                ])?;
+                let t_addr =
+                    self.write_table(&[desc(inner.0, 16, F_INDIRECT | F_NEXT, 1), r(8)])?;
                 self.publish_indirect(t_addr, 2)?
             }
             IndirectNotNegotiated => {

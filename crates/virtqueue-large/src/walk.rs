@@ -20,7 +20,7 @@ use vm_memory::{
 
 use crate::io::{Reader, Writer};
 use crate::limits::{ChainLimits, MAX_TABLE_ENTRIES};
-use crate::segments::{Pool, Segment, SegBuf, Shared};
+use crate::segments::{Pool, SegBuf, Segment, Shared};
 use crate::{Error, Result};
 
 const DESC_SIZE: u64 = size_of::<Descriptor>() as u64;
@@ -396,8 +396,7 @@ where
         let start = region.start_addr().0;
         let region_end = start.saturating_add(region.len());
         if end <= region_end {
-            if let Ok(slice) = region.get_slice(MemoryRegionAddress(addr.0 - start), len as usize)
-            {
+            if let Ok(slice) = region.get_slice(MemoryRegionAddress(addr.0 - start), len as usize) {
                 let aligned = (slice.ptr_guard().as_ptr() as usize) % align_of::<Descriptor>() == 0;
                 return Ok(Table::Slice {
                     slice,

@@ -35,8 +35,13 @@ fn test_direct_chain_reader_and_writer() {
     w.write_all(b"abcd").unwrap();
     assert_eq!(w.available_bytes(), 0);
     assert!(w.write_all(b"x").is_err(), "no room left");
-    assert_eq!(driver.read_writable(&layout).unwrap(), b"\x04\x03\x02\x01abcd");
-    queue.add_used(&mem, chain.head_index(), w.bytes_written() as u32).unwrap();
+    assert_eq!(
+        driver.read_writable(&layout).unwrap(),
+        b"\x04\x03\x02\x01abcd"
+    );
+    queue
+        .add_used(&mem, chain.head_index(), w.bytes_written() as u32)
+        .unwrap();
     assert_eq!(driver.take_used(), vec![(u32::from(layout.head), 8)]);
     assert!(walker.pop(&mut queue, &mem).unwrap().is_none());
 }
@@ -56,20 +61,34 @@ fn test_read_obj_and_split_at() {
     let mut tail = r.split_at(3).unwrap();
     assert_eq!(r.available_bytes(), 3);
     assert_eq!(tail.available_bytes(), 4);
-    assert_eq!(tail.read_obj::<u32>().unwrap(), u32::from_le_bytes([4, 5, 6, 7]));
+    assert_eq!(
+        tail.read_obj::<u32>().unwrap(),
+        u32::from_le_bytes([4, 5, 6, 7])
+    );
     let mut head = [0u8; 3];
     r.read_exact(&mut head).unwrap();
     assert_eq!(head, [1, 2, 3]);
     assert!(r.read_obj::<u8>().is_err());
     let err = r.split_at(1).unwrap_err();
-    assert!(matches!(err, Error::SplitOutOfBounds { offset: 1, available: 0 }));
-    assert_eq!(err.to_string(), "split offset 1 beyond the 0 bytes available");
+    assert!(matches!(
+        err,
+        Error::SplitOutOfBounds {
+            offset: 1,
+            available: 0
+        }
+    ));
+    assert_eq!(
+        err.to_string(),
+        "split offset 1 beyond the 0 bytes available"
+    );
 
     // Writer: fill the payload first, then the header that carries its size.
     let mut header = chain.writer();
     let mut payload = header.split_at(2).unwrap();
     payload.write_all(b"payload").unwrap();
-    header.write_all(&(payload.bytes_written() as u16).to_le_bytes()).unwrap();
+    header
+        .write_all(&(payload.bytes_written() as u16).to_le_bytes())
+        .unwrap();
     let total = header.bytes_written() + payload.bytes_written();
     assert_eq!(total, 9);
 }
@@ -85,7 +104,10 @@ fn test_32768_descriptor_indirect_chain_on_256_ring() {
 
     driver.add_chain(Layout::Indirect, &bufs).unwrap();
     let err = strict.pop(&mut queue, &mem).unwrap_err();
-    assert!(matches!(err, Error::TooManyDescriptors { max: 256 }), "{err}");
+    assert!(
+        matches!(err, Error::TooManyDescriptors { max: 256 }),
+        "{err}"
+    );
     assert_eq!(driver.take_used().len(), 1);
 
     let layout = driver.add_chain(Layout::Indirect, &bufs).unwrap();
@@ -104,15 +126,26 @@ fn test_32769_descriptors_refused_under_large() {
     let mem = guest_memory(16 << 20);
     let mut driver = MockDriver::new(&mem, 256);
     let mut queue = driver.create_queue();
-    driver.add_chain(Layout::Indirect, &vec![Buf::r(1); 32769]).unwrap();
+    driver
+        .add_chain(Layout::Indirect, &vec![Buf::r(1); 32769])
+        .unwrap();
     let mut walker = ChainWalker::new(ChainLimits::large()).unwrap();
     let err = walker.pop(&mut queue, &mem).unwrap_err();
     assert!(matches!(err, Error::TooManyDescriptors { max: 32768 }));
     // The limit can be raised to what one table can address.
     driver.take_used();
-    driver.add_chain(Layout::Indirect, &vec![Buf::r(1); 65535]).unwrap();
+    driver
+        .add_chain(Layout::Indirect, &vec![Buf::r(1); 65535])
+        .unwrap();
     let mut walker = ChainWalker::new(ChainLimits::large().with_max_descriptors(65535)).unwrap();
-    assert_eq!(walker.pop(&mut queue, &mem).unwrap().unwrap().descriptor_count(), 65535);
+    assert_eq!(
+        walker
+            .pop(&mut queue, &mem)
+            .unwrap()
+            .unwrap()
+            .descriptor_count(),
+        65535
+    );
 }
 
 #[test]
@@ -125,7 +158,9 @@ fn test_event_idx_notification() {
     // The driver wants an interrupt only after the second used entry.
     driver.set_used_event(1).unwrap();
     for _ in 0..3 {
-        driver.add_chain_with_data(Layout::Direct, &[b"x"], &[]).unwrap();
+        driver
+            .add_chain_with_data(Layout::Direct, &[b"x"], &[])
+            .unwrap();
     }
     let mut signals = Vec::new();
     for _ in 0..3 {
@@ -144,8 +179,12 @@ fn test_chain_outlives_queue_borrow_and_moves_to_another_thread() {
     let mem = Arc::new(guest_memory(1 << 20));
     let mut driver = MockDriver::new(&*mem, 16);
     let mut queue: Queue = driver.create_queue();
-    let a = driver.add_chain_with_data(Layout::Direct, &[b"first"], &[8]).unwrap();
-    let b = driver.add_chain_with_data(Layout::Indirect, &[b"second"], &[8]).unwrap();
+    let a = driver
+        .add_chain_with_data(Layout::Direct, &[b"first"], &[8])
+        .unwrap();
+    let b = driver
+        .add_chain_with_data(Layout::Indirect, &[b"second"], &[8])
+        .unwrap();
     let mut walker = ChainWalker::new(ChainLimits::large()).unwrap();
     let c1 = walker.pop(&mut queue, Arc::clone(&mem)).unwrap().unwrap();
     let c2 = walker.pop(&mut queue, Arc::clone(&mem)).unwrap().unwrap();
@@ -164,7 +203,10 @@ fn test_chain_outlives_queue_borrow_and_moves_to_another_thread() {
     let n = worker.join().unwrap();
     queue.add_used(&*mem, a.head, n as u32).unwrap();
     assert_eq!(&driver.read_writable(&a).unwrap()[..5], b"FIRST");
-    assert_eq!(driver.take_used(), vec![(u32::from(b.head), 1), (u32::from(a.head), 5)]);
+    assert_eq!(
+        driver.take_used(),
+        vec![(u32::from(b.head), 1), (u32::from(a.head), 5)]
+    );
 }
 
 #[test]
@@ -174,7 +216,9 @@ fn test_segment_buffers_are_recycled() {
     let mut queue = driver.create_queue();
     let mut walker = ChainWalker::with_pool_size(ChainLimits::strict(), 2).unwrap();
     for _ in 0..4 {
-        driver.add_chain_with_data(Layout::Direct, &[b"x"], &[1]).unwrap();
+        driver
+            .add_chain_with_data(Layout::Direct, &[b"x"], &[1])
+            .unwrap();
     }
     let chains: Vec<_> = (0..4)
         .map(|_| walker.pop(&mut queue, &mem).unwrap().unwrap())
@@ -192,7 +236,9 @@ fn test_writes_mark_the_dirty_bitmap() {
     let mem = GuestMemoryMmap::<AtomicBitmap>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let mut driver = MockDriver::new(&mem, 16);
     let mut queue = driver.create_queue();
-    let layout = driver.add_chain(Layout::Direct, &[Buf::w(3 * 4096)]).unwrap();
+    let layout = driver
+        .add_chain(Layout::Direct, &[Buf::w(3 * 4096)])
+        .unwrap();
     let (addr, _, _) = layout.buffers[0];
     let mut walker = ChainWalker::new(ChainLimits::strict()).unwrap();
     let chain = walker.pop(&mut queue, &mem).unwrap().unwrap();
@@ -209,7 +255,10 @@ fn test_writes_mark_the_dirty_bitmap() {
     std::os::unix::fs::FileExt::write_all_at(&file, &[7u8; 8192], 0).unwrap();
     let mut w = chain.writer();
     assert_eq!(w.read_from_file_at(&file, 8192, 0).unwrap(), 8192);
-    assert!(region.bitmap().dirty_at(off + 4096), "preadv marks the bitmap");
+    assert!(
+        region.bitmap().dirty_at(off + 4096),
+        "preadv marks the bitmap"
+    );
     assert!(!region.bitmap().dirty_at(off + 8192));
 }
 
@@ -224,7 +273,9 @@ fn test_strict_chain_length_equals_queue_size() {
     assert_eq!(chain.descriptor_count(), 16);
     queue.add_used(&mem, chain.head_index(), 0).unwrap();
     assert_eq!(driver.take_used().len(), 1);
-    driver.add_chain(Layout::Indirect, &[Buf::r(1); 17]).unwrap();
+    driver
+        .add_chain(Layout::Indirect, &[Buf::r(1); 17])
+        .unwrap();
     let err = walker.pop(&mut queue, &mem).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::TooManyDescriptors);
 }
@@ -236,7 +287,9 @@ fn layout_strategy() -> impl Strategy<Value = (bool, Vec<u32>, Vec<u32>, usize)>
         prop::collection::vec(0u32..3000, 0..40),
         any::<usize>(),
     )
-        .prop_filter("at least one buffer", |(_, r, w, _)| !r.is_empty() || !w.is_empty())
+        .prop_filter("at least one buffer", |(_, r, w, _)| {
+            !r.is_empty() || !w.is_empty()
+        })
 }
 
 proptest! {

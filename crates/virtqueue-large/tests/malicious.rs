@@ -4,7 +4,9 @@
 use std::io::Read;
 
 use virtio_queue::{Queue, QueueT};
-use virtqueue_large::mock::{desc, guest_memory, Layout, Malicious, MockDriver, F_INDIRECT, F_NEXT, F_WRITE};
+use virtqueue_large::mock::{
+    desc, guest_memory, Layout, Malicious, MockDriver, F_INDIRECT, F_NEXT, F_WRITE,
+};
 use virtqueue_large::{ChainLimits, ChainWalker, Error, ErrorKind, LOG_BURST};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
@@ -81,7 +83,9 @@ fn test_all_malicious_patterns_back_to_back_on_one_queue() {
         }
         driver.add_malicious(*pattern).unwrap();
     }
-    let good = driver.add_chain_with_data(Layout::Indirect, &[b"ok"], &[]).unwrap();
+    let good = driver
+        .add_chain_with_data(Layout::Indirect, &[b"ok"], &[])
+        .unwrap();
     let mut walker = ChainWalker::new(ChainLimits::large()).unwrap();
     let mut faults = 0;
     let chain = loop {
@@ -97,7 +101,10 @@ fn test_all_malicious_patterns_back_to_back_on_one_queue() {
     assert_eq!(chain.head_index(), good.head);
     assert!(faults >= 20, "{faults}");
     // The log is rate-limited: only LOG_BURST lines in this window.
-    assert_eq!(walker.stats().logs_suppressed, faults - u64::from(LOG_BURST));
+    assert_eq!(
+        walker.stats().logs_suppressed,
+        faults - u64::from(LOG_BURST)
+    );
 }
 
 fn pop_err(limits: ChainLimits, build: impl FnOnce(&mut MockDriver<'_, GuestMemoryMmap>)) -> Error {
@@ -122,11 +129,18 @@ fn test_error_messages_are_pinned() {
     let e = pop_err(ChainLimits::large(), |d| {
         d.add_malicious(Malicious::IndirectTableMisaligned).unwrap();
     });
-    assert_eq!(e.to_string(), "indirect table length 17 is not a multiple of 16");
+    assert_eq!(
+        e.to_string(),
+        "indirect table length 17 is not a multiple of 16"
+    );
     let e = pop_err(ChainLimits::strict(), |d| {
-        d.add_malicious(Malicious::TooManyDescriptorsStrict).unwrap();
+        d.add_malicious(Malicious::TooManyDescriptorsStrict)
+            .unwrap();
     });
-    assert_eq!(e.to_string(), "chain has more than the 256 descriptors allowed");
+    assert_eq!(
+        e.to_string(),
+        "chain has more than the 256 descriptors allowed"
+    );
 }
 
 #[test]
@@ -165,8 +179,12 @@ fn test_direct_descriptors_before_indirect_table() {
     driver.write(b, b"tail").unwrap();
     let table = driver.write_table(&[desc(b.0, 4, 0, 0)]).unwrap();
     let ring = driver.alloc_ring(2).unwrap();
-    driver.write_desc(ring[0], desc(a.0, 4, F_NEXT, ring[1])).unwrap();
-    driver.write_desc(ring[1], desc(table.0, 16, F_INDIRECT, 0)).unwrap();
+    driver
+        .write_desc(ring[0], desc(a.0, 4, F_NEXT, ring[1]))
+        .unwrap();
+    driver
+        .write_desc(ring[1], desc(table.0, 16, F_INDIRECT, 0))
+        .unwrap();
     driver.publish(ring[0], ring).unwrap();
     let mut walker = ChainWalker::new(ChainLimits::strict()).unwrap();
     let chain = walker.pop(&mut queue, &mem).unwrap().unwrap();
@@ -183,10 +201,16 @@ fn test_zero_length_descriptors_are_counted_but_add_no_segment() {
     let a = driver.alloc_data(3).unwrap();
     driver.write(a, b"xyz").unwrap();
     let table = driver
-        .write_table(&[desc(0, 0, F_NEXT, 1), desc(a.0, 3, F_NEXT, 2), desc(u64::MAX, 0, 0, 0)])
+        .write_table(&[
+            desc(0, 0, F_NEXT, 1),
+            desc(a.0, 3, F_NEXT, 2),
+            desc(u64::MAX, 0, 0, 0),
+        ])
         .unwrap();
     let ring = driver.alloc_ring(1).unwrap();
-    driver.write_desc(ring[0], desc(table.0, 48, F_INDIRECT, 0)).unwrap();
+    driver
+        .write_desc(ring[0], desc(table.0, 48, F_INDIRECT, 0))
+        .unwrap();
     driver.publish(ring[0], ring).unwrap();
     let mut walker = ChainWalker::new(ChainLimits::strict()).unwrap();
     let chain = walker.pop(&mut queue, &mem).unwrap().unwrap();
@@ -203,9 +227,13 @@ fn test_unaligned_indirect_table_is_read_correctly() {
     driver.write(a, b"unaligned table").unwrap();
     let t = driver.alloc_data(64).unwrap();
     let table = GuestAddress(t.0 + 3);
-    driver.write_table_at(table, &[desc(a.0, 15, 0, 0)]).unwrap();
+    driver
+        .write_table_at(table, &[desc(a.0, 15, 0, 0)])
+        .unwrap();
     let ring = driver.alloc_ring(1).unwrap();
-    driver.write_desc(ring[0], desc(table.0, 16, F_INDIRECT, 0)).unwrap();
+    driver
+        .write_desc(ring[0], desc(table.0, 16, F_INDIRECT, 0))
+        .unwrap();
     driver.publish(ring[0], ring).unwrap();
     let mut walker = ChainWalker::new(ChainLimits::strict()).unwrap();
     let chain = walker.pop(&mut queue, &mem).unwrap().unwrap();
@@ -233,11 +261,17 @@ fn test_buffer_and_table_spanning_two_regions() {
         .write_table_at(table, &[desc(boundary - 32, 64, 0, 0)])
         .unwrap();
     let ring = driver.alloc_ring(1).unwrap();
-    driver.write_desc(ring[0], desc(table.0, 16, F_INDIRECT, 0)).unwrap();
+    driver
+        .write_desc(ring[0], desc(table.0, 16, F_INDIRECT, 0))
+        .unwrap();
     driver.publish(ring[0], ring).unwrap();
     let mut walker = ChainWalker::new(ChainLimits::strict()).unwrap();
     let chain = walker.pop(&mut queue, &mem).unwrap().unwrap();
-    assert_eq!(chain.readable_segments().len(), 2, "split at the region boundary");
+    assert_eq!(
+        chain.readable_segments().len(),
+        2,
+        "split at the region boundary"
+    );
     let mut got = Vec::new();
     chain.reader().read_to_end(&mut got).unwrap();
     assert_eq!(got, data);
@@ -279,7 +313,10 @@ fn test_chained_indirect_tables_extension() {
     let mem = guest_memory(64 << 20);
     let (mut driver, mut queue) = setup(&mem);
     let data: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
-    let bufs: Vec<_> = data.chunks(10).map(|_| virtqueue_large::mock::Buf::r(10)).collect();
+    let bufs: Vec<_> = data
+        .chunks(10)
+        .map(|_| virtqueue_large::mock::Buf::r(10))
+        .collect();
     let layout = driver
         .add_chain(Layout::ChainedIndirect { per_table: 16 }, &bufs)
         .unwrap();
@@ -300,7 +337,10 @@ fn test_chained_indirect_tables_extension() {
     chain.reader().read_to_end(&mut got).unwrap();
     assert_eq!(got, data);
     // 100 buffers plus one link per extra table.
-    assert_eq!(chain.descriptor_count() as usize, 100 + layout.tables.len() - 1);
+    assert_eq!(
+        chain.descriptor_count() as usize,
+        100 + layout.tables.len() - 1
+    );
 }
 
 #[cfg(feature = "chained-indirect")]
@@ -312,10 +352,15 @@ fn test_chained_indirect_self_link_is_bounded() {
     let buf = driver.alloc_data(8).unwrap();
     // Table: one buffer, then a link back to the same table.
     driver
-        .write_table_at(t, &[desc(buf.0, 8, F_NEXT, 1), desc(t.0, 32, F_INDIRECT, 0)])
+        .write_table_at(
+            t,
+            &[desc(buf.0, 8, F_NEXT, 1), desc(t.0, 32, F_INDIRECT, 0)],
+        )
         .unwrap();
     let ring = driver.alloc_ring(1).unwrap();
-    driver.write_desc(ring[0], desc(t.0, 32, F_INDIRECT, 0)).unwrap();
+    driver
+        .write_desc(ring[0], desc(t.0, 32, F_INDIRECT, 0))
+        .unwrap();
     driver.publish(ring[0], ring).unwrap();
     let mut walker = ChainWalker::new(ChainLimits::large().with_chained_indirect(true)).unwrap();
     let err = walker.pop(&mut queue, &mem).unwrap_err();
