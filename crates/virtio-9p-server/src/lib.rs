@@ -1,18 +1,55 @@
-//! A 9P2000.L file server for VMMs: a library a VMM embeds, a vhost-user
-//! daemon and a plain socket server.
+//! A 9P2000.L file server for VMMs: a library a VMM embeds, a plain socket
+//! server, and (next) a vhost-user daemon.
 //!
-//! It composes the other crates of this workspace: requests arrive as
-//! descriptor chains validated by `virtqueue-large`, each runs on a
-//! `coro-pool` coroutine, and the daemon locks its memory as `mlock-policy`
-//! says.
+//! Follow one request through the crate:
 //!
-//! # Status
+//! 1. a transport frames it and hands the bytes over as a
+//!    [`RequestReader`] with room for the reply as a [`ReplyWriter`]
+//!    ([`io`]; [`transport::socket`] does it for unix and TCP sockets);
+//! 2. [`Server::handle`] decodes it strictly ([`protocol`]), looks up the
+//!    fids of its [`Session`] and runs the operation through a
+//!    [`Blocking`] executor;
+//! 3. a [`fs::Filesystem`] does the work; [`PassthroughFs`] serves a host
+//!    directory on `O_PATH` fds and never resolves outside it;
+//! 4. the reply goes back into the [`ReplyWriter`] (Rread data straight from
+//!    `preadv`, Twrite data straight into `pwritev`).
 //!
-//! This release contains the crate skeleton only. The planned API:
+//! ```
+//! use virtio_9p_server::io::{SliceReader, SliceWriter};
+//! use virtio_9p_server::protocol::{Rmessage, Tmessage, Tversion};
+//! use virtio_9p_server::{Cancel, Config, Inline, PassthroughConfig, PassthroughFs, Server, Session};
 //!
-//! - `protocol`: strict encode/decode of every 9P2000.L message.
-//! - `Server` over a `Filesystem` trait, with per-session fids and msize.
-//! - `PassthroughFs`: an escape-proof passthrough export on `O_PATH` fds.
-//! - A virtio device and a vhost-user backend with a coroutine request engine,
-//!   msize up to 128 MiB and 1024 requests in flight.
-//! - The `virtio-9p-server` binary: vhost-user daemon or `--listen` socket server.
+//! let dir = tempfile::tempdir().unwrap();
+//! let fs = PassthroughFs::new(PassthroughConfig::new(dir.path())).unwrap();
+//! let server = Server::new(fs, Config::default()).unwrap();
+//! let session = Session::new();
+//!
+//! let request = Tmessage::Version(Tversion { msize: 65536, version: b"9P2000.L".to_vec() })
+//!     .encode_frame(0xffff);
+//! let mut reply = vec![0u8; 65536];
+//! let info = server
+//!     .handle(&session, &mut SliceReader::new(&request), &mut SliceWriter::new(&mut reply),
+//!             &Inline, &Cancel::new())
+//!     .unwrap();
+//! let (_, msg) = Rmessage::decode_frame(&reply[..info.size as usize], 65536).unwrap();
+//! assert_eq!(msg, Rmessage::Version(Tversion { msize: 65536, version: b"9P2000.L".to_vec() }));
+//! ```
+
+pub mod error;
+pub mod fs;
+pub mod io;
+pub mod protocol;
+mod server;
+pub mod transport;
+
+
+#[cfg(any(test, feature = "test-utils"))]
+pub mod client;
+
+pub use error::{Error, Result};
+pub use fs::passthrough::{PassthroughConfig, PassthroughFs, SecurityModel};
+pub use io::{ReplyWriter, RequestReader};
+pub use server::{
+    Blocking, Cancel, Config, Inline, Reply, Server, Session, DEFAULT_LOCK_WAIT, DEFAULT_MAX_FIDS, MAX_XATTR_NAME,
+    MAX_XATTR_SIZE,
+};

@@ -1,0 +1,49 @@
+//! The crate's error type.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Errors of the server, the passthrough filesystem and the transports.
+/// Request-level failures never appear here: they become Rlerror replies.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The transport handed over fewer bytes than a 9P header.
+    #[error("request of {0} bytes is shorter than the 7-byte 9P header")]
+    ShortRequest(usize),
+    /// The reply buffer cannot even hold an Rlerror.
+    #[error("reply buffer of {0} bytes cannot hold an 11-byte error reply")]
+    ReplyTooSmall(usize),
+    /// Reading the request or writing the reply failed.
+    #[error("transport i/o failed: {0}")]
+    Transport(#[source] io::Error),
+    /// The shared directory cannot be opened or is not a directory.
+    #[error("cannot open shared directory {path}: {source}")]
+    SharedDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// `/proc/self/fd` is needed to reopen `O_PATH` fds.
+    #[error("cannot open /proc/self/fd (is /proc mounted?): {0}")]
+    Proc(#[source] io::Error),
+    /// A `--listen` address that is neither `unix:PATH` nor `tcp:HOST:PORT`.
+    #[error("invalid listen address {0:?}: expected unix:PATH or tcp:HOST:PORT")]
+    ListenAddress(String),
+    /// Binding the listening socket failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A configured msize outside `MIN_MSIZE..=MAX_MSIZE`.
+    #[error("msize {0} is outside the supported range 4096..=134217728")]
+    InvalidMsize(u32),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,143 @@
+//! The [`Filesystem`] trait the [`Server`](crate::Server) serves, and the
+//! [`passthrough`] implementation over a host directory.
+//!
+//! The server validates every name before it reaches a `Filesystem`
+//! ([`validate_name`]): no empty names, no `/`, no NUL, not `.` or `..`
+//! (walks may pass `..` and `.`, which the filesystem resolves without ever
+//! leaving its root), at most [`NAME_MAX`] bytes.
+
+pub mod passthrough;
+
+use std::io;
+
+use crate::io::{ReplyWriter, RequestReader};
+use crate::protocol::{DirEntry, Qid, Rgetattr, Rgetlock, Rstatfs, Tgetlock, Tlock, Tsetattr};
+
+/// Longest file name accepted (Linux `NAME_MAX`).
+pub const NAME_MAX: usize = 255;
+
+/// Who asks: the user of the fid (from Tattach's `n_uname`) and the group
+/// a create message names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cred {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// Checks a name that creates or removes a directory entry.
+pub fn validate_name(name: &[u8]) -> io::Result<()> {
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    validate_walk_name(name)
+}
+
+/// Checks a Twalk element: like [`validate_name`] but `.` and `..` pass.
+pub fn validate_walk_name(name: &[u8]) -> io::Result<()> {
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    if name.len() > NAME_MAX {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    Ok(())
+}
+
+/// A file tree served over 9P.
+///
+/// `Inode` is a handle on a file that has not been opened for I/O (a walked
+/// fid); `File` an opened one. Every method may block and is called through
+/// the caller's [`Blocking`](crate::Blocking) executor, possibly from many
+/// threads at once. Names reaching the methods are already validated (see
+/// the module docs). Errors are `io::Error`s whose raw OS error becomes the
+/// Rlerror errno (`EIO` when there is none).
+pub trait Filesystem: Send + Sync {
+    /// A walked, unopened file.
+    type Inode: Clone + Send + Sync;
+    /// An opened file or directory.
+    type File: Send + Sync;
+
+    /// The root of the tree for Tattach. `aname` is the client's tree name.
+    fn attach(&self, aname: &[u8], cred: Cred) -> io::Result<(Self::Inode, Qid)>;
+    /// One walk step; `..` at the root stays at the root.
+    fn walk(&self, dir: &Self::Inode, name: &[u8]) -> io::Result<(Self::Inode, Qid)>;
+    /// Attributes.
+    fn getattr(&self, inode: &Self::Inode, mask: u64) -> io::Result<Rgetattr>;
+    /// Changes attributes; `file` is the open file of the fid, if any.
+    fn setattr(&self, inode: &Self::Inode, file: Option<&Self::File>, attr: &Tsetattr) -> io::Result<()>;
+    /// Filesystem statistics.
+    fn statfs(&self, inode: &Self::Inode) -> io::Result<Rstatfs>;
+    /// Opens with 9P2000.L flags ([`crate::protocol::open_flags`]).
+    fn open(&self, inode: &Self::Inode, flags: u32) -> io::Result<(Self::File, Qid)>;
+    /// Creates and opens `name` in `dir`.
+    fn create(
+        &self,
+        dir: &Self::Inode,
+        name: &[u8],
+        flags: u32,
+        mode: u32,
+        cred: Cred,
+    ) -> io::Result<(Self::Inode, Self::File, Qid)>;
+    /// Reads up to `count` bytes at `off` into `w`; returns the bytes read.
+    fn read<W: ReplyWriter>(&self, file: &Self::File, w: &mut W, count: usize, off: u64) -> io::Result<usize>;
+    /// Writes `count` bytes from `r` at `off`; returns the bytes written.
+    fn write<R: RequestReader>(&self, file: &Self::File, r: &mut R, count: usize, off: u64) -> io::Result<usize>;
+    /// Lists entries after cookie `offset`, calling `emit` for each until it
+    /// returns false (reply full).
+    fn readdir(&self, file: &Self::File, offset: u64, emit: &mut dyn FnMut(DirEntry) -> bool) -> io::Result<()>;
+    /// Flushes to stable storage.
+    fn fsync(&self, file: &Self::File, datasync: bool) -> io::Result<()>;
+    /// Creates a directory.
+    fn mkdir(&self, dir: &Self::Inode, name: &[u8], mode: u32, cred: Cred) -> io::Result<Qid>;
+    /// Creates a symbolic link (the target is stored, never followed).
+    fn symlink(&self, dir: &Self::Inode, name: &[u8], target: &[u8], cred: Cred) -> io::Result<Qid>;
+    /// Creates a device node, fifo or socket.
+    fn mknod(&self, dir: &Self::Inode, name: &[u8], mode: u32, rdev: u64, cred: Cred) -> io::Result<Qid>;
+    /// Hard-links `target` into `dir` as `name`.
+    fn link(&self, target: &Self::Inode, dir: &Self::Inode, name: &[u8]) -> io::Result<()>;
+    /// Reads a symbolic link.
+    fn readlink(&self, inode: &Self::Inode) -> io::Result<Vec<u8>>;
+    /// Moves `inode` into `dir` as `name`.
+    fn rename(&self, inode: &Self::Inode, dir: &Self::Inode, name: &[u8]) -> io::Result<()>;
+    /// Moves `olddir/oldname` to `newdir/newname`.
+    fn renameat(&self, olddir: &Self::Inode, oldname: &[u8], newdir: &Self::Inode, newname: &[u8]) -> io::Result<()>;
+    /// Removes `dir/name`; `flags` is 0 or [`crate::protocol::AT_REMOVEDIR`].
+    fn unlinkat(&self, dir: &Self::Inode, name: &[u8], flags: u32) -> io::Result<()>;
+    /// Removes the file `inode` names.
+    fn remove(&self, inode: &Self::Inode) -> io::Result<()>;
+    /// An extended attribute's value, at most `max` bytes (else `E2BIG`).
+    fn getxattr(&self, inode: &Self::Inode, name: &[u8], max: usize) -> io::Result<Vec<u8>>;
+    /// The NUL-separated attribute names, at most `max` bytes.
+    fn listxattr(&self, inode: &Self::Inode, max: usize) -> io::Result<Vec<u8>>;
+    /// Sets an attribute; `flags` is `XATTR_CREATE`/`XATTR_REPLACE`.
+    fn setxattr(&self, inode: &Self::Inode, name: &[u8], value: &[u8], flags: u32) -> io::Result<()>;
+    /// Removes an attribute.
+    fn removexattr(&self, inode: &Self::Inode, name: &[u8]) -> io::Result<()>;
+    /// Tries a byte-range lock without waiting: `SUCCESS` or `BLOCKED`
+    /// ([`crate::protocol::lock`]). The server builds the blocking variant
+    /// on top (see [`crate::Config::lock_wait`]).
+    fn try_lock(&self, file: &Self::File, lock: &Tlock) -> io::Result<u8>;
+    /// Tests for a conflicting lock.
+    fn getlock(&self, file: &Self::File, lock: &Tgetlock) -> io::Result<Rgetlock>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_validate_name_rejects_bad_names() {
+        for bad in [&b""[..], b".", b"..", b"a/b", b"/", b"a\0b"] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            validate_name(&[b'a'; 256]).unwrap_err().raw_os_error(),
+            Some(libc::ENAMETOOLONG)
+        );
+        validate_name(b"ok.txt").unwrap();
+        validate_walk_name(b"..").unwrap();
+        assert!(validate_walk_name(b"../x").is_err());
+    }
+}

@@ -1,0 +1,1070 @@
+//! An escape-proof passthrough of a host directory.
+//!
+//! # How resolution stays inside the export
+//!
+//! - Every walked file is an `O_PATH` fd ([`Inode`]); nothing is ever
+//!   resolved by path string. A walk step opens exactly one validated name
+//!   (no `/`, no NUL) relative to its parent fd with `openat2(RESOLVE_BENEATH
+//!   | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS)`, or with
+//!   `openat(O_NOFOLLOW)` on kernels without `openat2`. Symlinks are never
+//!   followed: walking to one yields the link itself, walking further from
+//!   it fails with `ENOTDIR`, opening it fails with `ELOOP`.
+//! - `..` at the root stays at the root. Elsewhere it is the kernel's `..`
+//!   of the directory fd; the guest can only move directories within the
+//!   export, so that parent is inside it too. (A host process that moves a
+//!   directory out of the export while a guest holds a fid into it takes
+//!   that fid with it; the host is trusted.)
+//! - Swapping a directory for a symlink after a walk changes nothing: the
+//!   fid holds the directory's fd, not its name.
+//! - Files are opened for I/O by reopening their `O_PATH` fd through
+//!   `/proc/self/fd`, and only regular files and directories: device nodes,
+//!   fifos and sockets answer `ENXIO` (the QEMU CVE-2023-2861 lesson),
+//!   symlinks `ELOOP`.
+//! - Creation, link, rename and unlink take a parent directory fd and one
+//!   validated name, so they cannot reach outside either.
+
+mod mapped;
+mod qid;
+pub mod sys;
+
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use log::debug;
+
+use super::{Cred, Filesystem};
+use crate::error::{Error, Result};
+use crate::io::{ReplyWriter, RequestReader};
+use crate::protocol::{
+    getattr, lock, open_flags as of, setattr, DirEntry, Qid, Rgetattr, Rgetlock, Rstatfs, Tgetlock, Tlock,
+    Tsetattr, AT_REMOVEDIR, QTDIR, QTFILE, QTSYMLINK,
+};
+use sys::check;
+
+pub use qid::QidMap;
+
+/// How guest ownership and modes map onto the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SecurityModel {
+    /// Host ownership and modes are the guest's (the server usually runs as
+    /// root). Failing chown/chmod are errors.
+    #[default]
+    Passthrough,
+    /// Ownership, mode and device numbers live in `user.virtfs.*` xattrs
+    /// (QEMU's layout); host files stay owned by the server.
+    MappedXattr,
+    /// Like `Passthrough`, but failing chown/chmod are ignored (for a
+    /// server without privileges).
+    None,
+}
+
+impl FromStr for SecurityModel {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "passthrough" => Ok(SecurityModel::Passthrough),
+            "mapped-xattr" | "mapped" => Ok(SecurityModel::MappedXattr),
+            "none" => Ok(SecurityModel::None),
+            other => Err(format!(
+                "unknown security model {other:?}: expected passthrough, mapped-xattr or none"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for SecurityModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SecurityModel::Passthrough => "passthrough",
+            SecurityModel::MappedXattr => "mapped-xattr",
+            SecurityModel::None => "none",
+        })
+    }
+}
+
+/// Passthrough settings.
+#[derive(Debug, Clone)]
+pub struct PassthroughConfig {
+    /// The exported directory.
+    pub shared_dir: PathBuf,
+    /// Refuse every change with `EROFS`.
+    pub readonly: bool,
+    /// Ownership mapping.
+    pub security_model: SecurityModel,
+    /// Use `openat2` when the kernel has it (default). When false, every
+    /// step uses the `openat(O_NOFOLLOW)` fallback (tests exercise both).
+    pub use_openat2: bool,
+}
+
+impl PassthroughConfig {
+    /// Defaults for `shared_dir`: writable, passthrough, `openat2`.
+    pub fn new(shared_dir: impl Into<PathBuf>) -> Self {
+        PassthroughConfig {
+            shared_dir: shared_dir.into(),
+            readonly: false,
+            security_model: SecurityModel::Passthrough,
+            use_openat2: true,
+        }
+    }
+}
+
+struct InodeData {
+    fd: OwnedFd,
+    /// `S_IFMT` bits of the host file.
+    host_type: u32,
+    dev: u64,
+    ino: u64,
+    /// Parent and name, for Tremove and Trename (checked before use).
+    link: Mutex<Option<(Inode, Vec<u8>)>>,
+}
+
+/// A walked file: an `O_PATH` fd, shared between fids.
+#[derive(Clone)]
+pub struct Inode(Arc<InodeData>);
+
+impl fmt::Debug for Inode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inode")
+            .field("fd", &self.0.fd.as_raw_fd())
+            .field("dev", &self.0.dev)
+            .field("ino", &self.0.ino)
+            .finish()
+    }
+}
+
+impl Inode {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.0.fd.as_fd()
+    }
+
+    fn is_dir(&self) -> bool {
+        self.0.host_type == libc::S_IFDIR
+    }
+
+    fn link(&self) -> Option<(Inode, Vec<u8>)> {
+        self.0.link.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// An opened file or directory.
+#[derive(Debug)]
+pub struct File {
+    fd: OwnedFd,
+    /// Serializes seek + getdents of directory reads.
+    dir_lock: Mutex<()>,
+}
+
+impl File {
+    /// The open fd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// The passthrough filesystem. See the module docs for its guarantees.
+#[derive(Debug)]
+pub struct PassthroughFs {
+    root: Inode,
+    proc_fd: OwnedFd,
+    qids: QidMap,
+    cfg: PassthroughConfig,
+}
+
+fn err(errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(errno)
+}
+
+fn qid_type(mode: u32) -> u8 {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => QTDIR,
+        libc::S_IFLNK => QTSYMLINK,
+        _ => QTFILE,
+    }
+}
+
+fn qid_version(mtime: i64, size: i64) -> u32 {
+    (mtime ^ (size << 8)) as u32
+}
+
+/// Host `open` flags for 9P2000.L flags. `O_DIRECT`, `O_NOATIME`,
+/// `FASYNC` and `O_NOFOLLOW` are dropped (as QEMU does), `O_CREAT` and
+/// `O_EXCL` belong to Tlcreate, and `O_CLOEXEC | O_NOCTTY` are always set.
+pub fn host_open_flags(flags: u32) -> io::Result<libc::c_int> {
+    let mut out = match flags & of::ACCMODE {
+        of::RDONLY => libc::O_RDONLY,
+        of::WRONLY => libc::O_WRONLY,
+        of::RDWR => libc::O_RDWR,
+        _ => return Err(err(libc::EINVAL)),
+    };
+    for (p9, host) in [
+        (of::TRUNC, libc::O_TRUNC),
+        (of::APPEND, libc::O_APPEND),
+        (of::NONBLOCK, libc::O_NONBLOCK),
+        (of::DSYNC, libc::O_DSYNC),
+        (of::DIRECTORY, libc::O_DIRECTORY),
+        (of::SYNC, libc::O_SYNC),
+        (of::LARGEFILE, libc::O_LARGEFILE),
+    ] {
+        if flags & p9 != 0 {
+            out |= host;
+        }
+    }
+    Ok(out | libc::O_CLOEXEC | libc::O_NOCTTY)
+}
+
+fn writes(flags: u32) -> bool {
+    flags & of::ACCMODE != of::RDONLY || flags & of::TRUNC != 0
+}
+
+impl PassthroughFs {
+    /// Opens the export. Fails if `shared_dir` is not a directory or
+    /// `/proc/self/fd` is unavailable.
+    pub fn new(cfg: PassthroughConfig) -> Result<Self> {
+        let path = CString::new(cfg.shared_dir.as_os_str().as_bytes()).map_err(|_| Error::SharedDir {
+            path: cfg.shared_dir.clone(),
+            source: err(libc::EINVAL),
+        })?;
+        let shared = |source| Error::SharedDir {
+            path: cfg.shared_dir.clone(),
+            source,
+        };
+        let fd = sys::open_path(&path, libc::O_PATH | libc::O_DIRECTORY).map_err(shared)?;
+        let st = sys::fstat(fd.as_fd()).map_err(shared)?;
+        let proc_fd = sys::open_path(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY).map_err(Error::Proc)?;
+        let root = Inode(Arc::new(InodeData {
+            fd,
+            host_type: st.st_mode & libc::S_IFMT,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            link: Mutex::new(None),
+        }));
+        Ok(PassthroughFs {
+            qids: QidMap::new(st.st_dev),
+            root,
+            proc_fd,
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PassthroughConfig {
+        &self.cfg
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
+        if self.cfg.readonly {
+            Err(err(libc::EROFS))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn mapped(&self) -> bool {
+        self.cfg.security_model == SecurityModel::MappedXattr
+    }
+
+    fn is_root(&self, dev: u64, ino: u64) -> bool {
+        dev == self.root.0.dev && ino == self.root.0.ino
+    }
+
+    fn make_qid(&self, st: &libc::stat64, mapped_mode: Option<u32>) -> Qid {
+        Qid {
+            ty: qid_type(mapped_mode.unwrap_or(st.st_mode)),
+            version: qid_version(st.st_mtime, st.st_size),
+            path: self.qids.path(st.st_dev, st.st_ino),
+        }
+    }
+
+    /// The mapped mode of a host regular file, in the mapped model.
+    fn mapped_mode(&self, fd: BorrowedFd<'_>, host_mode: u32) -> Option<u32> {
+        if self.mapped() && host_mode & libc::S_IFMT == libc::S_IFREG {
+            mapped::read_mode(&sys::proc_path(fd))
+        } else {
+            None
+        }
+    }
+
+    fn new_inode(&self, fd: OwnedFd, link: Option<(Inode, Vec<u8>)>) -> io::Result<(Inode, Qid)> {
+        let st = sys::fstat(fd.as_fd())?;
+        if self.is_root(st.st_dev, st.st_ino) {
+            return Ok((self.root.clone(), self.make_qid(&st, None)));
+        }
+        let mm = self.mapped_mode(fd.as_fd(), st.st_mode);
+        let qid = self.make_qid(&st, mm);
+        let inode = Inode(Arc::new(InodeData {
+            fd,
+            host_type: st.st_mode & libc::S_IFMT,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            link: Mutex::new(link),
+        }));
+        Ok((inode, qid))
+    }
+
+    /// Looks `name` up in `dir` without following symlinks.
+    fn lookup(&self, dir: &Inode, name: &[u8]) -> io::Result<(Inode, Qid)> {
+        let c = sys::cstr(name)?;
+        let fd = sys::open_beneath(dir.fd(), &c, libc::O_PATH, 0, self.cfg.use_openat2)?;
+        self.new_inode(fd, Some((dir.clone(), name.to_vec())))
+    }
+
+    /// Checks that `parent/name` still is `inode` (for Tremove/Trename).
+    fn verify_link(&self, inode: &Inode) -> io::Result<(Inode, CString)> {
+        let (parent, name) = inode.link().ok_or_else(|| err(libc::EBUSY))?;
+        let c = sys::cstr(&name)?;
+        let st = sys::fstatat(parent.fd(), &c)?;
+        if st.st_dev != inode.0.dev || st.st_ino != inode.0.ino {
+            return Err(err(libc::ENOENT));
+        }
+        Ok((parent, c))
+    }
+
+    /// Applies ownership (and mode) to a freshly created `dir/name`
+    /// according to the security model; removes it again on failure.
+    fn finish_create(&self, dir: &Inode, name: &[u8], cred: Cred, mode: u32, rdev: u64) -> io::Result<(Inode, Qid)> {
+        let (inode, _) = self.lookup(dir, name)?;
+        let res = self.set_owner(&inode, cred, mode, rdev);
+        if let Err(e) = res {
+            let c = sys::cstr(name)?;
+            let flags = if inode.is_dir() { libc::AT_REMOVEDIR } else { 0 };
+            // SAFETY: valid dirfd and C string.
+            let _ = unsafe { libc::unlinkat(dir.fd().as_raw_fd(), c.as_ptr(), flags) };
+            return Err(e);
+        }
+        // Qid after the mapped attributes exist.
+        let st = sys::fstat(inode.fd())?;
+        let qid = self.make_qid(&st, self.mapped_mode(inode.fd(), st.st_mode));
+        Ok((inode, qid))
+    }
+
+    fn set_owner(&self, inode: &Inode, cred: Cred, mode: u32, rdev: u64) -> io::Result<()> {
+        match self.cfg.security_model {
+            SecurityModel::MappedXattr => {
+                let m = mapped::Mapped {
+                    uid: Some(cred.uid),
+                    gid: Some(cred.gid),
+                    mode: Some(mode),
+                    rdev: (rdev != 0).then_some(rdev),
+                };
+                mapped::write(&sys::proc_path(inode.fd()), &m)
+            }
+            model => {
+                let chown = self.chown(inode, Some(cred.uid), Some(cred.gid));
+                if let Err(e) = chown {
+                    if model == SecurityModel::Passthrough {
+                        return Err(e);
+                    }
+                }
+                if inode.0.host_type != libc::S_IFLNK {
+                    self.chmod(inode, mode & 0o7777)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn chown(&self, inode: &Inode, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+        // SAFETY: valid O_PATH fd with AT_EMPTY_PATH and an empty C string.
+        check!(unsafe {
+            libc::fchownat(
+                inode.fd().as_raw_fd(),
+                c"".as_ptr(),
+                uid.unwrap_or(u32::MAX),
+                gid.unwrap_or(u32::MAX),
+                libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        Ok(())
+    }
+
+    fn chmod(&self, inode: &Inode, mode: u32) -> io::Result<()> {
+        let name = sys::cstr(inode.fd().as_raw_fd().to_string().as_bytes())?;
+        // SAFETY: valid dirfd (/proc/self/fd) and C string.
+        check!(unsafe { libc::fchmodat(self.proc_fd.as_raw_fd(), name.as_ptr(), mode, 0) })?;
+        Ok(())
+    }
+
+    /// The guest-visible mode of an inode.
+    fn guest_mode(&self, inode: &Inode) -> io::Result<u32> {
+        let st = sys::fstat(inode.fd())?;
+        Ok(self.mapped_mode(inode.fd(), st.st_mode).unwrap_or(st.st_mode))
+    }
+
+    fn open_fd(&self, inode: &Inode, flags: libc::c_int) -> io::Result<OwnedFd> {
+        sys::reopen(self.proc_fd.as_fd(), inode.fd(), flags)
+    }
+
+    /// Refuses I/O on anything but regular files and directories.
+    fn check_openable(&self, inode: &Inode) -> io::Result<()> {
+        match inode.0.host_type {
+            libc::S_IFREG | libc::S_IFDIR => {}
+            libc::S_IFLNK => return Err(err(libc::ELOOP)),
+            _ => return Err(err(libc::ENXIO)),
+        }
+        if self.mapped() && inode.0.host_type == libc::S_IFREG {
+            if let Some(mode) = mapped::read_mode(&sys::proc_path(inode.fd())) {
+                match mode & libc::S_IFMT {
+                    libc::S_IFREG | libc::S_IFDIR => {}
+                    libc::S_IFLNK => return Err(err(libc::ELOOP)),
+                    _ => return Err(err(libc::ENXIO)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn host_create_mode(&self, mode: u32, dir: bool) -> u32 {
+        match self.cfg.security_model {
+            SecurityModel::MappedXattr if dir => mapped::DIR_MODE,
+            SecurityModel::MappedXattr => mapped::FILE_MODE,
+            _ => mode & 0o7777,
+        }
+    }
+
+    fn xattr_name(&self, name: &[u8]) -> io::Result<CString> {
+        if name.is_empty() {
+            return Err(err(libc::EINVAL));
+        }
+        sys::cstr(name)
+    }
+
+    fn lock_struct(ty: u8, start: u64, length: u64) -> io::Result<libc::flock64> {
+        let l_type = match ty {
+            lock::TYPE_RDLCK => libc::F_RDLCK,
+            lock::TYPE_WRLCK => libc::F_WRLCK,
+            lock::TYPE_UNLCK => libc::F_UNLCK,
+            _ => return Err(err(libc::EINVAL)),
+        };
+        let start = i64::try_from(start).map_err(|_| err(libc::EINVAL))?;
+        let len = i64::try_from(length).map_err(|_| err(libc::EINVAL))?;
+        // SAFETY: flock64 is plain old data; zeroed is valid (l_pid must be 0
+        // for OFD locks).
+        let mut fl: libc::flock64 = unsafe { std::mem::zeroed() };
+        fl.l_type = l_type as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = start;
+        fl.l_len = len;
+        Ok(fl)
+    }
+}
+
+impl Filesystem for PassthroughFs {
+    type Inode = Inode;
+    type File = File;
+
+    fn attach(&self, aname: &[u8], _cred: Cred) -> io::Result<(Inode, Qid)> {
+        let export = self.cfg.shared_dir.as_os_str().as_bytes();
+        let canonical = std::fs::canonicalize(&self.cfg.shared_dir).ok();
+        let matches_export = aname.is_empty()
+            || aname == b"/"
+            || aname == export
+            || canonical.as_deref().map(Path::as_os_str).map(OsStrExt::as_bytes) == Some(aname);
+        if !matches_export {
+            return Err(err(libc::ENOENT));
+        }
+        let st = sys::fstat(self.root.fd())?;
+        Ok((self.root.clone(), self.make_qid(&st, None)))
+    }
+
+    fn walk(&self, dir: &Inode, name: &[u8]) -> io::Result<(Inode, Qid)> {
+        match name {
+            b"." => {
+                let st = sys::fstat(dir.fd())?;
+                Ok((dir.clone(), self.make_qid(&st, None)))
+            }
+            b".." => {
+                if self.is_root(dir.0.dev, dir.0.ino) {
+                    let st = sys::fstat(dir.fd())?;
+                    return Ok((self.root.clone(), self.make_qid(&st, None)));
+                }
+                let fd = sys::open_parent(dir.fd())?;
+                let st = sys::fstat(fd.as_fd())?;
+                if let Some((parent, _)) = dir.link() {
+                    if parent.0.dev == st.st_dev && parent.0.ino == st.st_ino {
+                        return Ok((parent, self.make_qid(&st, None)));
+                    }
+                }
+                self.new_inode(fd, None)
+            }
+            _ => self.lookup(dir, name),
+        }
+    }
+
+    fn getattr(&self, inode: &Inode, _mask: u64) -> io::Result<Rgetattr> {
+        let st = sys::statx(inode.fd())?;
+        let mut a = Rgetattr {
+            valid: getattr::BASIC,
+            qid: Qid {
+                ty: qid_type(st.stx_mode as u32),
+                version: qid_version(st.stx_mtime.tv_sec, st.stx_size as i64),
+                path: self.qids.path(
+                    libc::makedev(st.stx_dev_major, st.stx_dev_minor),
+                    st.stx_ino,
+                ),
+            },
+            mode: st.stx_mode as u32,
+            uid: st.stx_uid,
+            gid: st.stx_gid,
+            nlink: st.stx_nlink as u64,
+            rdev: libc::makedev(st.stx_rdev_major, st.stx_rdev_minor),
+            size: st.stx_size,
+            blksize: st.stx_blksize as u64,
+            blocks: st.stx_blocks,
+            atime_sec: st.stx_atime.tv_sec as u64,
+            atime_nsec: st.stx_atime.tv_nsec as u64,
+            mtime_sec: st.stx_mtime.tv_sec as u64,
+            mtime_nsec: st.stx_mtime.tv_nsec as u64,
+            ctime_sec: st.stx_ctime.tv_sec as u64,
+            ctime_nsec: st.stx_ctime.tv_nsec as u64,
+            ..Default::default()
+        };
+        if st.stx_mask & libc::STATX_BTIME != 0 {
+            a.valid |= getattr::BTIME;
+            a.btime_sec = st.stx_btime.tv_sec as u64;
+            a.btime_nsec = st.stx_btime.tv_nsec as u64;
+        }
+        if self.mapped() && inode.0.host_type != libc::S_IFLNK {
+            let m = mapped::read(&sys::proc_path(inode.fd()));
+            a.uid = m.uid.unwrap_or(a.uid);
+            a.gid = m.gid.unwrap_or(a.gid);
+            if let Some(mode) = m.mode {
+                a.mode = mode;
+                a.qid.ty = qid_type(mode);
+            }
+            a.rdev = m.rdev.unwrap_or(a.rdev);
+        }
+        Ok(a)
+    }
+
+    fn setattr(&self, inode: &Inode, file: Option<&File>, attr: &Tsetattr) -> io::Result<()> {
+        self.check_writable()?;
+        let v = attr.valid;
+        let model = self.cfg.security_model;
+        if v & setattr::MODE != 0 {
+            if model == SecurityModel::MappedXattr {
+                let cur = self.guest_mode(inode)?;
+                let mode = (cur & libc::S_IFMT) | (attr.mode & 0o7777);
+                let m = mapped::Mapped {
+                    mode: Some(mode),
+                    ..Default::default()
+                };
+                mapped::write(&sys::proc_path(inode.fd()), &m)?;
+            } else if inode.0.host_type != libc::S_IFLNK {
+                let res = self.chmod(inode, attr.mode & 0o7777);
+                if model == SecurityModel::Passthrough {
+                    res?;
+                }
+            }
+        }
+        if v & (setattr::UID | setattr::GID) != 0 {
+            let uid = (v & setattr::UID != 0).then_some(attr.uid);
+            let gid = (v & setattr::GID != 0).then_some(attr.gid);
+            if model == SecurityModel::MappedXattr {
+                let m = mapped::Mapped {
+                    uid,
+                    gid,
+                    ..Default::default()
+                };
+                mapped::write(&sys::proc_path(inode.fd()), &m)?;
+            } else {
+                let res = self.chown(inode, uid, gid);
+                if model == SecurityModel::Passthrough {
+                    res?;
+                }
+            }
+        }
+        if v & setattr::SIZE != 0 {
+            let size = i64::try_from(attr.size).map_err(|_| err(libc::EFBIG))?;
+            if inode.0.host_type == libc::S_IFDIR {
+                return Err(err(libc::EISDIR));
+            }
+            if inode.0.host_type != libc::S_IFREG {
+                return Err(err(libc::EINVAL));
+            }
+            let reopened;
+            let fd = match file {
+                Some(f) => f.fd(),
+                None => {
+                    reopened = self.open_fd(inode, libc::O_WRONLY)?;
+                    reopened.as_fd()
+                }
+            };
+            // SAFETY: plain syscall on a valid fd.
+            let res = check!(unsafe { libc::ftruncate64(fd.as_raw_fd(), size) });
+            if let Err(e) = res {
+                // An fid opened read-only still may truncate (the guest
+                // checked permissions): retry through a fresh write fd.
+                if e.raw_os_error() == Some(libc::EBADF) || e.raw_os_error() == Some(libc::EINVAL) {
+                    let fd = self.open_fd(inode, libc::O_WRONLY)?;
+                    // SAFETY: plain syscall on a valid fd.
+                    check!(unsafe { libc::ftruncate64(fd.as_raw_fd(), size) })?;
+                } else {
+                    return Err(e);
+                }
+            }
+        }
+        if v & (setattr::ATIME | setattr::MTIME) != 0 {
+            let ts = |set: u32, given: u32, sec: u64, nsec: u64| {
+                if v & set == 0 {
+                    libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: libc::UTIME_OMIT,
+                    }
+                } else if v & given != 0 {
+                    libc::timespec {
+                        tv_sec: sec as libc::time_t,
+                        tv_nsec: nsec as libc::c_long,
+                    }
+                } else {
+                    libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: libc::UTIME_NOW,
+                    }
+                }
+            };
+            let times = [
+                ts(setattr::ATIME, setattr::ATIME_SET, attr.atime_sec, attr.atime_nsec),
+                ts(setattr::MTIME, setattr::MTIME_SET, attr.mtime_sec, attr.mtime_nsec),
+            ];
+            if inode.0.host_type == libc::S_IFLNK {
+                let (parent, name) = self.verify_link(inode)?;
+                // SAFETY: valid dirfd, C string and two timespecs.
+                check!(unsafe {
+                    libc::utimensat(
+                        parent.fd().as_raw_fd(),
+                        name.as_ptr(),
+                        times.as_ptr(),
+                        libc::AT_SYMLINK_NOFOLLOW,
+                    )
+                })?;
+            } else {
+                let name = sys::cstr(inode.fd().as_raw_fd().to_string().as_bytes())?;
+                // SAFETY: valid dirfd (/proc/self/fd), C string, timespecs.
+                check!(unsafe { libc::utimensat(self.proc_fd.as_raw_fd(), name.as_ptr(), times.as_ptr(), 0) })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn statfs(&self, inode: &Inode) -> io::Result<Rstatfs> {
+        let mut st = std::mem::MaybeUninit::<libc::statfs64>::uninit();
+        // SAFETY: valid fd and out pointer.
+        check!(unsafe { libc::fstatfs64(inode.fd().as_raw_fd(), st.as_mut_ptr()) })?;
+        // SAFETY: fstatfs64 succeeded and filled `st`.
+        let st = unsafe { st.assume_init() };
+        // SAFETY: fsid_t is two c_ints; reading it as bytes is sound.
+        let fsid: [u32; 2] = unsafe { std::mem::transmute(st.f_fsid) };
+        Ok(Rstatfs {
+            ty: st.f_type as u32,
+            bsize: st.f_bsize as u32,
+            blocks: st.f_blocks,
+            bfree: st.f_bfree,
+            bavail: st.f_bavail,
+            files: st.f_files,
+            ffree: st.f_ffree,
+            fsid: fsid[0] as u64 | ((fsid[1] as u64) << 32),
+            namelen: st.f_namelen as u32,
+        })
+    }
+
+    fn open(&self, inode: &Inode, flags: u32) -> io::Result<(File, Qid)> {
+        if writes(flags) {
+            self.check_writable()?;
+        }
+        self.check_openable(inode)?;
+        let fd = self.open_fd(inode, host_open_flags(flags)?)?;
+        let st = sys::fstat(fd.as_fd())?;
+        let qid = self.make_qid(&st, self.mapped_mode(inode.fd(), st.st_mode));
+        Ok((
+            File {
+                fd,
+                dir_lock: Mutex::new(()),
+            },
+            qid,
+        ))
+    }
+
+    fn create(&self, dir: &Inode, name: &[u8], flags: u32, mode: u32, cred: Cred) -> io::Result<(Inode, File, Qid)> {
+        self.check_writable()?;
+        let c = sys::cstr(name)?;
+        let host = host_open_flags(flags)? & !libc::O_DIRECTORY;
+        let created = sys::open_beneath(
+            dir.fd(),
+            &c,
+            host | libc::O_CREAT | libc::O_EXCL,
+            self.host_create_mode(mode, false),
+            self.cfg.use_openat2,
+        );
+        match created {
+            Ok(fd) => {
+                let full_mode = libc::S_IFREG | (mode & 0o7777);
+                let (inode, qid) = self.finish_create(dir, name, cred, full_mode, 0)?;
+                Ok((
+                    inode,
+                    File {
+                        fd,
+                        dir_lock: Mutex::new(()),
+                    },
+                    qid,
+                ))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & of::EXCL == 0 => {
+                // Plain O_CREAT of an existing file: open it, but only if it
+                // is a regular file (never a fifo, device or symlink).
+                let (inode, _) = self.lookup(dir, name)?;
+                let (file, qid) = self.open(&inode, flags)?;
+                Ok((inode, file, qid))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn read<W: ReplyWriter>(&self, file: &File, w: &mut W, count: usize, off: u64) -> io::Result<usize> {
+        w.write_from_file_at(file.fd(), count, off)
+    }
+
+    fn write<R: RequestReader>(&self, file: &File, r: &mut R, count: usize, off: u64) -> io::Result<usize> {
+        if self.cfg.readonly {
+            return Err(err(libc::EROFS));
+        }
+        r.read_to_file_at(file.fd(), count, off)
+    }
+
+    fn readdir(&self, file: &File, offset: u64, emit: &mut dyn FnMut(DirEntry) -> bool) -> io::Result<()> {
+        let _guard = file.dir_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let dir_st = sys::fstat(file.fd())?;
+        sys::seek(file.fd(), offset)?;
+        let mut buf = vec![0u8; 32 << 10];
+        loop {
+            let n = sys::getdents64(file.fd(), &mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            let mut pos = 0;
+            while pos + 19 <= n {
+                let rec = &buf[pos..n];
+                let ino = u64::from_ne_bytes(rec[0..8].try_into().unwrap_or_default());
+                let off = u64::from_ne_bytes(rec[8..16].try_into().unwrap_or_default());
+                let reclen = u16::from_ne_bytes([rec[16], rec[17]]) as usize;
+                let d_type = rec[18];
+                if reclen < 19 || reclen > rec.len() {
+                    return Err(err(libc::EIO));
+                }
+                let raw = &rec[19..reclen];
+                let name = &raw[..raw.iter().position(|b| *b == 0).unwrap_or(raw.len())];
+                pos += reclen;
+                let (dev, ino) = if self.qids.multi_device() && name != b"." && name != b".." {
+                    match sys::cstr(name).and_then(|c| sys::fstatat(file.fd(), &c)) {
+                        Ok(st) => (st.st_dev, st.st_ino),
+                        Err(_) => (dir_st.st_dev, ino),
+                    }
+                } else {
+                    (dir_st.st_dev, ino)
+                };
+                let ty = match d_type {
+                    libc::DT_DIR => QTDIR,
+                    libc::DT_LNK => QTSYMLINK,
+                    _ => QTFILE,
+                };
+                let entry = DirEntry {
+                    qid: Qid {
+                        ty,
+                        version: 0,
+                        path: self.qids.path(dev, ino),
+                    },
+                    offset: off,
+                    ty: d_type,
+                    name: name.to_vec(),
+                };
+                if !emit(entry) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn fsync(&self, file: &File, datasync: bool) -> io::Result<()> {
+        let fd = file.fd().as_raw_fd();
+        if datasync {
+            // SAFETY: plain syscall on a valid fd.
+            check!(unsafe { libc::fdatasync(fd) })?;
+        } else {
+            // SAFETY: plain syscall on a valid fd.
+            check!(unsafe { libc::fsync(fd) })?;
+        }
+        Ok(())
+    }
+
+    fn mkdir(&self, dir: &Inode, name: &[u8], mode: u32, cred: Cred) -> io::Result<Qid> {
+        self.check_writable()?;
+        let c = sys::cstr(name)?;
+        // SAFETY: valid dirfd and C string.
+        check!(unsafe { libc::mkdirat(dir.fd().as_raw_fd(), c.as_ptr(), self.host_create_mode(mode, true)) })?;
+        let full = libc::S_IFDIR | (mode & 0o7777);
+        Ok(self.finish_create(dir, name, cred, full, 0)?.1)
+    }
+
+    fn symlink(&self, dir: &Inode, name: &[u8], target: &[u8], cred: Cred) -> io::Result<Qid> {
+        self.check_writable()?;
+        let c = sys::cstr(name)?;
+        let t = sys::cstr(target)?;
+        if target.is_empty() || target.len() >= libc::PATH_MAX as usize {
+            return Err(err(if target.is_empty() { libc::ENOENT } else { libc::ENAMETOOLONG }));
+        }
+        if self.mapped() {
+            let fd = sys::open_beneath(
+                dir.fd(),
+                &c,
+                libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+                mapped::FILE_MODE,
+                self.cfg.use_openat2,
+            )?;
+            let written = crate::io::pwrite_all(fd.as_fd(), target, 0);
+            if !matches!(written, Ok(n) if n == target.len()) {
+                // SAFETY: valid dirfd and C string.
+                let _ = unsafe { libc::unlinkat(dir.fd().as_raw_fd(), c.as_ptr(), 0) };
+                return Err(written.err().unwrap_or_else(|| err(libc::ENOSPC)));
+            }
+        } else {
+            // SAFETY: valid C strings and dirfd.
+            check!(unsafe { libc::symlinkat(t.as_ptr(), dir.fd().as_raw_fd(), c.as_ptr()) })?;
+        }
+        Ok(self.finish_create(dir, name, cred, libc::S_IFLNK | 0o777, 0)?.1)
+    }
+
+    fn mknod(&self, dir: &Inode, name: &[u8], mode: u32, rdev: u64, cred: Cred) -> io::Result<Qid> {
+        self.check_writable()?;
+        let c = sys::cstr(name)?;
+        let kind = mode & libc::S_IFMT;
+        if !matches!(
+            kind,
+            libc::S_IFREG | libc::S_IFCHR | libc::S_IFBLK | libc::S_IFIFO | libc::S_IFSOCK
+        ) {
+            return Err(err(libc::EINVAL));
+        }
+        let (host_mode, host_rdev) = if self.mapped() {
+            (libc::S_IFREG | mapped::FILE_MODE, 0)
+        } else {
+            (mode, rdev)
+        };
+        // SAFETY: valid dirfd and C string.
+        check!(unsafe { libc::mknodat(dir.fd().as_raw_fd(), c.as_ptr(), host_mode, host_rdev) })?;
+        let rdev = if matches!(kind, libc::S_IFCHR | libc::S_IFBLK) { rdev } else { 0 };
+        Ok(self.finish_create(dir, name, cred, mode, rdev)?.1)
+    }
+
+    fn link(&self, target: &Inode, dir: &Inode, name: &[u8]) -> io::Result<()> {
+        self.check_writable()?;
+        if target.is_dir() {
+            return Err(err(libc::EPERM));
+        }
+        let c = sys::cstr(name)?;
+        // SAFETY: valid fds and C strings.
+        let res = check!(unsafe {
+            libc::linkat(
+                target.fd().as_raw_fd(),
+                c"".as_ptr(),
+                dir.fd().as_raw_fd(),
+                c.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            )
+        });
+        if let Err(e) = res {
+            // Without CAP_DAC_READ_SEARCH AT_EMPTY_PATH fails with ENOENT;
+            // link through the fd's /proc entry instead.
+            if e.raw_os_error() != Some(libc::ENOENT) || target.0.host_type == libc::S_IFLNK {
+                return Err(e);
+            }
+            let p = sys::proc_path(target.fd());
+            // SAFETY: valid C strings and dirfd.
+            check!(unsafe {
+                libc::linkat(
+                    libc::AT_FDCWD,
+                    p.as_ptr(),
+                    dir.fd().as_raw_fd(),
+                    c.as_ptr(),
+                    libc::AT_SYMLINK_FOLLOW,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    fn readlink(&self, inode: &Inode) -> io::Result<Vec<u8>> {
+        if inode.0.host_type == libc::S_IFLNK {
+            return sys::readlink(inode.fd());
+        }
+        if self.mapped() && inode.0.host_type == libc::S_IFREG {
+            if let Some(mode) = mapped::read_mode(&sys::proc_path(inode.fd())) {
+                if mode & libc::S_IFMT == libc::S_IFLNK {
+                    let fd = self.open_fd(inode, libc::O_RDONLY)?;
+                    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+                    let n = crate::io::pread(fd.as_fd(), &mut buf, 0)?;
+                    buf.truncate(n);
+                    return Ok(buf);
+                }
+            }
+        }
+        Err(err(libc::EINVAL))
+    }
+
+    fn rename(&self, inode: &Inode, dir: &Inode, name: &[u8]) -> io::Result<()> {
+        self.check_writable()?;
+        let (parent, oldname) = self.verify_link(inode)?;
+        let c = sys::cstr(name)?;
+        // SAFETY: valid dirfds and C strings.
+        check!(unsafe {
+            libc::renameat(
+                parent.fd().as_raw_fd(),
+                oldname.as_ptr(),
+                dir.fd().as_raw_fd(),
+                c.as_ptr(),
+            )
+        })?;
+        *inode.0.link.lock().unwrap_or_else(|e| e.into_inner()) = Some((dir.clone(), name.to_vec()));
+        Ok(())
+    }
+
+    fn renameat(&self, olddir: &Inode, oldname: &[u8], newdir: &Inode, newname: &[u8]) -> io::Result<()> {
+        self.check_writable()?;
+        let o = sys::cstr(oldname)?;
+        let n = sys::cstr(newname)?;
+        // SAFETY: valid dirfds and C strings.
+        check!(unsafe {
+            libc::renameat(
+                olddir.fd().as_raw_fd(),
+                o.as_ptr(),
+                newdir.fd().as_raw_fd(),
+                n.as_ptr(),
+            )
+        })?;
+        Ok(())
+    }
+
+    fn unlinkat(&self, dir: &Inode, name: &[u8], flags: u32) -> io::Result<()> {
+        self.check_writable()?;
+        let c = sys::cstr(name)?;
+        let host = if flags & AT_REMOVEDIR != 0 { libc::AT_REMOVEDIR } else { 0 };
+        // SAFETY: valid dirfd and C string.
+        check!(unsafe { libc::unlinkat(dir.fd().as_raw_fd(), c.as_ptr(), host) })?;
+        Ok(())
+    }
+
+    fn remove(&self, inode: &Inode) -> io::Result<()> {
+        self.check_writable()?;
+        let (parent, name) = self.verify_link(inode)?;
+        let flags = if inode.is_dir() { libc::AT_REMOVEDIR } else { 0 };
+        // SAFETY: valid dirfd and C string.
+        check!(unsafe { libc::unlinkat(parent.fd().as_raw_fd(), name.as_ptr(), flags) })?;
+        Ok(())
+    }
+
+    fn getxattr(&self, inode: &Inode, name: &[u8], max: usize) -> io::Result<Vec<u8>> {
+        if self.mapped() && mapped::is_reserved(name) {
+            return Err(err(libc::ENODATA));
+        }
+        let c = self.xattr_name(name)?;
+        sys::getxattr(&sys::proc_path(inode.fd()), &c, max)
+    }
+
+    fn listxattr(&self, inode: &Inode, max: usize) -> io::Result<Vec<u8>> {
+        let path = sys::proc_path(inode.fd());
+        if self.mapped() {
+            // The reserved names may push the raw list over `max`.
+            let raw = sys::listxattr(&path, max + 1024)?;
+            let list = mapped::filter_list(&raw);
+            if list.len() > max {
+                return Err(err(libc::E2BIG));
+            }
+            return Ok(list);
+        }
+        sys::listxattr(&path, max)
+    }
+
+    fn setxattr(&self, inode: &Inode, name: &[u8], value: &[u8], flags: u32) -> io::Result<()> {
+        self.check_writable()?;
+        if self.mapped() && mapped::is_reserved(name) {
+            return Err(err(libc::EACCES));
+        }
+        let c = self.xattr_name(name)?;
+        sys::setxattr(&sys::proc_path(inode.fd()), &c, value, flags)
+    }
+
+    fn removexattr(&self, inode: &Inode, name: &[u8]) -> io::Result<()> {
+        self.check_writable()?;
+        if self.mapped() && mapped::is_reserved(name) {
+            return Err(err(libc::EACCES));
+        }
+        let c = self.xattr_name(name)?;
+        sys::removexattr(&sys::proc_path(inode.fd()), &c)
+    }
+
+    fn try_lock(&self, file: &File, l: &Tlock) -> io::Result<u8> {
+        let fl = Self::lock_struct(l.ty, l.start, l.length)?;
+        // SAFETY: valid fd and flock64 pointer.
+        let res = check!(unsafe { libc::fcntl(file.fd().as_raw_fd(), libc::F_OFD_SETLK, &fl) });
+        match res {
+            Ok(_) => Ok(lock::SUCCESS),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
+                debug!("9p: lock {l:?} is held elsewhere");
+                Ok(lock::BLOCKED)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn getlock(&self, file: &File, l: &Tgetlock) -> io::Result<Rgetlock> {
+        let mut fl = Self::lock_struct(l.ty, l.start, l.length)?;
+        // SAFETY: valid fd and flock64 pointer.
+        check!(unsafe { libc::fcntl(file.fd().as_raw_fd(), libc::F_OFD_GETLK, &mut fl) })?;
+        let ty = match fl.l_type as libc::c_int {
+            libc::F_RDLCK => lock::TYPE_RDLCK,
+            libc::F_WRLCK => lock::TYPE_WRLCK,
+            _ => lock::TYPE_UNLCK,
+        };
+        Ok(Rgetlock {
+            ty,
+            start: fl.l_start as u64,
+            length: fl.l_len as u64,
+            proc_id: if fl.l_pid > 0 { fl.l_pid as u32 } else { l.proc_id },
+            client_id: l.client_id.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_security_model_parse_and_display() {
+        for m in [SecurityModel::Passthrough, SecurityModel::MappedXattr, SecurityModel::None] {
+            assert_eq!(m.to_string().parse::<SecurityModel>().unwrap(), m);
+        }
+        let e = "bogus".parse::<SecurityModel>().unwrap_err();
+        assert!(e.contains("unknown security model \"bogus\""), "{e}");
+    }
+
+    #[test]
+    fn test_host_open_flags_maps_and_rejects() {
+        let f = host_open_flags(of::RDWR | of::TRUNC | of::DIRECT | of::NOATIME).unwrap();
+        assert_eq!(f & libc::O_ACCMODE, libc::O_RDWR);
+        assert_ne!(f & libc::O_TRUNC, 0);
+        assert_eq!(f & libc::O_DIRECT, 0);
+        assert_eq!(f & libc::O_NOATIME, 0);
+        assert!(host_open_flags(3).is_err());
+    }
+
+    #[test]
+    fn test_new_rejects_missing_dir() {
+        let e = PassthroughFs::new(PassthroughConfig::new("/nonexistent/dir/x")).unwrap_err();
+        assert!(e.to_string().starts_with("cannot open shared directory /nonexistent/dir/x"), "{e}");
+    }
+}

@@ -1,0 +1,295 @@
+//! Thin, checked wrappers over the Linux calls the passthrough uses.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Turns a `-1` return into the thread's errno, retrying on EINTR.
+macro_rules! check {
+    ($e:expr) => {{
+        loop {
+            let ret = $e;
+            if ret != -1 {
+                break Ok(ret);
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                break Err(err);
+            }
+        }
+    }};
+}
+pub(crate) use check;
+
+/// A name as a C string (names are validated NUL-free before they get
+/// here; a NUL still fails cleanly).
+pub fn cstr(name: &[u8]) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Takes ownership of a freshly returned fd.
+fn own(fd: libc::c_int) -> OwnedFd {
+    // SAFETY: `fd` was just returned by a successful open-like call and is
+    // owned by nobody else.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// `openat` of a plain path (no dirfd confinement); used for the export
+/// root and `/proc/self/fd` at startup only.
+pub fn open_path(path: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: `path` is a valid C string; the returned fd is checked.
+    let fd = check!(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) })?;
+    Ok(own(fd))
+}
+
+const OPENAT2_UNKNOWN: u8 = 0;
+const OPENAT2_YES: u8 = 1;
+const OPENAT2_NO: u8 = 2;
+static OPENAT2: AtomicU8 = AtomicU8::new(OPENAT2_UNKNOWN);
+
+/// Whether the running kernel has `openat2` (probed once).
+pub fn have_openat2() -> bool {
+    match OPENAT2.load(Ordering::Relaxed) {
+        OPENAT2_YES => true,
+        OPENAT2_NO => false,
+        _ => {
+            let dot = c".";
+            let res = openat2(libc::AT_FDCWD, dot, libc::O_PATH, libc::RESOLVE_BENEATH);
+            let yes = !matches!(&res, Err(e) if e.raw_os_error() == Some(libc::ENOSYS));
+            OPENAT2.store(if yes { OPENAT2_YES } else { OPENAT2_NO }, Ordering::Relaxed);
+            yes
+        }
+    }
+}
+
+fn openat2(dir: RawFd, name: &CStr, flags: libc::c_int, resolve: u64) -> io::Result<OwnedFd> {
+    // SAFETY: `open_how` is plain old data; zeroed is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
+        0o600
+    } else {
+        0
+    };
+    how.resolve = resolve;
+    // SAFETY: `how` and `name` are valid for the call; the size matches
+    // the struct passed.
+    let fd = check!(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir,
+            name.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    })?;
+    Ok(own(fd as libc::c_int))
+}
+
+/// Opens one name under `dir` without following any symlink and without
+/// leaving `dir`: `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS |
+/// RESOLVE_NO_SYMLINKS)` when the kernel has it and `use_openat2` is set,
+/// else `openat(O_NOFOLLOW)` of the single, already validated component.
+/// `mode` applies with `O_CREAT`.
+pub fn open_beneath(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    flags: libc::c_int,
+    mode: u32,
+    use_openat2: bool,
+) -> io::Result<OwnedFd> {
+    let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    if use_openat2 && have_openat2() {
+        // SAFETY: `open_how` is plain old data; zeroed is a valid value.
+        let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+        how.flags = flags as u64;
+        how.mode = if flags & libc::O_CREAT != 0 { mode as u64 } else { 0 };
+        how.resolve =
+            libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
+        // SAFETY: `how` and `name` are valid for the call and the size
+        // matches the struct.
+        let fd = check!(unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        })?;
+        return Ok(own(fd as libc::c_int));
+    }
+    // SAFETY: valid dirfd and C string; the mode is passed as the variadic
+    // argument openat expects.
+    let fd = check!(unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags, mode as libc::c_uint) })?;
+    Ok(own(fd))
+}
+
+/// `openat(dir, "..")` as an `O_PATH` directory fd.
+pub fn open_parent(dir: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: valid dirfd and C string.
+    let fd = check!(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c"..".as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    })?;
+    Ok(own(fd))
+}
+
+/// Reopens an `O_PATH` fd for I/O through `/proc/self/fd`.
+pub fn reopen(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let name = cstr(fd.as_raw_fd().to_string().as_bytes())?;
+    let flags = (flags & !libc::O_NOFOLLOW) | libc::O_CLOEXEC | libc::O_NOCTTY;
+    // SAFETY: valid dirfd and C string.
+    let fd = check!(unsafe { libc::openat(proc_fd.as_raw_fd(), name.as_ptr(), flags) })?;
+    Ok(own(fd))
+}
+
+/// The `/proc/self/fd/N` path of an fd, for the path-only xattr calls.
+pub fn proc_path(fd: BorrowedFd<'_>) -> CString {
+    // A formatted integer never contains NUL.
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
+}
+
+/// `fstat` (works on `O_PATH` fds).
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat64> {
+    let mut st = MaybeUninit::<libc::stat64>::uninit();
+    // SAFETY: `st` is a valid out pointer for one stat64.
+    check!(unsafe { libc::fstat64(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstat64 succeeded, so it filled `st`.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.
+pub fn fstatat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<libc::stat64> {
+    let mut st = MaybeUninit::<libc::stat64>::uninit();
+    // SAFETY: valid dirfd, C string and out pointer.
+    check!(unsafe {
+        libc::fstatat64(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    // SAFETY: fstatat64 succeeded, so it filled `st`.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `statx(fd, "", AT_EMPTY_PATH)` with the basic fields and btime.
+pub fn statx(fd: BorrowedFd<'_>) -> io::Result<libc::statx> {
+    let mut st = MaybeUninit::<libc::statx>::uninit();
+    // SAFETY: valid fd, empty C string with AT_EMPTY_PATH, valid out pointer.
+    check!(unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_SYNC_AS_STAT,
+            libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+            st.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: statx succeeded, so it filled `st`.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// `getxattr` of a path into a buffer of at most `max` bytes (`E2BIG` if
+/// larger).
+pub fn getxattr(path: &CStr, name: &CStr, max: usize) -> io::Result<Vec<u8>> {
+    xattr_read(max, |buf, len| {
+        // SAFETY: valid C strings; `buf` is valid for `len` bytes (or null
+        // with len 0 to query the size).
+        unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.cast(), len) }
+    })
+}
+
+/// `listxattr` of a path, at most `max` bytes.
+pub fn listxattr(path: &CStr, max: usize) -> io::Result<Vec<u8>> {
+    xattr_read(max, |buf, len| {
+        // SAFETY: valid C string; `buf` valid for `len` bytes or null/0.
+        unsafe { libc::listxattr(path.as_ptr(), buf.cast(), len) }
+    })
+}
+
+fn xattr_read(max: usize, mut call: impl FnMut(*mut u8, usize) -> isize) -> io::Result<Vec<u8>> {
+    for _ in 0..4 {
+        let size = check!(call(std::ptr::null_mut(), 0))? as usize;
+        if size > max {
+            return Err(io::Error::from_raw_os_error(libc::E2BIG));
+        }
+        let mut buf = vec![0u8; size];
+        match check!(call(buf.as_mut_ptr(), buf.len())) {
+            Ok(n) => {
+                buf.truncate(n as usize);
+                return Ok(buf);
+            }
+            // The value grew between the two calls: ask again.
+            Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::ERANGE))
+}
+
+/// `setxattr` of a path.
+pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: u32) -> io::Result<()> {
+    // SAFETY: valid C strings and value buffer.
+    check!(unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags as libc::c_int,
+        )
+    })?;
+    Ok(())
+}
+
+/// `removexattr` of a path.
+pub fn removexattr(path: &CStr, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid C strings.
+    check!(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) })?;
+    Ok(())
+}
+
+/// `readlinkat(fd, "")` of an `O_PATH` symlink fd.
+pub fn readlink(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: valid fd, empty C string, buffer valid for its length.
+    let n = check!(unsafe {
+        libc::readlinkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    })? as usize;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// `getdents64` into `buf`; returns the bytes filled (0 at the end).
+pub fn getdents64(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: valid fd and a buffer valid for its length.
+    let n = check!(unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            fd.as_raw_fd(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    })?;
+    Ok(n as usize)
+}
+
+/// `lseek(fd, off, SEEK_SET)`.
+pub fn seek(fd: BorrowedFd<'_>, off: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on a valid fd.
+    check!(unsafe { libc::lseek64(fd.as_raw_fd(), off as libc::off64_t, libc::SEEK_SET) })?;
+    Ok(())
+}

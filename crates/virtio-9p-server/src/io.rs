@@ -1,0 +1,322 @@
+//! Transport-agnostic request and reply buffers with zero-copy file hooks.
+//!
+//! The [`Server`](crate::Server) reads one request from a [`RequestReader`]
+//! and writes one reply into a [`ReplyWriter`]. A transport over guest
+//! memory implements both so that Twrite data goes from guest memory
+//! straight into `pwritev` ([`RequestReader::read_to_file_at`]) and Rread
+//! data from `preadv` straight into guest memory
+//! ([`ReplyWriter::write_from_file_at`]). The default methods copy through
+//! a bounce buffer, which is right for plain byte buffers.
+//!
+//! [`SliceReader`] and [`SliceWriter`] implement them over byte slices (the
+//! socket transport and the in-process client use them).
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// Bounce-buffer size of the default copying implementations.
+const COPY_CHUNK: usize = 64 << 10;
+
+/// The bytes of one request.
+pub trait RequestReader: Read {
+    /// Bytes left to read.
+    fn available_bytes(&self) -> usize;
+
+    /// Moves up to `count` bytes of the request into `file` at offset `off`
+    /// (a `pwritev` from the request buffers for zero-copy transports).
+    /// Returns the bytes written to the file, which may be short; the
+    /// request is advanced by exactly that amount.
+    fn read_to_file_at(&mut self, file: BorrowedFd<'_>, count: usize, off: u64) -> io::Result<usize> {
+        let mut done = 0usize;
+        let mut buf = vec![0u8; count.min(COPY_CHUNK)];
+        while done < count {
+            let want = (count - done).min(buf.len());
+            let got = self.read(&mut buf[..want])?;
+            if got == 0 {
+                break;
+            }
+            let written = pwrite_all(file, &buf[..got], off + done as u64)?;
+            done += written;
+            if written < got {
+                break;
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// Room for one reply.
+pub trait ReplyWriter: Write + Sized {
+    /// Bytes of room left.
+    fn available_bytes(&self) -> usize;
+
+    /// Bytes written so far through this writer.
+    fn bytes_written(&self) -> usize;
+
+    /// Splits off everything from `offset` (relative to the current write
+    /// position) into a new writer; `self` keeps the first `offset` bytes.
+    /// The server uses it to write Rread data before its header.
+    fn split_at(&mut self, offset: usize) -> io::Result<Self>;
+
+    /// Reads up to `count` bytes of `file` at `off` straight into the reply
+    /// (`preadv` into the reply buffers for zero-copy transports). Returns
+    /// the bytes read; fewer than `count` means end of file or a short read.
+    fn write_from_file_at(&mut self, file: BorrowedFd<'_>, count: usize, off: u64) -> io::Result<usize> {
+        let count = count.min(self.available_bytes());
+        let mut done = 0usize;
+        let mut buf = vec![0u8; count.min(COPY_CHUNK)];
+        while done < count {
+            let want = (count - done).min(buf.len());
+            let got = pread(file, &mut buf[..want], off + done as u64)?;
+            if got == 0 {
+                break;
+            }
+            self.write_all(&buf[..got])?;
+            done += got;
+            if got < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// `pread` retrying on EINTR.
+pub fn pread(file: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is a valid writable buffer of `buf.len()` bytes and
+        // the fd is borrowed for the duration of the call.
+        let n = unsafe {
+            libc::pread64(
+                file.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                off as libc::off64_t,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// `pwrite` until everything is written, a zero-length write, or an error
+/// after some progress (then the progress is returned).
+pub fn pwrite_all(file: BorrowedFd<'_>, buf: &[u8], off: u64) -> io::Result<usize> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        let rest = &buf[done..];
+        // SAFETY: `rest` is a valid readable buffer and the fd is borrowed.
+        let n = unsafe {
+            libc::pwrite64(
+                file.as_raw_fd(),
+                rest.as_ptr().cast(),
+                rest.len(),
+                (off + done as u64) as libc::off64_t,
+            )
+        };
+        if n > 0 {
+            done += n as usize;
+            continue;
+        }
+        if n == 0 {
+            break;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        if done > 0 {
+            break;
+        }
+        return Err(err);
+    }
+    Ok(done)
+}
+
+/// A [`RequestReader`] over a byte slice.
+#[derive(Debug)]
+pub struct SliceReader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> SliceReader<'a> {
+    /// A reader over `buf`.
+    pub fn new(buf: &'a [u8]) -> Self {
+        SliceReader { buf }
+    }
+}
+
+impl Read for SliceReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        self.buf.read(out)
+    }
+}
+
+impl RequestReader for SliceReader<'_> {
+    fn available_bytes(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn read_to_file_at(&mut self, file: BorrowedFd<'_>, count: usize, off: u64) -> io::Result<usize> {
+        let count = count.min(self.buf.len());
+        let n = pwrite_all(file, &self.buf[..count], off)?;
+        self.buf = &self.buf[n..];
+        Ok(n)
+    }
+}
+
+/// A [`ReplyWriter`] over a mutable byte slice.
+#[derive(Debug)]
+pub struct SliceWriter<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
+}
+
+impl<'a> SliceWriter<'a> {
+    /// A writer filling `buf` from its start.
+    pub fn new(buf: &'a mut [u8]) -> Self {
+        SliceWriter { buf, pos: 0 }
+    }
+}
+
+impl Write for SliceWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(self.buf.len() - self.pos);
+        if n == 0 && !data.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "reply buffer is full",
+            ));
+        }
+        self.buf[self.pos..self.pos + n].copy_from_slice(&data[..n]);
+        self.pos += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl ReplyWriter for SliceWriter<'_> {
+    fn available_bytes(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    fn bytes_written(&self) -> usize {
+        self.pos
+    }
+
+    fn split_at(&mut self, offset: usize) -> io::Result<Self> {
+        let at = self
+            .pos
+            .checked_add(offset)
+            .filter(|at| *at <= self.buf.len())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "split beyond the reply buffer"))?;
+        let buf = std::mem::take(&mut self.buf);
+        let (head, tail) = buf.split_at_mut(at);
+        self.buf = head;
+        Ok(SliceWriter { buf: tail, pos: 0 })
+    }
+
+    fn write_from_file_at(&mut self, file: BorrowedFd<'_>, count: usize, off: u64) -> io::Result<usize> {
+        let count = count.min(self.available_bytes());
+        let mut done = 0;
+        while done < count {
+            let start = self.pos + done;
+            let got = pread(file, &mut self.buf[start..self.pos + count], off + done as u64)?;
+            if got == 0 {
+                break;
+            }
+            done += got;
+        }
+        self.pos += done;
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn test_slice_writer_split_keeps_head() {
+        let mut buf = [0u8; 8];
+        let mut w = SliceWriter::new(&mut buf);
+        let mut tail = w.split_at(3).unwrap();
+        tail.write_all(b"tail").unwrap();
+        w.write_all(b"hea").unwrap();
+        assert!(w.write_all(b"x").is_err());
+        assert_eq!(tail.bytes_written(), 4);
+        assert_eq!(&buf[..7], b"heatail");
+    }
+
+    #[test]
+    fn test_slice_writer_split_beyond_end_fails() {
+        let mut buf = [0u8; 4];
+        let mut w = SliceWriter::new(&mut buf);
+        assert!(w.split_at(5).is_err());
+    }
+
+    #[test]
+    fn test_slice_io_file_round_trip() {
+        let f = tempfile::tempfile().unwrap();
+        let mut r = SliceReader::new(b"hello world");
+        assert_eq!(r.read_to_file_at(f.as_fd(), 5, 10).unwrap(), 5);
+        assert_eq!(r.available_bytes(), 6);
+        let mut buf = [0u8; 32];
+        let mut w = SliceWriter::new(&mut buf);
+        assert_eq!(w.write_from_file_at(f.as_fd(), 100, 10).unwrap(), 5);
+        assert_eq!(&buf[..5], b"hello");
+    }
+
+    struct CopyWriter(Vec<u8>);
+    impl Write for CopyWriter {
+        fn write(&mut self, d: &[u8]) -> io::Result<usize> {
+            self.0.extend_from_slice(d);
+            Ok(d.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    impl ReplyWriter for CopyWriter {
+        fn available_bytes(&self) -> usize {
+            1 << 20
+        }
+        fn bytes_written(&self) -> usize {
+            self.0.len()
+        }
+        fn split_at(&mut self, _offset: usize) -> io::Result<Self> {
+            Ok(CopyWriter(Vec::new()))
+        }
+    }
+    struct CopyReader<'a>(&'a [u8]);
+    impl Read for CopyReader<'_> {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            self.0.read(out)
+        }
+    }
+    impl RequestReader for CopyReader<'_> {
+        fn available_bytes(&self) -> usize {
+            self.0.len()
+        }
+    }
+
+    #[test]
+    fn test_default_copy_paths() {
+        let f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let mut r = CopyReader(&data);
+        assert_eq!(r.read_to_file_at(f.as_fd(), data.len(), 0).unwrap(), data.len());
+        let mut w = CopyWriter(Vec::new());
+        assert_eq!(w.write_from_file_at(f.as_fd(), 300_000, 0).unwrap(), data.len());
+        assert_eq!(w.0, data);
+    }
+}

@@ -1,0 +1,3 @@
+//! Transports: how requests reach the [`Server`](crate::Server).
+
+pub mod socket;

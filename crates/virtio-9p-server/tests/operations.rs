@@ -1,0 +1,293 @@
+//! Every 9P2000.L operation through the in-process client against a temp dir.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use common::*;
+use virtio_9p_server::protocol::{getattr, lock, open_flags as of, setattr, Tsetattr, AT_REMOVEDIR, QTDIR, QTSYMLINK};
+
+#[test]
+fn test_version_attach_walk_getattr() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    std::fs::write(dir.path().join("sub/f"), b"hello").unwrap();
+    let mut c = client(dir.path());
+    let qids = c.walk(ROOT, 1, &[b"sub", b"f"]).unwrap();
+    assert_eq!(qids.len(), 2);
+    assert_eq!(qids[0].ty, QTDIR);
+    let meta = std::fs::metadata(dir.path().join("sub/f")).unwrap();
+    assert_eq!(qids[1].path, meta.ino());
+    let a = c.getattr(1).unwrap();
+    assert_eq!(a.size, 5);
+    assert_eq!(a.mode & libc::S_IFMT, libc::S_IFREG);
+    assert_ne!(a.valid & getattr::BASIC, 0);
+    // A partial walk returns the qids walked and creates no fid.
+    let partial = c.walk(ROOT, 2, &[b"sub", b"missing"]).unwrap();
+    assert_eq!(partial.len(), 1);
+    assert_eq!(errno(c.getattr(2).unwrap_err()), libc::EBADF);
+    // A failing first element is an error.
+    assert_eq!(errno(c.walk(ROOT, 2, &[b"missing"]).unwrap_err()), libc::ENOENT);
+    // Clone with nwname = 0, then clunk.
+    c.walk(ROOT, 3, &[]).unwrap();
+    c.clunk(3).unwrap();
+    assert_eq!(errno(c.clunk(3).unwrap_err()), libc::EBADF);
+    // newfid in use.
+    assert_eq!(errno(c.walk(ROOT, 1, &[b"sub"]).unwrap_err()), libc::EBADF);
+}
+
+#[test]
+fn test_lopen_read_write_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"0123456789").unwrap();
+    let mut c = client(dir.path());
+    c.walk(ROOT, 1, &[b"f"]).unwrap();
+    c.lopen(1, of::RDWR).unwrap();
+    assert_eq!(c.read(1, 2, 4).unwrap(), b"2345");
+    assert_eq!(c.read(1, 100, 4).unwrap(), b"");
+    assert_eq!(c.write(1, 10, b"abc").unwrap(), 3);
+    c.fsync(1, false).unwrap();
+    c.fsync(1, true).unwrap();
+    assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"0123456789abc");
+    // Reads are capped at msize - 11.
+    let big = vec![7u8; 600 << 10];
+    std::fs::write(dir.path().join("big"), &big).unwrap();
+    c.walk(ROOT, 2, &[b"big"]).unwrap();
+    c.lopen(2, of::RDONLY).unwrap();
+    let got = c.read(2, 0, u32::MAX).unwrap();
+    assert_eq!(got.len(), MSIZE as usize - 11);
+    // Opening twice fails; I/O on an unopened fid fails.
+    assert_eq!(errno(c.lopen(2, of::RDONLY).unwrap_err()), libc::EBADF);
+    c.walk(ROOT, 3, &[b"f"]).unwrap();
+    assert_eq!(errno(c.read(3, 0, 1).unwrap_err()), libc::EBADF);
+    assert_eq!(errno(c.write(3, 0, b"x").unwrap_err()), libc::EBADF);
+    assert_eq!(errno(c.fsync(3, false).unwrap_err()), libc::EBADF);
+}
+
+#[test]
+fn test_lcreate_mkdir_symlink_mknod_link_readlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = client(dir.path());
+    c.walk(ROOT, 1, &[]).unwrap();
+    c.lcreate(1, b"new", of::RDWR, 0o640, 0).unwrap();
+    c.write(1, 0, b"data").unwrap();
+    let meta = std::fs::metadata(dir.path().join("new")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+    // O_CREAT without O_EXCL of an existing file opens it.
+    c.walk(ROOT, 2, &[]).unwrap();
+    c.lcreate(2, b"new", of::RDONLY, 0o600, 0).unwrap();
+    assert_eq!(c.read(2, 0, 10).unwrap(), b"data");
+    c.walk(ROOT, 3, &[]).unwrap();
+    assert_eq!(errno(c.lcreate(3, b"new", of::RDWR | of::EXCL, 0o600, 0).unwrap_err()), libc::EEXIST);
+
+    let q = c.mkdir(ROOT, b"d", 0o750, 0).unwrap();
+    assert_eq!(q.ty, QTDIR);
+    assert_eq!(std::fs::metadata(dir.path().join("d")).unwrap().permissions().mode() & 0o7777, 0o750);
+    let q = c.symlink(ROOT, b"l", b"../../etc/passwd", 0).unwrap();
+    assert_eq!(q.ty, QTSYMLINK);
+    c.walk(ROOT, 4, &[b"l"]).unwrap();
+    assert_eq!(c.readlink(4).unwrap(), b"../../etc/passwd");
+    c.walk(ROOT, 5, &[b"new"]).unwrap();
+    assert_eq!(errno(c.readlink(5).unwrap_err()), libc::EINVAL);
+    c.mknod(ROOT, b"fifo", libc::S_IFIFO | 0o600, 0, 0, 0).unwrap();
+    assert!(std::fs::symlink_metadata(dir.path().join("fifo")).unwrap().file_type().is_fifo_like());
+    assert_eq!(errno(c.mknod(ROOT, b"bad", libc::S_IFDIR | 0o600, 0, 0, 0).unwrap_err()), libc::EINVAL);
+    c.link(ROOT, 5, b"hard").unwrap();
+    assert_eq!(std::fs::read(dir.path().join("hard")).unwrap(), b"data");
+    c.walk(ROOT, 6, &[b"d"]).unwrap();
+    assert_eq!(errno(c.link(ROOT, 6, b"dirlink").unwrap_err()), libc::EPERM);
+}
+
+trait FifoLike {
+    fn is_fifo_like(&self) -> bool;
+}
+impl FifoLike for std::fs::FileType {
+    fn is_fifo_like(&self) -> bool {
+        use std::os::unix::fs::FileTypeExt;
+        self.is_fifo()
+    }
+}
+
+#[test]
+fn test_rename_renameat_unlinkat_remove() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("a")).unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    std::fs::write(dir.path().join("a/f"), b"x").unwrap();
+    std::fs::write(dir.path().join("a/g"), b"y").unwrap();
+    let mut c = client(dir.path());
+    c.walk(ROOT, 1, &[b"a"]).unwrap();
+    c.walk(ROOT, 2, &[b"b"]).unwrap();
+    c.walk(1, 3, &[b"f"]).unwrap();
+    c.rename(3, 2, b"f2").unwrap();
+    assert!(dir.path().join("b/f2").exists());
+    // The fid follows its file: rename again from the new place.
+    c.rename(3, 1, b"f3").unwrap();
+    assert!(dir.path().join("a/f3").exists());
+    c.renameat(1, b"g", 2, b"g2").unwrap();
+    assert!(dir.path().join("b/g2").exists());
+    c.unlinkat(2, b"g2", 0).unwrap();
+    assert!(!dir.path().join("b/g2").exists());
+    assert_eq!(errno(c.unlinkat(ROOT, b"b", 0).unwrap_err()), libc::EISDIR);
+    assert_eq!(errno(c.unlinkat(ROOT, b"b", 0x1).unwrap_err()), libc::EINVAL);
+    c.clunk(2).unwrap();
+    c.unlinkat(ROOT, b"b", AT_REMOVEDIR).unwrap();
+    assert!(!dir.path().join("b").exists());
+    c.remove(3).unwrap();
+    assert!(!dir.path().join("a/f3").exists());
+    // Tremove clunks even on failure.
+    assert_eq!(errno(c.getattr(3).unwrap_err()), libc::EBADF);
+    // Removing a file renamed behind the fid's back is refused, not
+    // misdirected.
+    std::fs::write(dir.path().join("a/h"), b"z").unwrap();
+    c.walk(1, 4, &[b"h"]).unwrap();
+    std::fs::rename(dir.path().join("a/h"), dir.path().join("a/h2")).unwrap();
+    std::fs::write(dir.path().join("a/h"), b"other").unwrap();
+    assert_eq!(errno(c.remove(4).unwrap_err()), libc::ENOENT);
+    assert!(dir.path().join("a/h").exists());
+    // The root cannot be removed.
+    c.walk(ROOT, 5, &[]).unwrap();
+    assert_eq!(errno(c.remove(5).unwrap_err()), libc::EBUSY);
+}
+
+#[test]
+fn test_setattr_mode_size_times_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"0123456789").unwrap();
+    let mut c = client(dir.path());
+    c.walk(ROOT, 1, &[b"f"]).unwrap();
+    let base = Tsetattr {
+        fid: 1,
+        valid: 0,
+        mode: 0,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        atime_sec: 0,
+        atime_nsec: 0,
+        mtime_sec: 0,
+        mtime_nsec: 0,
+    };
+    c.setattr(Tsetattr { valid: setattr::MODE, mode: 0o604, ..base.clone() }).unwrap();
+    c.setattr(Tsetattr { valid: setattr::SIZE, size: 4, ..base.clone() }).unwrap();
+    c.setattr(Tsetattr {
+        valid: setattr::MTIME | setattr::MTIME_SET | setattr::ATIME | setattr::ATIME_SET,
+        mtime_sec: 1_000_000,
+        atime_sec: 2_000_000,
+        ..base.clone()
+    })
+    .unwrap();
+    c.setattr(Tsetattr { valid: setattr::UID | setattr::GID, uid: 1234, gid: 5678, ..base.clone() }).unwrap();
+    let m = std::fs::metadata(dir.path().join("f")).unwrap();
+    assert_eq!(m.permissions().mode() & 0o7777, 0o604);
+    assert_eq!(m.len(), 4);
+    assert_eq!(m.mtime(), 1_000_000);
+    assert_eq!(m.atime(), 2_000_000);
+    assert_eq!((m.uid(), m.gid()), (1234, 5678));
+    let a = c.getattr(1).unwrap();
+    assert_eq!((a.uid, a.gid, a.size, a.mtime_sec), (1234, 5678, 4, 1_000_000));
+}
+
+#[test]
+fn test_readdir_offsets_and_small_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut names: Vec<String> = (0..200).map(|i| format!("file-{i:04}")).collect();
+    for n in &names {
+        std::fs::write(dir.path().join(n), b"").unwrap();
+    }
+    let mut c = client(dir.path());
+    c.walk(ROOT, 1, &[]).unwrap();
+    c.lopen(1, of::RDONLY | of::DIRECTORY).unwrap();
+    // A small count forces many round trips through the offset cookies.
+    let entries = c.readdir_all(1, 200).unwrap();
+    let mut got: Vec<String> = entries
+        .iter()
+        .map(|e| String::from_utf8(e.name.clone()).unwrap())
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    got.sort();
+    names.sort();
+    assert_eq!(got, names);
+    // Reading again from 0 restarts.
+    assert!(!c.readdir(1, 0, 4096).unwrap().is_empty());
+    // A count too small for one entry returns nothing rather than failing.
+    assert!(c.readdir(1, 0, 10).unwrap().is_empty());
+}
+
+#[test]
+fn test_statfs_and_xattrs() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"").unwrap();
+    let mut c = client(dir.path());
+    let s = c.statfs(ROOT).unwrap();
+    assert!(s.bsize > 0 && s.namelen > 0);
+    c.walk(ROOT, 1, &[b"f"]).unwrap();
+    c.set_xattr(1, 10, b"user.test", b"value", 0).unwrap();
+    assert_eq!(c.get_xattr(1, 11, b"user.test").unwrap(), b"value");
+    let list = c.get_xattr(1, 12, b"").unwrap();
+    assert!(list.split(|b| *b == 0).any(|n| n == b"user.test"), "{list:?}");
+    // XATTR_CREATE on an existing attribute fails at clunk.
+    c.walk(1, 13, &[]).unwrap();
+    c.xattrcreate(13, b"user.test", 1, libc::XATTR_CREATE as u32).unwrap();
+    c.write(13, 0, b"z").unwrap();
+    assert_eq!(errno(c.clunk(13).unwrap_err()), libc::EEXIST);
+    // A short value fails at clunk.
+    c.walk(1, 14, &[]).unwrap();
+    c.xattrcreate(14, b"user.short", 4, 0).unwrap();
+    c.write(14, 0, b"ab").unwrap();
+    assert_eq!(errno(c.clunk(14).unwrap_err()), libc::EINVAL);
+    // Writing past the declared size fails.
+    c.walk(1, 15, &[]).unwrap();
+    c.xattrcreate(15, b"user.over", 2, 0).unwrap();
+    assert_eq!(errno(c.write(15, 0, b"abc").unwrap_err()), libc::EINVAL);
+    c.clunk(15).unwrap_err();
+    // Size limit.
+    c.walk(1, 16, &[]).unwrap();
+    assert_eq!(errno(c.xattrcreate(16, b"user.big", 65_537, 0).unwrap_err()), libc::E2BIG);
+    // Remove: size 0 with XATTR_REPLACE.
+    c.set_xattr(1, 17, b"user.test", b"", libc::XATTR_REPLACE as u32).unwrap();
+    assert_eq!(errno(c.xattrwalk(1, 18, b"user.test").unwrap_err()), libc::ENODATA);
+}
+
+#[test]
+fn test_locks_conflict_between_fids() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"0123456789").unwrap();
+    let mut c = client(dir.path());
+    c.walk(ROOT, 1, &[b"f"]).unwrap();
+    c.lopen(1, of::RDWR).unwrap();
+    c.walk(ROOT, 2, &[b"f"]).unwrap();
+    c.lopen(2, of::RDWR).unwrap();
+    assert_eq!(c.lock(1, lock::TYPE_WRLCK, 0, 0, 0).unwrap(), lock::SUCCESS);
+    assert_eq!(c.lock(2, lock::TYPE_WRLCK, 0, 0, 0).unwrap(), lock::BLOCKED);
+    let g = c.getlock(2, lock::TYPE_WRLCK, 0, 0).unwrap();
+    assert_eq!(g.ty, lock::TYPE_WRLCK);
+    // Blocking variant gives up after the configured wait (1 s default)
+    // with BLOCKED, and the client retries.
+    let t = std::time::Instant::now();
+    assert_eq!(c.lock(2, lock::TYPE_WRLCK, lock::FLAGS_BLOCK, 0, 0).unwrap(), lock::BLOCKED);
+    assert!(t.elapsed() >= std::time::Duration::from_millis(900));
+    assert_eq!(c.lock(1, lock::TYPE_UNLCK, 0, 0, 0).unwrap(), lock::SUCCESS);
+    assert_eq!(c.getlock(2, lock::TYPE_WRLCK, 0, 0).unwrap().ty, lock::TYPE_UNLCK);
+    assert_eq!(c.lock(2, lock::TYPE_WRLCK, lock::FLAGS_BLOCK, 0, 0).unwrap(), lock::SUCCESS);
+    assert_eq!(errno(c.lock(2, 7, 0, 0, 0).unwrap_err()), libc::EINVAL);
+    assert_eq!(errno(c.lock(2, lock::TYPE_RDLCK, 0, u64::MAX, 0).unwrap_err()), libc::EINVAL);
+}
+
+#[test]
+fn test_flush_auth_and_session_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = client(dir.path());
+    c.flush(1).unwrap();
+    use virtio_9p_server::protocol::{Tauth, Tmessage};
+    let e = c
+        .rpc(&Tmessage::Auth(Tauth { afid: 1, uname: b"u".to_vec(), aname: vec![], n_uname: 0 }))
+        .unwrap_err();
+    assert_eq!(errno(e), libc::EOPNOTSUPP);
+    // Attach to an fid in use.
+    assert_eq!(errno(c.attach(ROOT, 0).unwrap_err()), libc::EBADF);
+    // Tversion resets the session: fids are gone.
+    c.version(8192).unwrap();
+    assert_eq!(errno(c.getattr(ROOT).unwrap_err()), libc::EBADF);
+    assert_eq!(c.msize(), 8192);
+}
