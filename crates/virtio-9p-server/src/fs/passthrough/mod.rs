@@ -547,6 +547,13 @@ impl Filesystem for PassthroughFs {
         self.check_writable()?;
         let v = attr.valid;
         let model = self.cfg.security_model;
+        if model == SecurityModel::MappedXattr
+            && inode.0.host_type == libc::S_IFLNK
+            && v & (setattr::MODE | setattr::UID | setattr::GID) != 0
+        {
+            // Mapped attributes cannot be stored on a host symlink.
+            return Err(err(libc::EOPNOTSUPP));
+        }
         if v & setattr::MODE != 0 {
             if model == SecurityModel::MappedXattr {
                 let cur = self.guest_mode(inode)?;
@@ -967,7 +974,9 @@ impl Filesystem for PassthroughFs {
     }
 
     fn getxattr(&self, inode: &Inode, name: &[u8], max: usize) -> io::Result<Vec<u8>> {
-        if self.mapped() && mapped::is_reserved(name) {
+        // The path calls would follow a symlink fid's /proc entry to the
+        // link's target: symlinks have no xattrs here.
+        if inode.0.host_type == libc::S_IFLNK || (self.mapped() && mapped::is_reserved(name)) {
             return Err(err(libc::ENODATA));
         }
         let c = self.xattr_name(name)?;
@@ -975,6 +984,9 @@ impl Filesystem for PassthroughFs {
     }
 
     fn listxattr(&self, inode: &Inode, max: usize) -> io::Result<Vec<u8>> {
+        if inode.0.host_type == libc::S_IFLNK {
+            return Ok(Vec::new());
+        }
         let path = sys::proc_path(inode.fd());
         if self.mapped() {
             // The reserved names may push the raw list over `max`.
@@ -990,6 +1002,9 @@ impl Filesystem for PassthroughFs {
 
     fn setxattr(&self, inode: &Inode, name: &[u8], value: &[u8], flags: u32) -> io::Result<()> {
         self.check_writable()?;
+        if inode.0.host_type == libc::S_IFLNK {
+            return Err(err(libc::EPERM));
+        }
         if self.mapped() && mapped::is_reserved(name) {
             return Err(err(libc::EACCES));
         }
@@ -999,6 +1014,9 @@ impl Filesystem for PassthroughFs {
 
     fn removexattr(&self, inode: &Inode, name: &[u8]) -> io::Result<()> {
         self.check_writable()?;
+        if inode.0.host_type == libc::S_IFLNK {
+            return Err(err(libc::EPERM));
+        }
         if self.mapped() && mapped::is_reserved(name) {
             return Err(err(libc::EACCES));
         }
