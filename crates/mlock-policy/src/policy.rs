@@ -291,4 +291,29 @@ mod tests {
         let err = MlockPolicy::On.diagnose_mlockall(io::Error::from_raw_os_error(libc::EINVAL));
         assert!(matches!(err, Error::Lock { op: "mlockall", .. }), "{err}");
     }
+
+    #[test]
+    fn test_parse_accepts_nothing_else_over_short_strings() {
+        // Every string of up to 3 characters over an alphabet that can
+        // spell the accepted values: only "on" and "off" may parse.
+        let alphabet = ['o', 'n', 'f', '-', 'a', 'u', 'l', 't', 'O', ' '];
+        let mut accepted = Vec::new();
+        let mut check = |s: &str| {
+            if let Ok(p) = s.parse::<MlockPolicy>() {
+                assert_eq!(p.as_str(), s);
+                accepted.push(s.to_string());
+            }
+        };
+        check("");
+        for a in alphabet {
+            check(&a.to_string());
+            for b in alphabet {
+                check(&format!("{a}{b}"));
+                for c in alphabet {
+                    check(&format!("{a}{b}{c}"));
+                }
+            }
+        }
+        assert_eq!(accepted, ["on", "off"]);
+    }
 }

@@ -192,4 +192,39 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn test_parse_never_panics_on_mutated_input() {
+        // A deterministic xorshift mutates bytes of a real status text;
+        // every outcome must be a value or an error, never a panic.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let base = SAMPLE.as_bytes();
+        for _ in 0..5000 {
+            let mut bytes = base.to_vec();
+            for _ in 0..(next() % 8 + 1) {
+                let i = (next() as usize) % bytes.len();
+                match next() % 3 {
+                    0 => bytes[i] = next() as u8,
+                    1 => {
+                        bytes.remove(i);
+                    }
+                    _ => {
+                        let pool = b"0123456789: kB\n\t-";
+                        bytes.insert(i, pool[(next() as usize) % pool.len()]);
+                    }
+                }
+            }
+            if let Ok(text) = std::str::from_utf8(&bytes) {
+                if let Ok(status) = LockStatus::parse(text) {
+                    assert!(status.vm_size() % 1024 == 0);
+                }
+            }
+        }
+    }
 }
