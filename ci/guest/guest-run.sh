@@ -41,9 +41,10 @@ unix)
     exit 1
     ;;
 esac
+mount_rc=$?
 line=$(grep " $mnt 9p " /proc/mounts)
 if [ -z "$line" ]; then
-    echo "CI-MOUNT-FAILED mount returned but /proc/mounts has no 9p at $mnt"
+    echo "CI-MOUNT-FAILED mount exit $mount_rc, no 9p at $mnt in /proc/mounts"
     exit 1
 fi
 echo "CI-MOUNT $line"

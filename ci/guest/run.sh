@@ -113,6 +113,9 @@ case ",$servers," in
 esac
 ours_help=
 [ -n "$ours_bin" ] && ours_help=$("$ours_bin" --help 2>&1 || true)
+# Debug logging shows each request, so the log proves the guest's Tattach.
+ours_log=()
+grep -q -- '--log-level' <<<"$ours_help" && ours_log=(--log-level debug)
 
 # --------------------------------------------------------- guest payload
 # Appended to the cached base initramfs (the kernel unpacks concatenated
@@ -208,7 +211,7 @@ run_row() {
             return
         fi
         RUST_LOG=${RUST_LOG:-debug} "$ours_bin" --listen "unix:$sock" --shared-dir "$share" \
-            >"$dir/server.log" 2>&1 &
+            "${ours_log[@]}" >"$dir/server.log" 2>&1 &
         server_pid=$!
         mode=unix
         opts="$opts,uname=root"
@@ -226,7 +229,7 @@ run_row() {
         fi
         qemu=$VHOST_QEMU
         RUST_LOG=${RUST_LOG:-debug} "$ours_bin" --socket-path "$sock" --shared-dir "$share" --tag share \
-            >"$dir/server.log" 2>&1 &
+            "${ours_log[@]}" >"$dir/server.log" 2>&1 &
         server_pid=$!
         extra=(-object memory-backend-memfd,id=mem,size=512M,share=on
             -chardev "socket,id=vu,path=$sock"

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# CI step: real Linux guests (TCG) mount 9p from QEMU's built-in server and
+# from our virtio-9p-server, in socket mode (a, trans=unix through a
+# virtio-serial relay) and in vhost-user mode (b, through the rebuilt QEMU),
+# and run the POSIX suite, pjdfstest and dd in each. See ci/guest/README.md.
+#
+# Fails when one of our rows has a POSIX failure, a pjdfstest failure that
+# QEMU built-in passes in the same run, or does not mount; also fails when the
+# QEMU built-in row itself breaks (so the harness cannot rot unnoticed).
+# Rows our daemon cannot run yet are reported as "not available" and skipped.
+#
+# Environment:
+#   GUEST_CONFORMANCE_SERVERS  default qemu,ours-socket,ours-vhost (add diod
+#                              for the second peer)
+#   GUEST_CONFORMANCE_KERNEL   default 6.12
+#   GUEST_CONFORMANCE_MIB      default 256
+#   GUEST_CONFORMANCE=skip     skip the step (exit 77)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${GUEST_CONFORMANCE:-}" = skip ]; then
+    echo "guest-conformance: skipped (GUEST_CONFORMANCE=skip)"
+    exit 77
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "guest-conformance: skipped: needs root (apt, diod, chown in the share)"
+    exit 77
+fi
+
+servers=${GUEST_CONFORMANCE_SERVERS:-qemu,ours-socket,ours-vhost}
+case ",$servers," in *,qemu,*) ;; *) servers=qemu,$servers ;; esac
+out=${GUEST_CONFORMANCE_OUT:-$(mktemp -d /tmp/guest-conformance.XXXXXX)}
+
+# Each guest is bounded by run.sh's --timeout; the whole step by this one.
+timeout --kill-after=30 4200 bash ci/guest/run.sh \
+    --servers "$servers" \
+    --kernel "${GUEST_CONFORMANCE_KERNEL:-6.12}" \
+    --mib "${GUEST_CONFORMANCE_MIB:-256}" \
+    --timeout 1200 \
+    --out "$out" \
+    --gate
+rc=$?
+if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    echo "guest-conformance: FAILED: the run exceeded its time limit"
+    exit 1
+fi
+[ -f "$out/summary.tsv" ] || { echo "guest-conformance: FAILED: no summary (exit $rc)"; exit 1; }
+
+qemu_status=$(awk -F'\t' '$1 == "qemu" { sub("status=", "", $2); print $2 }' "$out/summary.tsv")
+qemu_posix=$(awk -F'\t' '$1 == "qemu" { sub("posix=", "", $3); print $3 }' "$out/summary.tsv")
+if [ "$qemu_status" != ok ] || [[ "$qemu_posix" == *FAIL* ]]; then
+    echo "guest-conformance: FAILED: the QEMU built-in reference row broke ($qemu_status, POSIX $qemu_posix): the harness needs fixing"
+    rc=1
+fi
+while IFS=$'\t' read -r name status _; do
+    case $name in ours-*) ;; *) continue ;; esac
+    case ${status#status=} in
+        "not available:"*) echo "guest-conformance: notice: row $name skipped: ${status#status=not available: }" ;;
+    esac
+done <"$out/summary.tsv"
+exit $rc
