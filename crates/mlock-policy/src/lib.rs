@@ -208,3 +208,26 @@ pub enum Error {
 
 /// Results of this crate.
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+
+    #[test]
+    fn test_types_are_send_and_sync() {
+        // A daemon keeps the guards in its memory-table state shared across
+        // threads, and CLI parsers box the error.
+        assert_send_sync::<Error>();
+        assert_send_sync::<MlockPolicy>();
+        assert_send_sync::<RegionLock>();
+        assert_send_sync::<LockStatus>();
+        assert_send_sync::<LockBudget>();
+        #[cfg(feature = "vm-memory")]
+        assert_send_sync::<GuestMemoryLock>();
+        let boxed: Box<dyn std::error::Error + Send + Sync> =
+            "bogus".parse::<MlockPolicy>().unwrap_err().into();
+        assert!(boxed.to_string().contains("bogus"));
+    }
+}

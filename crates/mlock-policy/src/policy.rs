@@ -124,7 +124,9 @@ impl MlockPolicy {
     /// released, for postcopy-like flows that need unlocked memory for a
     /// while. [`TemporaryUnlock::relock`] re-applies the policy and reports
     /// a failure; dropping the guard re-applies it too and logs a failure.
-    /// For `off` the guard does nothing.
+    /// For `off` the guard does nothing. Meant for a process that applied
+    /// the policy: the re-lock applies it whether or not it was applied
+    /// before.
     ///
     /// `munlockall` also clears the locks of any [`RegionLock`] in the
     /// process.

@@ -84,6 +84,24 @@ impl LockBudget {
     }
 }
 
+impl fmt::Display for LockBudget {
+    /// For logs: `RLIMIT_MEMLOCK 8.0 MiB (8388608 bytes) (hard 8.0 MiB
+    /// (8388608 bytes)), CAP_IPC_LOCK yes`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let show = |limit: Option<u64>| match limit {
+            Some(bytes) => Bytes(bytes).to_string(),
+            None => "unlimited".to_string(),
+        };
+        write!(
+            f,
+            "RLIMIT_MEMLOCK {} (hard {}), CAP_IPC_LOCK {}",
+            show(self.soft_limit),
+            show(self.hard_limit),
+            if self.cap_ipc_lock { "yes" } else { "no" }
+        )
+    }
+}
+
 /// Why memory could not be locked, with the remedies. Its `Display` is the
 /// message a daemon prints before it exits.
 #[derive(Debug)]
@@ -256,6 +274,14 @@ mod tests {
         assert_eq!(Bytes(8 * MIB).to_string(), "8.0 MiB (8388608 bytes)");
         assert_eq!(Bytes(2 * GIB).to_string(), "2.0 GiB (2147483648 bytes)");
         assert_eq!(Bytes(1536).to_string(), "1.5 KiB (1536 bytes)");
+    }
+
+    #[test]
+    fn test_budget_display() {
+        assert_eq!(
+            budget(Some(8 * MIB), None, true).to_string(),
+            "RLIMIT_MEMLOCK 8.0 MiB (8388608 bytes) (hard unlimited), CAP_IPC_LOCK yes"
+        );
     }
 
     #[test]
