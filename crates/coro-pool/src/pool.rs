@@ -300,13 +300,15 @@ impl LocalPool {
         }
     }
 
+    #[inline]
     fn publish_local(&self, st: &LocalState) {
         self.stats
             .local
             .store(st.cur.len() + st.spare.len(), Ordering::Relaxed);
     }
 
-    fn take(self: &Rc<Self>) -> Result<PooledStack> {
+    #[inline]
+    fn take(self: Rc<Self>) -> Result<PooledStack> {
         let sh = &*self.shared;
         let mut st = self.state.borrow_mut();
         let mut top = match sh.policy {
@@ -348,12 +350,11 @@ impl LocalPool {
             self.stats.hwm.store(st.hwm, Ordering::Relaxed);
         }
         self.publish_local(&st);
-        Ok(PooledStack {
-            top,
-            local: Rc::clone(self),
-        })
+        drop(st);
+        Ok(PooledStack { top, local: self })
     }
 
+    #[inline]
     fn put(&self, top: NonNull<u8>) {
         let sh = &*self.shared;
         let mut st = self.state.borrow_mut();
@@ -422,7 +423,22 @@ thread_local! {
 /// This thread's local pool for `shared`, registering one on first use.
 /// During thread teardown (registry gone) an unregistered one is returned;
 /// it gives its stacks back when its last stack is dropped.
+#[inline]
 fn local_pool(shared: &Arc<Shared>) -> Rc<LocalPool> {
+    let fast = REGISTRY.try_with(|reg| {
+        let reg = reg.try_borrow().ok()?;
+        reg.iter()
+            .find(|l| Arc::ptr_eq(&l.shared, shared))
+            .map(Rc::clone)
+    });
+    match fast {
+        Ok(Some(local)) => local,
+        _ => register_local_pool(shared),
+    }
+}
+
+#[cold]
+fn register_local_pool(shared: &Arc<Shared>) -> Rc<LocalPool> {
     let mut stale = Vec::new();
     let found = REGISTRY.try_with(|reg| {
         let mut reg = reg.try_borrow_mut().ok()?;
