@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use mem_prealloc::{preallocate, Method, PreallocOptions};
 
-use crate::harness::{alternate, format_value, Ctx, SuiteReport, SuiteResult, Table};
+use crate::harness::{alternate, format_value, median, Ctx, SuiteReport, SuiteResult, Table};
 
 /// One-line description.
 pub const ABOUT: &str = "preallocation GiB/s by threads vs MAP_POPULATE and QEMU";
@@ -78,14 +78,27 @@ impl Drop for Mapping {
     }
 }
 
-/// Seconds for this crate to preallocate a fresh memfd of `len` bytes.
-fn ours(len: usize, threads: usize, method: Method) -> BoxResult<f64> {
+/// CPU seconds (user + system) used by this process so far.
+fn cpu_seconds() -> f64 {
+    // SAFETY: rusage is plain data; all-zero is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a writable rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Wall seconds for this crate to preallocate a fresh memfd of `len` bytes;
+/// the CPU seconds it took are pushed to `cpu`.
+fn ours(len: usize, threads: usize, method: Method, cpu: &mut Vec<f64>) -> BoxResult<f64> {
     let file = memfd(len)?;
     let map = Mapping::new(&file, len, 0)?;
     let opts = PreallocOptions::new().threads(threads).method(method);
+    let cpu_start = cpu_seconds();
     let start = Instant::now();
     let report = preallocate(map.addr.cast(), len, &opts)?;
     let secs = start.elapsed().as_secs_f64();
+    cpu.push(cpu_seconds() - cpu_start);
     if report.threads != threads || report.bytes != len as u64 {
         return Err(format!("unexpected report {report:?}").into());
     }
@@ -123,9 +136,23 @@ impl Drop for Reaped {
     }
 }
 
+/// CPU seconds (user + system, exited threads included) of process `pid`.
+fn process_cpu_seconds(pid: u32) -> BoxResult<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').ok_or("bad /proc/pid/stat")?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of proc(5), counted from the state (field 3).
+    let ticks: f64 = fields.get(11).ok_or("no utime")?.parse::<f64>()?
+        + fields.get(12).ok_or("no stime")?.parse::<f64>()?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks / hz)
+}
+
 /// Seconds from spawning QEMU with a memfd backend of `len` bytes until its
-/// QMP monitor answers; `threads == 0` means without prealloc.
-fn qemu(qemu: &PathBuf, len: usize, threads: usize) -> BoxResult<f64> {
+/// QMP monitor answers; `threads == 0` means without prealloc. The CPU
+/// seconds QEMU used up to that point are pushed to `cpu`.
+fn qemu(qemu: &PathBuf, len: usize, threads: usize, cpu: &mut Vec<f64>) -> BoxResult<f64> {
     let mut backend = format!("memory-backend-memfd,id=m,size={len}");
     if threads > 0 {
         backend.push_str(&format!(",prealloc=on,prealloc-threads={threads}"));
@@ -162,6 +189,7 @@ fn qemu(qemu: &PathBuf, len: usize, threads: usize) -> BoxResult<f64> {
             return Err(format!("QMP error: {}", line.trim()).into());
         }
     };
+    cpu.push(process_cpu_seconds(child.0.id())?);
     stdin.write_all(b"{\"execute\": \"quit\"}\n")?;
     stdin.flush()?;
     drop(stdin);
@@ -192,17 +220,58 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     let len: usize = ctx.pick(4 << 30, 128 << 20);
     let gib = len as f64 / GIB;
     let load_before = load_average();
-
-    let mut ours_1t = || ours(len, 1, Method::Auto);
-    let mut ours_2t = || ours(len, 2, Method::Auto);
-    let mut touch_1t = || ours(len, 1, Method::Touch);
-    let mut populate = || map_populate(len);
-    let [t1, t2, touch1, tpop] = alternate(
-        ctx.reps(),
-        &mut [&mut ours_1t, &mut ours_2t, &mut touch_1t, &mut populate],
-    )?;
-
     let mut report = SuiteReport::default();
+
+    // One probe so that a QEMU that cannot run here is a note, not a failure.
+    let qemu_path = match find_qemu() {
+        None => {
+            report.note("qemu-system-x86_64 is not on PATH: the QEMU metrics are skipped.");
+            None
+        }
+        Some(path) => {
+            let version = qemu_version(&path);
+            match qemu(&path, len, 0, &mut Vec::new()) {
+                Err(err) => {
+                    report.note(format!(
+                        "{version} failed to start ({err}): QEMU metrics skipped."
+                    ));
+                    None
+                }
+                Ok(_) => Some((path, version)),
+            }
+        }
+    };
+
+    // All contenders in one alternation, so that the (heavy, shared) machine
+    // load hits each of them alike. Without QEMU its slots return NaN.
+    let (mut cpu1, mut cpu2) = (Vec::new(), Vec::new());
+    let mut scratch = Vec::new();
+    let mut ours_1t = || ours(len, 1, Method::Auto, &mut cpu1);
+    let mut ours_2t = || ours(len, 2, Method::Auto, &mut cpu2);
+    let mut touch_1t = || ours(len, 1, Method::Touch, &mut scratch);
+    let mut populate = || map_populate(len);
+    let (mut qcpu0, mut qcpu1, mut qcpu2) = (Vec::new(), Vec::new(), Vec::new());
+    let run_qemu = |threads, cpu: &mut Vec<f64>| match &qemu_path {
+        Some((path, _)) => qemu(path, len, threads, cpu),
+        None => Ok(f64::NAN),
+    };
+    let mut q0 = || run_qemu(0, &mut qcpu0);
+    let mut q1 = || run_qemu(1, &mut qcpu1);
+    let mut q2 = || run_qemu(2, &mut qcpu2);
+    let [t1, t2, touch1, tpop, s0, s1, s2] = alternate(
+        ctx.reps(),
+        &mut [
+            &mut ours_1t,
+            &mut ours_2t,
+            &mut touch_1t,
+            &mut populate,
+            &mut q0,
+            &mut q1,
+            &mut q2,
+        ],
+    )?;
+    let (c1, c2) = (median(&cpu1), median(&cpu2));
+
     let mut contenders = Table::new("contenders", &["contender", "seconds", "GiB/s"]);
     let mut row = |name: &str, secs: f64| {
         contenders.row(&[name, &format_value(secs), &format_value(gib / secs)]);
@@ -218,49 +287,40 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         .metric("speedup_2t", t1 / t2)
         .metric("touch_gib_per_s_1t", gib / touch1)
         .metric("map_populate_gib_per_s", gib / tpop)
-        .metric("ratio_vs_map_populate_1t", t1 / tpop);
+        .metric("ratio_vs_map_populate_1t", t1 / tpop)
+        .metric("cpu_s_1t", c1)
+        .metric("cpu_s_2t", c2)
+        .metric("cpu_utilisation_2t", c2 / t2);
 
-    match find_qemu() {
-        None => {
-            report.note("qemu-system-x86_64 is not on PATH: the QEMU metrics are skipped.");
-        }
-        Some(path) => {
-            let version = qemu_version(&path);
-            // One probe so that a QEMU that cannot run here is a note, not a failure.
-            match qemu(&path, len, 0) {
-                Err(err) => {
-                    report.note(format!(
-                        "{version} failed to start ({err}): QEMU metrics skipped."
-                    ));
-                }
-                Ok(_) => {
-                    let mut q0 = || qemu(&path, len, 0);
-                    let mut q1 = || qemu(&path, len, 1);
-                    let mut q2 = || qemu(&path, len, 2);
-                    let [s0, s1, s2] = alternate(ctx.reps(), &mut [&mut q0, &mut q1, &mut q2])?;
-                    // Prealloc time alone; keep it positive on a noisy machine.
-                    let floor = 1e-3;
-                    let (p1, p2) = ((s1 - s0).max(floor), (s2 - s0).max(floor));
-                    row("QEMU prealloc-threads=1", p1);
-                    row("QEMU prealloc-threads=2", p2);
-                    report
-                        .metric("qemu_startup_s", s0)
-                        .metric("qemu_gib_per_s_1t", gib / p1)
-                        .metric("qemu_gib_per_s_2t", gib / p2)
-                        .metric("ratio_vs_qemu_1t", t1 / p1)
-                        .metric("ratio_vs_qemu_2t", t2 / p2)
-                        .note(format!(
-                            "QEMU: {version}, timed to its QMP answer minus the same command \
-                             without prealloc ({} s).",
-                            format_value(s0)
-                        ));
-                }
-            }
-        }
+    if let Some((_, version)) = &qemu_path {
+        // Prealloc time alone; keep it positive on a noisy machine.
+        let floor = 1e-3;
+        let (p1, p2) = ((s1 - s0).max(floor), (s2 - s0).max(floor));
+        row("QEMU prealloc-threads=1", p1);
+        row("QEMU prealloc-threads=2", p2);
+        let qc0 = median(&qcpu0);
+        let (qc1, qc2) = (median(&qcpu1) - qc0, median(&qcpu2) - qc0);
+        report
+            .metric("qemu_startup_s", s0)
+            .metric("qemu_gib_per_s_1t", gib / p1)
+            .metric("qemu_gib_per_s_2t", gib / p2)
+            .metric("ratio_vs_qemu_1t", t1 / p1)
+            .metric("ratio_vs_qemu_2t", t2 / p2)
+            .metric("qemu_cpu_s_1t", qc1)
+            .metric("qemu_cpu_s_2t", qc2)
+            .metric("cpu_ratio_vs_qemu_2t", c2 / qc2)
+            .note(format!(
+                "QEMU: {version}, timed to its QMP answer minus the same command without \
+                 prealloc ({} s); its CPU seconds are read from /proc/PID/stat at that moment (10 ms \
+                 ticks) minus those of the run without prealloc.",
+                format_value(s0)
+            ));
     }
     report.table(contenders).note(format!(
         "memfd of {} MiB, 4 KiB pages, median of {} alternating runs; load average {} at the \
-         start, {} at the end (2-core machine shared with other jobs).",
+         start, {} at the end. cpu_utilisation_2t is CPU seconds per wall second of the \
+         2-thread run (2.0 = both threads ran all the time); below that, the scheduler gave \
+         this process less than two CPUs and speedup_2t is bounded by it.",
         len >> 20,
         ctx.reps(),
         load_before,
