@@ -42,4 +42,8 @@ pub struct Cli {
     /// Log level: error, warn, info, debug or trace.
     #[arg(long, value_name = "LEVEL", default_value = "info")]
     pub log_level: log::LevelFilter,
+
+    /// vhost-user daemon options (used when --listen is not given).
+    #[command(flatten)]
+    pub vhost: virtio_9p_server::vhost_user::VhostUserArgs,
 }

@@ -42,6 +42,10 @@ pub mod protocol;
 mod server;
 pub mod transport;
 
+// The virtio transport, the coroutine engine and the vhost-user daemon (issue 8).
+pub mod engine;
+pub mod vhost_user;
+pub mod virtio;
 
 #[cfg(any(test, feature = "test-utils"))]
 pub mod client;

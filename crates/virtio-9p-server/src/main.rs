@@ -50,7 +50,25 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
     listener.serve(server).map_err(|e| e.to_string())
 }
 
+/// vhost-user mode (no --listen): the daemon of `virtio_9p_server::vhost_user`.
+fn run_vhost_user(cli: &Cli) -> Result<(), String> {
+    let mut pcfg = PassthroughConfig::new(&cli.shared_dir);
+    pcfg.readonly = cli.readonly;
+    pcfg.security_model = cli.security_model;
+    let fs = PassthroughFs::new(pcfg).map_err(|e| e.to_string())?;
+    let config = Config {
+        msize_max: cli.msize_max,
+        ..Config::default()
+    };
+    let server = Arc::new(Server::new(fs, config).map_err(|e| e.to_string())?);
+    virtio_9p_server::vhost_user::run_daemon(&cli.vhost, server, cli.readonly)
+}
+
 fn main() -> ExitCode {
+    if virtio_9p_server::vhost_user::wants_capabilities(std::env::args_os().skip(1)) {
+        println!("{}", virtio_9p_server::vhost_user::CAPABILITIES_JSON);
+        return ExitCode::SUCCESS;
+    }
     let cli = Cli::parse();
     env_logger::Builder::new()
         .filter_level(cli.log_level)
@@ -59,7 +77,7 @@ fn main() -> ExitCode {
     raise_fd_limit();
     let result = match &cli.listen {
         Some(addr) => run_socket(&cli, addr),
-        None => Err("--listen is required (unix:PATH or tcp:HOST:PORT)".to_string()),
+        None => run_vhost_user(&cli),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,458 @@
+//! The `VhostUserBackend` of the virtio-9p device.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+use coro_pool::StackPool;
+use log::{debug, error, info};
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::engine::{EngineConfig, QUIESCE_TIMEOUT};
+use crate::fs::Filesystem;
+use crate::server::{Server, Session};
+use crate::virtio::{
+    ConfigError, DeviceConfig, RequestQueue, DEVICE_FEATURES, VHOST_USER_F_PROTOCOL_FEATURES,
+    VIRTIO_RING_F_INDIRECT_DESC,
+};
+
+/// Epoll data of the request queue's kick.
+pub const QUEUE_EVENT: u16 = 0;
+/// Epoll data of the engine's worker-completion eventfd (ids up to the
+/// number of queues are reserved by vhost-user-backend).
+pub const WAKE_EVENT: u16 = 2;
+/// Epoll data of the engine's timer.
+pub const TIMER_EVENT: u16 = 3;
+/// Epoll data of the control eventfd (quiesce and shutdown requests).
+pub const CONTROL_EVENT: u16 = 4;
+
+/// The vhost-user protocol features offered: CONFIG (the mount tag is read
+/// from the backend), MQ, REPLY_ACK and CONFIGURE_MEM_SLOTS.
+pub fn protocol_features() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::CONFIG
+        | VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+}
+
+/// Settings of one device.
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    /// The mount tag the guest sees.
+    pub tag: String,
+    /// Largest queue size the driver may set (the in-flight limit).
+    pub queue_size: u16,
+    /// Engine settings; `max_in_flight` is set to the queue size.
+    pub engine: EngineConfig,
+}
+
+type Mem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ControlOp {
+    None,
+    Quiesce,
+    Shutdown,
+}
+
+struct Control {
+    op: ControlOp,
+    requested: u64,
+    done: u64,
+}
+
+/// The vring thread's state. The request queue holds coroutines, which
+/// must stay on the thread that created them.
+struct QueueCell<F: Filesystem> {
+    owner: Option<ThreadId>,
+    queue: Option<RequestQueue<F>>,
+}
+
+// SAFETY: the request queue (the only non-`Send` part) is created, used and
+// dropped only on its owner thread: `with_queue` checks the thread on every
+// access, and `Drop` leaks a queue that still has coroutines when it runs
+// elsewhere. An empty queue holds only `Send` parts.
+unsafe impl<F: Filesystem> Send for QueueCell<F> {}
+
+impl<F: Filesystem> Drop for QueueCell<F> {
+    fn drop(&mut self) {
+        let here = std::thread::current().id();
+        if let Some(q) = self.queue.take() {
+            if self.owner != Some(here) && q.in_flight() > 0 {
+                error!(
+                    "virtio-9p: backend dropped off its vring thread with {} requests in flight; leaking them",
+                    q.in_flight()
+                );
+                std::mem::forget(q);
+            }
+        }
+    }
+}
+
+/// A virtio-9p device for vhost-user-backend: one request queue, the
+/// mount tag in the config space, and a coroutine engine on the vring
+/// thread. One backend serves one frontend connection (one 9P session).
+///
+/// After creating the `VhostUserDaemon`, call [`Virtio9pBackend::register`]
+/// with its epoll handler; before dropping the daemon, call
+/// [`Virtio9pBackend::shutdown`] so the engine ends on its own thread.
+pub struct Virtio9pBackend<F: Filesystem> {
+    server: Arc<Server<F>>,
+    session: Arc<Session<F>>,
+    pool: Arc<StackPool>,
+    config_space: DeviceConfig,
+    queue_size: u16,
+    engine: EngineConfig,
+    acked: AtomicU64,
+    event_idx: AtomicBool,
+    mem: RwLock<Option<Mem>>,
+    cell: Mutex<QueueCell<F>>,
+    epoll_fd: AtomicI32,
+    control_fd: EventFd,
+    control: Mutex<Control>,
+    control_cv: Condvar,
+}
+
+impl<F: Filesystem> std::fmt::Debug for Virtio9pBackend<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Virtio9pBackend")
+            .field("tag", &self.config_space)
+            .field("queue_size", &self.queue_size)
+            .finish()
+    }
+}
+
+/// Errors of the backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Bad mount tag or queue size.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// An eventfd could not be created or registered.
+    #[error("cannot set up the backend's event fds: {0}")]
+    Event(#[source] std::io::Error),
+}
+
+impl<F: Filesystem + 'static> Virtio9pBackend<F> {
+    /// A device serving `server` with a fresh 9P session, its request
+    /// coroutines on `pool`.
+    pub fn new(
+        server: Arc<Server<F>>,
+        pool: Arc<StackPool>,
+        config: &BackendConfig,
+    ) -> Result<Self, BackendError> {
+        let config_space = DeviceConfig::new(&config.tag)?;
+        let queue_size = crate::virtio::validate_queue_size(u32::from(config.queue_size))?;
+        let mut engine = config.engine.clone();
+        engine.max_in_flight = usize::from(queue_size);
+        Ok(Virtio9pBackend {
+            server,
+            session: Arc::new(Session::new()),
+            pool,
+            config_space,
+            queue_size,
+            engine,
+            acked: AtomicU64::new(0),
+            event_idx: AtomicBool::new(false),
+            mem: RwLock::new(None),
+            cell: Mutex::new(QueueCell {
+                owner: None,
+                queue: None,
+            }),
+            epoll_fd: AtomicI32::new(-1),
+            control_fd: EventFd::new(EFD_NONBLOCK).map_err(BackendError::Event)?,
+            control: Mutex::new(Control {
+                op: ControlOp::None,
+                requested: 0,
+                done: 0,
+            }),
+            control_cv: Condvar::new(),
+        })
+    }
+
+    /// Hooks the backend into the daemon's (single) vring thread: registers
+    /// the control eventfd and remembers the epoll fd for the engine's fds.
+    pub fn register(&self, handler: &VringEpollHandler<Arc<Self>>) -> Result<(), BackendError> {
+        self.epoll_fd.store(handler.as_raw_fd(), Ordering::Release);
+        handler
+            .register_listener(
+                self.control_fd.as_raw_fd(),
+                EventSet::IN,
+                u64::from(CONTROL_EVENT),
+            )
+            .map_err(BackendError::Event)
+    }
+
+    /// The 9P session of this device.
+    pub fn session(&self) -> &Arc<Session<F>> {
+        &self.session
+    }
+
+    /// Cancels waiting requests and waits for running ones (on the vring
+    /// thread), as GET_VRING_BASE and RESET_DEVICE require.
+    pub fn quiesce(&self) {
+        self.control_request(ControlOp::Quiesce);
+    }
+
+    /// Quiesces and drops the engine on the vring thread. Call before the
+    /// daemon (and with it the vring thread) goes away.
+    pub fn shutdown(&self) {
+        self.control_request(ControlOp::Shutdown);
+    }
+
+    fn lock_control(&self) -> MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn control_request(&self, op: ControlOp) {
+        if self.epoll_fd.load(Ordering::Acquire) < 0 {
+            return;
+        }
+        let mut c = self.lock_control();
+        if c.op != ControlOp::Shutdown {
+            c.op = op;
+        }
+        c.requested += 1;
+        let ticket = c.requested;
+        if let Err(e) = self.control_fd.write(1) {
+            error!("virtio-9p: cannot signal the vring thread: {e}");
+            return;
+        }
+        let timeout = QUIESCE_TIMEOUT + Duration::from_secs(2);
+        let (c, res) = self
+            .control_cv
+            .wait_timeout_while(c, timeout, |c| c.done < ticket)
+            .unwrap_or_else(|e| e.into_inner());
+        drop(c);
+        if res.timed_out() {
+            error!("virtio-9p: the vring thread did not answer a {op:?} request in {timeout:?}");
+        }
+    }
+
+    fn indirect(&self) -> bool {
+        self.acked.load(Ordering::Acquire) & (1 << VIRTIO_RING_F_INDIRECT_DESC) != 0
+    }
+
+    fn memory(&self) -> Option<Mem> {
+        self.mem.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn register_fd(&self, fd: RawFd, data: u16) -> std::io::Result<()> {
+        let epfd = self.epoll_fd.load(Ordering::Acquire);
+        if epfd < 0 {
+            return Err(std::io::Error::other(
+                "backend not registered with a vring thread",
+            ));
+        }
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: u64::from(data),
+        };
+        // SAFETY: epoll_ctl reads `ev`, valid for the call; both fds are
+        // open (the epoll fd lives as long as the vring thread we run on).
+        if unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn handle(&self, device_event: u16, vrings: &[VringRwLock]) -> std::io::Result<()> {
+        let mut cell = self.cell.lock().unwrap_or_else(|e| e.into_inner());
+        let here = std::thread::current().id();
+        match cell.owner {
+            None => cell.owner = Some(here),
+            Some(o) if o != here => {
+                return Err(std::io::Error::other(
+                    "virtio-9p backend driven from two threads",
+                ));
+            }
+            Some(_) => {}
+        }
+        if device_event == CONTROL_EVENT {
+            let _ = self.control_fd.read();
+            let (op, ticket) = {
+                let mut c = self.lock_control();
+                let op = std::mem::replace(&mut c.op, ControlOp::None);
+                (op, c.requested)
+            };
+            if let Some(q) = cell.queue.as_mut() {
+                let left = q.quiesce(QUIESCE_TIMEOUT);
+                if left > 0 {
+                    error!("virtio-9p: {left} requests still running after quiesce");
+                }
+                Self::complete(q, vrings, self.memory().as_ref())?;
+                if op == ControlOp::Shutdown && left == 0 {
+                    cell.queue = None;
+                } else if op == ControlOp::Quiesce {
+                    q.reset(self.indirect()).map_err(std::io::Error::other)?;
+                }
+            }
+            let mut c = self.lock_control();
+            c.done = c.done.max(ticket);
+            drop(c);
+            self.control_cv.notify_all();
+            return Ok(());
+        }
+        let Some(mem) = self.memory() else {
+            return Ok(());
+        };
+        if device_event == QUEUE_EVENT {
+            if cell.queue.is_none() {
+                let q = RequestQueue::new(
+                    Arc::clone(&self.server),
+                    Arc::clone(&self.session),
+                    Arc::clone(&self.pool),
+                    &self.engine,
+                    self.indirect(),
+                )
+                .map_err(std::io::Error::other)?;
+                self.register_fd(q.engine().wake_fd(), WAKE_EVENT)?;
+                self.register_fd(q.engine().timer_fd(), TIMER_EVENT)?;
+                cell.queue = Some(q);
+            }
+            let Some(q) = cell.queue.as_mut() else {
+                return Ok(());
+            };
+            let Some(vring) = vrings.first() else {
+                return Ok(());
+            };
+            {
+                let mut st = vring.get_mut();
+                if !st.get_queue().ready() {
+                    return Ok(());
+                }
+                let m = mem.memory();
+                if let Err(e) = q.process(st.get_queue_mut(), m) {
+                    error!("virtio-9p: request queue stopped: {e}");
+                }
+            }
+            return Self::complete(q, vrings, Some(&mem));
+        }
+        if device_event == WAKE_EVENT || device_event == TIMER_EVENT {
+            if let Some(q) = cell.queue.as_mut() {
+                q.poll();
+                return Self::complete(q, vrings, Some(&mem));
+            }
+            return Ok(());
+        }
+        debug!("virtio-9p: unknown device event {device_event}");
+        Ok(())
+    }
+
+    fn complete(
+        q: &mut RequestQueue<F>,
+        vrings: &[VringRwLock],
+        mem: Option<&Mem>,
+    ) -> std::io::Result<()> {
+        let (Some(vring), Some(mem)) = (vrings.first(), mem) else {
+            return Ok(());
+        };
+        let mut st = vring.get_mut();
+        if !st.get_queue().ready() {
+            // Stopped (GET_VRING_BASE): the chains are not returned.
+            q.discard_completed();
+            return Ok(());
+        }
+        let m = mem.memory();
+        match q.complete(st.get_queue_mut(), &*m) {
+            Ok(true) => {
+                if st.needs_notification().unwrap_or(true) {
+                    st.signal_used_queue()?;
+                }
+            }
+            Ok(false) => {}
+            Err(e) => error!("virtio-9p: {e}"),
+        }
+        Ok(())
+    }
+}
+
+impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        1
+    }
+
+    fn max_queue_size(&self) -> usize {
+        usize::from(self.queue_size)
+    }
+
+    fn features(&self) -> u64 {
+        DEVICE_FEATURES | (1 << VHOST_USER_F_PROTOCOL_FEATURES)
+    }
+
+    fn acked_features(&self, features: u64) {
+        info!("virtio-9p: driver acked features {features:#x}");
+        self.acked.store(features, Ordering::Release);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        protocol_features()
+    }
+
+    fn reset_device(&self) {
+        self.quiesce();
+        self.acked.store(0, Ordering::Release);
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Release);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        self.config_space.read(offset, size)
+    }
+
+    fn set_config(&self, _offset: u32, _buf: &[u8]) -> std::io::Result<()> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the virtio-9p config space is read-only",
+        ))
+    }
+
+    fn update_memory(&self, mem: Mem) -> std::io::Result<()> {
+        *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        vec![1]
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
+            Ok(pair) => Some(pair),
+            Err(e) => {
+                error!("virtio-9p: cannot create the vring thread's exit event: {e}");
+                None
+            }
+        }
+    }
+
+    fn stop_vring(&self, _queue_index: u32) -> std::io::Result<()> {
+        self.quiesce();
+        Ok(())
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        _evset: EventSet,
+        vrings: &[VringRwLock],
+        _thread_id: usize,
+    ) -> std::io::Result<()> {
+        self.handle(device_event, vrings)
+    }
+}

@@ -1,0 +1,193 @@
+//! The vhost-user options of the `virtio-9p-server` binary and the code
+//! that runs the daemon from them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use log::info;
+use mlock_policy::MlockPolicy;
+
+use super::backend::BackendConfig;
+use super::daemon::{install_signal_handlers, Daemon, DaemonConfig, Listen, DEFAULT_SOCKET_PATH};
+use crate::engine::{EngineConfig, OffloadPolicy, DEFAULT_WORKERS, MAX_WORKERS};
+use crate::fs::Filesystem;
+use crate::server::Server;
+use crate::virtio::{DEFAULT_QUEUE_SIZE, MAX_QUEUE_SIZE};
+
+/// What `--print-capabilities` prints (the vhost-user backend program
+/// convention; 9p has no registered type name, so it says "9p").
+pub const CAPABILITIES_JSON: &str = "{\n  \"type\": \"9p\"\n}";
+
+/// Options of the vhost-user daemon (used when `--listen` is not given).
+#[derive(Debug, Clone, clap::Args)]
+pub struct VhostUserArgs {
+    /// vhost-user socket to create (a stale file there is replaced).
+    /// Default when neither this nor --fd is given: ./virtio-9p.sock.
+    #[arg(long, value_name = "PATH", conflicts_with = "fd")]
+    pub socket_path: Option<PathBuf>,
+
+    /// An inherited, listening vhost-user unix socket.
+    #[arg(long, value_name = "N")]
+    pub fd: Option<i32>,
+
+    /// Mount tag the guest sees (1 to 254 bytes).
+    #[arg(long, value_name = "TAG", default_value = "share")]
+    pub tag: String,
+
+    /// Largest virtqueue size, which is the in-flight request limit (a
+    /// power of two up to 32768).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_QUEUE_SIZE,
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_QUEUE_SIZE)))]
+    pub queue_size: u16,
+
+    /// Worker threads that run blocking filesystem calls while request
+    /// coroutines wait.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_WORKERS,
+          value_parser = parse_workers)]
+    pub thread_pool_size: usize,
+
+    /// Lock the daemon's memory: off, on or on-fault (mlockall before
+    /// serving; on-fault locks pages as they are touched).
+    #[arg(long, value_name = "POLICY", default_value = "off")]
+    pub mlock: MlockPolicy,
+
+    /// Print the backend's capabilities as JSON and exit.
+    #[arg(long)]
+    pub print_capabilities: bool,
+}
+
+fn parse_workers(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=MAX_WORKERS).contains(&n) => Ok(n),
+        _ => Err(format!("expected a number from 1 to {MAX_WORKERS}")),
+    }
+}
+
+/// Whether the raw command line asks for `--print-capabilities` (which a
+/// VMM runs without any other option).
+pub fn wants_capabilities<I: IntoIterator<Item = S>, S: AsRef<std::ffi::OsStr>>(args: I) -> bool {
+    args.into_iter()
+        .any(|a| a.as_ref() == "--print-capabilities")
+}
+
+/// Runs the vhost-user daemon until SIGTERM/SIGINT: applies `--mlock`,
+/// binds the socket, prints how to attach QEMU, serves.
+pub fn run_daemon<F: Filesystem + 'static>(
+    args: &VhostUserArgs,
+    server: Arc<Server<F>>,
+    readonly: bool,
+) -> Result<(), String> {
+    if args.queue_size == 0 || !args.queue_size.is_power_of_two() {
+        return Err(format!(
+            "--queue-size {} must be a power of two from 1 to {MAX_QUEUE_SIZE}",
+            args.queue_size
+        ));
+    }
+    let (listen, defaulted) = match (&args.socket_path, args.fd) {
+        (_, Some(fd)) => (Listen::Fd(fd), false),
+        (Some(p), None) => (Listen::Path(p.clone()), false),
+        (None, None) => (Listen::Path(PathBuf::from(DEFAULT_SOCKET_PATH)), true),
+    };
+    let config = DaemonConfig {
+        listen: listen.clone(),
+        backend: BackendConfig {
+            tag: args.tag.clone(),
+            queue_size: args.queue_size,
+            engine: EngineConfig {
+                workers: args.thread_pool_size,
+                max_in_flight: usize::from(args.queue_size),
+                offload: OffloadPolicy::Auto,
+            },
+        },
+        stack_policy: coro_pool::Policy::Bounded,
+    };
+    args.mlock
+        .apply_process()
+        .map_err(|e| format!("--mlock {}: {e}", args.mlock))?;
+    install_signal_handlers().map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let mut daemon = Daemon::new(server, config).map_err(|e| e.to_string())?;
+    let msize = daemon_msize(&daemon);
+    match &listen {
+        Listen::Path(p) => {
+            info!(
+                "vhost-user socket {} (tag {:?}, queue size {}, {} workers, msize up to {msize}{}, mlock {})",
+                p.display(),
+                args.tag,
+                args.queue_size,
+                args.thread_pool_size,
+                if readonly { ", read-only" } else { "" },
+                args.mlock
+            );
+            if defaulted {
+                println!("{}", attach_help(p, &args.tag, args.queue_size));
+            }
+        }
+        Listen::Fd(fd) => info!(
+            "vhost-user socket on inherited fd {fd} (tag {:?})",
+            args.tag
+        ),
+    }
+    daemon.run().map_err(|e| e.to_string())
+}
+
+fn daemon_msize<F: Filesystem + 'static>(d: &Daemon<F>) -> u32 {
+    d.server().config().msize_max
+}
+
+/// How to attach QEMU to the socket (printed when only `--shared-dir` is given).
+pub fn attach_help(socket: &std::path::Path, tag: &str, queue_size: u16) -> String {
+    let sock = std::fs::canonicalize(socket)
+        .unwrap_or_else(|_| socket.to_path_buf())
+        .display()
+        .to_string();
+    format!(
+        "virtio-9p-server: listening on {sock}\n\
+         Attach QEMU (vhost-user-device-pci must be user-creatable, see the README):\n  \
+         -object memory-backend-memfd,id=mem,size=<RAM>,share=on -machine q35,memory-backend=mem \\\n  \
+         -chardev socket,id=vu,path={sock} \\\n  \
+         -device vhost-user-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size={},vq_size={queue_size}\n\
+         In the guest: mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 {tag} /mnt",
+        2 + tag.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct T {
+        #[command(flatten)]
+        v: VhostUserArgs,
+    }
+
+    #[test]
+    fn test_defaults() {
+        let t = T::try_parse_from(["x"]).unwrap();
+        assert_eq!(t.v.queue_size, 1024);
+        assert_eq!(t.v.thread_pool_size, DEFAULT_WORKERS);
+        assert_eq!(t.v.mlock, MlockPolicy::Off);
+        assert_eq!(t.v.tag, "share");
+        assert!(t.v.socket_path.is_none() && t.v.fd.is_none());
+    }
+
+    #[test]
+    fn test_bad_values_are_refused() {
+        assert!(T::try_parse_from(["x", "--mlock", "sometimes"]).is_err());
+        assert!(T::try_parse_from(["x", "--queue-size", "0"]).is_err());
+        assert!(T::try_parse_from(["x", "--thread-pool-size", "0"]).is_err());
+        assert!(T::try_parse_from(["x", "--socket-path", "a", "--fd", "3"]).is_err());
+        let t = T::try_parse_from(["x", "--mlock", "on-fault", "--queue-size", "32768"]).unwrap();
+        assert_eq!(t.v.mlock, MlockPolicy::OnFault);
+    }
+
+    #[test]
+    fn test_capabilities_and_help() {
+        assert!(wants_capabilities(["prog", "--print-capabilities"]));
+        assert!(!wants_capabilities(["prog", "--shared-dir", "d"]));
+        let h = attach_help(std::path::Path::new("/nonexistent/s.sock"), "share", 1024);
+        assert!(h.contains("config_size=7,vq_size=1024"), "{h}");
+        assert!(h.contains("mount -t 9p -o trans=virtio"), "{h}");
+    }
+}

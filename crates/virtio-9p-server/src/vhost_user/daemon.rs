@@ -1,0 +1,356 @@
+//! The daemon loop: accept a frontend, serve it, wait for the next.
+
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use coro_pool::{PoolConfig, StackPool};
+use log::{error, info, warn};
+use vhost::vhost_user::Listener;
+use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::backend::{BackendConfig, BackendError, Virtio9pBackend};
+use crate::engine::DEFAULT_STACK_SIZE;
+use crate::fs::Filesystem;
+use crate::server::Server;
+
+/// The socket used when only `--shared-dir` is given.
+pub const DEFAULT_SOCKET_PATH: &str = "virtio-9p.sock";
+
+/// Where the daemon listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// Bind a unix socket at this path (a stale file there is unlinked).
+    Path(PathBuf),
+    /// A listening unix socket inherited from the parent (`--fd`).
+    Fd(RawFd),
+}
+
+/// Daemon settings.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// The socket.
+    pub listen: Listen,
+    /// The device.
+    pub backend: BackendConfig,
+    /// The coroutine stack pool policy (`NoPool` maps a stack per request).
+    pub stack_policy: coro_pool::Policy,
+}
+
+/// Errors of the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The socket could not be bound or used.
+    #[error("cannot listen on {what}: {source}")]
+    Listen {
+        /// The socket.
+        what: String,
+        /// Why.
+        #[source]
+        source: vhost::vhost_user::Error,
+    },
+    /// The `--fd` is not an open socket.
+    #[error("--fd {0} is not an open socket")]
+    BadFd(RawFd),
+    /// The device configuration is invalid.
+    #[error("{0}")]
+    Backend(#[from] BackendError),
+    /// The coroutine stack pool could not be created.
+    #[error("cannot create the coroutine stack pool: {0}")]
+    Pool(#[from] coro_pool::Error),
+    /// vhost-user-backend failed.
+    #[error("vhost-user: {0}")]
+    VhostUser(String),
+    /// An eventfd or poll failed.
+    #[error("daemon i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+struct StopState {
+    flag: AtomicBool,
+    wake: EventFd,
+    conn: Mutex<Option<ShutdownHandle>>,
+}
+
+/// Stops a running [`Daemon`] from any thread: the current connection is
+/// shut down and [`Daemon::run`] returns `Ok`.
+#[derive(Clone)]
+pub struct StopHandle(Arc<StopState>);
+
+impl std::fmt::Debug for StopHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StopHandle")
+            .field("stopped", &self.0.flag.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl StopHandle {
+    /// Requests the stop.
+    pub fn stop(&self) {
+        self.0.flag.store(true, Ordering::Release);
+        let _ = self.0.wake.write(1);
+        if let Some(h) = self
+            .0
+            .conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            h.shutdown();
+        }
+    }
+
+    /// Whether a stop was requested.
+    pub fn is_stopped(&self) -> bool {
+        self.0.flag.load(Ordering::Acquire)
+    }
+}
+
+/// The vhost-user daemon: a listening socket, a filesystem server and a
+/// coroutine stack pool, serving one frontend at a time.
+pub struct Daemon<F: Filesystem> {
+    server: Arc<Server<F>>,
+    config: DaemonConfig,
+    pool: Arc<StackPool>,
+    listener: Listener,
+    stop: StopHandle,
+    connections: AtomicU64,
+}
+
+impl<F: Filesystem> std::fmt::Debug for Daemon<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<F: Filesystem + 'static> Daemon<F> {
+    /// Binds the socket (or takes over `--fd`) and checks the device
+    /// settings; nothing is served until [`Daemon::run`].
+    pub fn new(server: Arc<Server<F>>, config: DaemonConfig) -> Result<Self, DaemonError> {
+        // Validate the device settings before touching the socket.
+        let pool = Arc::new(StackPool::new(
+            PoolConfig::default()
+                .stack_size(DEFAULT_STACK_SIZE)
+                .policy(config.stack_policy),
+        )?);
+        drop(Virtio9pBackend::new(
+            Arc::clone(&server),
+            Arc::clone(&pool),
+            &config.backend,
+        )?);
+        let listener = match &config.listen {
+            Listen::Path(p) => Listener::new(p, true).map_err(|source| DaemonError::Listen {
+                what: p.display().to_string(),
+                source,
+            })?,
+            Listen::Fd(fd) => {
+                // SAFETY: fstat on an arbitrary fd number only writes `st`.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: as above.
+                if *fd < 0
+                    || unsafe { libc::fstat(*fd, &mut st) } != 0
+                    || st.st_mode & libc::S_IFMT != libc::S_IFSOCK
+                {
+                    return Err(DaemonError::BadFd(*fd));
+                }
+                // SAFETY: the caller hands the fd over (`--fd`): it is an
+                // open socket (checked above) that nothing else owns.
+                unsafe { Listener::from_raw_fd(*fd) }
+            }
+        };
+        Ok(Daemon {
+            server,
+            config,
+            pool,
+            listener,
+            stop: StopHandle(Arc::new(StopState {
+                flag: AtomicBool::new(false),
+                wake: EventFd::new(EFD_NONBLOCK)?,
+                conn: Mutex::new(None),
+            })),
+            connections: AtomicU64::new(0),
+        })
+    }
+
+    /// A handle that stops [`Daemon::run`].
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// Frontend connections served so far.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// The 9P server.
+    pub fn server(&self) -> &Arc<Server<F>> {
+        &self.server
+    }
+
+    /// The coroutine stack pool (shared by all connections).
+    pub fn stack_pool(&self) -> &Arc<StackPool> {
+        &self.pool
+    }
+
+    /// Serves frontends one after another until stopped. A disconnect is a
+    /// normal end of one connection; the daemon then waits for the next.
+    pub fn run(&mut self) -> Result<(), DaemonError> {
+        SIGNAL_FD.store(self.stop.0.wake.as_raw_fd(), Ordering::Release);
+        let watcher = {
+            let stop = self.stop.clone();
+            std::thread::Builder::new()
+                .name("9p-stop-watcher".into())
+                .spawn(move || watch_stop(&stop))?
+        };
+        let result = self.serve_loop();
+        // End the watcher (it waits for a stop that may never come).
+        self.stop.0.flag.store(true, Ordering::Release);
+        let _ = self.stop.0.wake.write(1);
+        let _ = watcher.join();
+        let _ = SIGNAL_FD.compare_exchange(
+            self.stop.0.wake.as_raw_fd(),
+            -1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        result
+    }
+
+    fn serve_loop(&mut self) -> Result<(), DaemonError> {
+        loop {
+            if !self.wait_for_client()? {
+                info!("virtio-9p: stopping");
+                return Ok(());
+            }
+            let backend = Arc::new(Virtio9pBackend::new(
+                Arc::clone(&self.server),
+                Arc::clone(&self.pool),
+                &self.config.backend,
+            )?);
+            let mut daemon = VhostUserDaemon::new(
+                "virtio-9p".into(),
+                Arc::clone(&backend),
+                GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            )
+            .map_err(|e| DaemonError::VhostUser(e.to_string()))?;
+            for h in daemon.get_epoll_handlers() {
+                backend.register(&h)?;
+            }
+            if let Err(e) = daemon.start(&mut self.listener) {
+                warn!("virtio-9p: accepting a frontend failed: {e}");
+                backend.shutdown();
+                continue;
+            }
+            let n = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
+            info!("virtio-9p: frontend {n} connected");
+            *self.stop.0.conn.lock().unwrap_or_else(|e| e.into_inner()) = daemon.shutdown_handle();
+            if self.stop.is_stopped() {
+                daemon.request_shutdown();
+            }
+            let result = daemon.wait();
+            *self.stop.0.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            backend.shutdown();
+            drop(daemon);
+            match result {
+                Ok(()) => info!("virtio-9p: frontend {n} disconnected"),
+                Err(e) => warn!("virtio-9p: frontend {n} ended: {e}"),
+            }
+        }
+    }
+
+    /// Waits until a frontend connects (true) or a stop is requested (false).
+    fn wait_for_client(&self) -> Result<bool, DaemonError> {
+        loop {
+            if self.stop.is_stopped() {
+                return Ok(false);
+            }
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.stop.0.wake.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: poll reads and writes the two pollfds, valid for the call.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e.into());
+            }
+            if self.stop.is_stopped() {
+                return Ok(false);
+            }
+            if fds[0].revents & libc::POLLIN != 0 {
+                return Ok(true);
+            }
+            if fds[0].revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
+                error!("virtio-9p: the listening socket failed");
+                return Err(std::io::Error::from_raw_os_error(libc::EBADF).into());
+            }
+        }
+    }
+}
+
+/// The stop eventfd that the signal handler writes to.
+static SIGNAL_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    let fd = SIGNAL_FD.load(Ordering::Acquire);
+    if fd >= 0 {
+        let one: u64 = 1;
+        // SAFETY: write(2) is async-signal-safe; `one` is valid for the call.
+        unsafe {
+            libc::write(fd, (&one as *const u64).cast(), 8);
+        }
+    }
+}
+
+/// Makes SIGTERM and SIGINT stop the running [`Daemon`] cleanly (exit 0).
+pub fn install_signal_handlers() -> std::io::Result<()> {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: a zeroed sigaction is a valid starting point.
+        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        // SAFETY: sa_mask is a valid sigset inside `sa`.
+        unsafe { libc::sigemptyset(&mut sa.sa_mask) };
+        // SAFETY: installs a handler that only calls async-signal-safe write(2).
+        if unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Waits for the stop eventfd (written by [`StopHandle::stop`] or a
+/// signal) and then shuts the current connection down.
+fn watch_stop(stop: &StopHandle) {
+    loop {
+        let mut fds = [libc::pollfd {
+            fd: stop.0.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: poll on one valid pollfd.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 1, 1000) };
+        if r > 0 || stop.is_stopped() {
+            // Do not consume the event: the accept loop polls it too.
+            stop.stop();
+            return;
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! The vhost-user transport: a `VhostUserBackend` for the virtio-9p
+//! device and the daemon loop of the `virtio-9p-server` binary.
+//!
+//! # Disconnects
+//!
+//! The daemon **waits for a new connection** when the frontend hangs up:
+//! each connection gets a fresh device (new vring thread, engine and 9P
+//! session, so no state of the old guest leaks into the next), while the
+//! listening socket, the filesystem and the coroutine stack pool stay. A
+//! restarted or reconnecting VMM (QEMU's `reconnect=` chardev option) finds
+//! the daemon ready. It exits 0 on SIGTERM or SIGINT (or
+//! [`StopHandle::stop`]), removing the socket it created. A stale socket
+//! file left by a killed daemon is unlinked at start, so `--socket-path`
+//! can always be reused.
+
+mod backend;
+mod cli;
+mod daemon;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod mock;
+
+pub use backend::{
+    protocol_features, BackendConfig, BackendError, Virtio9pBackend, CONTROL_EVENT, QUEUE_EVENT,
+    TIMER_EVENT, WAKE_EVENT,
+};
+pub use cli::{attach_help, run_daemon, wants_capabilities, VhostUserArgs, CAPABILITIES_JSON};
+pub use daemon::{
+    install_signal_handlers, Daemon, DaemonConfig, DaemonError, Listen, StopHandle,
+    DEFAULT_SOCKET_PATH,
+};

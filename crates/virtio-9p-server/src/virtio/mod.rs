@@ -1,0 +1,173 @@
+//! The virtio-9p device: feature bits, the config space and the request
+//! queue.
+//!
+//! One request through this module: [`RequestQueue::process`] pops a chain
+//! with `virtqueue-large` (large policy: up to 32768 descriptors and
+//! 128 MiB + 64 KiB per chain, independent of the ring size), wraps its
+//! readable and writable parts in [`ChainReader`]/[`ChainWriter`], and
+//! starts a coroutine on the [engine](crate::engine) that runs
+//! [`Server::handle`](crate::Server::handle). When the coroutine returns,
+//! the chain goes to the used ring with the reply's length, and the driver
+//! is signalled if event-idx (or the no-notify flag) says so.
+//!
+//! Tflush never reaches the server: the queue starts a coroutine that
+//! cancels the old request through the engine and writes the Rflush only
+//! once the old chain is back in the used ring.
+
+mod io;
+mod queue;
+
+pub use io::{ChainReader, ChainWriter};
+pub use queue::{QueueError, RequestQueue};
+
+use virtqueue_large::ChainLimits;
+
+/// Virtio device id of a 9P transport.
+pub const VIRTIO_ID_9P: u32 = 9;
+/// Feature bit: the config space holds a mount tag.
+pub const VIRTIO_9P_MOUNT_TAG: u32 = 0;
+/// Feature bit: indirect descriptors.
+pub const VIRTIO_RING_F_INDIRECT_DESC: u32 = 28;
+/// Feature bit: used/avail event index notification suppression.
+pub const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
+/// Feature bit: vhost-user protocol features (vhost-user only).
+pub const VHOST_USER_F_PROTOCOL_FEATURES: u32 = 30;
+/// Feature bit: virtio 1.0.
+pub const VIRTIO_F_VERSION_1: u32 = 32;
+
+/// The virtio features the device offers.
+pub const DEVICE_FEATURES: u64 = (1 << VIRTIO_9P_MOUNT_TAG)
+    | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+    | (1 << VIRTIO_RING_F_EVENT_IDX)
+    | (1 << VIRTIO_F_VERSION_1);
+
+/// Longest mount tag: the config space (2 + tag bytes) must fit the
+/// 256 bytes a vhost-user GET_CONFIG message carries.
+pub const MAX_TAG_LEN: usize = 254;
+
+/// Default queue size (in-flight limit): 1024 entries, 8 times QEMU's 128.
+pub const DEFAULT_QUEUE_SIZE: u16 = 1024;
+/// Largest queue size accepted (the split-ring maximum).
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+
+/// Descriptors per chain: 32768 data pages (128 MiB of 4 KiB pages) plus
+/// the request, the reply header and one spare, so a full 128 MiB msize
+/// works with page-sized scatter-gather lists.
+pub const MAX_CHAIN_DESCRIPTORS: u32 = virtqueue_large::LARGE_MAX_DESCRIPTORS + 3;
+
+/// The chain policy of the request queue: `ChainLimits::large()` (128 MiB
+/// + 64 KiB) with [`MAX_CHAIN_DESCRIPTORS`], independent of the ring size,
+/// and indirect tables accepted when the driver acked
+/// `VIRTIO_RING_F_INDIRECT_DESC`.
+pub fn chain_limits(indirect: bool) -> ChainLimits {
+    ChainLimits::large()
+        .with_max_descriptors(MAX_CHAIN_DESCRIPTORS)
+        .with_indirect(indirect)
+}
+
+/// Errors of the device configuration.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The mount tag is empty or longer than [`MAX_TAG_LEN`].
+    #[error("mount tag must be 1 to {MAX_TAG_LEN} bytes, got {0}")]
+    TagLength(usize),
+    /// The mount tag contains a NUL byte.
+    #[error("mount tag must not contain NUL bytes")]
+    TagNul,
+    /// The queue size is zero, above [`MAX_QUEUE_SIZE`] or not a power of two.
+    #[error("queue size {0} must be a power of two from 1 to {MAX_QUEUE_SIZE}")]
+    QueueSize(u32),
+}
+
+/// The device config space: `le16 tag_len` followed by the tag bytes (no
+/// NUL), as `struct virtio_9p_config`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    bytes: Vec<u8>,
+}
+
+impl DeviceConfig {
+    /// The config space for `tag`.
+    pub fn new(tag: &str) -> Result<Self, ConfigError> {
+        let t = tag.as_bytes();
+        if t.is_empty() || t.len() > MAX_TAG_LEN {
+            return Err(ConfigError::TagLength(t.len()));
+        }
+        if t.contains(&0) {
+            return Err(ConfigError::TagNul);
+        }
+        let mut bytes = Vec::with_capacity(2 + t.len());
+        bytes.extend_from_slice(&(t.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(t);
+        Ok(DeviceConfig { bytes })
+    }
+
+    /// The whole config space.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// `size` bytes from `offset`; bytes past the end read as zero (a
+    /// driver probing a larger config space gets zeros, never an error).
+    pub fn read(&self, offset: u32, size: u32) -> Vec<u8> {
+        let size = (size as usize).min(256);
+        let mut out = vec![0u8; size];
+        let start = offset as usize;
+        if start < self.bytes.len() {
+            let n = (self.bytes.len() - start).min(size);
+            out[..n].copy_from_slice(&self.bytes[start..start + n]);
+        }
+        out
+    }
+}
+
+/// Checks a queue size.
+pub fn validate_queue_size(n: u32) -> Result<u16, ConfigError> {
+    if n == 0 || n > u32::from(MAX_QUEUE_SIZE) || !n.is_power_of_two() {
+        return Err(ConfigError::QueueSize(n));
+    }
+    Ok(n as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_config_space_layout() {
+        let c = DeviceConfig::new("share").unwrap();
+        assert_eq!(c.as_bytes(), b"\x05\x00share");
+        assert_eq!(c.read(0, 7), b"\x05\x00share".to_vec());
+        assert_eq!(c.read(2, 3), b"sha".to_vec());
+        assert_eq!(c.read(5, 4), b"re\0\0".to_vec());
+        assert_eq!(c.read(100, 2), vec![0, 0]);
+    }
+
+    #[test]
+    fn test_config_rejects_bad_tags() {
+        assert_eq!(DeviceConfig::new(""), Err(ConfigError::TagLength(0)));
+        assert_eq!(
+            DeviceConfig::new(&"x".repeat(255)),
+            Err(ConfigError::TagLength(255))
+        );
+        assert!(DeviceConfig::new(&"x".repeat(254)).is_ok());
+        assert_eq!(DeviceConfig::new("a\0b"), Err(ConfigError::TagNul));
+    }
+
+    #[test]
+    fn test_feature_bits() {
+        assert_eq!(DEVICE_FEATURES & 1, 1);
+        assert_ne!(DEVICE_FEATURES & (1 << 32), 0);
+        assert_ne!(DEVICE_FEATURES & (1 << 28), 0);
+        assert_ne!(DEVICE_FEATURES & (1 << 29), 0);
+    }
+
+    #[test]
+    fn test_queue_size_validation() {
+        assert_eq!(validate_queue_size(1024), Ok(1024));
+        assert_eq!(validate_queue_size(32768), Ok(32768));
+        assert!(validate_queue_size(0).is_err());
+        assert!(validate_queue_size(1000).is_err());
+        assert!(validate_queue_size(65536).is_err());
+    }
+}
