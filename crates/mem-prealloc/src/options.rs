@@ -134,7 +134,9 @@ impl PreallocOptions {
     }
 
     /// The page size of the mapping. Without it the base page size is
-    /// assumed, which is correct but slower for a hugetlbfs mapping.
+    /// assumed, which is correct but slower for a hugetlbfs mapping. It must
+    /// not exceed the real page size of the mapping: [`Method::Touch`] faults
+    /// one address per page, and would skip pages if told they were larger.
     pub fn page_size(mut self, page_size: usize) -> Self {
         self.page_size = Some(page_size);
         self
@@ -147,9 +149,11 @@ impl PreallocOptions {
         Ok(self.page_size(size))
     }
 
-    /// Pins the workers: worker `i` runs on `cpus[i % cpus.len()]`. Without
-    /// an explicit thread count the list length bounds the thread count in
-    /// place of the CPUs available to the process.
+    /// Pins the workers: worker `i` runs on `cpus[i % cpus.len()]`. The
+    /// number of distinct CPUs in the list takes the place of the CPUs
+    /// available to the process in [`thread_count`], so it also bounds an
+    /// explicit thread count. Pass the CPUs of the guest's NUMA node to have
+    /// the pages allocated there.
     pub fn cpus(mut self, cpus: impl IntoIterator<Item = usize>) -> Self {
         self.cpus = cpus.into_iter().collect();
         self

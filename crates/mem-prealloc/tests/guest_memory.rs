@@ -68,3 +68,37 @@ fn test_guest_memory_reports_invalid_options() {
     let err = preallocate_guest_memory(&mem, &opts).unwrap_err();
     assert!(matches!(err, Error::InvalidOption(_)), "{err}");
 }
+
+#[test]
+fn test_hugetlbfs_regions_use_their_hugepage_size() {
+    use vm_memory::mmap::MmapRegionBuilder;
+    const HUGE: usize = 2 * MIB;
+    let pool = match common::HugepagePool::grow(4) {
+        Ok(pool) => pool,
+        Err(why) => {
+            return common::skip("test_hugetlbfs_regions_use_their_hugepage_size", &why);
+        }
+    };
+    // File-backed: detected with fstatfs on the region's file.
+    let file = memfd("huge-region", 2 * HUGE, libc::MFD_HUGETLB).unwrap();
+    let region: GuestRegionMmap =
+        GuestRegionMmap::from_range(GuestAddress(0), 2 * HUGE, Some(FileOffset::new(file, 0)))
+            .unwrap();
+    let report = preallocate_region(&region, &PreallocOptions::new()).unwrap();
+    assert_eq!(report.page_size, HUGE);
+    assert_eq!(resident(region.as_ptr(), 2 * HUGE), 2 * HUGE);
+    // Anonymous MAP_HUGETLB: detected from the mapping flags.
+    let mapping = MmapRegionBuilder::new(2 * HUGE)
+        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+        .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB)
+        .with_hugetlbfs(true)
+        .build()
+        .unwrap();
+    let region: GuestRegionMmap = GuestRegionMmap::new(mapping, GuestAddress(0)).unwrap();
+    let report =
+        preallocate_region(&region, &PreallocOptions::new().method(Method::Touch)).unwrap();
+    assert_eq!(report.page_size, HUGE);
+    assert_eq!(resident(region.as_ptr(), 2 * HUGE), 2 * HUGE);
+    drop(region);
+    drop(pool);
+}
