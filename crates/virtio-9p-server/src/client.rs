@@ -131,7 +131,9 @@ impl<T: Transport> Client<T> {
         };
         let (rtag, r) = self.raw(&msg.encode_frame(tag))?;
         if rtag != tag {
-            return Err(protocol_error(format!("reply tag {rtag} for request tag {tag}")));
+            return Err(protocol_error(format!(
+                "reply tag {rtag} for request tag {tag}"
+            )));
         }
         match r {
             Rmessage::Lerror(e) => Err(io::Error::from_raw_os_error(e as i32)),
@@ -188,7 +190,14 @@ impl<T: Transport> Client<T> {
     }
 
     /// Tlcreate.
-    pub fn lcreate(&mut self, fid: u32, name: &[u8], flags: u32, mode: u32, gid: u32) -> io::Result<Qid> {
+    pub fn lcreate(
+        &mut self,
+        fid: u32,
+        name: &[u8],
+        flags: u32,
+        mode: u32,
+        gid: u32,
+    ) -> io::Result<Qid> {
         match self.rpc(&Tmessage::Lcreate(Tlcreate {
             fid,
             name: name.to_vec(),
@@ -329,7 +338,15 @@ impl<T: Transport> Client<T> {
     }
 
     /// Tmknod.
-    pub fn mknod(&mut self, dfid: u32, name: &[u8], mode: u32, major: u32, minor: u32, gid: u32) -> io::Result<Qid> {
+    pub fn mknod(
+        &mut self,
+        dfid: u32,
+        name: &[u8],
+        mode: u32,
+        major: u32,
+        minor: u32,
+        gid: u32,
+    ) -> io::Result<Qid> {
         match self.rpc(&Tmessage::Mknod(Tmknod {
             dfid,
             name: name.to_vec(),
@@ -376,7 +393,13 @@ impl<T: Transport> Client<T> {
     }
 
     /// Trenameat.
-    pub fn renameat(&mut self, olddirfid: u32, oldname: &[u8], newdirfid: u32, newname: &[u8]) -> io::Result<()> {
+    pub fn renameat(
+        &mut self,
+        olddirfid: u32,
+        oldname: &[u8],
+        newdirfid: u32,
+        newname: &[u8],
+    ) -> io::Result<()> {
         self.expect(
             Tmessage::Renameat(Trenameat {
                 olddirfid,
@@ -429,7 +452,13 @@ impl<T: Transport> Client<T> {
     }
 
     /// Txattrcreate.
-    pub fn xattrcreate(&mut self, fid: u32, name: &[u8], attr_size: u64, flags: u32) -> io::Result<()> {
+    pub fn xattrcreate(
+        &mut self,
+        fid: u32,
+        name: &[u8],
+        attr_size: u64,
+        flags: u32,
+    ) -> io::Result<()> {
         self.expect(
             Tmessage::Xattrcreate(Txattrcreate {
                 fid,
@@ -442,7 +471,14 @@ impl<T: Transport> Client<T> {
     }
 
     /// Sets an xattr: walks `fid` to `tmpfid`, Txattrcreate, Twrite, Tclunk.
-    pub fn set_xattr(&mut self, fid: u32, tmpfid: u32, name: &[u8], value: &[u8], flags: u32) -> io::Result<()> {
+    pub fn set_xattr(
+        &mut self,
+        fid: u32,
+        tmpfid: u32,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> io::Result<()> {
         self.walk(fid, tmpfid, &[])?;
         self.xattrcreate(tmpfid, name, value.len() as u64, flags)?;
         if !value.is_empty() {
@@ -452,7 +488,14 @@ impl<T: Transport> Client<T> {
     }
 
     /// Tlock; returns the status.
-    pub fn lock(&mut self, fid: u32, ty: u8, flags: u32, start: u64, length: u64) -> io::Result<u8> {
+    pub fn lock(
+        &mut self,
+        fid: u32,
+        ty: u8,
+        flags: u32,
+        start: u64,
+        length: u64,
+    ) -> io::Result<u8> {
         match self.rpc(&Tmessage::Lock(Tlock {
             fid,
             ty,

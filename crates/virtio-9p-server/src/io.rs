@@ -26,7 +26,12 @@ pub trait RequestReader: Read {
     /// (a `pwritev` from the request buffers for zero-copy transports).
     /// Returns the bytes written to the file, which may be short; the
     /// request is advanced by exactly that amount.
-    fn read_to_file_at(&mut self, file: BorrowedFd<'_>, count: usize, off: u64) -> io::Result<usize> {
+    fn read_to_file_at(
+        &mut self,
+        file: BorrowedFd<'_>,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize> {
         let mut done = 0usize;
         let mut buf = vec![0u8; count.min(COPY_CHUNK)];
         while done < count {
@@ -61,7 +66,12 @@ pub trait ReplyWriter: Write + Sized {
     /// Reads up to `count` bytes of `file` at `off` straight into the reply
     /// (`preadv` into the reply buffers for zero-copy transports). Returns
     /// the bytes read; fewer than `count` means end of file or a short read.
-    fn write_from_file_at(&mut self, file: BorrowedFd<'_>, count: usize, off: u64) -> io::Result<usize> {
+    fn write_from_file_at(
+        &mut self,
+        file: BorrowedFd<'_>,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize> {
         let count = count.min(self.available_bytes());
         let mut done = 0usize;
         let mut buf = vec![0u8; count.min(COPY_CHUNK)];
@@ -162,7 +172,12 @@ impl RequestReader for SliceReader<'_> {
         self.buf.len()
     }
 
-    fn read_to_file_at(&mut self, file: BorrowedFd<'_>, count: usize, off: u64) -> io::Result<usize> {
+    fn read_to_file_at(
+        &mut self,
+        file: BorrowedFd<'_>,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize> {
         let count = count.min(self.buf.len());
         let n = pwrite_all(file, &self.buf[..count], off)?;
         self.buf = &self.buf[n..];
@@ -217,19 +232,30 @@ impl ReplyWriter for SliceWriter<'_> {
             .pos
             .checked_add(offset)
             .filter(|at| *at <= self.buf.len())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "split beyond the reply buffer"))?;
+            .ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "split beyond the reply buffer")
+            })?;
         let buf = std::mem::take(&mut self.buf);
         let (head, tail) = buf.split_at_mut(at);
         self.buf = head;
         Ok(SliceWriter { buf: tail, pos: 0 })
     }
 
-    fn write_from_file_at(&mut self, file: BorrowedFd<'_>, count: usize, off: u64) -> io::Result<usize> {
+    fn write_from_file_at(
+        &mut self,
+        file: BorrowedFd<'_>,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize> {
         let count = count.min(self.available_bytes());
         let mut done = 0;
         while done < count {
             let start = self.pos + done;
-            let got = pread(file, &mut self.buf[start..self.pos + count], off + done as u64)?;
+            let got = pread(
+                file,
+                &mut self.buf[start..self.pos + count],
+                off + done as u64,
+            )?;
             if got == 0 {
                 break;
             }
@@ -314,9 +340,15 @@ mod tests {
         let f = tempfile::tempfile().unwrap();
         let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
         let mut r = CopyReader(&data);
-        assert_eq!(r.read_to_file_at(f.as_fd(), data.len(), 0).unwrap(), data.len());
+        assert_eq!(
+            r.read_to_file_at(f.as_fd(), data.len(), 0).unwrap(),
+            data.len()
+        );
         let mut w = CopyWriter(Vec::new());
-        assert_eq!(w.write_from_file_at(f.as_fd(), 300_000, 0).unwrap(), data.len());
+        assert_eq!(
+            w.write_from_file_at(f.as_fd(), 300_000, 0).unwrap(),
+            data.len()
+        );
         assert_eq!(w.0, data);
     }
 }

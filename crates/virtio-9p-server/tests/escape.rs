@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use virtio_9p_server::protocol::{open_flags as of, setattr, Tattach, Tmessage, Tsetattr, QTSYMLINK};
+use virtio_9p_server::protocol::{
+    open_flags as of, setattr, Tattach, Tmessage, Tsetattr, QTSYMLINK,
+};
 use virtio_9p_server::SecurityModel;
 
 const SECRET: &[u8] = b"TOP SECRET";
@@ -30,13 +32,24 @@ fn env() -> Env {
     std::fs::write(outside.join("secret"), SECRET).unwrap();
     std::fs::create_dir(export.join("sub")).unwrap();
     std::fs::write(export.join("sub/inner"), b"inner").unwrap();
-    Env { _tmp: tmp, export, outside }
+    Env {
+        _tmp: tmp,
+        export,
+        outside,
+    }
 }
 
 fn outside_untouched(e: &Env) {
     assert_eq!(std::fs::read(e.outside.join("secret")).unwrap(), SECRET);
-    let names: Vec<_> = std::fs::read_dir(&e.outside).unwrap().map(|d| d.unwrap().file_name()).collect();
-    assert_eq!(names, vec![std::ffi::OsString::from("secret")], "outside dir changed");
+    let names: Vec<_> = std::fs::read_dir(&e.outside)
+        .unwrap()
+        .map(|d| d.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        names,
+        vec![std::ffi::OsString::from("secret")],
+        "outside dir changed"
+    );
 }
 
 fn symlink(target: impl AsRef<Path>, at: impl AsRef<Path>) {
@@ -58,10 +71,16 @@ fn test_escape_dotdot_at_root_stays_at_root() {
     attack(|_, c| {
         let root = c.walk(ROOT, 1, &[]).unwrap();
         let q = c.walk(ROOT, 2, &[b".."]).unwrap();
-        assert_eq!(c.getattr(2).unwrap().qid.path, c.getattr(ROOT).unwrap().qid.path);
+        assert_eq!(
+            c.getattr(2).unwrap().qid.path,
+            c.getattr(ROOT).unwrap().qid.path
+        );
         assert_eq!(q.len(), 1);
         let _ = root;
-        assert_eq!(errno(c.walk(2, 3, &[b"outside"]).unwrap_err()), libc::ENOENT);
+        assert_eq!(
+            errno(c.walk(2, 3, &[b"outside"]).unwrap_err()),
+            libc::ENOENT
+        );
     });
 }
 
@@ -72,14 +91,19 @@ fn test_escape_dotdot_chain_of_sixteen() {
         let qids = c.walk(ROOT, 1, &names).unwrap();
         let root = c.getattr(ROOT).unwrap().qid.path;
         assert!(qids.iter().all(|q| q.path == root));
-        assert_eq!(errno(c.walk(1, 2, &[b"outside", b"secret"]).unwrap_err()), libc::ENOENT);
+        assert_eq!(
+            errno(c.walk(1, 2, &[b"outside", b"secret"]).unwrap_err()),
+            libc::ENOENT
+        );
     });
 }
 
 #[test]
 fn test_escape_dotdot_from_subdir_past_root() {
     attack(|_, c| {
-        let qids = c.walk(ROOT, 1, &[b"sub", b"..", b"..", b"..", b"outside"]).unwrap();
+        let qids = c
+            .walk(ROOT, 1, &[b"sub", b"..", b"..", b"..", b"outside"])
+            .unwrap();
         assert_eq!(qids.len(), 4, "stopped at outside");
         assert_eq!(errno(c.getattr(1).unwrap_err()), libc::EBADF);
     });
@@ -91,15 +115,28 @@ fn test_escape_dotdot_then_walk_via_fid_stays_inside() {
         c.walk(ROOT, 1, &[b"sub"]).unwrap();
         c.walk(1, 2, &[b".."]).unwrap();
         c.walk(2, 3, &[b".."]).unwrap();
-        assert_eq!(c.getattr(3).unwrap().qid.path, c.getattr(ROOT).unwrap().qid.path);
+        assert_eq!(
+            c.getattr(3).unwrap().qid.path,
+            c.getattr(ROOT).unwrap().qid.path
+        );
     });
 }
 
 #[test]
 fn test_escape_name_with_slash_in_walk() {
     attack(|_, c| {
-        for name in [&b"../outside"[..], b"/etc", b"sub/inner", b"../outside/secret", b"/"] {
-            assert_eq!(errno(c.walk(ROOT, 1, &[name]).unwrap_err()), libc::EINVAL, "{name:?}");
+        for name in [
+            &b"../outside"[..],
+            b"/etc",
+            b"sub/inner",
+            b"../outside/secret",
+            b"/",
+        ] {
+            assert_eq!(
+                errno(c.walk(ROOT, 1, &[name]).unwrap_err()),
+                libc::EINVAL,
+                "{name:?}"
+            );
         }
     });
 }
@@ -138,7 +175,10 @@ fn test_escape_walk_through_symlinked_directory() {
         let qids = c.walk(ROOT, 1, &[b"escdir", b"secret"]).unwrap();
         assert_eq!(qids.len(), 1, "walk must stop at the symlink");
         c.walk(ROOT, 2, &[b"escdir"]).unwrap();
-        assert_eq!(errno(c.walk(2, 3, &[b"secret"]).unwrap_err()), libc::ENOTDIR);
+        assert_eq!(
+            errno(c.walk(2, 3, &[b"secret"]).unwrap_err()),
+            libc::ENOTDIR
+        );
     });
 }
 
@@ -148,7 +188,10 @@ fn test_escape_symlink_to_host_root() {
         symlink("/", e.export.join("hostroot"));
         c.walk(ROOT, 1, &[b"hostroot"]).unwrap();
         assert_eq!(errno(c.walk(1, 2, &[b"etc"]).unwrap_err()), libc::ENOTDIR);
-        assert_eq!(errno(c.lopen(1, of::RDONLY | of::DIRECTORY).unwrap_err()), libc::ELOOP);
+        assert_eq!(
+            errno(c.lopen(1, of::RDONLY | of::DIRECTORY).unwrap_err()),
+            libc::ELOOP
+        );
     });
 }
 
@@ -187,7 +230,11 @@ fn test_escape_link_to_outside_by_name() {
     attack(|_, c| {
         c.walk(ROOT, 1, &[b"sub", b"inner"]).unwrap();
         for name in [&b"../outside/hard"[..], b"/tmp/hard", b"..", b"."] {
-            assert_eq!(errno(c.link(ROOT, 1, name).unwrap_err()), libc::EINVAL, "{name:?}");
+            assert_eq!(
+                errno(c.link(ROOT, 1, name).unwrap_err()),
+                libc::EINVAL,
+                "{name:?}"
+            );
         }
     });
 }
@@ -198,7 +245,10 @@ fn test_escape_hard_link_of_outside_symlink_stays_a_link() {
         symlink(e.outside.join("secret"), e.export.join("abs"));
         c.walk(ROOT, 1, &[b"abs"]).unwrap();
         c.link(ROOT, 1, b"abs2").unwrap();
-        assert!(std::fs::symlink_metadata(e.export.join("abs2")).unwrap().file_type().is_symlink());
+        assert!(std::fs::symlink_metadata(e.export.join("abs2"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
         c.walk(ROOT, 2, &[b"abs2"]).unwrap();
         assert_eq!(errno(c.lopen(2, of::RDONLY).unwrap_err()), libc::ELOOP);
     });
@@ -209,10 +259,28 @@ fn test_escape_rename_to_outside() {
     attack(|_, c| {
         c.walk(ROOT, 1, &[b"sub", b"inner"]).unwrap();
         c.walk(ROOT, 2, &[b"sub"]).unwrap();
-        assert_eq!(errno(c.rename(1, ROOT, b"../outside/moved").unwrap_err()), libc::EINVAL);
-        assert_eq!(errno(c.renameat(2, b"inner", ROOT, b"../outside/moved").unwrap_err()), libc::EINVAL);
-        assert_eq!(errno(c.renameat(2, b"../../outside/secret", ROOT, b"stolen").unwrap_err()), libc::EINVAL);
-        assert_eq!(errno(c.renameat(ROOT, b"..", 2, b"x").unwrap_err()), libc::EINVAL);
+        assert_eq!(
+            errno(c.rename(1, ROOT, b"../outside/moved").unwrap_err()),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(
+                c.renameat(2, b"inner", ROOT, b"../outside/moved")
+                    .unwrap_err()
+            ),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(
+                c.renameat(2, b"../../outside/secret", ROOT, b"stolen")
+                    .unwrap_err()
+            ),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(c.renameat(ROOT, b"..", 2, b"x").unwrap_err()),
+            libc::EINVAL
+        );
     });
 }
 
@@ -222,7 +290,10 @@ fn test_escape_rename_into_symlinked_dir_stays_inside() {
         symlink(&e.outside, e.export.join("escdir"));
         c.walk(ROOT, 1, &[b"escdir"]).unwrap();
         // The "directory" is the symlink itself: the kernel refuses it.
-        assert_eq!(errno(c.renameat(ROOT, b"sub", 1, b"moved").unwrap_err()), libc::ENOTDIR);
+        assert_eq!(
+            errno(c.renameat(ROOT, b"sub", 1, b"moved").unwrap_err()),
+            libc::ENOTDIR
+        );
         c.walk(ROOT, 2, &[b"sub", b"inner"]).unwrap();
         assert_eq!(errno(c.rename(2, 1, b"moved").unwrap_err()), libc::ENOTDIR);
     });
@@ -232,20 +303,50 @@ fn test_escape_rename_into_symlinked_dir_stays_inside() {
 fn test_escape_create_names_with_slash() {
     attack(|_, c| {
         c.walk(ROOT, 1, &[]).unwrap();
-        assert_eq!(errno(c.lcreate(1, b"../outside/evil", of::RDWR, 0o600, 0).unwrap_err()), libc::EINVAL);
-        assert_eq!(errno(c.mkdir(ROOT, b"../outside/d", 0o700, 0).unwrap_err()), libc::EINVAL);
-        assert_eq!(errno(c.symlink(ROOT, b"a/b", b"/etc", 0).unwrap_err()), libc::EINVAL);
-        assert_eq!(errno(c.mknod(ROOT, b"../n", libc::S_IFIFO | 0o600, 0, 0, 0).unwrap_err()), libc::EINVAL);
-        assert_eq!(errno(c.lcreate(1, b"..", of::RDWR, 0o600, 0).unwrap_err()), libc::EINVAL);
-        assert_eq!(errno(c.mkdir(ROOT, b".", 0o700, 0).unwrap_err()), libc::EINVAL);
+        assert_eq!(
+            errno(
+                c.lcreate(1, b"../outside/evil", of::RDWR, 0o600, 0)
+                    .unwrap_err()
+            ),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(c.mkdir(ROOT, b"../outside/d", 0o700, 0).unwrap_err()),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(c.symlink(ROOT, b"a/b", b"/etc", 0).unwrap_err()),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(
+                c.mknod(ROOT, b"../n", libc::S_IFIFO | 0o600, 0, 0, 0)
+                    .unwrap_err()
+            ),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(c.lcreate(1, b"..", of::RDWR, 0o600, 0).unwrap_err()),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(c.mkdir(ROOT, b".", 0o700, 0).unwrap_err()),
+            libc::EINVAL
+        );
     });
 }
 
 #[test]
 fn test_escape_unlink_outside() {
     attack(|_, c| {
-        assert_eq!(errno(c.unlinkat(ROOT, b"../outside/secret", 0).unwrap_err()), libc::EINVAL);
-        assert_eq!(errno(c.unlinkat(ROOT, b"..", 0x200).unwrap_err()), libc::EINVAL);
+        assert_eq!(
+            errno(c.unlinkat(ROOT, b"../outside/secret", 0).unwrap_err()),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno(c.unlinkat(ROOT, b"..", 0x200).unwrap_err()),
+            libc::EINVAL
+        );
     });
 }
 
@@ -255,17 +356,29 @@ fn test_escape_create_over_symlink_to_outside() {
         symlink(e.outside.join("secret"), e.export.join("trap"));
         symlink(e.outside.join("newfile"), e.export.join("dangling"));
         c.walk(ROOT, 1, &[]).unwrap();
-        assert_eq!(errno(c.lcreate(1, b"trap", of::RDWR | of::TRUNC, 0o600, 0).unwrap_err()), libc::ELOOP);
-        assert_eq!(errno(c.lcreate(1, b"dangling", of::RDWR, 0o600, 0).unwrap_err()), libc::ELOOP);
+        assert_eq!(
+            errno(
+                c.lcreate(1, b"trap", of::RDWR | of::TRUNC, 0o600, 0)
+                    .unwrap_err()
+            ),
+            libc::ELOOP
+        );
+        assert_eq!(
+            errno(c.lcreate(1, b"dangling", of::RDWR, 0o600, 0).unwrap_err()),
+            libc::ELOOP
+        );
     });
 }
 
 #[test]
 fn test_escape_device_nodes_never_opened() {
     attack(|e, c| {
-        let null = std::ffi::CString::new(e.export.join("null").into_os_string().into_encoded_bytes()).unwrap();
+        let null =
+            std::ffi::CString::new(e.export.join("null").into_os_string().into_encoded_bytes())
+                .unwrap();
         // SAFETY: valid C string.
-        let made = unsafe { libc::mknod(null.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+        let made =
+            unsafe { libc::mknod(null.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
         if made != 0 {
             eprintln!("skipping the device-node half: mknod needs CAP_MKNOD");
             return;
@@ -273,25 +386,34 @@ fn test_escape_device_nodes_never_opened() {
         c.walk(ROOT, 1, &[b"null"]).unwrap();
         assert_eq!(errno(c.lopen(1, of::RDWR).unwrap_err()), libc::ENXIO);
         // Guest-created device nodes are refused as well.
-        c.mknod(ROOT, b"zero", libc::S_IFCHR | 0o666, 1, 5, 0).unwrap();
+        c.mknod(ROOT, b"zero", libc::S_IFCHR | 0o666, 1, 5, 0)
+            .unwrap();
         c.walk(ROOT, 2, &[b"zero"]).unwrap();
         assert_eq!(errno(c.lopen(2, of::RDONLY).unwrap_err()), libc::ENXIO);
         // And Tlcreate without O_EXCL over one.
         c.walk(ROOT, 3, &[]).unwrap();
-        assert_eq!(errno(c.lcreate(3, b"zero", of::RDONLY, 0o600, 0).unwrap_err()), libc::ENXIO);
+        assert_eq!(
+            errno(c.lcreate(3, b"zero", of::RDONLY, 0o600, 0).unwrap_err()),
+            libc::ENXIO
+        );
     });
 }
 
 #[test]
 fn test_escape_fifo_never_opened() {
     attack(|e, c| {
-        let fifo = std::ffi::CString::new(e.export.join("fifo").into_os_string().into_encoded_bytes()).unwrap();
+        let fifo =
+            std::ffi::CString::new(e.export.join("fifo").into_os_string().into_encoded_bytes())
+                .unwrap();
         // SAFETY: valid C string.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
         c.walk(ROOT, 1, &[b"fifo"]).unwrap();
         // Opening a fifo for reading would block the server forever.
         assert_eq!(errno(c.lopen(1, of::RDONLY).unwrap_err()), libc::ENXIO);
-        assert_eq!(errno(c.lopen(1, of::WRONLY | of::NONBLOCK).unwrap_err()), libc::ENXIO);
+        assert_eq!(
+            errno(c.lopen(1, of::WRONLY | of::NONBLOCK).unwrap_err()),
+            libc::ENXIO
+        );
     });
 }
 
@@ -322,9 +444,26 @@ fn test_escape_attrs_through_symlink_do_not_touch_target() {
             mtime_sec: 1,
             mtime_nsec: 0,
         };
-        assert_eq!(errno(c.setattr(Tsetattr { valid: setattr::SIZE, ..base.clone() }).unwrap_err()), libc::EINVAL);
-        c.setattr(Tsetattr { valid: setattr::MODE, ..base.clone() }).unwrap();
-        c.setattr(Tsetattr { valid: setattr::UID | setattr::GID, ..base.clone() }).unwrap();
+        assert_eq!(
+            errno(
+                c.setattr(Tsetattr {
+                    valid: setattr::SIZE,
+                    ..base.clone()
+                })
+                .unwrap_err()
+            ),
+            libc::EINVAL
+        );
+        c.setattr(Tsetattr {
+            valid: setattr::MODE,
+            ..base.clone()
+        })
+        .unwrap();
+        c.setattr(Tsetattr {
+            valid: setattr::UID | setattr::GID,
+            ..base.clone()
+        })
+        .unwrap();
         c.setattr(Tsetattr {
             valid: setattr::MTIME | setattr::MTIME_SET | setattr::ATIME | setattr::ATIME_SET,
             ..base.clone()
@@ -344,12 +483,25 @@ fn test_escape_xattrs_through_symlink_refused() {
     attack(|e, c| {
         symlink(e.outside.join("secret"), e.export.join("abs"));
         c.walk(ROOT, 1, &[b"abs"]).unwrap();
-        assert_eq!(errno(c.set_xattr(1, 2, b"user.evil", b"x", 0).unwrap_err()), libc::EPERM);
-        assert_eq!(errno(c.xattrwalk(1, 3, b"user.evil").unwrap_err()), libc::ENODATA);
+        assert_eq!(
+            errno(c.set_xattr(1, 2, b"user.evil", b"x", 0).unwrap_err()),
+            libc::EPERM
+        );
+        assert_eq!(
+            errno(c.xattrwalk(1, 3, b"user.evil").unwrap_err()),
+            libc::ENODATA
+        );
         assert!(c.get_xattr(1, 4, b"").unwrap().is_empty());
-        let p = std::ffi::CString::new(e.outside.join("secret").into_os_string().into_encoded_bytes()).unwrap();
+        let p = std::ffi::CString::new(
+            e.outside
+                .join("secret")
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .unwrap();
         // SAFETY: valid C strings; size-0 query.
-        let n = unsafe { libc::getxattr(p.as_ptr(), c"user.evil".as_ptr(), std::ptr::null_mut(), 0) };
+        let n =
+            unsafe { libc::getxattr(p.as_ptr(), c"user.evil".as_ptr(), std::ptr::null_mut(), 0) };
         assert_eq!(n, -1, "xattr leaked to the symlink target");
     });
 }
@@ -387,7 +539,12 @@ fn test_escape_swap_dir_for_symlink_after_walk() {
         c.lopen(3, of::RDONLY).unwrap();
         assert_eq!(c.read(3, 0, 100).unwrap(), b"inside");
         c.lopen(1, of::RDONLY | of::DIRECTORY).unwrap();
-        let names: Vec<_> = c.readdir_all(1, 4096).unwrap().into_iter().map(|d| d.name).collect();
+        let names: Vec<_> = c
+            .readdir_all(1, 4096)
+            .unwrap()
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
         assert!(!names.contains(&b"secret".to_vec()));
         // A fresh walk by name finds the symlink and stops there.
         assert_eq!(c.walk(ROOT, 4, &[b"d", b"secret"]).unwrap().len(), 1);
@@ -408,16 +565,24 @@ fn test_escape_race_swap_dir_and_symlink_while_walking() {
         std::fs::rename(&dir_a, &race).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let swapper = {
-            let (stop, race, link_tmp, dir_a) = (stop.clone(), race.clone(), link_tmp.clone(), dir_a.clone());
+            let (stop, race, link_tmp, dir_a) =
+                (stop.clone(), race.clone(), link_tmp.clone(), dir_a.clone());
             std::thread::spawn(move || {
-                let cpath = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+                let cpath =
+                    |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
                 let (r, l) = (cpath(&race), cpath(&link_tmp));
                 let mut swaps = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     // Atomically exchange "race" (dir) and "race.link" (symlink).
                     // SAFETY: valid C strings.
                     unsafe {
-                        libc::renameat2(libc::AT_FDCWD, r.as_ptr(), libc::AT_FDCWD, l.as_ptr(), libc::RENAME_EXCHANGE)
+                        libc::renameat2(
+                            libc::AT_FDCWD,
+                            r.as_ptr(),
+                            libc::AT_FDCWD,
+                            l.as_ptr(),
+                            libc::RENAME_EXCHANGE,
+                        )
                     };
                     swaps += 1;
                 }
@@ -429,7 +594,10 @@ fn test_escape_race_swap_dir_and_symlink_while_walking() {
         let mut inside_reads = 0;
         for i in 0..3000u32 {
             let fid = 10 + (i % 2);
-            if c.walk(ROOT, fid, &[b"race", b"f"]).map(|q| q.len() == 2).unwrap_or(false) {
+            if c.walk(ROOT, fid, &[b"race", b"f"])
+                .map(|q| q.len() == 2)
+                .unwrap_or(false)
+            {
                 if c.lopen(fid, of::RDONLY).is_ok() {
                     let data = c.read(fid, 0, 100).unwrap();
                     assert_ne!(data, SECRET, "read the outside file through the race");
@@ -457,6 +625,12 @@ fn test_escape_readonly_export_refuses_changes_through_links() {
     symlink(e.outside.join("secret"), e.export.join("abs"));
     let mut c = client_for(&e.export, SecurityModel::Passthrough, true, true);
     c.walk(ROOT, 1, &[]).unwrap();
-    assert_eq!(errno(c.lcreate(1, b"abs", of::WRONLY | of::TRUNC, 0o600, 0).unwrap_err()), libc::EROFS);
+    assert_eq!(
+        errno(
+            c.lcreate(1, b"abs", of::WRONLY | of::TRUNC, 0o600, 0)
+                .unwrap_err()
+        ),
+        libc::EROFS
+    );
     outside_untouched(&e);
 }

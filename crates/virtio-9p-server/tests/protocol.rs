@@ -9,38 +9,102 @@ fn s() -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn qid() -> impl Strategy<Value = Qid> {
-    (any::<u8>(), any::<u32>(), any::<u64>()).prop_map(|(ty, version, path)| Qid { ty, version, path })
+    (any::<u8>(), any::<u32>(), any::<u64>()).prop_map(|(ty, version, path)| Qid {
+        ty,
+        version,
+        path,
+    })
 }
 
 fn tmessage() -> impl Strategy<Value = Tmessage> {
     let a = prop_oneof![
-        (any::<u32>(), s()).prop_map(|(msize, version)| Tmessage::Version(Tversion { msize, version })),
-        (any::<u32>(), s(), s(), any::<u32>())
-            .prop_map(|(afid, uname, aname, n_uname)| Tmessage::Auth(Tauth { afid, uname, aname, n_uname })),
-        (any::<u32>(), any::<u32>(), s(), s(), any::<u32>()).prop_map(|(fid, afid, uname, aname, n_uname)| {
-            Tmessage::Attach(Tattach { fid, afid, uname, aname, n_uname })
+        (any::<u32>(), s())
+            .prop_map(|(msize, version)| Tmessage::Version(Tversion { msize, version })),
+        (any::<u32>(), s(), s(), any::<u32>()).prop_map(|(afid, uname, aname, n_uname)| {
+            Tmessage::Auth(Tauth {
+                afid,
+                uname,
+                aname,
+                n_uname,
+            })
         }),
+        (any::<u32>(), any::<u32>(), s(), s(), any::<u32>()).prop_map(
+            |(fid, afid, uname, aname, n_uname)| {
+                Tmessage::Attach(Tattach {
+                    fid,
+                    afid,
+                    uname,
+                    aname,
+                    n_uname,
+                })
+            }
+        ),
         any::<u16>().prop_map(|oldtag| Tmessage::Flush(Tflush { oldtag })),
-        (any::<u32>(), any::<u32>(), prop::collection::vec(s(), 0..=MAXWELEM))
-            .prop_map(|(fid, newfid, wnames)| Tmessage::Walk(Twalk { fid, newfid, wnames })),
+        (
+            any::<u32>(),
+            any::<u32>(),
+            prop::collection::vec(s(), 0..=MAXWELEM)
+        )
+            .prop_map(|(fid, newfid, wnames)| Tmessage::Walk(Twalk {
+                fid,
+                newfid,
+                wnames
+            })),
         (any::<u32>(), any::<u64>(), any::<u32>())
             .prop_map(|(fid, offset, count)| Tmessage::Read(Tread { fid, offset, count })),
-        (any::<u32>(), any::<u64>(), prop::collection::vec(any::<u8>(), 0..300))
+        (
+            any::<u32>(),
+            any::<u64>(),
+            prop::collection::vec(any::<u8>(), 0..300)
+        )
             .prop_map(|(fid, offset, data)| Tmessage::Write(Twrite { fid, offset, data })),
         any::<u32>().prop_map(|fid| Tmessage::Clunk(Tfid { fid })),
         any::<u32>().prop_map(|fid| Tmessage::Remove(Tfid { fid })),
         any::<u32>().prop_map(|fid| Tmessage::Statfs(Tfid { fid })),
-        (any::<u32>(), any::<u32>()).prop_map(|(fid, flags)| Tmessage::Lopen(Tlopen { fid, flags })),
-        (any::<u32>(), s(), any::<u32>(), any::<u32>(), any::<u32>())
-            .prop_map(|(fid, name, flags, mode, gid)| Tmessage::Lcreate(Tlcreate { fid, name, flags, mode, gid })),
-        (any::<u32>(), s(), s(), any::<u32>())
-            .prop_map(|(fid, name, symtgt, gid)| Tmessage::Symlink(Tsymlink { fid, name, symtgt, gid })),
+        (any::<u32>(), any::<u32>())
+            .prop_map(|(fid, flags)| Tmessage::Lopen(Tlopen { fid, flags })),
+        (any::<u32>(), s(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
+            |(fid, name, flags, mode, gid)| Tmessage::Lcreate(Tlcreate {
+                fid,
+                name,
+                flags,
+                mode,
+                gid
+            })
+        ),
+        (any::<u32>(), s(), s(), any::<u32>()).prop_map(|(fid, name, symtgt, gid)| {
+            Tmessage::Symlink(Tsymlink {
+                fid,
+                name,
+                symtgt,
+                gid,
+            })
+        }),
     ];
     let b = prop_oneof![
-        (any::<u32>(), s(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
-            |(dfid, name, mode, major, minor, gid)| Tmessage::Mknod(Tmknod { dfid, name, mode, major, minor, gid })
-        ),
-        (any::<u32>(), any::<u32>(), s()).prop_map(|(fid, dfid, name)| Tmessage::Rename(Trename { fid, dfid, name })),
+        (
+            any::<u32>(),
+            s(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>()
+        )
+            .prop_map(
+                |(dfid, name, mode, major, minor, gid)| Tmessage::Mknod(Tmknod {
+                    dfid,
+                    name,
+                    mode,
+                    major,
+                    minor,
+                    gid
+                })
+            ),
+        (any::<u32>(), any::<u32>(), s()).prop_map(|(fid, dfid, name)| Tmessage::Rename(Trename {
+            fid,
+            dfid,
+            name
+        })),
         any::<u32>().prop_map(|fid| Tmessage::Readlink(Tfid { fid })),
         (any::<u32>(), any::<u64>())
             .prop_map(|(fid, request_mask)| Tmessage::Getattr(Tgetattr { fid, request_mask })),
@@ -58,41 +122,88 @@ fn tmessage() -> impl Strategy<Value = Tmessage> {
         })),
         (any::<u32>(), any::<u32>(), s())
             .prop_map(|(fid, newfid, name)| Tmessage::Xattrwalk(Txattrwalk { fid, newfid, name })),
-        (any::<u32>(), s(), any::<u64>(), any::<u32>()).prop_map(|(fid, name, attr_size, flags)| {
-            Tmessage::Xattrcreate(Txattrcreate { fid, name, attr_size, flags })
-        }),
+        (any::<u32>(), s(), any::<u64>(), any::<u32>()).prop_map(
+            |(fid, name, attr_size, flags)| {
+                Tmessage::Xattrcreate(Txattrcreate {
+                    fid,
+                    name,
+                    attr_size,
+                    flags,
+                })
+            }
+        ),
         (any::<u32>(), any::<u64>(), any::<u32>())
             .prop_map(|(fid, offset, count)| Tmessage::Readdir(Treaddir { fid, offset, count })),
-        (any::<u32>(), any::<u32>()).prop_map(|(fid, datasync)| Tmessage::Fsync(Tfsync { fid, datasync })),
-        (any::<u32>(), any::<u8>(), any::<u32>(), any::<u64>(), any::<u64>(), any::<u32>(), s()).prop_map(
-            |(fid, ty, flags, start, length, proc_id, client_id)| Tmessage::Lock(Tlock {
-                fid,
-                ty,
-                flags,
-                start,
-                length,
-                proc_id,
-                client_id
+        (any::<u32>(), any::<u32>())
+            .prop_map(|(fid, datasync)| Tmessage::Fsync(Tfsync { fid, datasync })),
+        (
+            any::<u32>(),
+            any::<u8>(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u32>(),
+            s()
+        )
+            .prop_map(
+                |(fid, ty, flags, start, length, proc_id, client_id)| Tmessage::Lock(Tlock {
+                    fid,
+                    ty,
+                    flags,
+                    start,
+                    length,
+                    proc_id,
+                    client_id
+                })
+            ),
+        (
+            any::<u32>(),
+            any::<u8>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u32>(),
+            s()
+        )
+            .prop_map(
+                |(fid, ty, start, length, proc_id, client_id)| Tmessage::Getlock(Tgetlock {
+                    fid,
+                    ty,
+                    start,
+                    length,
+                    proc_id,
+                    client_id
+                })
+            ),
+        (any::<u32>(), any::<u32>(), s()).prop_map(|(dfid, fid, name)| Tmessage::Link(Tlink {
+            dfid,
+            fid,
+            name
+        })),
+        (any::<u32>(), s(), any::<u32>(), any::<u32>()).prop_map(|(dfid, name, mode, gid)| {
+            Tmessage::Mkdir(Tmkdir {
+                dfid,
+                name,
+                mode,
+                gid,
             })
-        ),
-        (any::<u32>(), any::<u8>(), any::<u64>(), any::<u64>(), any::<u32>(), s()).prop_map(
-            |(fid, ty, start, length, proc_id, client_id)| Tmessage::Getlock(Tgetlock {
-                fid,
-                ty,
-                start,
-                length,
-                proc_id,
-                client_id
-            })
-        ),
-        (any::<u32>(), any::<u32>(), s()).prop_map(|(dfid, fid, name)| Tmessage::Link(Tlink { dfid, fid, name })),
-        (any::<u32>(), s(), any::<u32>(), any::<u32>())
-            .prop_map(|(dfid, name, mode, gid)| Tmessage::Mkdir(Tmkdir { dfid, name, mode, gid })),
-        (any::<u32>(), s(), any::<u32>(), s()).prop_map(|(olddirfid, oldname, newdirfid, newname)| {
-            Tmessage::Renameat(Trenameat { olddirfid, oldname, newdirfid, newname })
         }),
-        (any::<u32>(), s(), any::<u32>())
-            .prop_map(|(dirfid, name, flags)| Tmessage::Unlinkat(Tunlinkat { dirfid, name, flags })),
+        (any::<u32>(), s(), any::<u32>(), s()).prop_map(
+            |(olddirfid, oldname, newdirfid, newname)| {
+                Tmessage::Renameat(Trenameat {
+                    olddirfid,
+                    oldname,
+                    newdirfid,
+                    newname,
+                })
+            }
+        ),
+        (any::<u32>(), s(), any::<u32>()).prop_map(|(dirfid, name, flags)| Tmessage::Unlinkat(
+            Tunlinkat {
+                dirfid,
+                name,
+                flags
+            }
+        )),
     ];
     prop_oneof![a, b]
 }
@@ -100,7 +211,8 @@ fn tmessage() -> impl Strategy<Value = Tmessage> {
 fn rmessage() -> impl Strategy<Value = Rmessage> {
     let a = prop_oneof![
         any::<u32>().prop_map(Rmessage::Lerror),
-        (any::<u32>(), s()).prop_map(|(msize, version)| Rmessage::Version(Tversion { msize, version })),
+        (any::<u32>(), s())
+            .prop_map(|(msize, version)| Rmessage::Version(Tversion { msize, version })),
         qid().prop_map(Rmessage::Auth),
         qid().prop_map(Rmessage::Attach),
         Just(Rmessage::Flush),
@@ -128,42 +240,56 @@ fn rmessage() -> impl Strategy<Value = Rmessage> {
         qid().prop_map(Rmessage::Mknod),
         Just(Rmessage::Rename),
         s().prop_map(Rmessage::Readlink),
-        (qid(), any::<[u32; 3]>(), any::<[u64; 16]>()).prop_map(|(qid, a, b)| Rmessage::Getattr(Box::new(Rgetattr {
-            valid: b[0],
-            qid,
-            mode: a[0],
-            uid: a[1],
-            gid: a[2],
-            nlink: b[1],
-            rdev: b[2],
-            size: b[3],
-            blksize: b[4],
-            blocks: b[5],
-            atime_sec: b[6],
-            atime_nsec: b[7],
-            mtime_sec: b[8],
-            mtime_nsec: b[9],
-            ctime_sec: b[10],
-            ctime_nsec: b[11],
-            btime_sec: b[12],
-            btime_nsec: b[13],
-            gen: b[14],
-            data_version: b[15],
-        }))),
+        (qid(), any::<[u32; 3]>(), any::<[u64; 16]>()).prop_map(|(qid, a, b)| Rmessage::Getattr(
+            Box::new(Rgetattr {
+                valid: b[0],
+                qid,
+                mode: a[0],
+                uid: a[1],
+                gid: a[2],
+                nlink: b[1],
+                rdev: b[2],
+                size: b[3],
+                blksize: b[4],
+                blocks: b[5],
+                atime_sec: b[6],
+                atime_nsec: b[7],
+                mtime_sec: b[8],
+                mtime_nsec: b[9],
+                ctime_sec: b[10],
+                ctime_nsec: b[11],
+                btime_sec: b[12],
+                btime_nsec: b[13],
+                gen: b[14],
+                data_version: b[15],
+            })
+        )),
         Just(Rmessage::Setattr),
         any::<u64>().prop_map(Rmessage::Xattrwalk),
         Just(Rmessage::Xattrcreate),
         prop::collection::vec((qid(), any::<u64>(), any::<u8>(), s()), 0..8).prop_map(|entries| {
             let mut data = Vec::new();
             for (qid, offset, ty, name) in entries {
-                DirEntry { qid, offset, ty, name }.encode(&mut data);
+                DirEntry {
+                    qid,
+                    offset,
+                    ty,
+                    name,
+                }
+                .encode(&mut data);
             }
             Rmessage::Readdir(data)
         }),
         Just(Rmessage::Fsync),
         any::<u8>().prop_map(Rmessage::Lock),
         (any::<u8>(), any::<u64>(), any::<u64>(), any::<u32>(), s()).prop_map(
-            |(ty, start, length, proc_id, client_id)| Rmessage::Getlock(Rgetlock { ty, start, length, proc_id, client_id })
+            |(ty, start, length, proc_id, client_id)| Rmessage::Getlock(Rgetlock {
+                ty,
+                start,
+                length,
+                proc_id,
+                client_id
+            })
         ),
         Just(Rmessage::Link),
         qid().prop_map(Rmessage::Mkdir),
@@ -210,21 +336,33 @@ proptest! {
 }
 
 fn frame(ty: u8, body: &[u8]) -> Vec<u8> {
-    let mut f = Header { size: (HEADER_SIZE + body.len()) as u32, ty, tag: 1 }.to_bytes().to_vec();
+    let mut f = Header {
+        size: (HEADER_SIZE + body.len()) as u32,
+        ty,
+        tag: 1,
+    }
+    .to_bytes()
+    .to_vec();
     f.extend_from_slice(body);
     f
 }
 
 #[test]
 fn test_decode_error_short_frame() {
-    assert_eq!(Tmessage::decode_frame(&[1, 2, 3], MAX_MSIZE).unwrap_err(), DecodeError::ShortFrame(3));
+    assert_eq!(
+        Tmessage::decode_frame(&[1, 2, 3], MAX_MSIZE).unwrap_err(),
+        DecodeError::ShortFrame(3)
+    );
 }
 
 #[test]
 fn test_decode_error_size_too_small() {
     let mut f = frame(TCLUNK, &[0; 4]);
     f[..4].copy_from_slice(&3u32.to_le_bytes());
-    assert_eq!(Tmessage::decode_frame(&f, MAX_MSIZE).unwrap_err(), DecodeError::SizeTooSmall(3));
+    assert_eq!(
+        Tmessage::decode_frame(&f, MAX_MSIZE).unwrap_err(),
+        DecodeError::SizeTooSmall(3)
+    );
 }
 
 #[test]
@@ -232,9 +370,15 @@ fn test_decode_error_size_over_msize() {
     let f = frame(TWRITE, &[0; 5000]);
     assert_eq!(
         Tmessage::decode_frame(&f, 4096).unwrap_err(),
-        DecodeError::SizeOverMsize { size: 5007, msize: 4096 }
+        DecodeError::SizeOverMsize {
+            size: 5007,
+            msize: 4096
+        }
     );
-    assert_eq!(DecodeError::SizeOverMsize { size: 1, msize: 1 }.errno(), libc::EMSGSIZE as u32);
+    assert_eq!(
+        DecodeError::SizeOverMsize { size: 1, msize: 1 }.errno(),
+        libc::EMSGSIZE as u32
+    );
 }
 
 #[test]
@@ -243,19 +387,34 @@ fn test_decode_error_size_mismatch() {
     f.push(0);
     assert_eq!(
         Tmessage::decode_frame(&f, MAX_MSIZE).unwrap_err(),
-        DecodeError::SizeMismatch { declared: 11, actual: 12 }
+        DecodeError::SizeMismatch {
+            declared: 11,
+            actual: 12
+        }
     );
 }
 
 #[test]
 fn test_decode_error_unknown_and_not_dotl_types() {
-    assert_eq!(Tmessage::decode_body(200, &[]).unwrap_err(), DecodeError::UnknownType(200));
-    assert_eq!(Tmessage::decode_body(RLERROR, &[0; 4]).unwrap_err(), DecodeError::UnknownType(RLERROR));
+    assert_eq!(
+        Tmessage::decode_body(200, &[]).unwrap_err(),
+        DecodeError::UnknownType(200)
+    );
+    assert_eq!(
+        Tmessage::decode_body(RLERROR, &[0; 4]).unwrap_err(),
+        DecodeError::UnknownType(RLERROR)
+    );
     for ty in [TOPEN, TCREATE, TSTAT, TWSTAT, TERROR] {
-        assert_eq!(Tmessage::decode_body(ty, &[]).unwrap_err(), DecodeError::NotDotL(ty));
+        assert_eq!(
+            Tmessage::decode_body(ty, &[]).unwrap_err(),
+            DecodeError::NotDotL(ty)
+        );
     }
     assert_eq!(DecodeError::UnknownType(1).errno(), libc::EOPNOTSUPP as u32);
-    assert_eq!(Rmessage::decode_body(TCLUNK, &[]).unwrap_err(), DecodeError::UnknownType(TCLUNK));
+    assert_eq!(
+        Rmessage::decode_body(TCLUNK, &[]).unwrap_err(),
+        DecodeError::UnknownType(TCLUNK)
+    );
 }
 
 #[test]
@@ -269,15 +428,27 @@ fn test_decode_error_truncated() {
     body.extend_from_slice(&[10, 0, b'a']);
     assert_eq!(
         Tmessage::decode_body(TVERSION, &body).unwrap_err(),
-        DecodeError::Truncated { needed: 10, left: 1 }
+        DecodeError::Truncated {
+            needed: 10,
+            left: 1
+        }
     );
-    assert_eq!(DecodeError::Truncated { needed: 1, left: 0 }.errno(), libc::EPROTO as u32);
+    assert_eq!(
+        DecodeError::Truncated { needed: 1, left: 0 }.errno(),
+        libc::EPROTO as u32
+    );
 }
 
 #[test]
 fn test_decode_error_trailing_bytes() {
-    assert_eq!(Tmessage::decode_body(TCLUNK, &[0; 6]).unwrap_err(), DecodeError::TrailingBytes(2));
-    assert_eq!(Rmessage::decode_body(TCLUNK + 1, &[0]).unwrap_err(), DecodeError::TrailingBytes(1));
+    assert_eq!(
+        Tmessage::decode_body(TCLUNK, &[0; 6]).unwrap_err(),
+        DecodeError::TrailingBytes(2)
+    );
+    assert_eq!(
+        Rmessage::decode_body(TCLUNK + 1, &[0]).unwrap_err(),
+        DecodeError::TrailingBytes(1)
+    );
 }
 
 #[test]
@@ -285,7 +456,10 @@ fn test_decode_error_nul_in_string() {
     let mut body = 1u32.to_le_bytes().to_vec();
     body.extend_from_slice(&[3, 0, b'a', 0, b'b']);
     body.extend_from_slice(&[0; 12]);
-    assert_eq!(Tmessage::decode_body(TLCREATE, &body).unwrap_err(), DecodeError::NulInString);
+    assert_eq!(
+        Tmessage::decode_body(TLCREATE, &body).unwrap_err(),
+        DecodeError::NulInString
+    );
 }
 
 #[test]
@@ -295,7 +469,10 @@ fn test_decode_error_too_many_walk_elements() {
     for _ in 0..17 {
         body.extend_from_slice(&[1, 0, b'a']);
     }
-    assert_eq!(Tmessage::decode_body(TWALK, &body).unwrap_err(), DecodeError::TooManyWalkElements(17));
+    assert_eq!(
+        Tmessage::decode_body(TWALK, &body).unwrap_err(),
+        DecodeError::TooManyWalkElements(17)
+    );
     let mut rbody = 17u16.to_le_bytes().to_vec();
     rbody.extend_from_slice(&[0; 17 * QID_SIZE]);
     assert_eq!(
@@ -329,8 +506,15 @@ fn test_decode_error_count_mismatch() {
 #[test]
 fn test_error_messages_are_pinned() {
     assert_eq!(
-        DecodeError::SizeOverMsize { size: 9000, msize: 8192 }.to_string(),
+        DecodeError::SizeOverMsize {
+            size: 9000,
+            msize: 8192
+        }
+        .to_string(),
         "declared size 9000 exceeds msize 8192"
     );
-    assert_eq!(DecodeError::TooManyWalkElements(20).to_string(), "walk of 20 elements exceeds the limit of 16");
+    assert_eq!(
+        DecodeError::TooManyWalkElements(20).to_string(),
+        "walk of 20 elements exceeds the limit of 16"
+    );
 }

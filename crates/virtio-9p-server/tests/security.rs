@@ -6,7 +6,9 @@ mod common;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use common::*;
-use virtio_9p_server::protocol::{lock, open_flags as of, setattr, Tsetattr, QTDIR, QTFILE, QTSYMLINK};
+use virtio_9p_server::protocol::{
+    lock, open_flags as of, setattr, Tsetattr, QTDIR, QTFILE, QTSYMLINK,
+};
 use virtio_9p_server::SecurityModel;
 
 fn xattr(path: &std::path::Path, name: &str) -> Option<Vec<u8>> {
@@ -22,7 +24,15 @@ fn set_xattr(path: &std::path::Path, name: &str, value: &[u8]) {
     let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     let n = std::ffi::CString::new(name).unwrap();
     // SAFETY: valid C strings and buffer.
-    let r = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    let r = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
     assert_eq!(r, 0, "setxattr {name}: {}", std::io::Error::last_os_error());
 }
 
@@ -60,22 +70,56 @@ fn test_readonly_export_refuses_every_change() {
     assert_eq!(errno(c.lopen(1, of::WRONLY).unwrap_err()), rofs);
     assert_eq!(errno(c.lopen(1, of::RDONLY | of::TRUNC).unwrap_err()), rofs);
     c.walk(ROOT, 3, &[]).unwrap();
-    assert_eq!(errno(c.lcreate(3, b"new", of::RDWR, 0o600, 0).unwrap_err()), rofs);
+    assert_eq!(
+        errno(c.lcreate(3, b"new", of::RDWR, 0o600, 0).unwrap_err()),
+        rofs
+    );
     assert_eq!(errno(c.mkdir(ROOT, b"nd", 0o700, 0).unwrap_err()), rofs);
     assert_eq!(errno(c.symlink(ROOT, b"nl", b"x", 0).unwrap_err()), rofs);
-    assert_eq!(errno(c.mknod(ROOT, b"nn", libc::S_IFIFO | 0o600, 0, 0, 0).unwrap_err()), rofs);
+    assert_eq!(
+        errno(
+            c.mknod(ROOT, b"nn", libc::S_IFIFO | 0o600, 0, 0, 0)
+                .unwrap_err()
+        ),
+        rofs
+    );
     assert_eq!(errno(c.link(ROOT, 1, b"hard").unwrap_err()), rofs);
     assert_eq!(errno(c.rename(1, ROOT, b"moved").unwrap_err()), rofs);
     assert_eq!(errno(c.renameat(ROOT, b"f", ROOT, b"g").unwrap_err()), rofs);
     assert_eq!(errno(c.unlinkat(ROOT, b"f", 0).unwrap_err()), rofs);
-    assert_eq!(errno(c.setattr(Tsetattr { valid: setattr::MODE, mode: 0o777, ..setattr_base(1) }).unwrap_err()), rofs);
-    assert_eq!(errno(c.setattr(Tsetattr { valid: setattr::SIZE, ..setattr_base(1) }).unwrap_err()), rofs);
-    assert_eq!(errno(c.set_xattr(1, 4, b"user.x", b"v", 0).unwrap_err()), rofs);
+    assert_eq!(
+        errno(
+            c.setattr(Tsetattr {
+                valid: setattr::MODE,
+                mode: 0o777,
+                ..setattr_base(1)
+            })
+            .unwrap_err()
+        ),
+        rofs
+    );
+    assert_eq!(
+        errno(
+            c.setattr(Tsetattr {
+                valid: setattr::SIZE,
+                ..setattr_base(1)
+            })
+            .unwrap_err()
+        ),
+        rofs
+    );
+    assert_eq!(
+        errno(c.set_xattr(1, 4, b"user.x", b"v", 0).unwrap_err()),
+        rofs
+    );
     c.walk(ROOT, 5, &[b"d"]).unwrap();
     assert_eq!(errno(c.remove(5).unwrap_err()), rofs);
     // Nothing changed on the host.
     assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"data");
-    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|d| d.unwrap().file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|d| d.unwrap().file_name())
+        .collect();
     assert_eq!(names.len(), 2);
 }
 
@@ -84,13 +128,15 @@ fn test_mapped_xattr_create_stores_ownership_in_qemu_layout() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = client_for(dir.path(), SecurityModel::MappedXattr, false, true);
     c.walk(ROOT, 1, &[]).unwrap();
-    c.rpc(&virtio_9p_server::protocol::Tmessage::Attach(virtio_9p_server::protocol::Tattach {
-        fid: 9,
-        afid: u32::MAX,
-        uname: b"alice".to_vec(),
-        aname: vec![],
-        n_uname: 1000,
-    }))
+    c.rpc(&virtio_9p_server::protocol::Tmessage::Attach(
+        virtio_9p_server::protocol::Tattach {
+            fid: 9,
+            afid: u32::MAX,
+            uname: b"alice".to_vec(),
+            aname: vec![],
+            n_uname: 1000,
+        },
+    ))
     .unwrap();
     c.walk(9, 10, &[]).unwrap();
     c.lcreate(10, b"file", of::RDWR, 0o644, 100).unwrap();
@@ -98,9 +144,18 @@ fn test_mapped_xattr_create_stores_ownership_in_qemu_layout() {
     let meta = std::fs::metadata(&host).unwrap();
     // Host file: owned by the server, 0600.
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-    assert_eq!(xattr(&host, "user.virtfs.uid").unwrap(), 1000u32.to_le_bytes());
-    assert_eq!(xattr(&host, "user.virtfs.gid").unwrap(), 100u32.to_le_bytes());
-    assert_eq!(xattr(&host, "user.virtfs.mode").unwrap(), (libc::S_IFREG | 0o644).to_le_bytes());
+    assert_eq!(
+        xattr(&host, "user.virtfs.uid").unwrap(),
+        1000u32.to_le_bytes()
+    );
+    assert_eq!(
+        xattr(&host, "user.virtfs.gid").unwrap(),
+        100u32.to_le_bytes()
+    );
+    assert_eq!(
+        xattr(&host, "user.virtfs.mode").unwrap(),
+        (libc::S_IFREG | 0o644).to_le_bytes()
+    );
     // The guest sees the mapped values.
     let a = c.getattr(10).unwrap();
     assert_eq!((a.uid, a.gid, a.mode), (1000, 100, libc::S_IFREG | 0o644));
@@ -108,8 +163,14 @@ fn test_mapped_xattr_create_stores_ownership_in_qemu_layout() {
     let q = c.mkdir(9, b"dir", 0o755, 100).unwrap();
     assert_eq!(q.ty, QTDIR);
     let d = dir.path().join("dir");
-    assert_eq!(std::fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o700);
-    assert_eq!(xattr(&d, "user.virtfs.mode").unwrap(), (libc::S_IFDIR | 0o755).to_le_bytes());
+    assert_eq!(
+        std::fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    assert_eq!(
+        xattr(&d, "user.virtfs.mode").unwrap(),
+        (libc::S_IFDIR | 0o755).to_le_bytes()
+    );
 }
 
 #[test]
@@ -122,16 +183,26 @@ fn test_mapped_xattr_symlink_and_device_are_regular_host_files() {
     let meta = std::fs::symlink_metadata(&host).unwrap();
     assert!(meta.file_type().is_file(), "mapped symlinks are host files");
     assert_eq!(std::fs::read(&host).unwrap(), b"/etc/passwd");
-    assert_eq!(xattr(&host, "user.virtfs.mode").unwrap(), (libc::S_IFLNK | 0o777).to_le_bytes());
+    assert_eq!(
+        xattr(&host, "user.virtfs.mode").unwrap(),
+        (libc::S_IFLNK | 0o777).to_le_bytes()
+    );
     c.walk(ROOT, 1, &[b"link"]).unwrap();
     assert_eq!(c.readlink(1).unwrap(), b"/etc/passwd");
     assert_eq!(c.getattr(1).unwrap().mode & libc::S_IFMT, libc::S_IFLNK);
     assert_eq!(errno(c.lopen(1, of::RDONLY).unwrap_err()), libc::ELOOP);
 
-    c.mknod(ROOT, b"tty", libc::S_IFCHR | 0o620, 4, 1, 5).unwrap();
+    c.mknod(ROOT, b"tty", libc::S_IFCHR | 0o620, 4, 1, 5)
+        .unwrap();
     let dev = dir.path().join("tty");
-    assert!(std::fs::symlink_metadata(&dev).unwrap().file_type().is_file());
-    assert_eq!(xattr(&dev, "user.virtfs.rdev").unwrap(), libc::makedev(4, 1).to_le_bytes());
+    assert!(std::fs::symlink_metadata(&dev)
+        .unwrap()
+        .file_type()
+        .is_file());
+    assert_eq!(
+        xattr(&dev, "user.virtfs.rdev").unwrap(),
+        libc::makedev(4, 1).to_le_bytes()
+    );
     c.walk(ROOT, 2, &[b"tty"]).unwrap();
     let a = c.getattr(2).unwrap();
     assert_eq!(a.mode, libc::S_IFCHR | 0o620);
@@ -147,7 +218,11 @@ fn test_mapped_xattr_reads_existing_qemu_share() {
     std::fs::write(&host, b"x").unwrap();
     set_xattr(&host, "user.virtfs.uid", &1234u32.to_le_bytes());
     set_xattr(&host, "user.virtfs.gid", &5678u32.to_le_bytes());
-    set_xattr(&host, "user.virtfs.mode", &(libc::S_IFREG | 0o640).to_le_bytes());
+    set_xattr(
+        &host,
+        "user.virtfs.mode",
+        &(libc::S_IFREG | 0o640).to_le_bytes(),
+    );
     let mut c = client_for(dir.path(), SecurityModel::MappedXattr, false, true);
     let q = c.walk(ROOT, 1, &[b"old"]).unwrap();
     assert_eq!(q[0].ty, QTFILE);
@@ -163,8 +238,19 @@ fn test_mapped_xattr_setattr_updates_xattrs_not_host() {
     std::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o600)).unwrap();
     let mut c = client_for(dir.path(), SecurityModel::MappedXattr, false, true);
     c.walk(ROOT, 1, &[b"f"]).unwrap();
-    c.setattr(Tsetattr { valid: setattr::UID | setattr::GID, uid: 42, gid: 43, ..setattr_base(1) }).unwrap();
-    c.setattr(Tsetattr { valid: setattr::MODE, mode: 0o4755, ..setattr_base(1) }).unwrap();
+    c.setattr(Tsetattr {
+        valid: setattr::UID | setattr::GID,
+        uid: 42,
+        gid: 43,
+        ..setattr_base(1)
+    })
+    .unwrap();
+    c.setattr(Tsetattr {
+        valid: setattr::MODE,
+        mode: 0o4755,
+        ..setattr_base(1)
+    })
+    .unwrap();
     let meta = std::fs::metadata(&host).unwrap();
     assert_eq!((meta.uid(), meta.permissions().mode() & 0o7777), (0, 0o600));
     let a = c.getattr(1).unwrap();
@@ -181,10 +267,22 @@ fn test_mapped_xattr_hides_and_protects_reserved_names() {
     let list = c.get_xattr(1, 3, b"").unwrap();
     let names: Vec<&[u8]> = list.split(|b| *b == 0).filter(|n| !n.is_empty()).collect();
     assert_eq!(names, vec![&b"user.mine"[..]]);
-    assert_eq!(errno(c.xattrwalk(1, 4, b"user.virtfs.uid").unwrap_err()), libc::ENODATA);
-    assert_eq!(errno(c.set_xattr(1, 5, b"user.virtfs.uid", &0u32.to_le_bytes(), 0).unwrap_err()), libc::EACCES);
     assert_eq!(
-        errno(c.set_xattr(1, 6, b"user.virtfs.mode", b"", libc::XATTR_REPLACE as u32).unwrap_err()),
+        errno(c.xattrwalk(1, 4, b"user.virtfs.uid").unwrap_err()),
+        libc::ENODATA
+    );
+    assert_eq!(
+        errno(
+            c.set_xattr(1, 5, b"user.virtfs.uid", &0u32.to_le_bytes(), 0)
+                .unwrap_err()
+        ),
+        libc::EACCES
+    );
+    assert_eq!(
+        errno(
+            c.set_xattr(1, 6, b"user.virtfs.mode", b"", libc::XATTR_REPLACE as u32)
+                .unwrap_err()
+        ),
         libc::EACCES
     );
 }
@@ -210,10 +308,25 @@ fn test_none_model_ignores_failing_chown() {
     }
     let mut strict = client_for(dir.path(), SecurityModel::Passthrough, false, true);
     strict.walk(ROOT, 1, &[b"f"]).unwrap();
-    let chown = Tsetattr { valid: setattr::UID | setattr::GID, uid: 7, gid: 7, ..setattr_base(1) };
-    let chmod = Tsetattr { valid: setattr::MODE, mode: 0o640, ..setattr_base(1) };
-    assert_eq!(errno(strict.setattr(chown.clone()).unwrap_err()), libc::EPERM);
-    assert_eq!(errno(strict.setattr(chmod.clone()).unwrap_err()), libc::EPERM);
+    let chown = Tsetattr {
+        valid: setattr::UID | setattr::GID,
+        uid: 7,
+        gid: 7,
+        ..setattr_base(1)
+    };
+    let chmod = Tsetattr {
+        valid: setattr::MODE,
+        mode: 0o640,
+        ..setattr_base(1)
+    };
+    assert_eq!(
+        errno(strict.setattr(chown.clone()).unwrap_err()),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(strict.setattr(chmod.clone()).unwrap_err()),
+        libc::EPERM
+    );
     let mut none = client_for(dir.path(), SecurityModel::None, false, true);
     none.walk(ROOT, 1, &[b"f"]).unwrap();
     let r1 = none.setattr(chown);
@@ -221,25 +334,34 @@ fn test_none_model_ignores_failing_chown() {
     assert!(chattr(&f, "-i"));
     r1.unwrap();
     r2.unwrap();
-    assert_eq!(std::fs::metadata(&f).unwrap().uid(), 0, "the failed chown was ignored, not applied");
+    assert_eq!(
+        std::fs::metadata(&f).unwrap().uid(),
+        0,
+        "the failed chown was ignored, not applied"
+    );
 }
 
 #[test]
 fn test_passthrough_model_creates_with_guest_owner() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = client(dir.path());
-    c.rpc(&virtio_9p_server::protocol::Tmessage::Attach(virtio_9p_server::protocol::Tattach {
-        fid: 9,
-        afid: u32::MAX,
-        uname: b"bob".to_vec(),
-        aname: vec![],
-        n_uname: 2000,
-    }))
+    c.rpc(&virtio_9p_server::protocol::Tmessage::Attach(
+        virtio_9p_server::protocol::Tattach {
+            fid: 9,
+            afid: u32::MAX,
+            uname: b"bob".to_vec(),
+            aname: vec![],
+            n_uname: 2000,
+        },
+    ))
     .unwrap();
     c.mkdir(9, b"d", 0o711, 2001).unwrap();
     c.symlink(9, b"l", b"d", 2001).unwrap();
     let m = std::fs::metadata(dir.path().join("d")).unwrap();
-    assert_eq!((m.uid(), m.gid(), m.permissions().mode() & 0o7777), (2000, 2001, 0o711));
+    assert_eq!(
+        (m.uid(), m.gid(), m.permissions().mode() & 0o7777),
+        (2000, 2001, 0o711)
+    );
     let l = std::fs::symlink_metadata(dir.path().join("l")).unwrap();
     assert_eq!((l.uid(), l.gid()), (2000, 2001));
 }

@@ -55,7 +55,10 @@ fn test_socket_concurrent_clients_have_own_sessions() {
                 let mut off = 0;
                 while off < data.len() {
                     let end = (off + 60_000).min(data.len());
-                    assert_eq!(c.write(1, off as u64, &data[off..end]).unwrap() as usize, end - off);
+                    assert_eq!(
+                        c.write(1, off as u64, &data[off..end]).unwrap() as usize,
+                        end - off
+                    );
                     off = end;
                 }
                 let mut back = Vec::new();
@@ -80,11 +83,12 @@ fn test_socket_survives_hangup_mid_message() {
     start(tmp.path(), &sock);
     for cut in [1usize, 3, 5, 9] {
         let mut s = UnixStream::connect(&sock).unwrap();
-        let frame = virtio_9p_server::protocol::Tmessage::Version(virtio_9p_server::protocol::Tversion {
-            msize: MSIZE,
-            version: b"9P2000.L".to_vec(),
-        })
-        .encode_frame(0xffff);
+        let frame =
+            virtio_9p_server::protocol::Tmessage::Version(virtio_9p_server::protocol::Tversion {
+                msize: MSIZE,
+                version: b"9P2000.L".to_vec(),
+            })
+            .encode_frame(0xffff);
         s.write_all(&frame[..cut]).unwrap();
         drop(s);
     }
@@ -110,7 +114,11 @@ fn test_socket_garbage_closes_only_that_connection() {
     let sock = tmp.path().join("9p.sock");
     start(tmp.path(), &sock);
     // Frame sizes the stream cannot recover from: the server hangs up.
-    for garbage in [&[0xffu8; 64][..], &[2, 0, 0, 0, 1, 2, 3][..], &[0, 0, 0, 0][..]] {
+    for garbage in [
+        &[0xffu8; 64][..],
+        &[2, 0, 0, 0, 1, 2, 3][..],
+        &[0, 0, 0, 0][..],
+    ] {
         let mut s = UnixStream::connect(&sock).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         s.write_all(garbage).unwrap();
@@ -119,13 +127,31 @@ fn test_socket_garbage_closes_only_that_connection() {
     }
     // Well-framed nonsense gets Rlerror and the connection goes on.
     let mut c = connect(&sock);
-    let mut frame = Header { size: 11, ty: 200, tag: 5 }.to_bytes().to_vec();
+    let mut frame = Header {
+        size: 11,
+        ty: 200,
+        tag: 5,
+    }
+    .to_bytes()
+    .to_vec();
     frame.extend_from_slice(&[1, 2, 3, 4]);
     // Before Tversion: EPROTO.
-    assert_eq!(c.raw(&frame).unwrap(), (5, Rmessage::Lerror(libc::EPROTO as u32)));
+    assert_eq!(
+        c.raw(&frame).unwrap(),
+        (5, Rmessage::Lerror(libc::EPROTO as u32))
+    );
     c.version(MSIZE).unwrap();
-    assert_eq!(c.raw(&frame).unwrap(), (5, Rmessage::Lerror(libc::EOPNOTSUPP as u32)));
-    let mut bad_walk = Header { size: 7 + 10, ty: 110, tag: 6 }.to_bytes().to_vec();
+    assert_eq!(
+        c.raw(&frame).unwrap(),
+        (5, Rmessage::Lerror(libc::EOPNOTSUPP as u32))
+    );
+    let mut bad_walk = Header {
+        size: 7 + 10,
+        ty: 110,
+        tag: 6,
+    }
+    .to_bytes()
+    .to_vec();
     bad_walk.extend_from_slice(&[0, 0, 0, 0, 1, 0, 0, 0, 0xff, 0xff]);
     let (tag, r) = c.raw(&bad_walk).unwrap();
     assert_eq!((tag, r), (6, Rmessage::Lerror(libc::EPROTO as u32)));
@@ -133,7 +159,13 @@ fn test_socket_garbage_closes_only_that_connection() {
     c.statfs(ROOT).unwrap();
     // A frame over the msize ends the connection.
     let mut s = UnixStream::connect(&sock).unwrap();
-    let mut big = Header { size: 4097, ty: 100, tag: 0xffff }.to_bytes().to_vec();
+    let mut big = Header {
+        size: 4097,
+        ty: 100,
+        tag: 0xffff,
+    }
+    .to_bytes()
+    .to_vec();
     big.resize(4097, 0);
     s.write_all(&big).unwrap();
     let mut buf = [0u8; 16];
@@ -200,7 +232,10 @@ fn test_binary_serves_unix_socket() {
     );
     let start = std::time::Instant::now();
     while UnixStream::connect(&sock).is_err() {
-        assert!(start.elapsed() < Duration::from_secs(30), "binary did not start");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "binary did not start"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut c = session(&sock);
@@ -208,17 +243,28 @@ fn test_binary_serves_unix_socket() {
     c.lopen(1, of::RDONLY).unwrap();
     assert_eq!(c.read(1, 0, 100).unwrap(), b"hello from the binary");
     c.walk(ROOT, 2, &[]).unwrap();
-    assert_eq!(errno(c.lcreate(2, b"x", of::RDWR, 0o600, 0).unwrap_err()), libc::EROFS);
+    assert_eq!(
+        errno(c.lcreate(2, b"x", of::RDWR, 0o600, 0).unwrap_err()),
+        libc::EROFS
+    );
 }
 
 #[test]
 fn test_binary_startup_error_is_one_line() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_virtio-9p-server"))
-        .args(["--listen", "unix:/tmp/never.sock", "--shared-dir", "/nonexistent/export"])
+        .args([
+            "--listen",
+            "unix:/tmp/never.sock",
+            "--shared-dir",
+            "/nonexistent/export",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8(out.stderr).unwrap();
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("cannot open shared directory /nonexistent/export"), "{err}");
+    assert!(
+        err.contains("cannot open shared directory /nonexistent/export"),
+        "{err}"
+    );
 }

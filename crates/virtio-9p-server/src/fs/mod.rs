@@ -66,7 +66,12 @@ pub trait Filesystem: Send + Sync {
     /// Attributes.
     fn getattr(&self, inode: &Self::Inode, mask: u64) -> io::Result<Rgetattr>;
     /// Changes attributes; `file` is the open file of the fid, if any.
-    fn setattr(&self, inode: &Self::Inode, file: Option<&Self::File>, attr: &Tsetattr) -> io::Result<()>;
+    fn setattr(
+        &self,
+        inode: &Self::Inode,
+        file: Option<&Self::File>,
+        attr: &Tsetattr,
+    ) -> io::Result<()>;
     /// Filesystem statistics.
     fn statfs(&self, inode: &Self::Inode) -> io::Result<Rstatfs>;
     /// Opens with 9P2000.L flags ([`crate::protocol::open_flags`]).
@@ -81,20 +86,45 @@ pub trait Filesystem: Send + Sync {
         cred: Cred,
     ) -> io::Result<(Self::Inode, Self::File, Qid)>;
     /// Reads up to `count` bytes at `off` into `w`; returns the bytes read.
-    fn read<W: ReplyWriter>(&self, file: &Self::File, w: &mut W, count: usize, off: u64) -> io::Result<usize>;
+    fn read<W: ReplyWriter>(
+        &self,
+        file: &Self::File,
+        w: &mut W,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize>;
     /// Writes `count` bytes from `r` at `off`; returns the bytes written.
-    fn write<R: RequestReader>(&self, file: &Self::File, r: &mut R, count: usize, off: u64) -> io::Result<usize>;
+    fn write<R: RequestReader>(
+        &self,
+        file: &Self::File,
+        r: &mut R,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize>;
     /// Lists entries after cookie `offset`, calling `emit` for each until it
     /// returns false (reply full).
-    fn readdir(&self, file: &Self::File, offset: u64, emit: &mut dyn FnMut(DirEntry) -> bool) -> io::Result<()>;
+    fn readdir(
+        &self,
+        file: &Self::File,
+        offset: u64,
+        emit: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> io::Result<()>;
     /// Flushes to stable storage.
     fn fsync(&self, file: &Self::File, datasync: bool) -> io::Result<()>;
     /// Creates a directory.
     fn mkdir(&self, dir: &Self::Inode, name: &[u8], mode: u32, cred: Cred) -> io::Result<Qid>;
     /// Creates a symbolic link (the target is stored, never followed).
-    fn symlink(&self, dir: &Self::Inode, name: &[u8], target: &[u8], cred: Cred) -> io::Result<Qid>;
+    fn symlink(&self, dir: &Self::Inode, name: &[u8], target: &[u8], cred: Cred)
+        -> io::Result<Qid>;
     /// Creates a device node, fifo or socket.
-    fn mknod(&self, dir: &Self::Inode, name: &[u8], mode: u32, rdev: u64, cred: Cred) -> io::Result<Qid>;
+    fn mknod(
+        &self,
+        dir: &Self::Inode,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        cred: Cred,
+    ) -> io::Result<Qid>;
     /// Hard-links `target` into `dir` as `name`.
     fn link(&self, target: &Self::Inode, dir: &Self::Inode, name: &[u8]) -> io::Result<()>;
     /// Reads a symbolic link.
@@ -102,7 +132,13 @@ pub trait Filesystem: Send + Sync {
     /// Moves `inode` into `dir` as `name`.
     fn rename(&self, inode: &Self::Inode, dir: &Self::Inode, name: &[u8]) -> io::Result<()>;
     /// Moves `olddir/oldname` to `newdir/newname`.
-    fn renameat(&self, olddir: &Self::Inode, oldname: &[u8], newdir: &Self::Inode, newname: &[u8]) -> io::Result<()>;
+    fn renameat(
+        &self,
+        olddir: &Self::Inode,
+        oldname: &[u8],
+        newdir: &Self::Inode,
+        newname: &[u8],
+    ) -> io::Result<()>;
     /// Removes `dir/name`; `flags` is 0 or [`crate::protocol::AT_REMOVEDIR`].
     fn unlinkat(&self, dir: &Self::Inode, name: &[u8], flags: u32) -> io::Result<()>;
     /// Removes the file `inode` names.
@@ -112,7 +148,13 @@ pub trait Filesystem: Send + Sync {
     /// The NUL-separated attribute names, at most `max` bytes.
     fn listxattr(&self, inode: &Self::Inode, max: usize) -> io::Result<Vec<u8>>;
     /// Sets an attribute; `flags` is `XATTR_CREATE`/`XATTR_REPLACE`.
-    fn setxattr(&self, inode: &Self::Inode, name: &[u8], value: &[u8], flags: u32) -> io::Result<()>;
+    fn setxattr(
+        &self,
+        inode: &Self::Inode,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> io::Result<()>;
     /// Removes an attribute.
     fn removexattr(&self, inode: &Self::Inode, name: &[u8]) -> io::Result<()>;
     /// Tries a byte-range lock without waiting: `SUCCESS` or `BLOCKED`

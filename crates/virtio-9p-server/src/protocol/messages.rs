@@ -680,6 +680,10 @@ pub enum Rmessage {
     Unlinkat,
 }
 
+/// Initial capacity of an encoded frame: enough for every fixed-size
+/// message (Rgetattr is the largest at 160 bytes) and short names.
+const FRAME_CAPACITY: usize = 256;
+
 fn check_frame(frame: &[u8], msize: u32) -> Result<Header, DecodeError> {
     let hdr: &[u8; HEADER_SIZE] = frame
         .get(..HEADER_SIZE)
@@ -924,7 +928,12 @@ impl Tmessage {
 
     /// Encodes the whole frame with `tag`.
     pub fn encode_frame(&self, tag: u16) -> Vec<u8> {
-        let mut out = vec![0u8; HEADER_SIZE];
+        let data = match self {
+            Tmessage::Write(m) => m.data.len(),
+            _ => 0,
+        };
+        let mut out = Vec::with_capacity(FRAME_CAPACITY + data);
+        out.resize(HEADER_SIZE, 0);
         let mut e = Encoder::new(&mut out);
         match self {
             Tmessage::Version(m) => {
@@ -1292,7 +1301,12 @@ impl Rmessage {
 
     /// Encodes the whole frame with `tag`.
     pub fn encode_frame(&self, tag: u16) -> Vec<u8> {
-        let mut out = vec![0u8; HEADER_SIZE];
+        let data = match self {
+            Rmessage::Read(d) | Rmessage::Readdir(d) => d.len(),
+            _ => 0,
+        };
+        let mut out = Vec::with_capacity(FRAME_CAPACITY + data);
+        out.resize(HEADER_SIZE, 0);
         self.encode_body(&mut out);
         finish_frame(self.msg_type(), tag, out)
     }

@@ -176,7 +176,10 @@ mod tests {
     #[test]
     fn test_encoder_le_layout() {
         let mut v = Vec::new();
-        Encoder::new(&mut v).u16(0x0102).u32(0x03040506).string(b"ab");
+        Encoder::new(&mut v)
+            .u16(0x0102)
+            .u32(0x03040506)
+            .string(b"ab");
         assert_eq!(v, [2, 1, 6, 5, 4, 3, 2, 0, b'a', b'b']);
     }
 }

@@ -52,6 +52,8 @@ pub const MAX_XATTR_NAME: usize = 255;
 pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(1);
 /// The size of an Rlerror and of an Rread header: `size type tag u32`.
 const RHDR_COUNT: usize = HEADER_SIZE + 4;
+/// Request bodies up to this size are decoded from a stack buffer.
+const SMALL_BODY: usize = 512;
 /// The uid of fids attached without a numeric user.
 const NOBODY: u32 = 65_534;
 /// Tattach/Tauth `n_uname` meaning "no numeric user given".
@@ -227,9 +229,17 @@ impl<F: Filesystem> Server<F> {
         if h.ty == TWRITE {
             return self.write(session, &h, req, reply, exec);
         }
-        let mut body = vec![0u8; body_len];
-        req.read_exact(&mut body).map_err(Error::Transport)?;
-        let msg = match Tmessage::decode_body(h.ty, &body) {
+        // Most bodies are small: read them onto the stack.
+        let mut small = [0u8; SMALL_BODY];
+        let mut large = Vec::new();
+        let body: &mut [u8] = if body_len <= SMALL_BODY {
+            &mut small[..body_len]
+        } else {
+            large.resize(body_len, 0);
+            &mut large
+        };
+        req.read_exact(body).map_err(Error::Transport)?;
+        let msg = match Tmessage::decode_body(h.ty, body) {
             Ok(m) => m,
             Err(e) => return fail(reply, e),
         };
@@ -253,19 +263,37 @@ impl<F: Filesystem> Server<F> {
             }),
             Tmessage::Lopen(m) => self.lopen(session, &m, exec),
             Tmessage::Lcreate(m) => self.lcreate(session, &m, exec),
-            Tmessage::Symlink(m) => self.create_entry(session, m.fid, &m.name, exec, TSYMLINK, |fs, f| {
-                let cred = Cred { uid: f.uid, gid: m.gid };
-                fs.symlink(&f.inode, &m.name, &m.symtgt, cred).map(Rmessage::Symlink)
-            }),
-            Tmessage::Mknod(m) => self.create_entry(session, m.dfid, &m.name, exec, TMKNOD, |fs, f| {
-                let cred = Cred { uid: f.uid, gid: m.gid };
-                let rdev = libc::makedev(m.major, m.minor);
-                fs.mknod(&f.inode, &m.name, m.mode, rdev, cred).map(Rmessage::Mknod)
-            }),
-            Tmessage::Mkdir(m) => self.create_entry(session, m.dfid, &m.name, exec, TMKDIR, |fs, f| {
-                let cred = Cred { uid: f.uid, gid: m.gid };
-                fs.mkdir(&f.inode, &m.name, m.mode, cred).map(Rmessage::Mkdir)
-            }),
+            Tmessage::Symlink(m) => {
+                self.create_entry(session, m.fid, &m.name, exec, TSYMLINK, |fs, f| {
+                    let cred = Cred {
+                        uid: f.uid,
+                        gid: m.gid,
+                    };
+                    fs.symlink(&f.inode, &m.name, &m.symtgt, cred)
+                        .map(Rmessage::Symlink)
+                })
+            }
+            Tmessage::Mknod(m) => {
+                self.create_entry(session, m.dfid, &m.name, exec, TMKNOD, |fs, f| {
+                    let cred = Cred {
+                        uid: f.uid,
+                        gid: m.gid,
+                    };
+                    let rdev = libc::makedev(m.major, m.minor);
+                    fs.mknod(&f.inode, &m.name, m.mode, rdev, cred)
+                        .map(Rmessage::Mknod)
+                })
+            }
+            Tmessage::Mkdir(m) => {
+                self.create_entry(session, m.dfid, &m.name, exec, TMKDIR, |fs, f| {
+                    let cred = Cred {
+                        uid: f.uid,
+                        gid: m.gid,
+                    };
+                    fs.mkdir(&f.inode, &m.name, m.mode, cred)
+                        .map(Rmessage::Mkdir)
+                })
+            }
             Tmessage::Rename(m) => self.rename(session, &m, exec),
             Tmessage::Readlink(m) => self.with_inode(session, m.fid, exec, TREADLINK, |fs, f| {
                 fs.readlink(&f.inode).map(Rmessage::Readlink)
@@ -293,19 +321,28 @@ impl<F: Filesystem> Server<F> {
             }),
             Tmessage::Link(m) => self.link(session, &m, exec),
             Tmessage::Renameat(m) => self.renameat(session, &m, exec),
-            Tmessage::Unlinkat(m) => self.create_entry(session, m.dirfid, &m.name, exec, TUNLINKAT, |fs, f| {
-                if m.flags & !AT_REMOVEDIR != 0 {
-                    return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-                }
-                fs.unlinkat(&f.inode, &m.name, m.flags).map(|_| Rmessage::Unlinkat)
-            }),
+            Tmessage::Unlinkat(m) => {
+                self.create_entry(session, m.dirfid, &m.name, exec, TUNLINKAT, |fs, f| {
+                    if m.flags & !AT_REMOVEDIR != 0 {
+                        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+                    }
+                    fs.unlinkat(&f.inode, &m.name, m.flags)
+                        .map(|_| Rmessage::Unlinkat)
+                })
+            }
         };
         self.send(reply, &h, result, msize)
     }
 
     /// Encodes and writes a reply, replacing it by Rlerror(EMSGSIZE) if it
     /// does not fit the msize or the buffer.
-    fn send<W: ReplyWriter>(&self, reply: &mut W, h: &Header, result: OpResult, msize: u32) -> Result<Reply> {
+    fn send<W: ReplyWriter>(
+        &self,
+        reply: &mut W,
+        h: &Header,
+        result: OpResult,
+        msize: u32,
+    ) -> Result<Reply> {
         let msg = match result {
             Ok(m) => m,
             Err(e) => {
@@ -335,7 +372,10 @@ impl<F: Filesystem> Server<F> {
     fn version(&self, session: &Session<F>, m: &Tversion) -> Rmessage {
         let msize = m.msize.min(self.config.msize_max);
         if msize < MIN_MSIZE {
-            error!("9p: client msize {} is below the minimum {MIN_MSIZE}", m.msize);
+            error!(
+                "9p: client msize {} is below the minimum {MIN_MSIZE}",
+                m.msize
+            );
             session.reset(0);
             return Rmessage::Lerror(errno::EINVAL);
         }
@@ -358,7 +398,11 @@ impl<F: Filesystem> Server<F> {
         if m.afid != NOFID {
             return Err(errno::EINVAL);
         }
-        let uid = if m.n_uname == NONUNAME { NOBODY } else { m.n_uname };
+        let uid = if m.n_uname == NONUNAME {
+            NOBODY
+        } else {
+            m.n_uname
+        };
         let (inode, qid) = exec
             .run(TATTACH, || self.fs.attach(&m.aname, Cred { uid, gid: uid }))
             .map_err(|e| errno::from_io(&e))?;
@@ -447,7 +491,8 @@ impl<F: Filesystem> Server<F> {
         f: impl FnOnce(&F, &Fid<F>) -> std::io::Result<Rmessage> + Send,
     ) -> OpResult {
         let fid = session.get(fid)?;
-        exec.run(op, || f(&self.fs, &fid)).map_err(|e| errno::from_io(&e))
+        exec.run(op, || f(&self.fs, &fid))
+            .map_err(|e| errno::from_io(&e))
     }
 
     /// Runs `op` on the fid's open file (EBADF if it is not open).
@@ -463,7 +508,8 @@ impl<F: Filesystem> Server<F> {
         let FidKind::Open { file } = &fid.kind else {
             return Err(errno::EBADF);
         };
-        exec.run(op, || f(&self.fs, file)).map_err(|e| errno::from_io(&e))
+        exec.run(op, || f(&self.fs, file))
+            .map_err(|e| errno::from_io(&e))
     }
 
     /// Validates `name`, then runs `op` on directory fid `dfid`.
@@ -508,7 +554,9 @@ impl<F: Filesystem> Server<F> {
             gid: m.gid,
         };
         let (inode, file, qid) = exec
-            .run(TLCREATE, || self.fs.create(&fid.inode, &m.name, m.flags, m.mode, cred))
+            .run(TLCREATE, || {
+                self.fs.create(&fid.inode, &m.name, m.flags, m.mode, cred)
+            })
             .map_err(|e| errno::from_io(&e))?;
         let entry = Fid {
             inode,
@@ -610,7 +658,14 @@ impl<F: Filesystem> Server<F> {
         Ok(Rmessage::Xattrcreate)
     }
 
-    fn readdir<B: Blocking>(&self, session: &Session<F>, m: &Treaddir, room: usize, msize: u32, exec: &B) -> OpResult {
+    fn readdir<B: Blocking>(
+        &self,
+        session: &Session<F>,
+        m: &Treaddir,
+        room: usize,
+        msize: u32,
+        exec: &B,
+    ) -> OpResult {
         let max = (m.count as usize)
             .min(msize as usize - RHDR_COUNT)
             .min(room.saturating_sub(RHDR_COUNT));
@@ -627,7 +682,13 @@ impl<F: Filesystem> Server<F> {
         })
     }
 
-    fn lock<B: Blocking>(&self, session: &Session<F>, m: &Tlock, exec: &B, cancel: &Cancel) -> OpResult {
+    fn lock<B: Blocking>(
+        &self,
+        session: &Session<F>,
+        m: &Tlock,
+        exec: &B,
+        cancel: &Cancel,
+    ) -> OpResult {
         if m.ty > lock::TYPE_UNLCK {
             return Err(errno::EINVAL);
         }
@@ -705,7 +766,9 @@ impl<F: Filesystem> Server<F> {
                     tag: h.tag,
                 };
                 reply.write_all(&rh.to_bytes()).map_err(Error::Transport)?;
-                reply.write_all(&(n as u32).to_le_bytes()).map_err(Error::Transport)?;
+                reply
+                    .write_all(&(n as u32).to_le_bytes())
+                    .map_err(Error::Transport)?;
                 Ok(Reply {
                     tag: h.tag,
                     request_type: h.ty,

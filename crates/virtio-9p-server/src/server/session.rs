@@ -132,7 +132,12 @@ impl<F: Filesystem> Session<F> {
 
     /// Replaces `fid` only if it still refers to `expected` (guards
     /// concurrent Tlopen/Txattrcreate of one fid).
-    pub(crate) fn replace_if(&self, fid: u32, expected: &Arc<Fid<F>>, entry: Fid<F>) -> Result<(), u32> {
+    pub(crate) fn replace_if(
+        &self,
+        fid: u32,
+        expected: &Arc<Fid<F>>,
+        entry: Fid<F>,
+    ) -> Result<(), u32> {
         let mut t = self.table();
         match t.get(&fid) {
             Some(cur) if Arc::ptr_eq(cur, expected) => {

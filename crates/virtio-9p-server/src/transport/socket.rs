@@ -49,7 +49,10 @@ impl FromStr for ListenAddr {
                 return Ok(ListenAddr::Unix(PathBuf::from(path)));
             }
         } else if let Some(hp) = s.strip_prefix("tcp:") {
-            if hp.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) {
+            if hp
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+            {
                 return Ok(ListenAddr::Tcp(hp.to_string()));
             }
         }
@@ -89,14 +92,18 @@ impl Listener {
                         let _ = std::fs::remove_file(path);
                     }
                 }
-                UnixListener::bind(path).map(Listener::Unix).map_err(listen_err)
+                UnixListener::bind(path)
+                    .map(Listener::Unix)
+                    .map_err(listen_err)
             }
             ListenAddr::Tcp(hp) => {
                 let addrs: Vec<_> = hp.to_socket_addrs().map_err(listen_err)?.collect();
                 if addrs.iter().any(|a| !a.ip().is_loopback()) {
                     warn!("9p: listening on {hp}, which is not loopback; 9P has no authentication");
                 }
-                TcpListener::bind(&addrs[..]).map(Listener::Tcp).map_err(listen_err)
+                TcpListener::bind(&addrs[..])
+                    .map(Listener::Tcp)
+                    .map_err(listen_err)
             }
         }
     }
@@ -247,7 +254,14 @@ mod tests {
             "tcp:127.0.0.1:564".parse::<ListenAddr>().unwrap(),
             ListenAddr::Tcp("127.0.0.1:564".into())
         );
-        for bad in ["", "unix:", "tcp:127.0.0.1", "tcp::5", "udp:1.2.3.4:5", "tcp:h:99999"] {
+        for bad in [
+            "",
+            "unix:",
+            "tcp:127.0.0.1",
+            "tcp::5",
+            "udp:1.2.3.4:5",
+            "tcp:h:99999",
+        ] {
             let e = bad.parse::<ListenAddr>().unwrap_err();
             assert!(e.to_string().starts_with("invalid listen address"), "{e}");
         }

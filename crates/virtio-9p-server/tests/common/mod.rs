@@ -16,7 +16,12 @@ pub fn server_with(cfg: PassthroughConfig, config: Config) -> Arc<Server<Passthr
 }
 
 /// A client attached (fid ROOT, uid 0) to a passthrough export of `dir`.
-pub fn client_for(dir: &std::path::Path, model: SecurityModel, readonly: bool, openat2: bool) -> TestClient {
+pub fn client_for(
+    dir: &std::path::Path,
+    model: SecurityModel,
+    readonly: bool,
+    openat2: bool,
+) -> TestClient {
     let mut cfg = PassthroughConfig::new(dir);
     cfg.security_model = model;
     cfg.readonly = readonly;

@@ -42,8 +42,8 @@ use super::{Cred, Filesystem};
 use crate::error::{Error, Result};
 use crate::io::{ReplyWriter, RequestReader};
 use crate::protocol::{
-    getattr, lock, open_flags as of, setattr, DirEntry, Qid, Rgetattr, Rgetlock, Rstatfs, Tgetlock, Tlock,
-    Tsetattr, AT_REMOVEDIR, QTDIR, QTFILE, QTSYMLINK,
+    getattr, lock, open_flags as of, setattr, DirEntry, Qid, Rgetattr, Rgetlock, Rstatfs, Tgetlock,
+    Tlock, Tsetattr, AT_REMOVEDIR, QTDIR, QTFILE, QTSYMLINK,
 };
 use sys::check;
 
@@ -149,7 +149,11 @@ impl Inode {
     }
 
     fn link(&self) -> Option<(Inode, Vec<u8>)> {
-        self.0.link.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0
+            .link
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -227,17 +231,19 @@ impl PassthroughFs {
     /// Opens the export. Fails if `shared_dir` is not a directory or
     /// `/proc/self/fd` is unavailable.
     pub fn new(cfg: PassthroughConfig) -> Result<Self> {
-        let path = CString::new(cfg.shared_dir.as_os_str().as_bytes()).map_err(|_| Error::SharedDir {
-            path: cfg.shared_dir.clone(),
-            source: err(libc::EINVAL),
-        })?;
+        let path =
+            CString::new(cfg.shared_dir.as_os_str().as_bytes()).map_err(|_| Error::SharedDir {
+                path: cfg.shared_dir.clone(),
+                source: err(libc::EINVAL),
+            })?;
         let shared = |source| Error::SharedDir {
             path: cfg.shared_dir.clone(),
             source,
         };
         let fd = sys::open_path(&path, libc::O_PATH | libc::O_DIRECTORY).map_err(shared)?;
         let st = sys::fstat(fd.as_fd()).map_err(shared)?;
-        let proc_fd = sys::open_path(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY).map_err(Error::Proc)?;
+        let proc_fd = sys::open_path(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY)
+            .map_err(Error::Proc)?;
         let root = Inode(Arc::new(InodeData {
             fd,
             host_type: st.st_mode & libc::S_IFMT,
@@ -328,12 +334,23 @@ impl PassthroughFs {
 
     /// Applies ownership (and mode) to a freshly created `dir/name`
     /// according to the security model; removes it again on failure.
-    fn finish_create(&self, dir: &Inode, name: &[u8], cred: Cred, mode: u32, rdev: u64) -> io::Result<(Inode, Qid)> {
+    fn finish_create(
+        &self,
+        dir: &Inode,
+        name: &[u8],
+        cred: Cred,
+        mode: u32,
+        rdev: u64,
+    ) -> io::Result<(Inode, Qid)> {
         let (inode, _) = self.lookup(dir, name)?;
         let res = self.set_owner(&inode, cred, mode, rdev);
         if let Err(e) = res {
             let c = sys::cstr(name)?;
-            let flags = if inode.is_dir() { libc::AT_REMOVEDIR } else { 0 };
+            let flags = if inode.is_dir() {
+                libc::AT_REMOVEDIR
+            } else {
+                0
+            };
             // SAFETY: valid dirfd and C string.
             let _ = unsafe { libc::unlinkat(dir.fd().as_raw_fd(), c.as_ptr(), flags) };
             return Err(e);
@@ -394,7 +411,9 @@ impl PassthroughFs {
     /// The guest-visible mode of an inode.
     fn guest_mode(&self, inode: &Inode) -> io::Result<u32> {
         let st = sys::fstat(inode.fd())?;
-        Ok(self.mapped_mode(inode.fd(), st.st_mode).unwrap_or(st.st_mode))
+        Ok(self
+            .mapped_mode(inode.fd(), st.st_mode)
+            .unwrap_or(st.st_mode))
     }
 
     fn open_fd(&self, inode: &Inode, flags: libc::c_int) -> io::Result<OwnedFd> {
@@ -465,7 +484,11 @@ impl Filesystem for PassthroughFs {
         let matches_export = aname.is_empty()
             || aname == b"/"
             || aname == export
-            || canonical.as_deref().map(Path::as_os_str).map(OsStrExt::as_bytes) == Some(aname);
+            || canonical
+                .as_deref()
+                .map(Path::as_os_str)
+                .map(OsStrExt::as_bytes)
+                == Some(aname);
         if !matches_export {
             return Err(err(libc::ENOENT));
         }
@@ -637,8 +660,18 @@ impl Filesystem for PassthroughFs {
                 }
             };
             let times = [
-                ts(setattr::ATIME, setattr::ATIME_SET, attr.atime_sec, attr.atime_nsec),
-                ts(setattr::MTIME, setattr::MTIME_SET, attr.mtime_sec, attr.mtime_nsec),
+                ts(
+                    setattr::ATIME,
+                    setattr::ATIME_SET,
+                    attr.atime_sec,
+                    attr.atime_nsec,
+                ),
+                ts(
+                    setattr::MTIME,
+                    setattr::MTIME_SET,
+                    attr.mtime_sec,
+                    attr.mtime_nsec,
+                ),
             ];
             if inode.0.host_type == libc::S_IFLNK {
                 let (parent, name) = self.verify_link(inode)?;
@@ -654,7 +687,9 @@ impl Filesystem for PassthroughFs {
             } else {
                 let name = sys::cstr(inode.fd().as_raw_fd().to_string().as_bytes())?;
                 // SAFETY: valid dirfd (/proc/self/fd), C string, timespecs.
-                check!(unsafe { libc::utimensat(self.proc_fd.as_raw_fd(), name.as_ptr(), times.as_ptr(), 0) })?;
+                check!(unsafe {
+                    libc::utimensat(self.proc_fd.as_raw_fd(), name.as_ptr(), times.as_ptr(), 0)
+                })?;
             }
         }
         Ok(())
@@ -698,7 +733,14 @@ impl Filesystem for PassthroughFs {
         ))
     }
 
-    fn create(&self, dir: &Inode, name: &[u8], flags: u32, mode: u32, cred: Cred) -> io::Result<(Inode, File, Qid)> {
+    fn create(
+        &self,
+        dir: &Inode,
+        name: &[u8],
+        flags: u32,
+        mode: u32,
+        cred: Cred,
+    ) -> io::Result<(Inode, File, Qid)> {
         self.check_writable()?;
         let c = sys::cstr(name)?;
         let host = host_open_flags(flags)? & !libc::O_DIRECTORY;
@@ -733,18 +775,35 @@ impl Filesystem for PassthroughFs {
         }
     }
 
-    fn read<W: ReplyWriter>(&self, file: &File, w: &mut W, count: usize, off: u64) -> io::Result<usize> {
+    fn read<W: ReplyWriter>(
+        &self,
+        file: &File,
+        w: &mut W,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize> {
         w.write_from_file_at(file.fd(), count, off)
     }
 
-    fn write<R: RequestReader>(&self, file: &File, r: &mut R, count: usize, off: u64) -> io::Result<usize> {
+    fn write<R: RequestReader>(
+        &self,
+        file: &File,
+        r: &mut R,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize> {
         if self.cfg.readonly {
             return Err(err(libc::EROFS));
         }
         r.read_to_file_at(file.fd(), count, off)
     }
 
-    fn readdir(&self, file: &File, offset: u64, emit: &mut dyn FnMut(DirEntry) -> bool) -> io::Result<()> {
+    fn readdir(
+        &self,
+        file: &File,
+        offset: u64,
+        emit: &mut dyn FnMut(DirEntry) -> bool,
+    ) -> io::Result<()> {
         let _guard = file.dir_lock.lock().unwrap_or_else(|e| e.into_inner());
         let dir_st = sys::fstat(file.fd())?;
         sys::seek(file.fd(), offset)?;
@@ -813,7 +872,13 @@ impl Filesystem for PassthroughFs {
         self.check_writable()?;
         let c = sys::cstr(name)?;
         // SAFETY: valid dirfd and C string.
-        check!(unsafe { libc::mkdirat(dir.fd().as_raw_fd(), c.as_ptr(), self.host_create_mode(mode, true)) })?;
+        check!(unsafe {
+            libc::mkdirat(
+                dir.fd().as_raw_fd(),
+                c.as_ptr(),
+                self.host_create_mode(mode, true),
+            )
+        })?;
         let full = libc::S_IFDIR | (mode & 0o7777);
         Ok(self.finish_create(dir, name, cred, full, 0)?.1)
     }
@@ -823,7 +888,11 @@ impl Filesystem for PassthroughFs {
         let c = sys::cstr(name)?;
         let t = sys::cstr(target)?;
         if target.is_empty() || target.len() >= libc::PATH_MAX as usize {
-            return Err(err(if target.is_empty() { libc::ENOENT } else { libc::ENAMETOOLONG }));
+            return Err(err(if target.is_empty() {
+                libc::ENOENT
+            } else {
+                libc::ENAMETOOLONG
+            }));
         }
         if self.mapped() {
             let fd = sys::open_beneath(
@@ -843,7 +912,9 @@ impl Filesystem for PassthroughFs {
             // SAFETY: valid C strings and dirfd.
             check!(unsafe { libc::symlinkat(t.as_ptr(), dir.fd().as_raw_fd(), c.as_ptr()) })?;
         }
-        Ok(self.finish_create(dir, name, cred, libc::S_IFLNK | 0o777, 0)?.1)
+        Ok(self
+            .finish_create(dir, name, cred, libc::S_IFLNK | 0o777, 0)?
+            .1)
     }
 
     fn mknod(&self, dir: &Inode, name: &[u8], mode: u32, rdev: u64, cred: Cred) -> io::Result<Qid> {
@@ -863,7 +934,11 @@ impl Filesystem for PassthroughFs {
         };
         // SAFETY: valid dirfd and C string.
         check!(unsafe { libc::mknodat(dir.fd().as_raw_fd(), c.as_ptr(), host_mode, host_rdev) })?;
-        let rdev = if matches!(kind, libc::S_IFCHR | libc::S_IFBLK) { rdev } else { 0 };
+        let rdev = if matches!(kind, libc::S_IFCHR | libc::S_IFBLK) {
+            rdev
+        } else {
+            0
+        };
         Ok(self.finish_create(dir, name, cred, mode, rdev)?.1)
     }
 
@@ -935,11 +1010,18 @@ impl Filesystem for PassthroughFs {
                 c.as_ptr(),
             )
         })?;
-        *inode.0.link.lock().unwrap_or_else(|e| e.into_inner()) = Some((dir.clone(), name.to_vec()));
+        *inode.0.link.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((dir.clone(), name.to_vec()));
         Ok(())
     }
 
-    fn renameat(&self, olddir: &Inode, oldname: &[u8], newdir: &Inode, newname: &[u8]) -> io::Result<()> {
+    fn renameat(
+        &self,
+        olddir: &Inode,
+        oldname: &[u8],
+        newdir: &Inode,
+        newname: &[u8],
+    ) -> io::Result<()> {
         self.check_writable()?;
         let o = sys::cstr(oldname)?;
         let n = sys::cstr(newname)?;
@@ -958,7 +1040,11 @@ impl Filesystem for PassthroughFs {
     fn unlinkat(&self, dir: &Inode, name: &[u8], flags: u32) -> io::Result<()> {
         self.check_writable()?;
         let c = sys::cstr(name)?;
-        let host = if flags & AT_REMOVEDIR != 0 { libc::AT_REMOVEDIR } else { 0 };
+        let host = if flags & AT_REMOVEDIR != 0 {
+            libc::AT_REMOVEDIR
+        } else {
+            0
+        };
         // SAFETY: valid dirfd and C string.
         check!(unsafe { libc::unlinkat(dir.fd().as_raw_fd(), c.as_ptr(), host) })?;
         Ok(())
@@ -967,7 +1053,11 @@ impl Filesystem for PassthroughFs {
     fn remove(&self, inode: &Inode) -> io::Result<()> {
         self.check_writable()?;
         let (parent, name) = self.verify_link(inode)?;
-        let flags = if inode.is_dir() { libc::AT_REMOVEDIR } else { 0 };
+        let flags = if inode.is_dir() {
+            libc::AT_REMOVEDIR
+        } else {
+            0
+        };
         // SAFETY: valid dirfd and C string.
         check!(unsafe { libc::unlinkat(parent.fd().as_raw_fd(), name.as_ptr(), flags) })?;
         Ok(())
@@ -1051,7 +1141,11 @@ impl Filesystem for PassthroughFs {
             ty,
             start: fl.l_start as u64,
             length: fl.l_len as u64,
-            proc_id: if fl.l_pid > 0 { fl.l_pid as u32 } else { l.proc_id },
+            proc_id: if fl.l_pid > 0 {
+                fl.l_pid as u32
+            } else {
+                l.proc_id
+            },
             client_id: l.client_id.clone(),
         })
     }
@@ -1063,7 +1157,11 @@ mod tests {
 
     #[test]
     fn test_security_model_parse_and_display() {
-        for m in [SecurityModel::Passthrough, SecurityModel::MappedXattr, SecurityModel::None] {
+        for m in [
+            SecurityModel::Passthrough,
+            SecurityModel::MappedXattr,
+            SecurityModel::None,
+        ] {
             assert_eq!(m.to_string().parse::<SecurityModel>().unwrap(), m);
         }
         let e = "bogus".parse::<SecurityModel>().unwrap_err();
@@ -1083,6 +1181,10 @@ mod tests {
     #[test]
     fn test_new_rejects_missing_dir() {
         let e = PassthroughFs::new(PassthroughConfig::new("/nonexistent/dir/x")).unwrap_err();
-        assert!(e.to_string().starts_with("cannot open shared directory /nonexistent/dir/x"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("cannot open shared directory /nonexistent/dir/x"),
+            "{e}"
+        );
     }
 }

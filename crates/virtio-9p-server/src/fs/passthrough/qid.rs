@@ -39,7 +39,11 @@ impl QidMap {
 
     /// Whether more than one device has been seen.
     pub fn multi_device(&self) -> bool {
-        !self.prefixes.read().unwrap_or_else(|e| e.into_inner()).is_empty()
+        !self
+            .prefixes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
     }
 
     /// The qid path of `(dev, ino)`.
@@ -59,7 +63,12 @@ impl QidMap {
     }
 
     fn prefix(&self, dev: u64) -> Option<u64> {
-        if let Some(p) = self.prefixes.read().unwrap_or_else(|e| e.into_inner()).get(&dev) {
+        if let Some(p) = self
+            .prefixes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&dev)
+        {
             return Some(*p);
         }
         let mut map = self.prefixes.write().unwrap_or_else(|e| e.into_inner());

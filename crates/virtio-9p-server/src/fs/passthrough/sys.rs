@@ -58,7 +58,10 @@ pub fn have_openat2() -> bool {
             let dot = c".";
             let res = openat2(libc::AT_FDCWD, dot, libc::O_PATH, libc::RESOLVE_BENEATH);
             let yes = !matches!(&res, Err(e) if e.raw_os_error() == Some(libc::ENOSYS));
-            OPENAT2.store(if yes { OPENAT2_YES } else { OPENAT2_NO }, Ordering::Relaxed);
+            OPENAT2.store(
+                if yes { OPENAT2_YES } else { OPENAT2_NO },
+                Ordering::Relaxed,
+            );
             yes
         }
     }
@@ -105,7 +108,11 @@ pub fn open_beneath(
         // SAFETY: `open_how` is plain old data; zeroed is a valid value.
         let mut how: libc::open_how = unsafe { std::mem::zeroed() };
         how.flags = flags as u64;
-        how.mode = if flags & libc::O_CREAT != 0 { mode as u64 } else { 0 };
+        how.mode = if flags & libc::O_CREAT != 0 {
+            mode as u64
+        } else {
+            0
+        };
         how.resolve =
             libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
         // SAFETY: `how` and `name` are valid for the call and the size
@@ -123,7 +130,9 @@ pub fn open_beneath(
     }
     // SAFETY: valid dirfd and C string; the mode is passed as the variadic
     // argument openat expects.
-    let fd = check!(unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags, mode as libc::c_uint) })?;
+    let fd = check!(unsafe {
+        libc::openat(dir.as_raw_fd(), name.as_ptr(), flags, mode as libc::c_uint)
+    })?;
     Ok(own(fd))
 }
 
@@ -141,7 +150,11 @@ pub fn open_parent(dir: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 }
 
 /// Reopens an `O_PATH` fd for I/O through `/proc/self/fd`.
-pub fn reopen(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>, flags: libc::c_int) -> io::Result<OwnedFd> {
+pub fn reopen(
+    proc_fd: BorrowedFd<'_>,
+    fd: BorrowedFd<'_>,
+    flags: libc::c_int,
+) -> io::Result<OwnedFd> {
     let name = cstr(fd.as_raw_fd().to_string().as_bytes())?;
     let flags = (flags & !libc::O_NOFOLLOW) | libc::O_CLOEXEC | libc::O_NOCTTY;
     // SAFETY: valid dirfd and C string.
