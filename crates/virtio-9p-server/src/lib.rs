@@ -1,5 +1,5 @@
 //! A 9P2000.L file server for VMMs: a library a VMM embeds, a plain socket
-//! server, and (next) a vhost-user daemon.
+//! server and a vhost-user daemon.
 //!
 //! Follow one request through the crate:
 //!
@@ -54,6 +54,6 @@ pub use error::{Error, Result};
 pub use fs::passthrough::{PassthroughConfig, PassthroughFs, SecurityModel};
 pub use io::{ReplyWriter, RequestReader};
 pub use server::{
-    Blocking, Cancel, Config, Inline, Reply, Server, Session, DEFAULT_LOCK_WAIT, DEFAULT_MAX_FIDS, MAX_XATTR_NAME,
-    MAX_XATTR_SIZE,
+    Blocking, Cancel, Config, Inline, Reply, Server, Session, DEFAULT_LOCK_WAIT, DEFAULT_MAX_FIDS,
+    MAX_XATTR_NAME, MAX_XATTR_SIZE,
 };
