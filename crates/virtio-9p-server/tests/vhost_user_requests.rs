@@ -14,6 +14,18 @@ use virtio_9p_server::vhost_user::mock::{
     FakeVmm, Layout, VmmOptions, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE,
 };
 
+/// Takes or drops an OFD lock on the whole file (conflicts with the
+/// daemon's OFD locks even in the same process).
+fn ofd_lock(file: &std::fs::File, ty: i32) {
+    // SAFETY: a zeroed flock is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = ty as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    // SAFETY: a valid fd and flock pointer for the call.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+}
+
 fn attach_open(vmm: &mut FakeVmm, name: &str, flags: u32) {
     let attach = Tmessage::Attach(Tattach {
         fid: 0,
@@ -156,15 +168,7 @@ fn test_1024_blocked_locks_in_flight_then_flushed() {
         .write(true)
         .open(&path)
         .unwrap();
-    // SAFETY: zeroed flock is valid; fcntl on our own fd.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as i16;
-    fl.l_whence = libc::SEEK_SET as i16;
-    // SAFETY: valid fd and flock pointer.
-    assert_eq!(
-        unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_OFD_SETLK, &fl) },
-        0
-    );
+    ofd_lock(&holder, libc::F_WRLCK);
 
     let mut vmm = d.connect(VmmOptions {
         mem_size: 64 << 20,
@@ -233,12 +237,7 @@ fn test_1024_blocked_locks_in_flight_then_flushed() {
 
     // Release the lock: the others are granted (or answer BLOCKED after
     // the server's lock wait) and every chain comes back.
-    fl.l_type = libc::F_UNLCK as i16;
-    // SAFETY: as above.
-    assert_eq!(
-        unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_OFD_SETLK, &fl) },
-        0
-    );
+    ofd_lock(&holder, libc::F_UNLCK);
     let mut left = subs.len() - 1;
     let deadline = Instant::now() + Duration::from_secs(60);
     while left > 0 && Instant::now() < deadline {

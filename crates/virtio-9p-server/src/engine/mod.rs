@@ -38,9 +38,10 @@ use std::time::{Duration, Instant};
 
 use coro_pool::{Coroutine, CoroutineResult, Reservation, StackPool, Yielder};
 use log::{debug, error};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::protocol::{TREAD, TVERSION};
+use crate::protocol::{TLOCK, TREAD, TVERSION};
 use crate::server::{Blocking, Cancel};
 
 pub use workers::MAX_WORKERS;
@@ -113,10 +114,20 @@ enum Resume {
     JobDone(bool),
 }
 
+/// Which worker pool runs a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// Filesystem calls.
+    General,
+    /// Calls that may wait a long time for someone else (blocking Tlock):
+    /// kept apart so a pile of blocked locks cannot starve reads and writes.
+    Wait,
+}
+
 /// Why a coroutine yielded.
 enum Suspend {
     /// Run this job on a worker.
-    Offload(JobFn),
+    Offload(JobFn, Lane),
     /// Wake me at this instant.
     Sleep(Instant),
     /// Cancel the request with this tag and wake me when it is gone.
@@ -130,7 +141,7 @@ enum State {
     /// Being resumed, or about to be.
     Runnable,
     /// Its job is queued or running on a worker.
-    OnWorker(JobId),
+    OnWorker(JobId, Lane),
     /// Sleeping until a deadline.
     Sleeping,
     /// A Tflush waiting for its target.
@@ -183,6 +194,10 @@ pub fn on_coroutine() -> bool {
 /// returns its result. Outside an engine coroutine it simply calls `f`.
 /// A panic in `f` is propagated to the caller.
 pub fn offload<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    offload_in(Lane::General, f)
+}
+
+fn offload_in<R: Send>(lane: Lane, f: impl FnOnce() -> R + Send) -> R {
     if !on_coroutine() {
         return f();
     }
@@ -198,7 +213,7 @@ pub fn offload<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     // suspended, and never drops it, until the worker has finished calling
     // the closure (see `Engine::run`), so the borrow outlives every use.
     let ptr: *mut (dyn FnMut() + Send + 'static) = unsafe { std::mem::transmute(dyn_call) };
-    match suspend(Suspend::Offload(JobFn(ptr))) {
+    match suspend(Suspend::Offload(JobFn(ptr), lane)) {
         Some(Resume::JobDone(false)) => {}
         Some(Resume::JobDone(true)) => resume_unwind(Box::new("filesystem call panicked")),
         _ => resume_unwind(Box::new("engine resumed an offloaded request early")),
@@ -268,6 +283,7 @@ impl Blocking for EngineExec {
                 f()
             }
             OffloadPolicy::Auto if op == TVERSION => f(),
+            OffloadPolicy::Auto if op == TLOCK => offload_in(Lane::Wait, f),
             OffloadPolicy::Auto => offload(f),
         }
     }
@@ -293,7 +309,9 @@ pub struct EngineStats {
 pub struct Engine {
     pool: Arc<StackPool>,
     _reservation: Reservation,
+    wake: EventFd,
     workers: Workers,
+    wait_workers: Workers,
     timer: TimerFd,
     timer_deadline: Option<Instant>,
     sleepers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
@@ -322,7 +340,12 @@ impl Engine {
     /// An engine whose coroutines take stacks from `pool`; it reserves
     /// `config.max_in_flight` stacks while it lives.
     pub fn new(pool: Arc<StackPool>, config: &EngineConfig) -> Result<Engine, EngineError> {
-        let workers = Workers::new(config.workers).map_err(EngineError::Workers)?;
+        let wake = EventFd::new(EFD_NONBLOCK).map_err(EngineError::Workers)?;
+        let clone = || wake.try_clone().map_err(EngineError::Workers);
+        let workers =
+            Workers::new(config.workers, "9p-worker", clone()?).map_err(EngineError::Workers)?;
+        let wait_workers =
+            Workers::new(config.workers, "9p-lock-wait", clone()?).map_err(EngineError::Workers)?;
         let timer = TimerFd::new()
             .map_err(|e| EngineError::Timer(io::Error::from_raw_os_error(e.errno())))?;
         set_nonblocking(timer.as_raw_fd()).map_err(EngineError::Timer)?;
@@ -330,7 +353,9 @@ impl Engine {
         Ok(Engine {
             pool,
             _reservation: reservation,
+            wake,
             workers,
+            wait_workers,
             timer,
             timer_deadline: None,
             sleepers: BinaryHeap::new(),
@@ -350,7 +375,7 @@ impl Engine {
     /// The fd that becomes readable when workers have finished jobs; call
     /// [`Engine::poll`] then.
     pub fn wake_fd(&self) -> std::os::fd::RawFd {
-        self.workers.wake_fd().as_raw_fd()
+        self.wake.as_raw_fd()
     }
 
     /// The timer fd that becomes readable when a sleeping request is due;
@@ -436,10 +461,15 @@ impl Engine {
     /// Collects finished jobs and due sleepers and resumes their requests.
     pub fn poll(&mut self) {
         let mut done = std::mem::take(&mut self.done_scratch);
+        let _ = self.wake.read();
         self.workers.take_done(&mut done);
+        self.wait_workers.take_done(&mut done);
         for d in done.drain(..) {
             match self.slots.get(d.id.slot).and_then(|s| s.as_ref()) {
-                Some(s) if s.generation == d.id.generation && s.state == State::OnWorker(d.id) => {
+                Some(s)
+                    if s.generation == d.id.generation
+                        && matches!(s.state, State::OnWorker(id, _) if id == d.id) =>
+                {
                     self.runq
                         .push_back((d.id.slot, Resume::JobDone(d.panicked)));
                 }
@@ -495,8 +525,10 @@ impl Engine {
             if now >= deadline {
                 return self.live;
             }
-            self.workers
-                .wait_idle((deadline - now).min(Duration::from_millis(50)));
+            let step = (deadline - now).min(Duration::from_millis(50));
+            if self.workers.wait_idle(step) {
+                self.wait_workers.wait_idle(step);
+            }
             self.poll();
         }
     }
@@ -508,7 +540,7 @@ impl Engine {
             return false;
         };
         let cancellable = match s.state {
-            State::OnWorker(id) => self.workers.cancel(id),
+            State::OnWorker(id, lane) => self.pool_of(lane).cancel(id),
             State::Sleeping | State::Flushing => true,
             State::Runnable => false,
         };
@@ -562,7 +594,7 @@ impl Engine {
             CURRENT.with(|c| c.set(None));
             match result {
                 Ok(CoroutineResult::Return(len)) => self.finish(idx, len, false),
-                Ok(CoroutineResult::Yield(Suspend::Offload(func))) => {
+                Ok(CoroutineResult::Yield(Suspend::Offload(func, lane))) => {
                     let slot = self.slots[idx].as_mut().expect("slot is live");
                     if slot.cancel.is_cancelled() {
                         // Flushed before the call started: drop it unrun.
@@ -573,9 +605,9 @@ impl Engine {
                         slot: idx,
                         generation: slot.generation,
                     };
-                    slot.state = State::OnWorker(id);
+                    slot.state = State::OnWorker(id, lane);
                     self.stats.offloaded += 1;
-                    self.workers.submit(Job { id, func });
+                    self.pool_of(lane).submit(Job { id, func });
                 }
                 Ok(CoroutineResult::Yield(Suspend::Sleep(when))) => {
                     let slot = self.slots[idx].as_mut().expect("slot is live");
@@ -609,6 +641,13 @@ impl Engine {
                     self.finish(idx, 0, true);
                 }
             }
+        }
+    }
+
+    fn pool_of(&self, lane: Lane) -> &Workers {
+        match lane {
+            Lane::General => &self.workers,
+            Lane::Wait => &self.wait_workers,
         }
     }
 
@@ -651,7 +690,9 @@ impl Drop for Engine {
             let left = self.quiesce(QUIESCE_TIMEOUT);
             if left > 0 {
                 loop {
-                    if self.workers.wait_idle(Duration::from_secs(1)) {
+                    if self.workers.wait_idle(Duration::from_secs(1))
+                        && self.wait_workers.wait_idle(Duration::from_secs(1))
+                    {
                         break;
                     }
                     error!("virtio-9p: waiting for {left} filesystem calls to finish before dropping the engine");
@@ -665,7 +706,7 @@ impl Drop for Engine {
         // rather than freed under the worker's feet.
         for idx in 0..self.slots.len() {
             match self.slots[idx].as_ref().map(|s| s.state) {
-                Some(State::OnWorker(id)) if !self.workers.cancel(id) => {
+                Some(State::OnWorker(id, lane)) if !self.pool_of(lane).cancel(id) => {
                     if let Some(slot) = self.slots[idx].take() {
                         error!("virtio-9p: leaking a request whose filesystem call never returned");
                         std::mem::forget(slot);
@@ -689,4 +730,249 @@ fn set_nonblocking(fd: std::os::fd::RawFd) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    fn engine(workers: usize) -> Engine {
+        let pool = Arc::new(
+            StackPool::new(coro_pool::PoolConfig::default().stack_size(DEFAULT_STACK_SIZE))
+                .unwrap(),
+        );
+        Engine::new(
+            pool,
+            &EngineConfig {
+                workers,
+                max_in_flight: 1024,
+                offload: OffloadPolicy::Auto,
+            },
+        )
+        .unwrap()
+    }
+
+    /// Polls until `n` completions arrived (or 10 s).
+    fn drive(e: &mut Engine, n: usize) -> Vec<(u16, u32)> {
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while out.len() < n && Instant::now() < deadline {
+            e.poll();
+            e.take_completed(&mut out);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        out
+    }
+
+    #[test]
+    fn test_offload_runs_off_thread_and_returns() {
+        let mut e = engine(2);
+        let me = std::thread::current().id();
+        e.spawn(1, Some(1), Cancel::new(), move || {
+            let other = offload(move || std::thread::current().id() != me);
+            assert!(other);
+            42
+        })
+        .unwrap();
+        assert_eq!(e.in_flight(), 1);
+        assert_eq!(drive(&mut e, 1), vec![(1, 42)]);
+        assert_eq!(e.stats().offloaded, 1);
+    }
+
+    #[test]
+    fn test_inline_request_completes_without_a_hop() {
+        let mut e = engine(1);
+        e.spawn(3, None, Cancel::new(), || 7).unwrap();
+        let mut out = Vec::new();
+        e.take_completed(&mut out);
+        assert_eq!(out, vec![(3, 7)]);
+        assert_eq!(e.stats().offloaded, 0);
+    }
+
+    #[test]
+    fn test_1024_in_flight_on_two_workers() {
+        let mut e = engine(2);
+        let gate = Arc::new(std::sync::Barrier::new(3));
+        let started = Arc::new(AtomicUsize::new(0));
+        for i in 0..1024u16 {
+            let gate = Arc::clone(&gate);
+            let started = Arc::clone(&started);
+            e.spawn(i, Some(i), Cancel::new(), move || {
+                offload(move || {
+                    // The first two jobs hold both workers until the test
+                    // has seen all 1024 requests in flight.
+                    if started.fetch_add(1, Ordering::SeqCst) < 2 {
+                        gate.wait();
+                    }
+                });
+                1
+            })
+            .unwrap();
+        }
+        assert_eq!(e.in_flight(), 1024);
+        assert_eq!(e.stats().peak_in_flight, 1024);
+        gate.wait();
+        assert_eq!(drive(&mut e, 1024).len(), 1024);
+        assert_eq!(e.in_flight(), 0);
+    }
+
+    #[test]
+    fn test_flush_drops_a_queued_request_before_rflush() {
+        let mut e = engine(1);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let rx = Arc::new(Mutex::new(rx));
+        // Tag 1 occupies the only worker; tag 2 waits in the queue.
+        let r = Arc::clone(&rx);
+        e.spawn(10, Some(1), Cancel::new(), move || {
+            offload(move || r.lock().unwrap().recv().unwrap());
+            11
+        })
+        .unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let ran2 = Arc::clone(&ran);
+        e.spawn(20, Some(2), Cancel::new(), move || {
+            offload(move || ran2.fetch_add(1, Ordering::SeqCst));
+            22
+        })
+        .unwrap();
+        // Tflush of tag 2: completes the old request (length 0) first.
+        e.spawn(30, None, Cancel::new(), || {
+            flush(2);
+            7
+        })
+        .unwrap();
+        let mut out = Vec::new();
+        e.take_completed(&mut out);
+        assert_eq!(out, vec![(20, 0), (30, 7)]);
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            0,
+            "a flushed queued call never runs"
+        );
+        tx.send(()).unwrap();
+        assert_eq!(drive(&mut e, 1), vec![(10, 11)]);
+        assert_eq!(e.stats().cancelled, 1);
+    }
+
+    #[test]
+    fn test_flush_waits_for_a_running_request() {
+        let mut e = engine(1);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let cancel = Cancel::new();
+        let seen = cancel.clone();
+        e.spawn(1, Some(5), cancel, move || {
+            let interrupted = offload(move || {
+                rx.recv().unwrap();
+                seen.is_cancelled()
+            });
+            if interrupted {
+                0
+            } else {
+                99
+            }
+        })
+        .unwrap();
+        // Give the worker time to start the call.
+        std::thread::sleep(Duration::from_millis(50));
+        e.spawn(2, None, Cancel::new(), || {
+            flush(5);
+            7
+        })
+        .unwrap();
+        let mut out = Vec::new();
+        e.take_completed(&mut out);
+        assert!(out.is_empty(), "Rflush must wait for the running request");
+        tx.send(()).unwrap();
+        assert_eq!(drive(&mut e, 2), vec![(1, 0), (2, 7)]);
+    }
+
+    #[test]
+    fn test_flush_of_unknown_tag_answers_at_once() {
+        let mut e = engine(1);
+        e.spawn(1, None, Cancel::new(), || {
+            flush(1234);
+            7
+        })
+        .unwrap();
+        let mut out = Vec::new();
+        e.take_completed(&mut out);
+        assert_eq!(out, vec![(1, 7)]);
+    }
+
+    #[test]
+    fn test_sleep_yields_to_the_timer() {
+        let mut e = engine(1);
+        let t0 = Instant::now();
+        e.spawn(1, None, Cancel::new(), || {
+            sleep(Duration::from_millis(30));
+            5
+        })
+        .unwrap();
+        e.spawn(2, None, Cancel::new(), || 6).unwrap();
+        let mut out = Vec::new();
+        e.take_completed(&mut out);
+        assert_eq!(out, vec![(2, 6)], "the sleeper must not block the thread");
+        assert_eq!(drive(&mut e, 1), vec![(1, 5)]);
+        assert!(t0.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn test_panicking_call_returns_the_chain_empty() {
+        let mut e = engine(1);
+        e.spawn(1, None, Cancel::new(), || {
+            offload(|| panic!("boom"));
+            9
+        })
+        .unwrap();
+        assert_eq!(drive(&mut e, 1), vec![(1, 0)]);
+        // The engine keeps working.
+        e.spawn(2, None, Cancel::new(), || offload(|| 3)).unwrap();
+        assert_eq!(drive(&mut e, 1), vec![(2, 3)]);
+    }
+
+    #[test]
+    fn test_quiesce_cancels_waiting_requests() {
+        let mut e = engine(1);
+        for i in 0..4u16 {
+            e.spawn(i, Some(i), Cancel::new(), || {
+                sleep(Duration::from_secs(3600));
+                1
+            })
+            .unwrap();
+        }
+        assert_eq!(e.quiesce(Duration::from_secs(1)), 0);
+        let mut out = Vec::new();
+        e.take_completed(&mut out);
+        assert_eq!(out.len(), 4);
+        assert!(out.iter().all(|(_, len)| *len == 0));
+    }
+
+    #[test]
+    fn test_offload_outside_a_coroutine_runs_inline() {
+        assert!(!on_coroutine());
+        assert_eq!(offload(|| 5), 5);
+        assert_eq!(EngineExec::new(OffloadPolicy::Always).run(TREAD, || 6), 6);
+    }
+
+    #[test]
+    fn test_too_many_requests_is_an_error() {
+        let pool = Arc::new(StackPool::new(coro_pool::PoolConfig::default()).unwrap());
+        let cfg = EngineConfig {
+            workers: 1,
+            max_in_flight: 1,
+            offload: OffloadPolicy::Auto,
+        };
+        let mut e = Engine::new(pool, &cfg).unwrap();
+        e.spawn(1, None, Cancel::new(), || {
+            sleep(Duration::from_secs(3600));
+            1
+        })
+        .unwrap();
+        assert!(matches!(
+            e.spawn(2, None, Cancel::new(), || 1),
+            Err(EngineError::TooManyRequests(1))
+        ));
+    }
 }

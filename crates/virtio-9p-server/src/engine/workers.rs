@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use log::error;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::eventfd::EventFd;
 
 /// Most worker threads a pool may have.
 pub const MAX_WORKERS: usize = 1024;
@@ -75,8 +75,9 @@ pub(crate) struct Workers {
 }
 
 impl Workers {
-    /// Starts `n` workers (1 to [`MAX_WORKERS`]).
-    pub fn new(n: usize) -> io::Result<Workers> {
+    /// Starts `n` workers (1 to [`MAX_WORKERS`]) named `name-i`; they
+    /// write `wake` when completions are waiting.
+    pub fn new(n: usize, name: &str, wake: EventFd) -> io::Result<Workers> {
         if n == 0 || n > MAX_WORKERS {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -92,7 +93,7 @@ impl Workers {
             }),
             work: Condvar::new(),
             idle: Condvar::new(),
-            wake: EventFd::new(EFD_NONBLOCK)?,
+            wake,
         });
         let mut workers = Workers {
             shared,
@@ -101,16 +102,11 @@ impl Workers {
         for i in 0..n {
             let shared = Arc::clone(&workers.shared);
             let t = std::thread::Builder::new()
-                .name(format!("9p-worker-{i}"))
+                .name(format!("{name}-{i}"))
                 .spawn(move || worker_loop(&shared))?;
             workers.threads.push(t);
         }
         Ok(workers)
-    }
-
-    /// The eventfd that becomes readable when completions are waiting.
-    pub fn wake_fd(&self) -> &EventFd {
-        &self.shared.wake
     }
 
     /// Queues a job.
@@ -132,9 +128,8 @@ impl Workers {
         false
     }
 
-    /// Takes the completions posted so far.
+    /// Takes the completions posted so far. Read the wake eventfd first.
     pub fn take_done(&self, out: &mut Vec<Done>) {
-        let _ = self.shared.wake.read();
         let mut st = self.shared.lock();
         out.append(&mut st.done);
     }

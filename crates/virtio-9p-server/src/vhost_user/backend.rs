@@ -121,6 +121,7 @@ pub struct Virtio9pBackend<F: Filesystem> {
     control_fd: EventFd,
     control: Mutex<Control>,
     control_cv: Condvar,
+    exit_fds: Mutex<Vec<RawFd>>,
 }
 
 impl<F: Filesystem> std::fmt::Debug for Virtio9pBackend<F> {
@@ -177,6 +178,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 done: 0,
             }),
             control_cv: Condvar::new(),
+            exit_fds: Mutex::new(Vec::new()),
         })
     }
 
@@ -196,6 +198,31 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     /// The 9P session of this device.
     pub fn session(&self) -> &Arc<Session<F>> {
         &self.session
+    }
+
+    /// Closes the exit-event fds handed to vhost-user-backend.
+    ///
+    /// vhost-user-backend 0.24 registers the consumer half of
+    /// [`exit_event`](VhostUserBackend::exit_event) with `into_raw_fd()` and
+    /// never closes it: one fd leaks per `VhostUserDaemon`. Call this after
+    /// the daemon (and so its vring threads and epoll handlers) has been
+    /// dropped; the fds are owned by nobody then.
+    ///
+    /// # Safety
+    ///
+    /// The `VhostUserDaemon` this backend was given to must have been
+    /// dropped, so that nothing uses the fds any more.
+    pub unsafe fn close_leaked_exit_fds(&self) {
+        for fd in self
+            .exit_fds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            // SAFETY: per the contract, the daemon that leaked `fd` is gone
+            // and nothing else owns it.
+            unsafe { libc::close(fd) };
+        }
     }
 
     /// Cancels waiting requests and waits for running ones (on the vring
@@ -433,7 +460,13 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
         match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
-            Ok(pair) => Some(pair),
+            Ok(pair) => {
+                self.exit_fds
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(pair.0.as_raw_fd());
+                Some(pair)
+            }
             Err(e) => {
                 error!("virtio-9p: cannot create the vring thread's exit event: {e}");
                 None

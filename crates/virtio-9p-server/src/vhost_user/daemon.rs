@@ -152,11 +152,12 @@ impl<F: Filesystem + 'static> Daemon<F> {
             Listen::Fd(fd) => {
                 // SAFETY: fstat on an arbitrary fd number only writes `st`.
                 let mut st: libc::stat = unsafe { std::mem::zeroed() };
-                // SAFETY: as above.
-                if *fd < 0
-                    || unsafe { libc::fstat(*fd, &mut st) } != 0
-                    || st.st_mode & libc::S_IFMT != libc::S_IFSOCK
-                {
+                let ok = *fd >= 0 && {
+                    // SAFETY: as above; an invalid fd just fails with EBADF.
+                    let r = unsafe { libc::fstat(*fd, &mut st) };
+                    r == 0
+                };
+                if !ok || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
                     return Err(DaemonError::BadFd(*fd));
                 }
                 // SAFETY: the caller hands the fd over (`--fd`): it is an
@@ -245,6 +246,9 @@ impl<F: Filesystem + 'static> Daemon<F> {
             if let Err(e) = daemon.start(&mut self.listener) {
                 warn!("virtio-9p: accepting a frontend failed: {e}");
                 backend.shutdown();
+                drop(daemon);
+                // SAFETY: the daemon (with its vring thread) was just dropped.
+                unsafe { backend.close_leaked_exit_fds() };
                 continue;
             }
             let n = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
@@ -257,6 +261,8 @@ impl<F: Filesystem + 'static> Daemon<F> {
             *self.stop.0.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
             backend.shutdown();
             drop(daemon);
+            // SAFETY: the daemon (with its vring thread) was just dropped.
+            unsafe { backend.close_leaked_exit_fds() };
             match result {
                 Ok(()) => info!("virtio-9p: frontend {n} disconnected"),
                 Err(e) => warn!("virtio-9p: frontend {n} ended: {e}"),

@@ -55,10 +55,10 @@ pub const MAX_QUEUE_SIZE: u16 = 32768;
 /// works with page-sized scatter-gather lists.
 pub const MAX_CHAIN_DESCRIPTORS: u32 = virtqueue_large::LARGE_MAX_DESCRIPTORS + 3;
 
-/// The chain policy of the request queue: `ChainLimits::large()` (128 MiB
-/// + 64 KiB) with [`MAX_CHAIN_DESCRIPTORS`], independent of the ring size,
-/// and indirect tables accepted when the driver acked
-/// `VIRTIO_RING_F_INDIRECT_DESC`.
+/// The chain policy of the request queue: the byte cap of
+/// `ChainLimits::large()` (128 MiB plus 64 KiB) with
+/// [`MAX_CHAIN_DESCRIPTORS`], independent of the ring size, and indirect
+/// tables accepted when the driver acked `VIRTIO_RING_F_INDIRECT_DESC`.
 pub fn chain_limits(indirect: bool) -> ChainLimits {
     ChainLimits::large()
         .with_max_descriptors(MAX_CHAIN_DESCRIPTORS)
