@@ -113,6 +113,8 @@ mod segments;
 mod walk;
 
 #[cfg(any(test, feature = "test-utils"))]
+pub mod fuzzing;
+#[cfg(any(test, feature = "test-utils"))]
 pub mod mock;
 
 pub use crate::error::{Error, ErrorKind, Result};

@@ -1,0 +1,537 @@
+//! Fuzzing support (feature `test-utils`): the invariant checks that the
+//! `virtqueue_chain` cargo-fuzz target applies to every accepted chain
+//! ([`check_chain`], [`compare_with_virtio_queue`], [`serve`],
+//! [`pop_and_serve`]), and a self-contained byte-level harness ([`run`])
+//! whose [`seeds`] the unit tests replay, so the checks also run in plain
+//! `cargo test`.
+//!
+//! [`run`]'s input is decoded byte by byte (running out of bytes reads zeros and
+//! ends the op list): a header picks the queue size, the policy and
+//! event-idx; then up to 64 operations lay out valid, malicious or raw
+//! chains through the [`mock`](crate::mock), corrupt the available index,
+//! pop and serve chains, and reclaim used entries. Every accepted chain is
+//! checked: its bytes are exactly readable/writable through the
+//! Reader/Writer, every segment lies in guest memory, the limits hold, and
+//! virtio-queue's own iterator sees the same descriptors and bytes.
+
+use std::io::{Read, Write};
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use crate::mock::{desc, guest_memory, Buf, Layout, Malicious, MockDriver, F_INDIRECT};
+use crate::{Chain, ChainLimits, ChainWalker};
+
+/// Guest memory of every fuzz run.
+pub const MEMORY: usize = 4 << 20;
+
+const MAX_OPS: usize = 64;
+
+struct Input<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl Input<'_> {
+    fn done(&self) -> bool {
+        self.pos >= self.data.len()
+    }
+
+    fn u8(&mut self) -> u8 {
+        let b = self.data.get(self.pos).copied().unwrap_or(0);
+        self.pos += 1;
+        b
+    }
+
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.u8(), self.u8()])
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
+    }
+
+    fn u64(&mut self) -> u64 {
+        u64::from(self.u32()) | (u64::from(self.u32()) << 32)
+    }
+}
+
+/// Operation codes (the low 3 bits of an op byte).
+#[derive(Debug, Clone, Copy)]
+#[repr(u8)]
+pub enum Op {
+    /// Lay out a valid-looking chain through the mock: layout byte, count
+    /// byte, then per buffer a u16 length and a writable byte.
+    AddChain = 0,
+    /// Lay out a [`Malicious`] pattern: index byte.
+    AddMalicious = 1,
+    /// Write raw descriptors into the ring and publish a raw head.
+    RawRing = 2,
+    /// Write a raw indirect table and publish a ring descriptor to it.
+    RawTable = 3,
+    /// Pop and serve one chain.
+    Pop = 4,
+    /// Write a raw available index (odd byte) or restore the real one.
+    AvailIdx = 5,
+    /// Pop and serve until the queue is empty.
+    PopAll = 6,
+    /// Reclaim used entries in the mock.
+    Reclaim = 7,
+}
+
+/// Runs one fuzz input. Panics only when an invariant breaks.
+pub fn run(data: &[u8]) {
+    let mut input = Input { data, pos: 0 };
+    let size = 1u16 << (1 + input.u8() % 8);
+    let flags = input.u8();
+    let param = input.u8();
+    let mut limits = match (flags >> 3) & 3 {
+        0 => ChainLimits::strict(),
+        1 => ChainLimits::large(),
+        2 => ChainLimits::large().with_max_descriptors(1 + u32::from(param)),
+        _ => ChainLimits::large().with_max_bytes(u32::from(param) << 8),
+    };
+    limits = limits.with_indirect(flags & 2 == 0);
+    if cfg!(feature = "chained-indirect") && flags & 4 != 0 && limits.indirect {
+        limits = limits.with_chained_indirect(true);
+    }
+    let mem = guest_memory(MEMORY);
+    let mut driver = MockDriver::new(&mem, size);
+    let mut queue = driver.create_queue();
+    queue.set_event_idx(flags & 1 != 0);
+    let mut walker = ChainWalker::new(limits).expect("fuzz limits are valid");
+    let mut served = 0u64;
+
+    for _ in 0..MAX_OPS {
+        if input.done() {
+            break;
+        }
+        let op = input.u8();
+        match op & 7 {
+            0 => {
+                let layout = match input.u8() % 3 {
+                    0 => Layout::Direct,
+                    1 => Layout::Indirect,
+                    n => Layout::ChainedIndirect {
+                        per_table: 2 + u16::from(n) + u16::from(op >> 3),
+                    },
+                };
+                let count = 1 + usize::from(input.u8() % 48);
+                let bufs: Vec<Buf> = (0..count)
+                    .map(|_| {
+                        let len = u32::from(input.u16() % 5000);
+                        if input.u8() & 1 == 0 {
+                            Buf::r(len)
+                        } else {
+                            Buf::w(len)
+                        }
+                    })
+                    .collect();
+                let _ = driver.add_chain(layout, &bufs);
+            }
+            1 => {
+                let idx = usize::from(input.u8()) % Malicious::ALL.len();
+                let _ = driver.add_malicious(Malicious::ALL[idx]);
+            }
+            2 => {
+                let n = 1 + usize::from(input.u8() % 4);
+                for _ in 0..n {
+                    let index = input.u16() % size;
+                    let d = raw_desc(&mut input, &driver);
+                    let _ = driver.write_desc(index, d);
+                }
+                let head = input.u16() % (size + 2);
+                let _ = driver.publish(head, Vec::new());
+            }
+            3 => {
+                let n = 1 + usize::from(input.u8() % 16);
+                let descs: Vec<_> = (0..n).map(|_| raw_desc(&mut input, &driver)).collect();
+                let len = match input.u8() % 4 {
+                    0 => input.u32(),
+                    _ => 16 * n as u32,
+                };
+                if let Ok(table) = driver.write_table(&descs) {
+                    if let Ok(ring) = driver.alloc_ring(1) {
+                        let head = ring[0];
+                        let _ = driver.write_desc(head, desc(table.0, len, F_INDIRECT, 0));
+                        let _ = driver.publish(head, ring);
+                    }
+                }
+            }
+            4 => {
+                served += u64::from(pop_and_serve(
+                    &mut walker,
+                    &mut queue,
+                    &driver,
+                    &mem,
+                    usize::MAX,
+                ));
+            }
+            5 => {
+                let raw = input.u16();
+                if raw & 1 == 1 {
+                    let _ = driver.set_avail_idx(raw);
+                } else {
+                    let _ = driver.restore_avail_idx();
+                }
+            }
+            6 => {
+                for _ in 0..2 * usize::from(size) {
+                    if !pop_and_serve(&mut walker, &mut queue, &driver, &mem, usize::MAX) {
+                        break;
+                    }
+                    served += 1;
+                }
+            }
+            _ => {
+                driver.take_used();
+            }
+        }
+    }
+    let _ = driver.restore_avail_idx();
+    for _ in 0..2 * usize::from(size) {
+        if !pop_and_serve(&mut walker, &mut queue, &driver, &mem, usize::MAX) {
+            break;
+        }
+        served += 1;
+    }
+    let stats = walker.stats();
+    assert!(
+        stats.chains + stats.faults >= served,
+        "{stats:?} popped {served}"
+    );
+}
+
+fn raw_desc(
+    input: &mut Input<'_>,
+    driver: &MockDriver<'_, GuestMemoryMmap>,
+) -> virtio_queue::desc::split::Descriptor {
+    let sel = input.u8();
+    let addr = match sel % 4 {
+        0 => driver.data_start().0 + u64::from(input.u16()) * 16,
+        1 => driver.memory_end().wrapping_sub(u64::from(input.u8())),
+        2 => input.u64(),
+        _ => u64::from(input.u16()) * 16,
+    };
+    let len = if sel & 0x10 != 0 {
+        input.u32()
+    } else {
+        u32::from(input.u16())
+    };
+    let flags = u16::from(input.u8() & 7);
+    let next = input.u16();
+    desc(addr, len, flags, next)
+}
+
+/// Pops one chain; checks a valid one, serves up to `io_limit` bytes each
+/// way and returns it to the used ring. False when nothing more can be
+/// popped (empty queue or ring-level error).
+pub fn pop_and_serve(
+    walker: &mut ChainWalker,
+    queue: &mut Queue,
+    driver: &MockDriver<'_, GuestMemoryMmap>,
+    mem: &GuestMemoryMmap,
+    io_limit: usize,
+) -> bool {
+    let next_avail = queue.next_avail();
+    match walker.pop(queue, mem) {
+        Ok(Some(chain)) => {
+            check_chain(walker.limits(), &chain, queue.size(), mem);
+            compare_with_virtio_queue(walker.limits(), &chain, driver, next_avail, mem);
+            let written = serve(&chain, io_limit);
+            queue
+                .add_used(mem, chain.head_index(), written)
+                .expect("used ring is in memory");
+            let _ = queue.needs_notification(mem);
+            true
+        }
+        Ok(None) => false,
+        Err(e) => {
+            if e.is_chain_fault() {
+                assert_eq!(queue.next_avail(), next_avail.wrapping_add(1));
+                true
+            } else {
+                assert_eq!(
+                    queue.next_avail(),
+                    next_avail,
+                    "ring errors consume nothing"
+                );
+                false
+            }
+        }
+    }
+}
+
+/// Checks an accepted chain: limits hold, segment lengths add up, every
+/// segment is non-empty and inside one guest memory region.
+pub fn check_chain(
+    limits: &ChainLimits,
+    chain: &Chain<&GuestMemoryMmap>,
+    size: u16,
+    mem: &GuestMemoryMmap,
+) {
+    assert!(chain.descriptor_count() <= limits.descriptors_for(size));
+    let total = u64::from(chain.readable_len()) + u64::from(chain.writable_len());
+    assert!(total <= u64::from(limits.max_bytes));
+    let r: u64 = chain
+        .readable_segments()
+        .iter()
+        .map(|s| u64::from(s.len()))
+        .sum();
+    let w: u64 = chain
+        .writable_segments()
+        .iter()
+        .map(|s| u64::from(s.len()))
+        .sum();
+    assert_eq!(r, u64::from(chain.readable_len()));
+    assert_eq!(w, u64::from(chain.writable_len()));
+    for s in chain
+        .readable_segments()
+        .iter()
+        .chain(chain.writable_segments())
+    {
+        assert!(s.len() > 0);
+        assert!(
+            mem.check_range(s.addr(), s.len() as usize),
+            "{s:?} outside memory"
+        );
+        let region = mem.find_region(s.addr()).expect("segment in a region");
+        assert!(
+            mem.find_region(GuestAddress(s.addr().0 + u64::from(s.len()) - 1))
+                .is_some_and(|r| std::ptr::eq(r, region)),
+            "segment spans regions"
+        );
+    }
+}
+
+/// virtio-queue's iterator must see the same descriptors and bytes in an
+/// accepted chain (skipped for chained tables, which it does not know).
+/// `next_avail` is the queue position the chain was popped from.
+pub fn compare_with_virtio_queue(
+    limits: &ChainLimits,
+    chain: &Chain<&GuestMemoryMmap>,
+    driver: &MockDriver<'_, GuestMemoryMmap>,
+    next_avail: u16,
+    mem: &GuestMemoryMmap,
+) {
+    if limits.chained_indirect {
+        return;
+    }
+    let mut vq: Queue = driver.create_queue();
+    vq.set_next_avail(next_avail);
+    let theirs = vq
+        .pop_descriptor_chain(mem)
+        .expect("virtio-queue pops the same head");
+    assert_eq!(theirs.head_index(), chain.head_index());
+    let (mut count, mut rbytes, mut wbytes) = (0u32, 0u64, 0u64);
+    for d in theirs {
+        count += 1;
+        if d.is_write_only() {
+            wbytes += u64::from(d.len());
+        } else {
+            rbytes += u64::from(d.len());
+        }
+    }
+    assert_eq!(
+        count,
+        chain.descriptor_count(),
+        "descriptor count differs from virtio-queue"
+    );
+    assert_eq!(rbytes, u64::from(chain.readable_len()));
+    assert_eq!(wbytes, u64::from(chain.writable_len()));
+}
+
+/// Reads up to `io_limit` bytes in two parts split at the middle, then
+/// writes up to `io_limit` bytes, payload first and an 11-byte header
+/// last; returns the bytes written. With an unbounded limit it checks that
+/// exactly the chain's lengths were transferred.
+pub fn serve(chain: &Chain<&GuestMemoryMmap>, io_limit: usize) -> u32 {
+    let mut r = chain.reader();
+    let want = r.available_bytes().min(io_limit);
+    let mut tail = r.split_at(want / 2).expect("split inside the reader");
+    let mut buf = Vec::new();
+    r.read_to_end(&mut buf).expect("guest memory is readable");
+    (&mut tail)
+        .take((want - buf.len()) as u64)
+        .read_to_end(&mut buf)
+        .expect("guest memory is readable");
+    assert_eq!(buf.len(), want);
+
+    let mut w = chain.writer();
+    let room = w.available_bytes().min(io_limit);
+    let mut payload = w.split_at(room.min(11)).expect("split inside the writer");
+    let fill = vec![0xa5u8; room - room.min(11)];
+    payload.write_all(&fill).expect("payload fits");
+    let hdr = vec![0x5au8; w.available_bytes()];
+    w.write_all(&hdr).expect("header fits");
+    let written = w.bytes_written() + payload.bytes_written();
+    assert_eq!(written, room);
+    if io_limit == usize::MAX {
+        assert_eq!(buf.len(), chain.readable_len() as usize);
+        assert_eq!(written, chain.writable_len() as usize);
+    }
+    written as u32
+}
+
+/// A seed corpus: one input per op kind, every malicious pattern, large
+/// chains and both policies.
+pub fn seeds() -> Vec<Vec<u8>> {
+    let mut seeds = Vec::new();
+    // Valid chains, direct/indirect, both policies, event-idx on.
+    for (layout, policy) in [(0u8, 0u8), (1, 0), (1, 1 << 3), (2, 1 << 3)] {
+        let mut s = vec![7, 1 | policy, 0, Op::AddChain as u8, layout, 6];
+        for i in 0..6u8 {
+            s.extend_from_slice(&[(u32::from(i) * 97) as u8, 2, u8::from(i >= 3)]);
+        }
+        s.push(Op::PopAll as u8);
+        seeds.push(s);
+    }
+    // Each malicious pattern followed by a valid chain.
+    for i in 0..Malicious::ALL.len() {
+        let policy = if i % 2 == 0 { 1 << 3 } else { 0 };
+        seeds.push(vec![
+            5,
+            policy,
+            0,
+            Op::AddMalicious as u8,
+            i as u8,
+            Op::AddChain as u8,
+            1,
+            1,
+            16,
+            0,
+            0,
+            Op::PopAll as u8,
+            Op::Reclaim as u8,
+        ]);
+    }
+    // Raw ring descriptors, a raw table, a bad available index.
+    seeds.push(vec![
+        3,
+        0,
+        0,
+        Op::RawRing as u8,
+        2,
+        1,
+        0,
+        0x10,
+        0,
+        0,
+        0,
+        1,
+        1,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0x20,
+        0,
+        1,
+        0,
+        1,
+        0,
+        Op::Pop as u8,
+    ]);
+    seeds.push(vec![
+        3,
+        1 << 3,
+        0,
+        Op::RawTable as u8,
+        2,
+        0,
+        1,
+        0,
+        0x40,
+        0,
+        1,
+        1,
+        0,
+        0,
+        2,
+        0,
+        0x40,
+        0,
+        2,
+        0,
+        0,
+        1,
+        Op::PopAll as u8,
+    ]);
+    seeds.push(vec![
+        4,
+        0,
+        0,
+        Op::AddChain as u8,
+        0,
+        1,
+        8,
+        0,
+        0,
+        Op::AvailIdx as u8,
+        0xff,
+        0x7f,
+        Op::Pop as u8,
+        Op::AvailIdx as u8,
+        0,
+        0,
+        Op::PopAll as u8,
+    ]);
+    // A small descriptor limit and a small byte cap.
+    seeds.push(vec![
+        8,
+        2 << 3,
+        3,
+        Op::AddChain as u8,
+        1,
+        8,
+        0,
+        1,
+        0,
+        Op::PopAll as u8,
+    ]);
+    seeds.push(vec![
+        8,
+        3 << 3,
+        2,
+        Op::AddChain as u8,
+        1,
+        8,
+        0,
+        1,
+        0,
+        Op::PopAll as u8,
+    ]);
+    seeds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_fuzz_seeds_run_clean() {
+        for seed in seeds() {
+            run(&seed);
+        }
+        // Degenerate inputs.
+        run(&[]);
+        run(&[0xff; 300]);
+    }
+
+    #[test]
+    fn test_write_seed_corpus_when_asked() {
+        let Some(dir) = std::env::var_os("VIRTQUEUE_LARGE_SEED_DIR") else {
+            return;
+        };
+        std::fs::create_dir_all(&dir).unwrap();
+        for (i, seed) in seeds().iter().enumerate() {
+            std::fs::write(
+                std::path::Path::new(&dir).join(format!("seed-{i:03}")),
+                seed,
+            )
+            .unwrap();
+        }
+    }
+}
