@@ -7,7 +7,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
-use common::{check_pattern, memfd, write_pattern, Mapping, MIB};
+use common::{check_pattern, first_allowed_cpu, memfd, write_pattern, Mapping, MIB};
 use mem_prealloc::{
     preallocate, start, thread_count, CancelToken, Error, Method, PreallocOptions,
     MIN_BYTES_PER_THREAD, QEMU_MAX_THREADS,
@@ -165,9 +165,15 @@ fn test_report_uses_the_formula_and_the_cpu_list() {
     let report = preallocate(map.addr, len, &PreallocOptions::new()).unwrap();
     assert_eq!(report.threads, cpus.min(4));
     // Three threads requested on one CPU: the CPU list bounds the default only.
-    let report = preallocate(map.addr, len, &PreallocOptions::new().cpus([0])).unwrap();
+    let cpu = first_allowed_cpu();
+    let report = preallocate(map.addr, len, &PreallocOptions::new().cpus([cpu])).unwrap();
     assert_eq!(report.threads, 1);
-    let report = preallocate(map.addr, len, &PreallocOptions::new().cpus([0]).threads(3)).unwrap();
+    let report = preallocate(
+        map.addr,
+        len,
+        &PreallocOptions::new().cpus([cpu]).threads(3),
+    )
+    .unwrap();
     assert_eq!(
         report.threads, 1,
         "requested threads still bounded by the list"
@@ -181,14 +187,18 @@ fn test_workers_run_on_the_given_cpu() {
     let map = Mapping::shared(&file, len);
     let cpus_seen = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&cpus_seen);
-    let opts = PreallocOptions::new().cpus([0]).progress(move |_| {
+    let cpu = first_allowed_cpu();
+    let opts = PreallocOptions::new().cpus([cpu]).progress(move |_| {
         // SAFETY: sched_getcpu has no preconditions.
         seen.lock().unwrap().push(unsafe { libc::sched_getcpu() });
     });
     preallocate(map.addr, len, &opts).unwrap();
     let seen = cpus_seen.lock().unwrap();
     assert!(!seen.is_empty());
-    assert!(seen.iter().all(|&cpu| cpu == 0), "{seen:?}");
+    assert!(
+        seen.iter().all(|&seen_cpu| seen_cpu == cpu as i32),
+        "{seen:?}"
+    );
 }
 
 #[test]

@@ -212,3 +212,17 @@ impl Drop for HugepagePool {
 pub fn skip(test: &str, why: &str) {
     eprintln!("SKIPPED {test}: {why}");
 }
+
+/// The lowest CPU this process may run on.
+pub fn first_allowed_cpu() -> usize {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a writable cpu_set_t of the size passed.
+    let ret =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    assert_eq!(ret, 0, "sched_getaffinity: {}", io::Error::last_os_error());
+    // SAFETY: CPU_ISSET reads one bit inside `set`; cpu < CPU_SETSIZE.
+    (0..libc::CPU_SETSIZE as usize)
+        .find(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .expect("no allowed cpu")
+}
