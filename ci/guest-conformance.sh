@@ -14,6 +14,7 @@
 #                              for the second peer)
 #   GUEST_CONFORMANCE_KERNEL   default 6.12
 #   GUEST_CONFORMANCE_MIB      default 256
+#   GUEST_CONFORMANCE_SERVER_BIN  a prebuilt virtio-9p-server (default: build it)
 #   GUEST_CONFORMANCE=skip     skip the step (exit 77)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,7 @@ timeout --kill-after=30 4200 bash ci/guest/run.sh \
     --mib "${GUEST_CONFORMANCE_MIB:-256}" \
     --timeout 1200 \
     --out "$out" \
+    ${GUEST_CONFORMANCE_SERVER_BIN:+--server-bin "$GUEST_CONFORMANCE_SERVER_BIN"} \
     --gate
 rc=$?
 if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then

@@ -14,11 +14,15 @@
 #   --out DIR        keep logs and results here (default: a fresh temp dir)
 #   --gate           exit 1 when one of our rows has a POSIX failure, a
 #                    pjdfstest failure QEMU built-in passes, or cannot mount
+#   --report-only    boot nothing: print the table again from the logs in
+#                    --out (with the same --servers)
 #
 # Rows whose server is unavailable (binary lacks the mode, no rebuilt QEMU)
 # print "not available: <reason>" instead of figures.
 set -uo pipefail
-
+# The whole script is one compound command, so bash parses it completely
+# before running it (editing the file during a long run is then harmless).
+{
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
@@ -31,6 +35,7 @@ timeout_s=1500
 server_bin=
 out=
 gate=0
+report_only=0
 while [ $# -gt 0 ]; do
     case $1 in
         --servers) servers=$2; shift ;;
@@ -41,7 +46,8 @@ while [ $# -gt 0 ]; do
         --server-bin) server_bin=$2; shift ;;
         --out) out=$2; shift ;;
         --gate) gate=1 ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        --report-only) report_only=1 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -49,6 +55,12 @@ done
 case $mib in ''|*[!0-9]*) echo "run.sh: --mib needs a number" >&2; exit 2 ;; esac
 log() { echo "guest-run: $*" >&2; }
 
+IFS=, read -r -a server_list <<<"$servers"
+if [ "$report_only" -eq 1 ]; then
+    [ -n "$out" ] && [ -d "$out" ] || { echo "run.sh: --report-only needs --out DIR" >&2; exit 2; }
+    out=$(cd "$out" && pwd)
+    KERNEL=$(cat "$out/kernel" 2>/dev/null || echo unknown)
+else
 # ---------------------------------------------------------------- preparation
 need_vhost_qemu=0
 case ",$servers," in *,ours-vhost,*) need_vhost_qemu=1 ;; esac
@@ -282,11 +294,12 @@ run_row() {
     fi
 }
 
-IFS=, read -r -a server_list <<<"$servers"
+echo "$KERNEL" >"$out/kernel"
 for s in "${server_list[@]}"; do
     run_row "$s"
 done
 cleanup
+fi # report_only
 
 # ---------------------------------------------------------------- report
 rate() { # bytes centis -> MiB/s with one decimal
@@ -406,3 +419,4 @@ if [ "$gate" -eq 1 ] && [ "$gate_fail" -ne 0 ]; then
     exit 1
 fi
 exit 0
+}
