@@ -79,22 +79,39 @@ pub enum Op {
     Reclaim = 7,
 }
 
-/// Runs one fuzz input. Panics only when an invariant breaks.
+/// Runs one fuzz input under the spec-strict policy, the large policy and
+/// the variant its header selects. Panics only when an invariant breaks.
 pub fn run(data: &[u8]) {
     let mut input = Input { data, pos: 0 };
-    let size = 1u16 << (1 + input.u8() % 8);
+    let _size = input.u8();
     let flags = input.u8();
     let param = input.u8();
-    let mut limits = match (flags >> 3) & 3 {
+    let mut chosen = match (flags >> 3) & 3 {
         0 => ChainLimits::strict(),
         1 => ChainLimits::large(),
         2 => ChainLimits::large().with_max_descriptors(1 + u32::from(param)),
         _ => ChainLimits::large().with_max_bytes(u32::from(param) << 8),
     };
-    limits = limits.with_indirect(flags & 2 == 0);
-    if cfg!(feature = "chained-indirect") && flags & 4 != 0 && limits.indirect {
-        limits = limits.with_chained_indirect(true);
+    let indirect = flags & 2 == 0;
+    chosen = chosen.with_indirect(indirect);
+    if cfg!(feature = "chained-indirect") && flags & 4 != 0 && indirect {
+        chosen = chosen.with_chained_indirect(true);
     }
+    for limits in [
+        ChainLimits::strict().with_indirect(indirect),
+        ChainLimits::large().with_indirect(indirect),
+        chosen,
+    ] {
+        run_with(data, limits);
+    }
+}
+
+/// Runs one fuzz input under `limits` (its header's policy bits ignored).
+pub fn run_with(data: &[u8], limits: ChainLimits) {
+    let mut input = Input { data, pos: 0 };
+    let size = 1u16 << (1 + input.u8() % 8);
+    let flags = input.u8();
+    let _param = input.u8();
     let mem = guest_memory(MEMORY);
     let mut driver = MockDriver::new(&mem, size);
     let mut queue = driver.create_queue();
