@@ -5,6 +5,7 @@
 //! (issue #7).
 
 mod inproc;
+mod vhost;
 
 use crate::harness::{Ctx, SuiteResult};
 
@@ -16,5 +17,7 @@ pub const READY: bool = true;
 
 /// Runs every part of the suite.
 pub fn run(ctx: &Ctx) -> SuiteResult {
-    inproc::run(ctx)
+    let mut report = inproc::run(ctx)?;
+    vhost::run(ctx, &mut report)?;
+    Ok(report)
 }

@@ -311,6 +311,36 @@ impl FakeVmm {
         let req_addr = self.alloc(request.len() as u64)?;
         self.mem.write_slice(request, GuestAddress(req_addr))?;
         let reply_addr = self.alloc(u64::from(reply_len))?;
+        let table = match layout {
+            Layout::Direct => 0,
+            Layout::Indirect { seg } => {
+                let n = 1 + reply_len.div_ceil(seg.max(1));
+                self.alloc(16 * u64::from(n))?
+            }
+        };
+        self.submit_at(
+            req_addr,
+            request.len() as u32,
+            reply_addr,
+            reply_len,
+            layout,
+            table,
+        )
+    }
+
+    /// Makes a chain of buffers already in guest memory available (no
+    /// kick): the request at `req_addr`, the reply room at `reply_addr`;
+    /// for [`Layout::Indirect`], `table` is room for the indirect table
+    /// (16 bytes per descriptor). Benchmarks reuse their buffers this way.
+    pub fn submit_at(
+        &mut self,
+        req_addr: u64,
+        req_len: u32,
+        reply_addr: u64,
+        reply_len: u32,
+        layout: Layout,
+        table: u64,
+    ) -> MockResult<Submitted> {
         let sub = match layout {
             Layout::Direct => {
                 if self.free.len() < 2 {
@@ -318,7 +348,7 @@ impl FakeVmm {
                 }
                 let d0 = self.take_desc()?;
                 let d1 = self.take_desc()?;
-                self.write_desc(d0, req_addr, request.len() as u32, DESC_F_NEXT, d1)?;
+                self.write_desc(d0, req_addr, req_len, DESC_F_NEXT, d1)?;
                 self.write_desc(d1, reply_addr, reply_len, DESC_F_WRITE, 0)?;
                 Submitted {
                     head: d0,
@@ -330,8 +360,7 @@ impl FakeVmm {
             Layout::Indirect { seg } => {
                 let seg = seg.max(1);
                 let n = 1 + reply_len.div_ceil(seg);
-                let table = self.alloc(16 * u64::from(n))?;
-                self.write_table_desc(table, 0, req_addr, request.len() as u32, DESC_F_NEXT, 1)?;
+                self.write_table_desc(table, 0, req_addr, req_len, DESC_F_NEXT, 1)?;
                 let mut off = 0u32;
                 for i in 1..n {
                     let len = seg.min(reply_len - off);

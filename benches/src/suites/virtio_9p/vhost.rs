@@ -1,0 +1,469 @@
+//! Part of suite `virtio-9p` (issue #8): the vhost-user data path. An
+//! in-process fake VMM (`virtio_9p_server::vhost_user::mock::FakeVmm`)
+//! talks real vhost-user to the daemon over a unix socket and shares memfd
+//! guest memory; the file is in the page cache.
+//!
+//! - sequential read and write throughput by msize (8 KiB to 128 MiB),
+//!   with page-sized descriptors like a Linux guest's sg lists;
+//! - the copy limit: `memcpy` of 128 MiB, and the 128 MiB read against it;
+//! - 4 KiB random reads, 64 in flight, with the coroutine stack pool and
+//!   with `no_pool` (a fresh mmap'd stack per request), and the p99
+//!   latency;
+//! - the inline-vs-offload line: 4 KiB to 4 MiB reads with cached reads
+//!   inline on the coroutine against every read on a worker.
+
+use std::error::Error;
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vm_memory::{Bytes, GuestAddress};
+
+use virtio_9p_server::engine::{EngineConfig, OffloadPolicy};
+use virtio_9p_server::protocol::{
+    Tattach, Tlopen, Tmessage, Tread, Tversion, Twalk, IOHDRSZ, NOFID,
+};
+use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
+use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen, StopHandle};
+use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
+
+use crate::harness::{format_value, median, Ctx, SuiteReport, Table};
+
+type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
+
+const GIB: f64 = (1u64 << 30) as f64;
+const MAX_MSIZE: u32 = 128 << 20;
+/// Guest RAM of the fake VMM: one 128 MiB message, its table and rings.
+const GUEST_MEM: u64 = 160 << 20;
+const REQ_AREA: u64 = 0x30_0000;
+const TABLE_AREA: u64 = 0x40_0000;
+const DATA_AREA: u64 = 0x100_0000;
+
+struct Running {
+    stop: StopHandle,
+    thread: Option<JoinHandle<()>>,
+    socket: std::path::PathBuf,
+    _sock_dir: tempfile::TempDir,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<Running> {
+    let sock_dir = tempfile::tempdir()?;
+    let socket = sock_dir.path().join("vu.sock");
+    let fs = PassthroughFs::new(PassthroughConfig::new(dir))?;
+    let server = Arc::new(Server::new(fs, Config::default())?);
+    let config = DaemonConfig {
+        listen: Listen::Path(socket.clone()),
+        backend: BackendConfig {
+            tag: "bench".into(),
+            queue_size: 1024,
+            engine: EngineConfig {
+                workers: 4,
+                max_in_flight: 1024,
+                offload,
+            },
+        },
+        stack_policy: policy,
+    };
+    let mut daemon = Daemon::new(server, config)?;
+    let stop = daemon.stop_handle();
+    let thread = std::thread::spawn(move || {
+        if let Err(e) = daemon.run() {
+            eprintln!("virtio-9p vhost bench: daemon failed: {e}");
+        }
+    });
+    Ok(Running {
+        stop,
+        thread: Some(thread),
+        socket,
+        _sock_dir: sock_dir,
+    })
+}
+
+/// Sends one request through the ring and waits for it (setup messages).
+fn call(vmm: &mut FakeVmm, tag: u16, msg: Tmessage) -> Res<()> {
+    let reply = vmm.call(&msg.encode_frame(tag), 4096, Layout::Direct)?;
+    if reply.len() > 4 && reply[4] == 7 {
+        return Err(format!("9P error reply to {msg:?}").into());
+    }
+    Ok(())
+}
+
+/// Connects, negotiates `msize` and opens `name` as fid 1 with `flags`.
+fn session(run: &Running, msize: u32, name: &str, flags: u32) -> Res<FakeVmm> {
+    let mut vmm = FakeVmm::connect(
+        &run.socket,
+        VmmOptions {
+            mem_size: GUEST_MEM,
+            queue_size: 1024,
+            event_idx: true,
+            indirect: true,
+        },
+    )?;
+    call(
+        &mut vmm,
+        0xffff,
+        Tmessage::Version(Tversion {
+            msize,
+            version: b"9P2000.L".to_vec(),
+        }),
+    )?;
+    call(
+        &mut vmm,
+        1,
+        Tmessage::Attach(Tattach {
+            fid: 0,
+            afid: NOFID,
+            uname: b"root".to_vec(),
+            aname: Vec::new(),
+            n_uname: 0,
+        }),
+    )?;
+    call(
+        &mut vmm,
+        2,
+        Tmessage::Walk(Twalk {
+            fid: 0,
+            newfid: 1,
+            wnames: vec![name.as_bytes().to_vec()],
+        }),
+    )?;
+    call(&mut vmm, 3, Tmessage::Lopen(Tlopen { fid: 1, flags }))?;
+    Ok(vmm)
+}
+
+fn wait_one(vmm: &mut FakeVmm) -> Res<(u16, u32)> {
+    let used = vmm.wait_used(Duration::from_secs(30))?;
+    match used.as_slice() {
+        [u] => Ok(*u),
+        [] => Err("no completion within 30 s".into()),
+        _ => Err("more completions than requests".into()),
+    }
+}
+
+/// Sequential Tread (or Twrite) of `total` bytes at `msize`, one request
+/// at a time; returns GiB/s.
+fn sequential(run: &Running, msize: u32, total: u64, file_len: u64, write: bool) -> Res<f64> {
+    let flags = if write { 2 } else { 0 };
+    let mut vmm = session(run, msize, if write { "out" } else { "big" }, flags)?;
+    let chunk = msize - IOHDRSZ;
+    let mem = vmm.memory().clone();
+    if write {
+        // Twrite header at DATA_AREA - 23, data right behind it: the
+        // request is one readable descriptor, as the data is contiguous.
+        let data = vec![0xa5u8; chunk as usize];
+        mem.write_slice(&data, GuestAddress(DATA_AREA))?;
+    }
+    let mut done = 0u64;
+    let mut offset = 0u64;
+    let mut start = Instant::now();
+    // One untimed round first: it faults the guest buffers in.
+    let mut warm = true;
+    while done < total {
+        let this = u64::from(chunk).min(total - done) as u32;
+        if write {
+            let mut hdr = Vec::with_capacity(23);
+            hdr.extend_from_slice(&(23 + this).to_le_bytes());
+            hdr.push(118); // Twrite
+            hdr.extend_from_slice(&7u16.to_le_bytes());
+            hdr.extend_from_slice(&1u32.to_le_bytes());
+            hdr.extend_from_slice(&offset.to_le_bytes());
+            hdr.extend_from_slice(&this.to_le_bytes());
+            mem.write_slice(&hdr, GuestAddress(DATA_AREA - 23))?;
+            vmm.submit_at(DATA_AREA - 23, 23 + this, REQ_AREA, 64, Layout::Direct, 0)?;
+        } else {
+            let req = Tmessage::Read(Tread {
+                fid: 1,
+                offset,
+                count: this,
+            })
+            .encode_frame(7);
+            mem.write_slice(&req, GuestAddress(REQ_AREA))?;
+            vmm.submit_at(
+                REQ_AREA,
+                req.len() as u32,
+                DATA_AREA,
+                this + 11,
+                Layout::Indirect { seg: 4096 },
+                TABLE_AREA,
+            )?;
+        }
+        vmm.kick()?;
+        let (_, len) = wait_one(&mut vmm)?;
+        let expect = if write { 11 } else { this + 11 };
+        if len != expect {
+            return Err(format!("reply of {len} bytes, expected {expect} (msize {msize})").into());
+        }
+        if warm {
+            warm = false;
+            start = Instant::now();
+            continue;
+        }
+        done += u64::from(this);
+        offset = (offset + u64::from(this)) % file_len.max(1);
+        if !write && offset + u64::from(chunk) > file_len {
+            offset = 0;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    Ok(done as f64 / GIB / secs)
+}
+
+/// 4 KiB random reads with `depth` in flight for `dur`; returns IOPS and
+/// the latencies in µs.
+fn random_4k(run: &Running, file_len: u64, depth: usize, dur: Duration) -> Res<(f64, Vec<f64>)> {
+    let mut vmm = session(run, 65536, "big", 0)?;
+    let mem = vmm.memory().clone();
+    let pages = (file_len / 4096).max(1);
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next_offset = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % pages) * 4096
+    };
+    // One fixed request slot and reply buffer per in-flight request.
+    let mut head_slot = std::collections::HashMap::new();
+    let mut started = vec![Instant::now(); depth];
+    let submit = |vmm: &mut FakeVmm, slot: usize, off: u64| -> Res<u16> {
+        let req = Tmessage::Read(Tread {
+            fid: 1,
+            offset: off,
+            count: 4096,
+        })
+        .encode_frame(slot as u16 + 10);
+        let ra = REQ_AREA + 64 * slot as u64;
+        mem.write_slice(&req, GuestAddress(ra))?;
+        let sub = vmm.submit_at(
+            ra,
+            req.len() as u32,
+            DATA_AREA + 8192 * slot as u64,
+            4096 + 11,
+            Layout::Direct,
+            0,
+        )?;
+        Ok(sub.head)
+    };
+    for (slot, t) in started.iter_mut().enumerate() {
+        let h = submit(&mut vmm, slot, next_offset())?;
+        head_slot.insert(h, slot);
+        *t = Instant::now();
+    }
+    vmm.kick()?;
+    let mut lat = Vec::new();
+    let mut ops = 0u64;
+    let t0 = Instant::now();
+    while t0.elapsed() < dur {
+        let used = vmm.wait_used(Duration::from_secs(30))?;
+        if used.is_empty() {
+            return Err("random reads stalled".into());
+        }
+        for (head, len) in used {
+            if len != 4096 + 11 {
+                return Err(format!("4 KiB read returned {len} bytes").into());
+            }
+            let slot = head_slot.remove(&head).ok_or("unknown head")?;
+            lat.push(started[slot].elapsed().as_secs_f64() * 1e6);
+            ops += 1;
+            let h = submit(&mut vmm, slot, next_offset())?;
+            head_slot.insert(h, slot);
+            started[slot] = Instant::now();
+        }
+        vmm.kick()?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    // Drain.
+    while vmm.pending() > 0 {
+        if vmm.wait_used(Duration::from_secs(30))?.is_empty() {
+            break;
+        }
+    }
+    Ok((ops as f64 / secs, lat))
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+fn memcpy_gib_per_s(size: usize, reps: usize) -> f64 {
+    let src = vec![0x5au8; size];
+    let mut dst = vec![0u8; size];
+    dst.copy_from_slice(&src);
+    let mut best = Vec::new();
+    for _ in 0..reps.max(3) {
+        let t = Instant::now();
+        dst.copy_from_slice(black_box(&src));
+        black_box(&dst);
+        best.push(size as f64 / GIB / t.elapsed().as_secs_f64());
+    }
+    median(&best)
+}
+
+/// Adds the vhost-user metrics and tables to `report`.
+pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Result<(), Box<dyn Error>> {
+    run_inner(ctx, report).map_err(|e| e.to_string().into())
+}
+
+fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
+    let file_len: u64 = ctx.pick(1 << 30, 160 << 20);
+    let dir = tempfile::tempdir()?;
+    {
+        // The file, written once and so in the page cache.
+        use std::io::Write;
+        let mut f = std::fs::File::create(dir.path().join("big"))?;
+        let block: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+        for _ in 0..file_len >> 20 {
+            f.write_all(&block)?;
+        }
+        std::fs::File::create(dir.path().join("out"))?;
+    }
+    let pooled = start(dir.path(), coro_pool::Policy::Bounded, OffloadPolicy::Auto)?;
+
+    // msize sweep (reads), and the three headline sizes with repetitions.
+    let per_point = |msize: u32| -> u64 {
+        let base: u64 = ctx.pick(512 << 20, 32 << 20);
+        base.max(4 * u64::from(msize))
+            .min(ctx.pick(2 << 30, 512 << 20))
+    };
+    let sweep: [u32; 10] = [
+        8 << 10,
+        64 << 10,
+        128 << 10,
+        512 << 10,
+        512_000,
+        1 << 20,
+        4 << 20,
+        16 << 20,
+        64 << 20,
+        128 << 20,
+    ];
+    let mut table = Table::new(
+        "vhost-user sequential read by msize (one request at a time, 4 KiB descriptors)",
+        &["msize", "read GiB/s", "write GiB/s"],
+    );
+    let mut points = Vec::new();
+    for &m in &sweep {
+        let total = per_point(m);
+        let r = sequential(&pooled, m, total, file_len, false)?;
+        let w = sequential(
+            &pooled,
+            m,
+            total.min(ctx.pick(1 << 30, 64 << 20)),
+            file_len,
+            true,
+        )?;
+        let label = if m == 512_000 {
+            "500 KiB (Linux cap)".to_string()
+        } else if m >= 1 << 20 {
+            format!("{} MiB", m >> 20)
+        } else {
+            format!("{} KiB", m >> 10)
+        };
+        table.row(&[label, format_value(r), format_value(w)]);
+        points.push((f64::from(m) / 1024.0, r));
+    }
+    report.table(table);
+    report.series("msize_throughput", "ours (vhost-user)", points);
+
+    let reps = ctx.reps();
+    for (name, m) in [("512k", 512u32 << 10), ("4m", 4 << 20), ("128m", MAX_MSIZE)] {
+        let total = per_point(m);
+        let mut r = Vec::new();
+        let mut w = Vec::new();
+        for _ in 0..reps {
+            r.push(sequential(&pooled, m, total, file_len, false)?);
+            w.push(sequential(
+                &pooled,
+                m,
+                total.min(ctx.pick(1 << 30, 64 << 20)),
+                file_len,
+                true,
+            )?);
+        }
+        report.metric(&format!("read_gib_per_s_msize_{name}"), median(&r));
+        report.metric(&format!("write_gib_per_s_msize_{name}"), median(&w));
+    }
+    let memcpy = memcpy_gib_per_s(128 << 20, reps);
+    report.metric("memcpy_gib_per_s", memcpy);
+    let read128 = report
+        .metrics()
+        .iter()
+        .find(|(n, _)| n == "read_gib_per_s_msize_128m")
+        .map(|(_, v)| *v)
+        .unwrap_or(0.0);
+    report.metric("read_128m_vs_memcpy", read128 / memcpy);
+
+    // 4 KiB random reads, 64 in flight: pooled stacks vs no pool,
+    // alternating.
+    let nopool = start(dir.path(), coro_pool::Policy::NoPool, OffloadPolicy::Auto)?;
+    let dur = Duration::from_millis(ctx.pick(1500, 200));
+    let mut iops_pool = Vec::new();
+    let mut iops_nopool = Vec::new();
+    let mut lat_pool = Vec::new();
+    for _ in 0..reps {
+        let (i, lat) = random_4k(&pooled, file_len, 64, dur)?;
+        iops_pool.push(i);
+        lat_pool.extend(lat);
+        iops_nopool.push(random_4k(&nopool, file_len, 64, dur)?.0);
+    }
+    let (p, n) = (median(&iops_pool), median(&iops_nopool));
+    report.metric("iops_4k_pool", p);
+    report.metric("iops_4k_nopool", n);
+    report.metric("iops_pool_ratio", p / n);
+    report.metric("p50_latency_us_4k", percentile(lat_pool.clone(), 0.5));
+    report.metric("p99_latency_us_4k", percentile(lat_pool, 0.99));
+    drop(nopool);
+
+    // The inline-vs-offload line: the same reads, cached reads inline on
+    // the coroutine (Auto) vs every read on a worker (Always), 1 in flight.
+    let always = start(
+        dir.path(),
+        coro_pool::Policy::Bounded,
+        OffloadPolicy::Always,
+    )?;
+    let mut line = Table::new(
+        "inline vs offloaded cached reads (one request at a time, µs per request)",
+        &["read size", "inline µs", "offloaded µs", "hop share"],
+    );
+    for size in [4u32 << 10, 64 << 10, 512 << 10, 4 << 20] {
+        let total = u64::from(size) * ctx.pick(2000, 100);
+        let m = size + IOHDRSZ;
+        let gi = sequential(&pooled, m, total, file_len, false)?;
+        let go = sequential(&always, m, total, file_len, false)?;
+        let us = |g: f64| f64::from(size) / GIB / g * 1e6;
+        let (ui, uo) = (us(gi), us(go));
+        line.row(&[
+            format!("{} KiB", size >> 10),
+            format_value(ui),
+            format_value(uo),
+            format!("{:.0}%", (uo - ui).max(0.0) / uo * 100.0),
+        ]);
+        if size == 4 << 10 {
+            report.metric("thread_hop_us", uo - ui);
+        }
+    }
+    report.table(line);
+    drop(always);
+    report.note(format!(
+        "vhost-user part: in-process fake VMM over a real vhost-user socket and memfd guest memory, \
+         {} MiB file in the page cache, 4 workers, queue size 1024; reads use 4 KiB indirect descriptors \
+         (32768 of them at 128 MiB), writes one contiguous descriptor. Medians of {reps} runs.",
+        file_len >> 20
+    ));
+    Ok(())
+}
