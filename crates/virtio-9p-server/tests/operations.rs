@@ -53,6 +53,9 @@ fn test_lopen_read_write_fsync() {
     assert_eq!(c.write(1, 10, b"abc").unwrap(), 3);
     c.fsync(1, false).unwrap();
     c.fsync(1, true).unwrap();
+    // An empty walk of an open fid onto itself keeps it open.
+    assert!(c.walk(1, 1, &[]).unwrap().is_empty());
+    assert_eq!(c.read(1, 0, 2).unwrap(), b"01");
     assert_eq!(
         std::fs::read(dir.path().join("f")).unwrap(),
         b"0123456789abc"

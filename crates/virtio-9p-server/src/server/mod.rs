@@ -52,6 +52,26 @@ pub const MAX_XATTR_NAME: usize = 255;
 pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(1);
 /// The size of an Rlerror and of an Rread header: `size type tag u32`.
 const RHDR_COUNT: usize = HEADER_SIZE + 4;
+/// Largest reply-encoding buffer kept per thread between replies.
+const ENCODE_BUF_KEEP: usize = 64 << 10;
+
+thread_local! {
+    static ENCODE_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Encodes `msg` as a whole frame into `out` (cleared first).
+fn encode_reply(out: &mut Vec<u8>, msg: &Rmessage, tag: u16) {
+    out.clear();
+    out.extend_from_slice(&[0; HEADER_SIZE]);
+    msg.encode_body(out);
+    let hdr = Header {
+        size: out.len() as u32,
+        ty: msg.msg_type(),
+        tag,
+    };
+    out[..HEADER_SIZE].copy_from_slice(&hdr.to_bytes());
+}
+
 /// Request bodies up to this size are decoded from a stack buffer.
 const SMALL_BODY: usize = 512;
 /// The uid of fids attached without a numeric user.
@@ -350,22 +370,30 @@ impl<F: Filesystem> Server<F> {
                 Rmessage::Lerror(e)
             }
         };
-        let mut frame = msg.encode_frame(h.tag);
-        if frame.len() > reply.available_bytes() || frame.len() > msize as usize {
-            error!(
-                "9p: reply of {} bytes to tag {} does not fit (msize {msize}, buffer {})",
-                frame.len(),
-                h.tag,
-                reply.available_bytes()
-            );
-            frame = Rmessage::Lerror(errno::EMSGSIZE).encode_frame(h.tag);
-        }
-        reply.write_all(&frame).map_err(Error::Transport)?;
-        Ok(Reply {
-            tag: h.tag,
-            request_type: h.ty,
-            reply_type: frame[4],
-            size: frame.len() as u32,
+        // Encode into a per-thread buffer: no allocation per reply.
+        ENCODE_BUF.with(|buf| {
+            let mut frame = buf.borrow_mut();
+            encode_reply(&mut frame, &msg, h.tag);
+            if frame.len() > reply.available_bytes() || frame.len() > msize as usize {
+                error!(
+                    "9p: reply of {} bytes to tag {} does not fit (msize {msize}, buffer {})",
+                    frame.len(),
+                    h.tag,
+                    reply.available_bytes()
+                );
+                encode_reply(&mut frame, &Rmessage::Lerror(errno::EMSGSIZE), h.tag);
+            }
+            reply.write_all(&frame).map_err(Error::Transport)?;
+            let out = Reply {
+                tag: h.tag,
+                request_type: h.ty,
+                reply_type: frame[4],
+                size: frame.len() as u32,
+            };
+            if frame.capacity() > ENCODE_BUF_KEEP {
+                *frame = Vec::new();
+            }
+            Ok(out)
         })
     }
 
@@ -422,6 +450,11 @@ impl<F: Filesystem> Server<F> {
         }
         if m.newfid != m.fid && session.get(m.newfid).is_ok() {
             return Err(errno::EBADF);
+        }
+        if m.newfid == m.fid && m.wnames.is_empty() {
+            // A walk of nothing onto itself changes nothing (an open fid
+            // stays open).
+            return Ok(Rmessage::Walk(Vec::new()));
         }
         let (inode, qids) = exec.run(TWALK, || {
             let mut inode = fid.inode.clone();

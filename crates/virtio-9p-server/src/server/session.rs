@@ -1,6 +1,7 @@
 //! Per-client session state: the negotiated msize and the fid table.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -8,6 +9,37 @@ use crate::fs::Filesystem;
 use crate::protocol::MIN_MSIZE;
 
 use super::errno;
+
+/// A cheap multiplicative hasher for fid numbers. A guest that picks
+/// colliding fids only slows its own session's table, which
+/// `Config::max_fids` bounds.
+#[derive(Default)]
+pub(crate) struct FidHasher(u64);
+
+impl Hasher for FidHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(n as u64);
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing; fold the high half down so that both the low
+        // (bucket) and the high (tag) bits of the result depend on `n`.
+        let h = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = h ^ (h >> 32);
+    }
+}
+
+type FidTable<F> = HashMap<u32, Arc<Fid<F>>, BuildHasherDefault<FidHasher>>;
 
 /// What a fid refers to.
 pub(crate) enum FidKind<F: Filesystem> {
@@ -48,14 +80,14 @@ pub(crate) struct Fid<F: Filesystem> {
 /// across filesystem calls.
 pub struct Session<F: Filesystem> {
     msize: AtomicU32,
-    fids: Mutex<HashMap<u32, Arc<Fid<F>>>>,
+    fids: Mutex<FidTable<F>>,
 }
 
 impl<F: Filesystem> Default for Session<F> {
     fn default() -> Self {
         Session {
             msize: AtomicU32::new(0),
-            fids: Mutex::new(HashMap::new()),
+            fids: Mutex::new(FidTable::default()),
         }
     }
 }
@@ -94,7 +126,7 @@ impl<F: Filesystem> Session<F> {
         self.table().len()
     }
 
-    fn table(&self) -> MutexGuard<'_, HashMap<u32, Arc<Fid<F>>>> {
+    fn table(&self) -> MutexGuard<'_, FidTable<F>> {
         // A panic while holding the lock cannot leave the map inconsistent
         // (every update is a single insert/remove), so recover from poison.
         self.fids.lock().unwrap_or_else(|e| e.into_inner())
