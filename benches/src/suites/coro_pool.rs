@@ -1,15 +1,532 @@
-//! Suite `coro-pool`: coroutine lifecycle and pool VMAs vs mmap-per-coroutine, bare corosensei and QEMU's unbounded pool
+//! Suite `coro-pool`: coroutine lifecycle and pool VMAs vs mmap-per-coroutine,
+//! bare corosensei and QEMU's unbounded per-thread pool.
 //!
-//! Not implemented yet: issue #3 adds it.
+//! - Lifecycle (create + run to completion + recycle) on pooled stacks, on a
+//!   fresh mmap per coroutine (`Policy::NoPool`) and on bare corosensei with
+//!   one reused stack, alternated, medians.
+//! - A yield round trip, and pool get/put throughput with two threads over
+//!   one thread.
+//! - The cost of `IdlePages::Release` against `IdlePages::Keep`.
+//! - The burst scenario: 4 threads take turns bursting to 15,000 live
+//!   coroutines each (64 KiB stacks), then go idle; then trim. QEMU's old
+//!   unbounded per-thread pool runs into `vm.max_map_count` and gets an
+//!   error (the process lives on); the default policy must not.
 
-use crate::harness::{Ctx, SuiteResult};
+use std::error::Error;
+use std::hint::black_box;
+use std::io::Read;
+use std::sync::mpsc;
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use coro_pool::{
+    Coroutine, CoroutineResult, GuardKind, GuardMode, IdlePages, Policy, PoolConfig, StackPool,
+};
+use corosensei::stack::DefaultStack;
+
+use crate::harness::{alternate, format_value, Ctx, SuiteReport, SuiteResult, Table};
 
 /// One-line description.
-pub const ABOUT: &str = "coroutine lifecycle and pool VMAs vs mmap-per-coroutine, bare corosensei and QEMU's unbounded pool (issue #3, not implemented yet)";
-/// The suite is still a placeholder.
-pub const READY: bool = false;
+pub const ABOUT: &str = "coroutine lifecycle and pool VMAs vs mmap-per-coroutine, bare corosensei and QEMU's unbounded pool";
+/// Ready to run.
+pub const READY: bool = true;
 
-/// Refuses to run until issue #3 lands.
-pub fn run(_ctx: &Ctx) -> SuiteResult {
-    Err("suite coro-pool is not implemented yet (issue #3)".into())
+type BoxResult<T> = Result<T, Box<dyn Error>>;
+
+/// Lines of /proc/self/maps, read through a fixed buffer so that counting
+/// allocates nothing even when the process is at its mapping limit.
+fn count_vmas() -> usize {
+    let Ok(mut file) = std::fs::File::open("/proc/self/maps") else {
+        return 0;
+    };
+    let mut buf = [0u8; 32 << 10];
+    let mut lines = 0;
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => lines += buf[..n].iter().filter(|b| **b == b'\n').count(),
+        }
+    }
+    lines
+}
+
+/// CPU time of the calling thread, in nanoseconds. Single-thread timings
+/// use it rather than wall time: on a loaded machine it leaves out the time
+/// the thread waits for a CPU.
+fn thread_cpu_ns() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e9 + ts.tv_nsec as f64
+}
+
+/// Resident set size in MiB.
+fn rss_mib() -> f64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: f64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as f64;
+    pages * page / (1024.0 * 1024.0)
+}
+
+fn lifecycle_pooled(pool: &StackPool, iters: usize) -> BoxResult<f64> {
+    let start = thread_cpu_ns();
+    for i in 0..iters {
+        let mut co: Coroutine<u64, (), u64> = Coroutine::new_in(pool, |_, x| x + 1)?;
+        black_box(co.resume(black_box(i as u64)));
+    }
+    Ok((thread_cpu_ns() - start) / iters as f64)
+}
+
+fn lifecycle_bare(stack: &mut Option<DefaultStack>, iters: usize) -> BoxResult<f64> {
+    let start = thread_cpu_ns();
+    for i in 0..iters {
+        let s = stack.take().ok_or("bare stack missing")?;
+        let mut co: corosensei::Coroutine<u64, (), u64, DefaultStack> =
+            corosensei::Coroutine::with_stack(s, |_, x| x + 1);
+        black_box(co.resume(black_box(i as u64)));
+        *stack = Some(co.into_stack());
+    }
+    Ok((thread_cpu_ns() - start) / iters as f64)
+}
+
+fn yield_roundtrip(pool: &StackPool, iters: usize) -> BoxResult<f64> {
+    let mut co: Coroutine<u64, u64, ()> = Coroutine::new_in(pool, |y, mut x| loop {
+        x = y.suspend(x + 1);
+    })?;
+    let start = thread_cpu_ns();
+    for i in 0..iters {
+        if let CoroutineResult::Yield(v) = co.resume(black_box(i as u64)) {
+            black_box(v);
+        }
+    }
+    Ok((thread_cpu_ns() - start) / iters as f64)
+}
+
+/// get/put throughput with `threads` threads, each repeatedly taking a
+/// burst of stacks and giving them back (batches move through the global
+/// pool every cycle). Returns operations per second of wall time, and the
+/// sum over threads of operations per second of thread CPU time (what the
+/// threads would reach with a core each; contention still counts).
+fn getput_rate(pool: &Arc<StackPool>, threads: usize, cycles: usize) -> BoxResult<(f64, f64)> {
+    const BURST: usize = 512;
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let done = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let pool = Arc::clone(pool);
+            let barrier = Arc::clone(&barrier);
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || -> Result<f64, String> {
+                let mut held = Vec::with_capacity(BURST);
+                let cycle = |held: &mut Vec<_>| -> Result<(), String> {
+                    for _ in 0..BURST {
+                        held.push(pool.take_stack().map_err(|e| e.to_string())?);
+                    }
+                    held.clear();
+                    Ok(())
+                };
+                let warm = cycle(&mut held);
+                barrier.wait();
+                let cpu_start = thread_cpu_ns();
+                let mut result = warm;
+                for _ in 0..cycles {
+                    if result.is_err() {
+                        break;
+                    }
+                    result = cycle(&mut held);
+                }
+                let cpu = (thread_cpu_ns() - cpu_start) / 1e9;
+                done.wait();
+                result.map(|()| (cycles * BURST * 2) as f64 / cpu)
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    done.wait();
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut cpu_rate = 0.0;
+    for h in handles {
+        cpu_rate += h.join().map_err(|_| "getput thread panicked")??;
+    }
+    Ok(((threads * cycles * BURST * 2) as f64 / elapsed, cpu_rate))
+}
+
+/// ns per coroutine for bursts of `live` coroutines that each touch about
+/// 16 KiB of stack, with a given idle-page policy; and the RSS growth.
+fn idle_pages_cost(idle: IdlePages, live: usize, rounds: usize) -> BoxResult<(f64, f64)> {
+    let rss_before = rss_mib();
+    let pool = StackPool::new(PoolConfig::default().stack_size(256 << 10).idle_pages(idle))?;
+    let _demand = pool.reserve(live);
+    let mut cos = Vec::with_capacity(live);
+    let run = |cos: &mut Vec<Coroutine<(), (), u8>>| -> BoxResult<()> {
+        for _ in 0..live {
+            let mut co: Coroutine<(), (), u8> = Coroutine::new_in(&pool, |y, ()| {
+                let buf = black_box([7u8; 16 << 10]);
+                y.suspend(());
+                buf[100]
+            })?;
+            co.resume(());
+            cos.push(co);
+        }
+        for co in cos.iter_mut() {
+            co.resume(());
+        }
+        cos.clear();
+        Ok(())
+    };
+    run(&mut cos)?; // warm: map every stack once
+    let start = thread_cpu_ns();
+    for _ in 0..rounds {
+        run(&mut cos)?;
+    }
+    let ns = (thread_cpu_ns() - start) / (rounds * live) as f64;
+    let rss_growth = rss_mib() - rss_before;
+    Ok((ns, rss_growth))
+}
+
+/// What one burst scenario run observed.
+#[derive(Debug, Default)]
+struct BurstOutcome {
+    failed: bool,
+    first_error: Option<String>,
+    stacks_at_failure: usize,
+    peak_process_vmas: usize,
+    peak_pool_vmas: usize,
+    pool_vmas_after_trim: usize,
+    process_vmas_after_trim: usize,
+    rss_mib_after_trim: f64,
+    vmas_per_stack: usize,
+    elapsed_ms: f64,
+}
+
+/// Per-thread report after its turn.
+struct TurnReport {
+    live_peak: usize,
+    error: Option<String>,
+    pool_vmas: usize,
+    process_vmas: usize,
+    stacks_held: usize,
+}
+
+enum Cmd {
+    Burst,
+    Exit,
+}
+
+/// The seed scenario: `threads` threads take turns; each bursts to
+/// `per_thread` live coroutines (with a reservation), runs them to
+/// completion and goes idle. Then trim.
+fn burst_scenario(
+    policy: Policy,
+    guard: GuardMode,
+    threads: usize,
+    per_thread: usize,
+) -> BoxResult<BurstOutcome> {
+    let pool = Arc::new(StackPool::new(
+        PoolConfig::default()
+            .stack_size(64 << 10)
+            .policy(policy)
+            .guard(guard),
+    )?);
+    let start = Instant::now();
+    let mut senders = Vec::new();
+    let (report_tx, report_rx) = mpsc::channel::<TurnReport>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+    let mut handles = Vec::new();
+    // All threads and buffers exist before the first burst: nothing needs
+    // a new mapping while the unbounded policy sits at the kernel's limit.
+    for _ in 0..threads {
+        let (tx, rx) = mpsc::channel::<Cmd>();
+        senders.push(tx);
+        let pool = Arc::clone(&pool);
+        let report_tx = report_tx.clone();
+        let ready_tx = ready_tx.clone();
+        handles.push(std::thread::spawn(move || {
+            let mut live: Vec<Coroutine<(), (), u64>> = Vec::with_capacity(per_thread);
+            // Register this thread's local pool and malloc arena now.
+            let warm = pool.take_stack().map(drop).map_err(|e| e.to_string());
+            let _ = ready_tx.send(warm);
+            while let Ok(Cmd::Burst) = rx.recv() {
+                let reservation = (policy == Policy::Bounded).then(|| pool.reserve(per_thread));
+                let mut error = None;
+                for i in 0..per_thread {
+                    match Coroutine::new_in(&pool, move |y, ()| {
+                        // A request in flight: some stack in use across a yield.
+                        let frame = black_box([i as u64; 256]);
+                        y.suspend(());
+                        frame[7]
+                    }) {
+                        Ok(mut co) => {
+                            co.resume(());
+                            live.push(co);
+                        }
+                        Err(e) => {
+                            error = Some(e.to_string());
+                            break;
+                        }
+                    }
+                }
+                let live_peak = live.len();
+                let stats = pool.stats();
+                let process_vmas = count_vmas();
+                for co in live.iter_mut() {
+                    co.resume(());
+                }
+                live.clear();
+                drop(reservation);
+                let _ = report_tx.send(TurnReport {
+                    live_peak,
+                    error,
+                    pool_vmas: stats.vmas_held,
+                    process_vmas,
+                    stacks_held: stats.stacks_held,
+                });
+            }
+        }));
+    }
+    drop(report_tx);
+    drop(ready_tx);
+    for _ in 0..threads {
+        ready_rx.recv()??;
+    }
+    let mut out = BurstOutcome::default();
+    for tx in &senders {
+        tx.send(Cmd::Burst)?;
+        let turn = report_rx.recv()?;
+        out.peak_pool_vmas = out.peak_pool_vmas.max(turn.pool_vmas);
+        out.peak_process_vmas = out.peak_process_vmas.max(turn.process_vmas);
+        if let Some(e) = turn.error {
+            if !out.failed {
+                out.failed = true;
+                out.stacks_at_failure = turn.stacks_held;
+                out.first_error = Some(e);
+            }
+        }
+        let _ = turn.live_peak;
+    }
+    // Every thread is idle now (and still alive, holding its local pool).
+    pool.trim();
+    let stats = pool.stats();
+    out.pool_vmas_after_trim = stats.vmas_held;
+    out.process_vmas_after_trim = count_vmas();
+    out.rss_mib_after_trim = rss_mib();
+    out.vmas_per_stack = pool.budget().vmas_per_stack;
+    out.elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
+    for tx in &senders {
+        let _ = tx.send(Cmd::Exit);
+    }
+    for h in handles {
+        h.join().map_err(|_| "burst thread panicked")?;
+    }
+    Ok(out)
+}
+
+/// Runs the suite.
+pub fn run(ctx: &Ctx) -> SuiteResult {
+    let mut report = SuiteReport::default();
+    let iters = ctx.pick(1_000_000, 20_000);
+    let mmap_iters = ctx.pick(100_000, 2_000);
+
+    // Lifecycle: pooled vs mmap per coroutine vs bare corosensei.
+    let pooled = StackPool::new(PoolConfig::default())?;
+    let nopool = StackPool::new(PoolConfig::default().policy(Policy::NoPool))?;
+    let mut bare_stack = Some(DefaultStack::new(coro_pool::DEFAULT_STACK_SIZE)?);
+    lifecycle_pooled(&pooled, 1000)?;
+    let mut run_pooled = || lifecycle_pooled(&pooled, iters);
+    let mut run_mmap = || lifecycle_pooled(&nopool, mmap_iters);
+    let mut run_bare = || lifecycle_bare(&mut bare_stack, iters);
+    let [pooled_ns, mmap_ns, bare_ns] = alternate(
+        ctx.reps(),
+        &mut [&mut run_pooled, &mut run_mmap, &mut run_bare],
+    )?;
+    let mut lifecycle = Table::new(
+        "lifecycle: create + run to completion + recycle (1 MiB stacks)",
+        &["contender", "ns per coroutine", "iterations"],
+    );
+    lifecycle
+        .row(&[
+            "pooled (default policy)",
+            &format_value(pooled_ns),
+            &iters.to_string(),
+        ])
+        .row(&[
+            "mmap per coroutine (NoPool)",
+            &format_value(mmap_ns),
+            &mmap_iters.to_string(),
+        ])
+        .row(&[
+            "bare corosensei, one reused stack",
+            &format_value(bare_ns),
+            &iters.to_string(),
+        ]);
+    report
+        .table(lifecycle)
+        .metric("lifecycle_ns_pooled", pooled_ns)
+        .metric("lifecycle_ns_mmap", mmap_ns)
+        .metric("lifecycle_ns_bare", bare_ns)
+        .metric("speedup_vs_mmap", mmap_ns / pooled_ns)
+        .metric("overhead_vs_bare", pooled_ns / bare_ns);
+
+    let mut run_yield = || yield_roundtrip(&pooled, iters);
+    let [yield_ns] = alternate(ctx.reps(), &mut [&mut run_yield])?;
+    report.metric("yield_ns", yield_ns);
+    drop(pooled);
+    drop(nopool);
+
+    // Pool get/put scaling.
+    let cycles = ctx.pick(2_000, 50);
+    let gp_pool = Arc::new(StackPool::new(PoolConfig::default().stack_size(64 << 10))?);
+    let _gp_demand = gp_pool.reserve(2048);
+    let mut one = || getput_rate(&gp_pool, 1, cycles).map(|r| r.1);
+    let mut two = || getput_rate(&gp_pool, 2, cycles).map(|r| r.1);
+    let mut one_wall = || getput_rate(&gp_pool, 1, cycles).map(|r| r.0);
+    let mut two_wall = || getput_rate(&gp_pool, 2, cycles).map(|r| r.0);
+    let [rate1, rate2, wall1, wall2] = alternate(
+        ctx.reps(),
+        &mut [&mut one, &mut two, &mut one_wall, &mut two_wall],
+    )?;
+    report
+        .metric("getput_mops_1t", rate1 / 1e6)
+        .metric("getput_mops_2t", rate2 / 1e6)
+        .metric("getput_2t_vs_1t", rate2 / rate1)
+        .metric("getput_2t_vs_1t_wall", wall2 / wall1);
+    drop(_gp_demand);
+    drop(gp_pool);
+
+    // Idle page policy cost.
+    let live = ctx.pick(1024, 256);
+    let rounds = ctx.pick(50, 3);
+    let mut keep = || idle_pages_cost(IdlePages::Keep, live, rounds).map(|r| r.0);
+    let mut release = || idle_pages_cost(IdlePages::Release, live, rounds).map(|r| r.0);
+    let [keep_ns, release_ns] = alternate(ctx.reps(), &mut [&mut keep, &mut release])?;
+    let (_, keep_rss) = idle_pages_cost(IdlePages::Keep, live, 1)?;
+    let (_, release_rss) = idle_pages_cost(IdlePages::Release, live, 1)?;
+    report
+        .metric("burst_cycle_ns_keep_pages", keep_ns)
+        .metric("burst_cycle_ns_release_pages", release_ns)
+        .metric("release_pages_cost_ratio", release_ns / keep_ns)
+        .metric("idle_rss_mib_keep_pages", keep_rss)
+        .metric("idle_rss_mib_release_pages", release_rss);
+
+    // The burst scenario. Its size is the same in quick mode: reaching
+    // vm.max_map_count is the point, and it takes well under a second.
+    let threads = 4;
+    let per_thread = 15_000;
+    let default_qemu_layout =
+        burst_scenario(Policy::Bounded, GuardMode::Mprotect, threads, per_thread)?;
+    let default_auto = burst_scenario(Policy::Bounded, GuardMode::Auto, threads, per_thread)?;
+    // Last, since it drives the process to its mapping limit.
+    let unbounded = burst_scenario(
+        Policy::UnboundedPerThread,
+        GuardMode::Mprotect,
+        threads,
+        per_thread,
+    )?;
+
+    let mut burst = Table::new(
+        "burst: 4 threads take turns, 15,000 live coroutines each (64 KiB stacks), then trim",
+        &[
+            "policy (guard)",
+            "failed",
+            "peak VMAs (process)",
+            "peak VMAs (pool)",
+            "pool VMAs after trim",
+            "process VMAs after trim",
+            "RSS MiB after trim",
+            "ms",
+        ],
+    );
+    for (name, o) in [
+        ("unbounded per thread (mprotect)", &unbounded),
+        ("default (mprotect)", &default_qemu_layout),
+        ("default (auto: guard install if available)", &default_auto),
+    ] {
+        burst.row(&[
+            name.to_string(),
+            (o.failed as u8).to_string(),
+            o.peak_process_vmas.to_string(),
+            o.peak_pool_vmas.to_string(),
+            o.pool_vmas_after_trim.to_string(),
+            o.process_vmas_after_trim.to_string(),
+            format_value(o.rss_mib_after_trim),
+            format_value(o.elapsed_ms),
+        ]);
+    }
+    let batch = coro_pool::DEFAULT_BATCH_SIZE;
+    report
+        .table(burst)
+        .metric("burst_unbounded_failed", unbounded.failed as u8 as f64)
+        .metric(
+            "burst_unbounded_stacks_at_failure",
+            unbounded.stacks_at_failure as f64,
+        )
+        .metric(
+            "burst_default_failed",
+            default_qemu_layout.failed as u8 as f64,
+        )
+        .metric(
+            "burst_default_peak_vmas",
+            default_qemu_layout.peak_process_vmas as f64,
+        )
+        .metric(
+            "burst_default_peak_pool_vmas",
+            default_qemu_layout.peak_pool_vmas as f64,
+        )
+        .metric(
+            "vmas_after_trim",
+            default_qemu_layout.pool_vmas_after_trim as f64,
+        )
+        .metric(
+            "vmas_after_trim_two_batches_per_thread",
+            (threads * 2 * batch * default_qemu_layout.vmas_per_stack) as f64,
+        )
+        .metric(
+            "process_vmas_after_trim",
+            default_qemu_layout.process_vmas_after_trim as f64,
+        )
+        .metric("rss_mib_after_trim", default_qemu_layout.rss_mib_after_trim)
+        .metric(
+            "burst_default_auto_failed",
+            default_auto.failed as u8 as f64,
+        )
+        .metric(
+            "burst_default_auto_peak_vmas",
+            default_auto.peak_process_vmas as f64,
+        )
+        .metric(
+            "vmas_after_trim_auto",
+            default_auto.pool_vmas_after_trim as f64,
+        );
+
+    let guard_note = if coro_pool::guard_install_supported() {
+        GuardKind::GuardInstall.name()
+    } else {
+        GuardKind::Mprotect.name()
+    };
+    report.note(format!(
+        "Medians of {} alternating runs. Single-thread timings use thread CPU time \
+         (the machine is shared); getput_2t_vs_1t sums per-thread CPU-time rates, \
+         getput_2t_vs_1t_wall is the wall-clock ratio. Lifecycle: {iters} iterations pooled and bare, \
+         {mmap_iters} with a fresh mmap per coroutine. getput: bursts of 512 stacks per thread, \
+         {cycles} cycles. Idle pages: bursts of {live} coroutines touching 16 KiB each, {rounds} \
+         rounds; RSS growth of the whole process. Burst scenario: the main figures use QEMU's \
+         layout (mprotect guards, 2 VMAs per stack) for both policies; the auto run uses {guard_note}. \
+         Pool VMAs count stacks x VMAs per stack; process VMAs are lines of /proc/self/maps. \
+         vm.max_map_count here: {}. Unbounded first error: {}.",
+        ctx.reps(),
+        std::fs::read_to_string("/proc/sys/vm/max_map_count")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unreadable".to_string()),
+        unbounded.first_error.as_deref().unwrap_or("none"),
+    ));
+    Ok(report)
 }

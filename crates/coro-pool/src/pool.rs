@@ -2,7 +2,7 @@
 //! pool of batches behind one lock, demand reservations, the mapping budget,
 //! trimming and statistics.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::collections::VecDeque;
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
@@ -29,11 +29,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// (plain load + store, no read-modify-write); any thread may read them.
 #[derive(Debug, Default)]
 struct ThreadStats {
-    live: AtomicUsize,
-    hwm: AtomicUsize,
-    epoch: AtomicU64,
+    /// Idle stacks in the thread's local pool.
     local: AtomicUsize,
-    reused: AtomicU64,
+    /// Stacks the thread has taken (reused or newly mapped).
+    takes: AtomicU64,
 }
 
 /// The global pool: batches of idle stacks. New batches go to the back;
@@ -62,8 +61,10 @@ pub(crate) struct Shared {
     created: AtomicU64,
     freed: AtomicU64,
     unmap_failures: AtomicU64,
-    retired_reused: AtomicU64,
-    trim_epoch: AtomicU64,
+    retired_takes: AtomicU64,
+    /// High-water mark of stacks outside the global pool (in use or in
+    /// local pools) since the last trim; raised where that number grows.
+    peak_outside: AtomicUsize,
     threads: Mutex<Vec<Arc<ThreadStats>>>,
     closed: AtomicBool,
 }
@@ -124,6 +125,7 @@ impl Shared {
                     }
                 }
                 self.created.fetch_add(1, Ordering::Relaxed);
+                self.note_outside(held + 1, self.global_len.load(Ordering::Relaxed));
                 Ok(top)
             }
             Err(e) => {
@@ -198,30 +200,32 @@ impl Shared {
         let batch = g.batches.pop_back()?;
         g.size -= batch.len();
         self.global_len.store(g.size, Ordering::Relaxed);
+        self.note_outside(self.held.load(Ordering::Relaxed), g.size);
         Some(batch)
     }
 
-    /// Frees idle global stacks above `min(max, recent peak - live)` and
-    /// starts a new observation window. Returns the number freed.
+    /// Raises the high-water mark of stacks outside the global pool. Only
+    /// the slow paths (mapping a stack, refilling a local pool from the
+    /// global one) can raise that number, so the fast paths never call this.
+    fn note_outside(&self, held: usize, global: usize) {
+        self.peak_outside
+            .fetch_max(held.saturating_sub(global), Ordering::Relaxed);
+    }
+
+    /// Frees idle global stacks above `min(max, peak - now)`, where `now`
+    /// is the number of stacks outside the global pool (in use or cached in
+    /// thread-local pools) and `peak` its high-water mark since the previous
+    /// trim, then starts a new window. Returns the number freed.
     fn trim(&self) -> usize {
         if self.policy != Policy::Bounded {
             return 0;
         }
-        let epoch = self.trim_epoch.load(Ordering::Acquire);
-        let (peak, live) = {
-            let threads = lock(&self.threads);
-            threads.iter().fold((0usize, 0usize), |(peak, live), t| {
-                let l = t.live.load(Ordering::Relaxed);
-                let h = if t.epoch.load(Ordering::Relaxed) == epoch {
-                    t.hwm.load(Ordering::Relaxed).max(l)
-                } else {
-                    l
-                };
-                (peak.saturating_add(h), live.saturating_add(l))
-            })
-        };
-        let keep = self.max_pooled().min(peak.saturating_sub(live));
-        self.trim_epoch.fetch_add(1, Ordering::AcqRel);
+        let now = self
+            .held
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.global_len.load(Ordering::Relaxed));
+        let peak = self.peak_outside.swap(now, Ordering::Relaxed).max(now);
+        let keep = self.max_pooled().min(peak - now);
         let mut doomed = Vec::new();
         {
             let mut g = lock(&self.global);
@@ -271,124 +275,157 @@ impl Shared {
 struct LocalState {
     cur: StackList,
     spare: StackList,
-    live: usize,
-    hwm: usize,
-    epoch: u64,
-    reused: u64,
+    takes: u64,
 }
 
-/// One thread's cache of a pool's stacks.
+/// One thread's cache of a pool's stacks. It is `!Sync` (and only ever
+/// reached through an `Rc`), so its state is touched by one thread only.
 pub(crate) struct LocalPool {
     shared: Arc<Shared>,
     stats: Arc<ThreadStats>,
-    state: RefCell<LocalState>,
+    state: UnsafeCell<LocalState>,
 }
 
 impl LocalPool {
     fn new(shared: Arc<Shared>) -> LocalPool {
-        let epoch = shared.trim_epoch.load(Ordering::Acquire);
         let stats = Arc::new(ThreadStats::default());
-        stats.epoch.store(epoch, Ordering::Relaxed);
         lock(&shared.threads).push(Arc::clone(&stats));
         LocalPool {
             shared,
             stats,
-            state: RefCell::new(LocalState {
-                epoch,
-                ..LocalState::default()
-            }),
+            state: UnsafeCell::new(LocalState::default()),
         }
     }
 
+    /// Runs `f` on the local state. Callers never nest these calls and `f`
+    /// never calls out of this module (no logging, no locks, no user code).
     #[inline]
-    fn publish_local(&self, st: &LocalState) {
+    fn with_state<R>(&self, f: impl FnOnce(&mut LocalState) -> R) -> R {
+        // SAFETY: LocalPool is !Sync, so only the owning thread holds a
+        // reference; with_state is never re-entered (every closure passed
+        // here only touches LocalState and the thread's stat atomics), so
+        // this is the only live reference to the state.
+        f(unsafe { &mut *self.state.get() })
+    }
+
+    #[inline]
+    fn publish(&self, st: &LocalState) {
         self.stats
             .local
             .store(st.cur.len() + st.spare.len(), Ordering::Relaxed);
     }
 
     #[inline]
+    fn count_take(&self, st: &mut LocalState) {
+        st.takes += 1;
+        self.stats.takes.store(st.takes, Ordering::Relaxed);
+        self.publish(st);
+    }
+
+    #[inline]
     fn take(self: Rc<Self>) -> Result<PooledStack> {
+        let pooled = self.shared.policy != Policy::NoPool;
+        let fast = self.with_state(|st| {
+            let top = if pooled { st.cur.pop() } else { None };
+            if top.is_some() {
+                self.count_take(st);
+            }
+            top
+        });
+        let top = match fast {
+            Some(top) => top,
+            None => self.take_slow()?,
+        };
+        Ok(PooledStack { top, local: self })
+    }
+
+    /// The current batch is empty: switch to the spare batch, refill from
+    /// the global pool, or map a new stack.
+    #[cold]
+    fn take_slow(&self) -> Result<NonNull<u8>> {
         let sh = &*self.shared;
-        let mut st = self.state.borrow_mut();
-        let mut top = match sh.policy {
-            Policy::Bounded => {
-                let mut top = st.cur.pop();
-                if top.is_none() && !st.spare.is_empty() {
+        if sh.policy == Policy::Bounded {
+            let spare = self.with_state(|st| {
+                if st.cur.is_empty() && !st.spare.is_empty() {
                     st.cur = st.spare.take();
-                    top = st.cur.pop();
+                }
+                let top = st.cur.pop();
+                if top.is_some() {
+                    self.count_take(st);
                 }
                 top
+            });
+            if let Some(top) = spare {
+                return Ok(top);
             }
-            Policy::UnboundedPerThread => st.cur.pop(),
-            Policy::NoPool => None,
-        };
-        if top.is_none() && sh.policy == Policy::Bounded {
             if let Some(mut batch) = sh.take_global_batch() {
-                top = batch.pop();
-                st.cur = batch;
+                if let Some(top) = batch.pop() {
+                    let displaced = self.with_state(|st| {
+                        let old = std::mem::replace(&mut st.cur, batch);
+                        self.count_take(st);
+                        old
+                    });
+                    // Empty in practice: the batch was refilled because the
+                    // current one ran dry.
+                    sh.put_global(displaced);
+                    return Ok(top);
+                }
             }
         }
-        let top = match top {
-            Some(top) => {
-                st.reused += 1;
-                self.stats.reused.store(st.reused, Ordering::Relaxed);
-                top
-            }
-            None => sh.create()?,
-        };
-        let epoch = sh.trim_epoch.load(Ordering::Relaxed);
-        if epoch != st.epoch {
-            st.epoch = epoch;
-            st.hwm = st.live;
-            self.stats.epoch.store(epoch, Ordering::Relaxed);
-        }
-        st.live += 1;
-        self.stats.live.store(st.live, Ordering::Relaxed);
-        if st.live > st.hwm {
-            st.hwm = st.live;
-            self.stats.hwm.store(st.hwm, Ordering::Relaxed);
-        }
-        self.publish_local(&st);
-        drop(st);
-        Ok(PooledStack { top, local: self })
+        let top = sh.create()?;
+        self.with_state(|st| self.count_take(st));
+        Ok(top)
     }
 
     #[inline]
     fn put(&self, top: NonNull<u8>) {
         let sh = &*self.shared;
-        let mut st = self.state.borrow_mut();
-        st.live -= 1;
-        self.stats.live.store(st.live, Ordering::Relaxed);
-        if sh.policy == Policy::NoPool || sh.closed.load(Ordering::Relaxed) {
-            drop(st);
-            sh.free_one(top);
-            return;
-        }
-        let mut spill = None;
-        if sh.policy == Policy::Bounded && st.cur.len() >= sh.batch_size {
-            if !st.spare.is_empty() {
-                spill = Some(st.spare.take());
+        let limit = match sh.policy {
+            Policy::Bounded => sh.batch_size,
+            Policy::UnboundedPerThread => usize::MAX,
+            Policy::NoPool => 0,
+        };
+        let pushed = self.with_state(|st| {
+            if st.cur.len() < limit && !sh.closed.load(Ordering::Relaxed) {
+                // SAFETY: the stack was handed out by this pool, its
+                // coroutine is gone, and it is in no list.
+                unsafe { st.cur.push(top) };
+                self.publish(st);
+                true
+            } else {
+                false
             }
-            st.spare = st.cur.take();
-        }
-        // SAFETY: the stack was handed out by this pool, its coroutine is
-        // gone, and it is in no list.
-        unsafe { st.cur.push(top) };
-        self.publish_local(&st);
-        drop(st);
-        if let Some(batch) = spill {
-            sh.put_global(batch);
+        });
+        if !pushed {
+            self.put_slow(top);
         }
     }
 
+    /// The current batch is full, the pool is closed, or nothing is pooled.
+    #[cold]
+    fn put_slow(&self, top: NonNull<u8>) {
+        let sh = &*self.shared;
+        if sh.policy == Policy::NoPool || sh.closed.load(Ordering::Relaxed) {
+            sh.free_one(top);
+            return;
+        }
+        let spill = self.with_state(|st| {
+            let spill = st.spare.take();
+            st.spare = st.cur.take();
+            // SAFETY: as in put().
+            unsafe { st.cur.push(top) };
+            self.publish(st);
+            spill
+        });
+        sh.put_global(spill);
+    }
+
     fn flush(&self) {
-        let (cur, spare) = {
-            let mut st = self.state.borrow_mut();
+        let (cur, spare) = self.with_state(|st| {
             let lists = (st.cur.take(), st.spare.take());
-            self.publish_local(&st);
+            self.publish(st);
             lists
-        };
+        });
         self.release_lists(cur, spare);
     }
 
@@ -407,17 +444,55 @@ impl Drop for LocalPool {
     fn drop(&mut self) {
         let st = self.state.get_mut();
         let (cur, spare) = (st.cur.take(), st.spare.take());
-        let reused = st.reused;
+        let takes = st.takes;
         self.release_lists(cur, spare);
         self.shared
-            .retired_reused
-            .fetch_add(reused, Ordering::Relaxed);
+            .retired_takes
+            .fetch_add(takes, Ordering::Relaxed);
         lock(&self.shared.threads).retain(|t| !Arc::ptr_eq(t, &self.stats));
     }
 }
 
+/// This thread's local pools, one per pool it has used.
+struct Registry(Vec<Rc<LocalPool>>);
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        // LAST must never point at a LocalPool the registry no longer keeps.
+        LAST.with(|last| last.set(std::ptr::null()));
+    }
+}
+
 thread_local! {
-    static REGISTRY: RefCell<Vec<Rc<LocalPool>>> = const { RefCell::new(Vec::new()) };
+    static REGISTRY: RefCell<Registry> = const { RefCell::new(Registry(Vec::new())) };
+    /// The most recently used entry of REGISTRY (or null): a one-entry
+    /// cache that needs no lazy-init or destructor check to read. Invariant:
+    /// when non-null it points at a LocalPool that REGISTRY holds an `Rc`
+    /// of; it is nulled before any entry leaves the registry.
+    static LAST: Cell<*const LocalPool> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Removes the entries matching `pred` from this thread's registry and
+/// returns them (to be dropped by the caller, outside the borrow).
+fn unregister(pred: impl Fn(&LocalPool) -> bool) -> Vec<Rc<LocalPool>> {
+    REGISTRY
+        .try_with(|reg| {
+            let Ok(mut reg) = reg.try_borrow_mut() else {
+                return Vec::new();
+            };
+            LAST.with(|last| last.set(std::ptr::null()));
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < reg.0.len() {
+                if pred(&reg.0[i]) {
+                    out.push(reg.0.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            out
+        })
+        .unwrap_or_default()
 }
 
 /// This thread's local pool for `shared`, registering one on first use.
@@ -425,39 +500,41 @@ thread_local! {
 /// it gives its stacks back when its last stack is dropped.
 #[inline]
 fn local_pool(shared: &Arc<Shared>) -> Rc<LocalPool> {
-    let fast = REGISTRY.try_with(|reg| {
-        let reg = reg.try_borrow().ok()?;
-        reg.iter()
-            .find(|l| Arc::ptr_eq(&l.shared, shared))
-            .map(Rc::clone)
-    });
-    match fast {
-        Ok(Some(local)) => local,
-        _ => register_local_pool(shared),
+    let last = LAST.with(Cell::get);
+    if !last.is_null() {
+        // SAFETY: per LAST's invariant, a non-null LAST points at a live
+        // LocalPool owned by this thread's registry.
+        let local = unsafe { &*last };
+        if Arc::ptr_eq(&local.shared, shared) {
+            // SAFETY: `last` came from Rc::as_ptr of an Rc the registry
+            // still holds, so the allocation is live; taking one more strong
+            // count and wrapping it is a clone.
+            return unsafe {
+                Rc::increment_strong_count(last);
+                Rc::from_raw(last)
+            };
+        }
     }
+    register_local_pool(shared)
 }
 
 #[cold]
 fn register_local_pool(shared: &Arc<Shared>) -> Rc<LocalPool> {
-    let mut stale = Vec::new();
+    let stale = unregister(|l| l.shared.closed.load(Ordering::Relaxed));
+    drop(stale);
     let found = REGISTRY.try_with(|reg| {
         let mut reg = reg.try_borrow_mut().ok()?;
-        if let Some(local) = reg.iter().find(|l| Arc::ptr_eq(&l.shared, shared)) {
-            return Some(Rc::clone(local));
-        }
-        let mut i = 0;
-        while i < reg.len() {
-            if reg[i].shared.closed.load(Ordering::Relaxed) {
-                stale.push(reg.swap_remove(i));
-            } else {
-                i += 1;
+        let local = match reg.0.iter().find(|l| Arc::ptr_eq(&l.shared, shared)) {
+            Some(local) => Rc::clone(local),
+            None => {
+                let local = Rc::new(LocalPool::new(Arc::clone(shared)));
+                reg.0.push(Rc::clone(&local));
+                local
             }
-        }
-        let local = Rc::new(LocalPool::new(Arc::clone(shared)));
-        reg.push(Rc::clone(&local));
+        };
+        LAST.with(|last| last.set(Rc::as_ptr(&local)));
         Some(local)
     });
-    drop(stale);
     match found {
         Ok(Some(local)) => local,
         _ => Rc::new(LocalPool::new(Arc::clone(shared))),
@@ -572,7 +649,8 @@ impl std::fmt::Debug for Shared {
 /// approximate.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Stacks in use: live coroutines (and [`PooledStack`]s held directly).
+    /// Stacks in use: live coroutines (and [`PooledStack`]s held directly),
+    /// computed as held minus pooled.
     pub live_coroutines: usize,
     /// Idle stacks in thread-local pools, all threads together.
     pub pooled_local: usize,
@@ -683,8 +761,8 @@ impl StackPool {
             created: AtomicU64::new(0),
             freed: AtomicU64::new(0),
             unmap_failures: AtomicU64::new(0),
-            retired_reused: AtomicU64::new(0),
-            trim_epoch: AtomicU64::new(0),
+            retired_takes: AtomicU64::new(0),
+            peak_outside: AtomicUsize::new(0),
             threads: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
         };
@@ -772,12 +850,12 @@ impl StackPool {
     }
 
     /// Frees idle stacks of the global pool above the demand seen since the
-    /// previous trim: it keeps `min(max_pooled, peak - live)` stacks, where
-    /// `peak` is the high-water mark of stacks in use during the window
-    /// (summed over threads) and `live` the stacks in use now, then starts a
-    /// new window. Thread-local pools are left alone (at most two batches
-    /// each). Returns the number of stacks freed. A no-op for the
-    /// non-default policies.
+    /// previous trim: it keeps `min(max_pooled, peak - now)` stacks, where
+    /// `now` counts the stacks outside the global pool (in use or cached by
+    /// threads) and `peak` is the high-water mark of that count during the
+    /// window, then starts a new window. Thread-local pools are left alone
+    /// (at most two batches each). Returns the number of stacks freed. A
+    /// no-op for the non-default policies.
     pub fn trim(&self) -> usize {
         self.shared.trim()
     }
@@ -788,7 +866,8 @@ impl StackPool {
     pub fn flush_local(&self) {
         let found = REGISTRY.try_with(|reg| {
             reg.try_borrow().ok().and_then(|reg| {
-                reg.iter()
+                reg.0
+                    .iter()
                     .find(|l| Arc::ptr_eq(&l.shared, &self.shared))
                     .cloned()
             })
@@ -801,23 +880,25 @@ impl StackPool {
     /// A snapshot of the pool's counters.
     pub fn stats(&self) -> Stats {
         let sh = &*self.shared;
-        let (live, local, reused) = {
+        let (local, takes) = {
             let threads = lock(&sh.threads);
-            threads.iter().fold((0usize, 0usize, 0u64), |(l, p, r), t| {
+            threads.iter().fold((0usize, 0u64), |(p, t), s| {
                 (
-                    l + t.live.load(Ordering::Relaxed),
-                    p + t.local.load(Ordering::Relaxed),
-                    r + t.reused.load(Ordering::Relaxed),
+                    p + s.local.load(Ordering::Relaxed),
+                    t + s.takes.load(Ordering::Relaxed),
                 )
             })
         };
         let held = sh.held.load(Ordering::Relaxed);
+        let global = sh.global_len.load(Ordering::Relaxed);
+        let created = sh.created.load(Ordering::Relaxed);
+        let takes = takes + sh.retired_takes.load(Ordering::Relaxed);
         Stats {
-            live_coroutines: live,
+            live_coroutines: held.saturating_sub(local + global),
             pooled_local: local,
-            pooled_global: sh.global_len.load(Ordering::Relaxed),
-            stacks_created: sh.created.load(Ordering::Relaxed),
-            stacks_reused: reused + sh.retired_reused.load(Ordering::Relaxed),
+            pooled_global: global,
+            stacks_created: created,
+            stacks_reused: takes.saturating_sub(created),
             stacks_freed: sh.freed.load(Ordering::Relaxed),
             stacks_held: held,
             vmas_held: held.saturating_mul(sh.guard_kind().vmas_per_stack()),
@@ -870,26 +951,12 @@ impl Drop for StackPool {
             }
         }
         self.shared.close();
-        let mine = REGISTRY.try_with(|reg| {
-            reg.try_borrow_mut().ok().map(|mut reg| {
-                let mut out = Vec::new();
-                let mut i = 0;
-                while i < reg.len() {
-                    if Arc::ptr_eq(&reg[i].shared, &self.shared) {
-                        out.push(reg.swap_remove(i));
-                    } else {
-                        i += 1;
-                    }
-                }
-                out
-            })
-        });
-        if let Ok(Some(locals)) = mine {
-            // Stacks still in use keep their LocalPool alive; free its idle
-            // stacks now rather than when the last of them ends.
-            for local in locals {
-                local.flush();
-            }
+        let shared = &self.shared;
+        let mine = unregister(|l| Arc::ptr_eq(&l.shared, shared));
+        // Stacks still in use keep their LocalPool alive; free its idle
+        // stacks now rather than when the last of them ends.
+        for local in mine {
+            local.flush();
         }
     }
 }
