@@ -1,0 +1,48 @@
+//! Structured fuzz inputs for the vmm-io-crates fuzz targets, and the seed
+//! corpora written by this crate's unit tests.
+//!
+//! Each target in `fuzz/fuzz_targets` decodes its libFuzzer bytes with one
+//! of these types (or, for `virtqueue_chain`, with virtqueue-large's own
+//! `fuzzing` module). The decoding is total: any bytes give a valid input
+//! ([`bytes::ByteSource`] reads zeros past the end), so mutations explore
+//! the code under test instead of the harness. Each type also encodes, so
+//! the unit tests build seeds from typed values, check that they decode
+//! back unchanged, and write them to `fuzz/corpus/<target>/`.
+//!
+//! - [`p9::SessionInput`]: `p9_session`.
+//! - [`p9::decode_seeds`]: seeds of `p9_decode`, which takes raw bytes.
+//! - `virtqueue_chain`: `virtqueue_large::fuzzing::run` decodes the bytes;
+//!   this crate only writes `virtqueue_large::fuzzing::seeds()` to its
+//!   corpus.
+//!
+//! ```
+//! use vmm_fuzz_common::p9::SessionInput;
+//!
+//! // Any bytes decode; the encoding gives the same input back.
+//! let input = SessionInput::decode(&[0x02, 0x03, 0x00, 0x00, 0x0b, 0x01]);
+//! assert_eq!(input.frames.len(), 1);
+//! assert_eq!(SessionInput::decode(&input.encode()), input);
+//! ```
+
+pub mod bytes;
+pub mod corpus;
+pub mod p9;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn test_virtqueue_chain_seeds_are_written() {
+        let seeds = virtqueue_large::fuzzing::seeds();
+        assert!(!seeds.is_empty());
+        let named: Vec<(String, Vec<u8>)> = seeds
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (format!("{i:03}"), s))
+            .collect();
+        let n = crate::corpus::write(
+            "virtqueue_chain",
+            named.iter().map(|(n, s)| (n.as_str(), s.clone())),
+        );
+        assert_eq!(n, named.len());
+    }
+}
