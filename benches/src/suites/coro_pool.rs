@@ -403,7 +403,7 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     drop(gp_pool);
 
     // Idle page policy cost.
-    let live = ctx.pick(1024, 256);
+    let live = ctx.pick(1024, 512);
     let rounds = ctx.pick(50, 3);
     let mut keep = || idle_pages_cost(IdlePages::Keep, live, rounds).map(|r| r.0);
     let mut release = || idle_pages_cost(IdlePages::Release, live, rounds).map(|r| r.0);

@@ -565,7 +565,7 @@ fn maps_overlapping(lo: usize, hi: usize) -> Vec<String> {
 
 #[test]
 fn test_guard_region_layout_in_maps() {
-    let page = 4096usize;
+    let page = page_size();
     let stack = 64usize << 10;
     // mprotect: a ---p guard VMA right below a rw-p stack VMA.
     let pool = StackPool::new(small().guard(GuardMode::Mprotect)).unwrap();
@@ -589,8 +589,13 @@ fn test_guard_region_layout_in_maps() {
     }
 }
 
+fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
 fn resident_pages(lo: usize, len: usize) -> usize {
-    let page = 4096;
+    let page = page_size();
     let mut vec = vec![0u8; len / page];
     // SAFETY: mincore only reads the page tables of [lo, lo + len), which is
     // mapped (an idle pooled stack), and writes len / page bytes into vec.
@@ -620,9 +625,9 @@ fn test_idle_pages_release_drops_pages_in_global_pool() {
         drop(b);
         let s = pool.stats();
         assert_eq!((s.pooled_local, s.pooled_global), (2, 1), "{s:?}");
-        let resident = resident_pages(top - stack, stack - 4096);
+        let resident = resident_pages(top - stack, stack - page_size());
         if expect_resident {
-            assert!(resident >= 16, "kept pages: {resident}");
+            assert!(resident * page_size() >= 64 << 10, "kept pages: {resident}");
         } else {
             assert_eq!(resident, 0, "released pages");
         }
