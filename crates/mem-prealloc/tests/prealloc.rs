@@ -439,6 +439,11 @@ fn test_read_only_mapping_is_unsupported() {
             "{method}: {err}"
         );
         assert!(err.raw_os_error().is_some());
+        assert!(
+            err.to_string()
+                .starts_with("mapping at offset 0x0 cannot be preallocated ("),
+            "{err}"
+        );
     }
 }
 
