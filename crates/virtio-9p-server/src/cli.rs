@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use virtio_9p_server::protocol::MAX_MSIZE;
+use virtio_9p_server::sandbox::seccomp::SeccompMode;
+use virtio_9p_server::sandbox::{IdMap, IdSquash, SandboxMode};
 use virtio_9p_server::transport::socket::ListenAddr;
 use virtio_9p_server::SecurityModel;
 
@@ -46,4 +48,55 @@ pub struct Cli {
     /// vhost-user daemon options (used when --listen is not given).
     #[command(flatten)]
     pub vhost: virtio_9p_server::vhost_user::VhostUserArgs,
+
+    /// Hardening options (see SECURITY.md).
+    #[command(flatten)]
+    pub hardening: Hardening,
+}
+
+/// The sandbox options (issue 12).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Hardening {
+    /// Confinement: namespace (new mount, pid and net namespaces and
+    /// pivot_root into the shared dir), chroot, or none.
+    #[arg(long, value_name = "MODE", default_value = "namespace")]
+    pub sandbox: SandboxMode,
+
+    /// Action on a syscall outside the allow-list: kill, log, trap or none.
+    #[arg(long, value_name = "ACTION", default_value = "kill")]
+    pub seccomp: SeccompMode,
+
+    /// Adjust the capabilities kept: `+name` / `-name`, comma separated
+    /// (for example `+sys_admin,-mknod`).
+    #[arg(long, value_name = "CAPS")]
+    pub modcaps: Option<String>,
+
+    /// RLIMIT_NOFILE (soft and hard) for the daemon; the fid limit is set
+    /// from it. Default: raise the soft limit to the hard one.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(64..))]
+    pub rlimit_nofile: Option<u64>,
+
+    /// User-namespace uid map `inside:outside:count` (unprivileged
+    /// namespace sandbox; repeatable). Default: the current uid to itself.
+    #[arg(long, value_name = "MAP")]
+    pub uid_map: Vec<IdMap>,
+
+    /// User-namespace gid map `inside:outside:count` (repeatable).
+    #[arg(long, value_name = "MAP")]
+    pub gid_map: Vec<IdMap>,
+
+    /// uid squashing: `squash-guest:HOSTUID` (every uid the guest sets
+    /// becomes HOSTUID) or `squash-host:GUESTUID` (every file reads as
+    /// owned by GUESTUID).
+    #[arg(long, value_name = "RULE")]
+    pub translate_uid: Option<IdSquash>,
+
+    /// gid squashing, as --translate-uid.
+    #[arg(long, value_name = "RULE")]
+    pub translate_gid: Option<IdSquash>,
+
+    /// Test-only hooks run right after the sandbox is set up
+    /// (`forbidden-syscall`, `probe:PATH`); never use them in production.
+    #[arg(long, value_name = "HOOK", hide = true)]
+    pub test_hook: Vec<String>,
 }

@@ -39,6 +39,7 @@ pub mod error;
 pub mod fs;
 pub mod io;
 pub mod protocol;
+pub mod sandbox;
 mod server;
 pub mod transport;
 

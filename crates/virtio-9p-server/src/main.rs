@@ -2,44 +2,153 @@
 
 mod cli;
 
+use std::os::fd::IntoRawFd;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
 use log::info;
 
+use virtio_9p_server::fs::Filesystem;
+use virtio_9p_server::sandbox::ids::{IdTranslation, Translated};
+use virtio_9p_server::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
 use virtio_9p_server::transport::socket::{ListenAddr, Listener};
-use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
+use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, Server};
 
 use cli::Cli;
 
-/// Raises the soft fd limit to the hard limit: every fid holds an fd.
-fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+/// The filesystem the binary serves: passthrough behind the id squashing.
+type Fs = Translated<PassthroughFs>;
+
+/// Everything before serving that the sandbox orders: the fd limit and fid
+/// budget, then (with the sockets already bound by the caller) the
+/// sandbox, in which the export is opened, then capabilities, seccomp and
+/// the test hooks. Returns the server to run.
+fn harden(
+    cli: &Cli,
+    sessions: usize,
+    cleanup_socket: Option<PathBuf>,
+) -> Result<Arc<Server<Fs>>, String> {
+    let h = &cli.hardening;
+    if h.sandbox == SandboxMode::Chroot && cli.security_model == SecurityModel::MappedXattr {
+        return Err("--security-model mapped-xattr needs /proc/self/fd, which --sandbox chroot hides; use --sandbox namespace".into());
+    }
+    let nofile = limits::set_nofile(h.rlimit_nofile).map_err(|e| e.to_string())?;
+    let max_fids = limits::fid_budget(nofile, sessions, virtio_9p_server::DEFAULT_MAX_FIDS);
+    if max_fids < limits::MIN_FIDS {
+        return Err(format!(
+            "RLIMIT_NOFILE {nofile} leaves only {max_fids} fids per session for {sessions} session(s); raise --rlimit-nofile"
+        ));
+    }
+    let shared_dir = std::fs::canonicalize(&cli.shared_dir).map_err(|e| {
+        format!(
+            "cannot open shared directory {}: {e}",
+            cli.shared_dir.display()
+        )
+    })?;
+    let mut pcfg = PassthroughConfig::new(&shared_dir);
+    pcfg.readonly = cli.readonly;
+    pcfg.security_model = cli.security_model;
+    let ids = IdTranslation {
+        uid: h.translate_uid,
+        gid: h.translate_gid,
     };
-    // SAFETY: `lim` is a valid out pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max {
-        lim.rlim_cur = lim.rlim_max;
-        // SAFETY: `lim` is a valid rlimit.
-        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    let mut scfg = SandboxConfig::new(h.sandbox, &shared_dir);
+    scfg.uid_map = h.uid_map.clone();
+    scfg.gid_map = h.gid_map.clone();
+    scfg.cleanup_socket = cleanup_socket;
+    let fs = sb::enter(&scfg, || {
+        PassthroughFs::new(pcfg)
+            .map(|fs| Translated::new(fs, ids))
+            .map_err(|e| e.to_string())
+    })
+    .map_err(|e| e.to_string())?;
+    let mut keep = caps::CapSet::of(if cli.readonly {
+        caps::READONLY_CAPS
+    } else {
+        caps::DEFAULT_CAPS
+    });
+    if cli.listen.is_none() && cli.vhost.mlock != mlock_policy::MlockPolicy::Off {
+        keep = caps::CapSet(keep.0 | 1 << caps::CAP_IPC_LOCK);
+    }
+    if let Some(m) = &h.modcaps {
+        keep = keep.modify(m).map_err(|e| e.to_string())?;
+    }
+    let kept = caps::drop_to(keep).map_err(|e| e.to_string())?;
+    seccomp::apply(h.seccomp).map_err(|e| e.to_string())?;
+    info!(
+        "sandbox {}, seccomp {}, capabilities [{}], RLIMIT_NOFILE {nofile}, {max_fids} fids per session",
+        h.sandbox,
+        h.seccomp,
+        kept.names()
+    );
+    for hook in &h.test_hook {
+        run_test_hook(hook);
+    }
+    let config = Config {
+        msize_max: cli.msize_max,
+        max_fids,
+        ..Config::default()
+    };
+    Ok(Arc::new(
+        Server::new(fs, config).map_err(|e| e.to_string())?,
+    ))
+}
+
+/// Test-only hooks (hidden `--test-hook`), run once the process is confined.
+fn run_test_hook(hook: &str) {
+    if hook == "forbidden-syscall" {
+        // personality(0xffffffff) only queries, but it is not on the list.
+        // SAFETY: a query that changes nothing.
+        let r = unsafe { libc::syscall(libc::SYS_personality, 0xffff_ffffu64) };
+        eprintln!("test-hook: forbidden syscall returned {r}");
+    } else if let Some(path) = hook.strip_prefix("probe:") {
+        match std::fs::symlink_metadata(path) {
+            Ok(m) => {
+                use std::os::unix::fs::MetadataExt;
+                eprintln!("test-hook: probe {path} dev={} ino={}", m.dev(), m.ino());
+            }
+            Err(e) => eprintln!(
+                "test-hook: probe {path} errno={}",
+                e.raw_os_error().unwrap_or(0)
+            ),
+        }
+    } else {
+        eprintln!("test-hook: unknown hook {hook:?}");
+    }
+}
+
+/// Exits on SIGTERM/SIGINT in socket mode: as pid 1 of its namespace the
+/// daemon would otherwise ignore them.
+fn exit_on_signals() {
+    extern "C" fn on_signal(_: libc::c_int) {
+        // SAFETY: _exit(2) is async-signal-safe.
+        unsafe { libc::_exit(0) };
+    }
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: a zeroed sigaction is valid; the handler only calls _exit.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
     }
 }
 
 /// Socket mode: bind, then serve every client on its own thread.
 fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
-    let mut pcfg = PassthroughConfig::new(&cli.shared_dir);
-    pcfg.readonly = cli.readonly;
-    pcfg.security_model = cli.security_model;
-    let fs = PassthroughFs::new(pcfg).map_err(|e| e.to_string())?;
-    let config = Config {
-        msize_max: cli.msize_max,
-        ..Config::default()
-    };
-    let server = Arc::new(Server::new(fs, config).map_err(|e| e.to_string())?);
+    // Bind first: the socket lives outside the export.
     let listener = Listener::bind(addr).map_err(|e| e.to_string())?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    let cleanup = match addr {
+        ListenAddr::Unix(p) => Some(p.clone()),
+        ListenAddr::Tcp(_) => None,
+    };
+    let server = harden(cli, limits::BUDGETED_CLIENTS, cleanup)?;
+    exit_on_signals();
     info!(
         "serving {} on {bound} (security model {}, {}msize up to {})",
         cli.shared_dir.display(),
@@ -52,16 +161,66 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
 
 /// vhost-user mode (no --listen): the daemon of `virtio_9p_server::vhost_user`.
 fn run_vhost_user(cli: &Cli) -> Result<(), String> {
-    let mut pcfg = PassthroughConfig::new(&cli.shared_dir);
-    pcfg.readonly = cli.readonly;
-    pcfg.security_model = cli.security_model;
-    let fs = PassthroughFs::new(pcfg).map_err(|e| e.to_string())?;
-    let config = Config {
-        msize_max: cli.msize_max,
-        ..Config::default()
-    };
-    let server = Arc::new(Server::new(fs, config).map_err(|e| e.to_string())?);
-    virtio_9p_server::vhost_user::run_daemon(&cli.vhost, server, cli.readonly)
+    let mut args = cli.vhost.clone();
+    let mut cleanup = None;
+    if args.fd.is_none() {
+        // Bind the socket before the sandbox hides its directory (and
+        // before seccomp forbids bind), and hand it over as an inherited fd.
+        let defaulted = args.socket_path.is_none();
+        let path = args
+            .socket_path
+            .take()
+            .unwrap_or_else(|| PathBuf::from(virtio_9p_server::vhost_user::DEFAULT_SOCKET_PATH));
+        let listener = bind_vhost_socket(&path)?;
+        info!("vhost-user socket {}", path.display());
+        if defaulted {
+            println!(
+                "{}",
+                virtio_9p_server::vhost_user::attach_help(&path, &args.tag, args.queue_size)
+            );
+        }
+        args.fd = Some(listener.into_raw_fd());
+        cleanup = Some(std::fs::canonicalize(&path).unwrap_or(path));
+    }
+    let sandbox = cli.hardening.sandbox;
+    // The namespace supervisor removes the socket; chroot cannot reach it
+    // (a stale socket is replaced at the next start).
+    let server = harden(
+        cli,
+        1,
+        cleanup
+            .clone()
+            .filter(|_| sandbox == SandboxMode::Namespace),
+    )?;
+    let result = run_daemon(&args, server, cli.readonly);
+    if let (SandboxMode::None, Some(sock)) = (sandbox, cleanup) {
+        if let Ok(c) = std::ffi::CString::new(sock.as_os_str().as_encoded_bytes()) {
+            // unlinkat: std's remove_file uses unlink(2), which the
+            // seccomp list leaves out.
+            // SAFETY: valid C string.
+            unsafe { libc::unlinkat(libc::AT_FDCWD, c.as_ptr(), 0) };
+        }
+    }
+    result
+}
+
+fn run_daemon<F: Filesystem + 'static>(
+    args: &virtio_9p_server::vhost_user::VhostUserArgs,
+    server: Arc<Server<F>>,
+    readonly: bool,
+) -> Result<(), String> {
+    virtio_9p_server::vhost_user::run_daemon(args, server, readonly)
+}
+
+/// Binds a vhost-user socket, replacing a stale file there (as
+/// `--socket-path` documents), but never a directory.
+fn bind_vhost_socket(path: &std::path::Path) -> Result<UnixListener, String> {
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.is_dir() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    UnixListener::bind(path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))
 }
 
 fn main() -> ExitCode {
@@ -74,7 +233,6 @@ fn main() -> ExitCode {
         .filter_level(cli.log_level)
         .format_timestamp_millis()
         .init();
-    raise_fd_limit();
     let result = match &cli.listen {
         Some(addr) => run_socket(&cli, addr),
         None => run_vhost_user(&cli),

@@ -114,6 +114,10 @@ fn test_binary_mlock_on_fault_reconnect_and_sigterm() {
             "2",
             "--log-level",
             "warn",
+            // VmLck is read from this process: the namespace sandbox would
+            // serve from a forked child (tests/sandbox_binary.rs covers it).
+            "--sandbox",
+            "none",
         ])
         .stdout(Stdio::null())
         .spawn()

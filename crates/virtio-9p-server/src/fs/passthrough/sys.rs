@@ -164,8 +164,14 @@ pub fn reopen(
 
 /// The `/proc/self/fd/N` path of an fd, for the path-only xattr calls.
 pub fn proc_path(fd: BorrowedFd<'_>) -> CString {
-    // A formatted integer never contains NUL.
-    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
+    // A formatted integer never contains NUL. Inside the namespace sandbox
+    // /proc is not under `/`: the current directory is /proc/self/fd there.
+    let path = if crate::sandbox::proc_fd_is_cwd() {
+        fd.as_raw_fd().to_string()
+    } else {
+        format!("/proc/self/fd/{}", fd.as_raw_fd())
+    };
+    CString::new(path).unwrap_or_default()
 }
 
 /// `fstat` (works on `O_PATH` fds).

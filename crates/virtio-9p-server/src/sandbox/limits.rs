@@ -1,0 +1,72 @@
+//! `RLIMIT_NOFILE` and the fid budget that keeps the fd count below it.
+
+use super::{sys_err, Result};
+
+/// fds the daemon needs besides fids: stdio, sockets, eventfds, epoll,
+/// timerfd, /proc, the export root, per-connection vring kicks and calls,
+/// and fds opened briefly while serving (reopened files, directories).
+pub const FD_RESERVE: u64 = 256;
+
+/// Socket clients the fd budget is shared by: each of them may hold
+/// `fid_budget(nofile, BUDGETED_CLIENTS, ..)` fids. More clients still
+/// connect (up to the transport's limit); once the fds run out, new fids
+/// fail with `EMFILE` and the daemon keeps serving.
+pub const BUDGETED_CLIENTS: usize = 16;
+
+/// The smallest fid budget the daemon runs with.
+pub const MIN_FIDS: usize = 64;
+
+/// Sets `RLIMIT_NOFILE` to `want` (soft and hard), or, with `None`, raises
+/// the soft limit to the hard one. Returns the soft limit in force.
+pub fn set_nofile(want: Option<u64>) -> Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(sys_err("getrlimit(RLIMIT_NOFILE)"));
+    }
+    let new = match want {
+        Some(n) => libc::rlimit {
+            rlim_cur: n,
+            rlim_max: n,
+        },
+        None => libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        },
+    };
+    // SAFETY: `new` is a valid rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
+        return Err(sys_err(format!(
+            "setrlimit(RLIMIT_NOFILE, {}) (the hard limit is {}; raising it needs CAP_SYS_RESOURCE)",
+            new.rlim_cur, lim.rlim_max
+        )));
+    }
+    Ok(new.rlim_cur)
+}
+
+/// The fids one session may hold so that `sessions` sessions with every
+/// fid open stay below `nofile`: `(nofile - FD_RESERVE) / sessions`,
+/// capped at `max_fids` (the caller refuses a budget below
+/// [`MIN_FIDS`]). Each fid holds one `O_PATH`
+/// fd and, once opened, at most one more.
+pub fn fid_budget(nofile: u64, sessions: usize, max_fids: usize) -> usize {
+    let usable = nofile.saturating_sub(FD_RESERVE) / 2;
+    let per = usable / (sessions.max(1) as u64);
+    per.min(max_fids as u64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_fid_budget() {
+        assert_eq!(fid_budget(1 << 20, 1, 65536), 65536);
+        assert_eq!(fid_budget(4096, 1, 65536), (4096 - 256) / 2);
+        assert_eq!(fid_budget(4096, 8, 65536), (4096 - 256) / 2 / 8);
+        assert_eq!(fid_budget(100, 1, 65536), 0);
+    }
+}

@@ -1,0 +1,228 @@
+//! Confinement of the daemon, in the manner of virtiofsd: namespaces and
+//! `pivot_root` (or `chroot`), a seccomp allow-list, capability dropping
+//! and resource limits.
+//!
+//! The binary applies the layers in this order (see `SECURITY.md`):
+//!
+//! 1. bind the listening socket (it lives outside the export) and raise
+//!    `RLIMIT_NOFILE` ([`limits`]);
+//! 2. [`enter`]: in [`SandboxMode::Namespace`] unshare the mount, pid and
+//!    net namespaces (and the user namespace when unprivileged), fork so
+//!    that the daemon is pid 1 of the new pid namespace while the parent
+//!    forwards signals and the exit status, mount a fresh `/proc`, open
+//!    the export, and `pivot_root` into it; in [`SandboxMode::Chroot`]
+//!    open the export and `chroot` into it;
+//! 3. drop capabilities ([`caps`]);
+//! 4. install the seccomp filter on every thread ([`seccomp`]), before any
+//!    worker thread starts.
+//!
+//! ```no_run
+//! use virtio_9p_server::sandbox::{self, SandboxConfig, SandboxMode};
+//!
+//! let cfg = SandboxConfig::new(SandboxMode::Namespace, "/srv/share");
+//! // Runs in the sandboxed child; the parent waits and exits with its status.
+//! let fs = sandbox::enter(&cfg, || {
+//!     virtio_9p_server::PassthroughFs::new(virtio_9p_server::PassthroughConfig::new("/srv/share"))
+//!         .map_err(|e| e.to_string())
+//! })
+//! .unwrap();
+//! // `/` is now the export.
+//! # drop(fs);
+//! ```
+
+pub mod caps;
+pub mod ids;
+pub mod limits;
+mod namespace;
+pub mod seccomp;
+
+use std::ffi::CString;
+use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub use ids::{IdMap, IdSquash};
+
+/// Errors of the sandbox setup. Each names the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A system call of the setup failed.
+    #[error("sandbox: {step}: {source}")]
+    Sys {
+        /// What was being done.
+        step: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Namespaces cannot be created here.
+    #[error(
+        "sandbox: cannot create namespaces: {0}\n\
+         hint: run as root, allow unprivileged user namespaces \
+         (sysctl kernel.unprivileged_userns_clone=1), or choose --sandbox chroot or --sandbox none"
+    )]
+    NoNamespaces(std::io::Error),
+    /// The process already runs several threads (namespaces need one).
+    #[error("sandbox: the process already runs {0} threads; the sandbox must be entered before any thread starts")]
+    Threads(usize),
+    /// A bad option value.
+    #[error("sandbox: {0}")]
+    Invalid(String),
+    /// The setup callback failed.
+    #[error("{0}")]
+    Prepare(String),
+    /// Building or installing the seccomp filter failed.
+    #[error("seccomp: {0}")]
+    Seccomp(String),
+}
+
+/// Result of this module.
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub(crate) fn sys_err(step: impl Into<String>) -> Error {
+    Error::Sys {
+        step: step.into(),
+        source: std::io::Error::last_os_error(),
+    }
+}
+
+/// How the daemon confines its view of the filesystem (`--sandbox`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SandboxMode {
+    /// New mount, pid and net namespaces (and user namespace when
+    /// unprivileged), a fresh `/proc`, `pivot_root` into the export.
+    #[default]
+    Namespace,
+    /// `chroot` into the export (needs `CAP_SYS_CHROOT`, no namespaces).
+    /// Weaker: the xattr calls, which go through `/proc/self/fd`, are
+    /// unavailable, and the process still sees the host's pids and network.
+    Chroot,
+    /// No confinement of paths (the passthrough code's own checks only).
+    None,
+}
+
+impl FromStr for SandboxMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "namespace" => Ok(SandboxMode::Namespace),
+            "chroot" => Ok(SandboxMode::Chroot),
+            "none" => Ok(SandboxMode::None),
+            _ => Err(format!(
+                "unknown sandbox mode {s:?} (namespace, chroot or none)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for SandboxMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SandboxMode::Namespace => "namespace",
+            SandboxMode::Chroot => "chroot",
+            SandboxMode::None => "none",
+        })
+    }
+}
+
+/// What [`enter`] does.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// The mode.
+    pub mode: SandboxMode,
+    /// The export: the new root in the namespace and chroot modes.
+    pub shared_dir: PathBuf,
+    /// uid mappings of the user namespace (unprivileged namespace mode);
+    /// empty maps the current uid to itself.
+    pub uid_map: Vec<IdMap>,
+    /// gid mappings, as `uid_map`.
+    pub gid_map: Vec<IdMap>,
+    /// A socket file outside the export that the supervising parent (in
+    /// namespace mode) removes when the daemon exits.
+    pub cleanup_socket: Option<PathBuf>,
+}
+
+impl SandboxConfig {
+    /// A configuration with no id maps and no socket to remove.
+    pub fn new(mode: SandboxMode, shared_dir: impl Into<PathBuf>) -> Self {
+        SandboxConfig {
+            mode,
+            shared_dir: shared_dir.into(),
+            uid_map: Vec::new(),
+            gid_map: Vec::new(),
+            cleanup_socket: None,
+        }
+    }
+}
+
+/// Set once the current directory is the sandbox's `/proc/self/fd`.
+static PROC_FD_CWD: AtomicBool = AtomicBool::new(false);
+
+/// Whether `/proc/self/fd/N` must be reached as the relative path `N`:
+/// true after [`enter`] in namespace mode, where `/proc` is no longer under
+/// `/` and the current directory is the fresh `/proc/self/fd` instead.
+pub fn proc_fd_is_cwd() -> bool {
+    PROC_FD_CWD.load(Ordering::Acquire)
+}
+
+/// Number of threads of the calling process.
+pub(crate) fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(1)
+}
+
+pub(crate) fn cpath(p: &Path) -> Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| Error::Invalid(format!("{} contains a NUL byte", p.display())))
+}
+
+/// Enters the sandbox and runs `prepare` at the point where the export and
+/// a `/proc` matching the process are both reachable by their host paths
+/// (open the filesystem there), then confines the process.
+///
+/// In [`SandboxMode::Namespace`] this forks: the parent never returns (it
+/// forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to the child, removes
+/// [`SandboxConfig::cleanup_socket`] and exits with the child's status, or
+/// 128 + signal); the child, pid 1 of the new pid namespace, returns. Call
+/// it while the process is single-threaded, after binding the sockets.
+pub fn enter<T>(
+    cfg: &SandboxConfig,
+    prepare: impl FnOnce() -> std::result::Result<T, String>,
+) -> Result<T> {
+    let meta = std::fs::metadata(&cfg.shared_dir).map_err(|source| Error::Sys {
+        step: format!("shared dir {}", cfg.shared_dir.display()),
+        source,
+    })?;
+    if !meta.is_dir() {
+        return Err(Error::Invalid(format!(
+            "shared dir {} is not a directory",
+            cfg.shared_dir.display()
+        )));
+    }
+    match cfg.mode {
+        SandboxMode::None => prepare().map_err(Error::Prepare),
+        SandboxMode::Chroot => {
+            let value = prepare().map_err(Error::Prepare)?;
+            let dir = cpath(&cfg.shared_dir)?;
+            // SAFETY: valid C string.
+            if unsafe { libc::chroot(dir.as_ptr()) } != 0 {
+                return Err(sys_err(format!("chroot {}", cfg.shared_dir.display())));
+            }
+            // SAFETY: valid C string.
+            if unsafe { libc::chdir(c"/".as_ptr()) } != 0 {
+                return Err(sys_err("chdir / after chroot"));
+            }
+            Ok(value)
+        }
+        SandboxMode::Namespace => {
+            let n = thread_count();
+            if n > 1 {
+                return Err(Error::Threads(n));
+            }
+            namespace::enter(cfg, prepare)
+        }
+    }
+}

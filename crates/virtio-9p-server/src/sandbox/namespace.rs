@@ -1,0 +1,213 @@
+//! Namespace mode: unshare, fork into the new pid namespace, mount a fresh
+//! `/proc`, `pivot_root` into the export.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use log::{debug, info};
+
+use super::{cpath, ids::IdMap, sys_err, Error, Result, SandboxConfig, PROC_FD_CWD};
+
+/// The child the supervising parent forwards signals to.
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(Ordering::Acquire);
+    if pid > 0 {
+        // SAFETY: kill(2) is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+fn mount(
+    src: Option<&std::ffi::CStr>,
+    target: &std::ffi::CStr,
+    fstype: Option<&std::ffi::CStr>,
+    flags: libc::c_ulong,
+    step: &str,
+) -> Result<()> {
+    let p = |s: Option<&std::ffi::CStr>| s.map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: valid C strings or NULL where mount(2) accepts NULL.
+    let r = unsafe { libc::mount(p(src), target.as_ptr(), p(fstype), flags, std::ptr::null()) };
+    if r != 0 {
+        return Err(sys_err(step));
+    }
+    Ok(())
+}
+
+fn write_file(path: &str, data: &str) -> Result<()> {
+    std::fs::write(path, data).map_err(|source| Error::Sys {
+        step: format!("write {path}"),
+        source,
+    })
+}
+
+fn map_text(maps: &[IdMap], own: u32) -> String {
+    if maps.is_empty() {
+        return format!("{own} {own} 1\n");
+    }
+    maps.iter()
+        .map(|m| format!("{} {} {}\n", m.inside, m.outside, m.count))
+        .collect()
+}
+
+pub(super) fn enter<T>(
+    cfg: &SandboxConfig,
+    prepare: impl FnOnce() -> std::result::Result<T, String>,
+) -> Result<T> {
+    // SAFETY: plain getters.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let user_ns = euid != 0;
+    // The supervisor only joins the new pid (and user) namespace, so that
+    // the child's pivot_root leaves its view of the host intact.
+    let mut flags = libc::CLONE_NEWPID;
+    if user_ns {
+        flags |= libc::CLONE_NEWUSER;
+    } else if !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty() {
+        return Err(Error::Invalid(
+            "--uid-map/--gid-map only apply to an unprivileged (user namespace) sandbox".into(),
+        ));
+    }
+    // SAFETY: unshare(2) with namespace flags only.
+    if unsafe { libc::unshare(flags) } != 0 {
+        return Err(Error::NoNamespaces(std::io::Error::last_os_error()));
+    }
+    if user_ns {
+        write_file("/proc/self/setgroups", "deny")?;
+        write_file("/proc/self/uid_map", &map_text(&cfg.uid_map, euid))?;
+        write_file("/proc/self/gid_map", &map_text(&cfg.gid_map, egid))?;
+    }
+    // SAFETY: the process is single-threaded (checked by the caller), so
+    // the child may run arbitrary code.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(sys_err("fork into the pid namespace"));
+    }
+    if pid > 0 {
+        supervise(pid, cfg);
+    }
+    // SAFETY: unshare(2) with namespace flags only.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET) } != 0 {
+        return Err(Error::NoNamespaces(std::io::Error::last_os_error()));
+    }
+    child_setup(cfg, prepare)
+}
+
+/// The parent: forward signals, wait, clean up, exit like the child.
+fn supervise(pid: libc::pid_t, cfg: &SandboxConfig) -> ! {
+    CHILD.store(pid, Ordering::Release);
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
+        // SAFETY: a zeroed sigaction is valid; the handler only calls kill(2).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = forward as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+    debug!("sandbox: daemon runs as pid {pid} (pid 1 of its namespace)");
+    let mut status = 0;
+    let code = loop {
+        // SAFETY: `status` is a valid out pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            if libc::WIFEXITED(status) {
+                break libc::WEXITSTATUS(status);
+            }
+            if libc::WIFSIGNALED(status) {
+                let sig = libc::WTERMSIG(status);
+                eprintln!("virtio-9p-server: the sandboxed daemon was killed by signal {sig}");
+                break 128 + sig;
+            }
+            continue;
+        }
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            break 1;
+        }
+    };
+    if let Some(sock) = &cfg.cleanup_socket {
+        let _ = std::fs::remove_file(sock);
+    }
+    std::process::exit(code)
+}
+
+/// The child, pid 1 of the new pid namespace.
+fn child_setup<T>(
+    cfg: &SandboxConfig,
+    prepare: impl FnOnce() -> std::result::Result<T, String>,
+) -> Result<T> {
+    // Die with the supervisor rather than linger unsupervised.
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
+        return Err(sys_err("PR_SET_PDEATHSIG"));
+    }
+    // Mounts made here must not propagate back to the host, while host
+    // mounts under the export still show up (slave).
+    mount(
+        None,
+        c"/",
+        None,
+        libc::MS_REC | libc::MS_SLAVE,
+        "make / a slave mount",
+    )?;
+    // A /proc of the new pid namespace: the passthrough code reopens its
+    // O_PATH fds through /proc/self/fd.
+    mount(
+        Some(c"proc"),
+        c"/proc",
+        Some(c"proc"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RELATIME,
+        "mount a fresh /proc",
+    )?;
+    let dir = cpath(&cfg.shared_dir)?;
+    // The export becomes a mount point of its own, so it can be the root.
+    mount(
+        Some(&dir),
+        &dir,
+        None,
+        libc::MS_BIND | libc::MS_REC,
+        "bind-mount the shared dir",
+    )?;
+    // Open the filesystem now: its root fd is on the bind mount that
+    // becomes `/`, its /proc fd on the fresh /proc.
+    let value = prepare().map_err(Error::Prepare)?;
+    // SAFETY: valid C string; the result is checked.
+    let proc_fd = unsafe {
+        libc::open(
+            c"/proc/self/fd".as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if proc_fd < 0 {
+        return Err(sys_err("open /proc/self/fd"));
+    }
+    // SAFETY: a fresh fd we own.
+    let proc_fd = unsafe { OwnedFd::from_raw_fd(proc_fd) };
+    // SAFETY: valid C string.
+    if unsafe { libc::chdir(dir.as_ptr()) } != 0 {
+        return Err(sys_err("chdir to the shared dir"));
+    }
+    // pivot_root(".", "."): the old root ends up stacked on the new one and
+    // is then detached, so nothing of the host stays reachable by path.
+    // SAFETY: pivot_root with two valid C strings.
+    if unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) } != 0 {
+        return Err(sys_err("pivot_root into the shared dir"));
+    }
+    // SAFETY: valid C string.
+    if unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(sys_err("detach the old root"));
+    }
+    // The xattr calls reach /proc/self/fd/N as the relative path N; the
+    // detached /proc has no way back to the host root ("..") from there.
+    // SAFETY: fchdir on an fd we own.
+    if unsafe { libc::fchdir(proc_fd.as_raw_fd()) } != 0 {
+        return Err(sys_err("fchdir to /proc/self/fd"));
+    }
+    PROC_FD_CWD.store(true, std::sync::atomic::Ordering::Release);
+    info!(
+        "sandbox: namespace mode, / is {} (mount, pid and net namespaces)",
+        cfg.shared_dir.display()
+    );
+    Ok(value)
+}

@@ -1,0 +1,944 @@
+//! The hardened binary (issue 12): every sandbox mode under `--seccomp
+//! kill` serves the socket and vhost-user transports and refuses the escape
+//! attacks; forbidden syscalls are killed, logged or trapped; capabilities,
+//! the root directory, fd limits and id squashing are checked on the
+//! running daemon. Tests that need namespaces skip with a notice where they
+//! cannot be created.
+
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use virtio_9p_server::client::{Client, StreamTransport};
+use virtio_9p_server::protocol::{
+    lock, open_flags as of, setattr, DirEntry, Rmessage, Tattach, Tmessage, Tsetattr, Tversion,
+};
+use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
+
+const BIN: &str = env!("CARGO_BIN_EXE_virtio-9p-server");
+const ROOT: u32 = 0;
+const MSIZE: u32 = 256 << 10;
+const SECRET: &[u8] = b"TOP SECRET";
+const MODES: [&str; 3] = ["namespace", "chroot", "none"];
+
+/// A temp tree: `export/` (served) and `outside/secret` (must stay hidden).
+struct Tree {
+    tmp: tempfile::TempDir,
+    export: PathBuf,
+    outside: PathBuf,
+}
+
+fn tree() -> Tree {
+    let tmp = tempfile::tempdir().unwrap();
+    let export = tmp.path().join("export");
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir(&export).unwrap();
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("secret"), SECRET).unwrap();
+    std::fs::write(export.join("hello"), b"hello world").unwrap();
+    Tree {
+        tmp,
+        export,
+        outside,
+    }
+}
+
+impl Tree {
+    fn sock(&self) -> PathBuf {
+        self.tmp.path().join("9p.sock")
+    }
+
+    fn outside_untouched(&self) {
+        assert_eq!(std::fs::read(self.outside.join("secret")).unwrap(), SECRET);
+        assert_eq!(std::fs::read_dir(&self.outside).unwrap().count(), 1);
+    }
+}
+
+/// A running daemon; stopped with SIGTERM (then SIGKILL) on drop.
+struct Daemon {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn spawn(args: &[&str], log: PathBuf) -> Daemon {
+        Self::spawn_with(Command::new(BIN).args(args), log)
+    }
+
+    fn spawn_with(cmd: &mut Command, log: PathBuf) -> Daemon {
+        let f = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(f)
+            .spawn()
+            .unwrap();
+        Daemon {
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The process that serves: in namespace mode the child of the
+    /// supervising parent.
+    fn server_pid(&self, mode: &str) -> i32 {
+        let pid = self.pid();
+        if mode != "namespace" {
+            return pid;
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            if let Some(c) = children.split_whitespace().next() {
+                return c.parse().unwrap();
+            }
+            if Instant::now() > deadline {
+                return pid;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().unwrap().try_wait().unwrap()
+    }
+
+    /// Waits for the exit (20 s at most).
+    fn wait(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.try_wait() {
+                self.child = None;
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not exit: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        self.wait()
+    }
+
+    /// Waits for `path` to appear while the daemon lives; `false` (with
+    /// the daemon reaped) if it exited first.
+    fn wait_for(&mut self, path: &Path) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !path.exists() {
+            if self.try_wait().is_some() {
+                self.child = None;
+                return false;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {}: {}",
+                path.display(),
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
+    /// Waits until the hook output or startup log holds `needle`.
+    fn wait_log(&mut self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.stderr().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn no_namespaces(d: &Daemon, what: &str) -> bool {
+    if d.stderr().contains("cannot create namespaces") {
+        eprintln!(
+            "SKIP {what}: namespaces cannot be created here: {}",
+            d.stderr()
+        );
+        return true;
+    }
+    false
+}
+
+/// Starts the socket daemon in `mode` under `--seccomp kill` plus `extra`;
+/// `None` (skip) when namespace mode is impossible here.
+fn socket_daemon(t: &Tree, mode: &str, extra: &[&str]) -> Option<Daemon> {
+    let sock = t.sock();
+    let listen = format!("unix:{}", sock.display());
+    let mut args = vec![
+        "--shared-dir",
+        t.export.to_str().unwrap(),
+        "--listen",
+        &listen,
+        "--sandbox",
+        mode,
+        "--seccomp",
+        "kill",
+        "--log-level",
+        "debug",
+    ];
+    args.extend_from_slice(extra);
+    let mut d = Daemon::spawn(&args, t.tmp.path().join(format!("daemon-{mode}.log")));
+    if !d.wait_for(&sock) {
+        if no_namespaces(&d, "namespace mode") {
+            return None;
+        }
+        panic!("daemon ({mode}) exited: {}", d.stderr());
+    }
+    // The socket is bound before the sandbox: wait until it is set up.
+    d.wait_log("capabilities [");
+    Some(d)
+}
+
+type SockClient = Client<StreamTransport<UnixStream>>;
+
+fn session(sock: &Path) -> SockClient {
+    let s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut c = Client::new(StreamTransport(s));
+    c.version(MSIZE).unwrap();
+    c.attach(ROOT, 0).unwrap();
+    c
+}
+
+fn errno(e: std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(-1)
+}
+
+fn names(entries: &[DirEntry]) -> Vec<String> {
+    let mut v: Vec<_> = entries
+        .iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    v.sort();
+    v
+}
+
+fn setattr_msg(fid: u32, valid: u32) -> Tsetattr {
+    Tsetattr {
+        fid,
+        valid,
+        mode: 0,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        atime_sec: 0,
+        atime_nsec: 0,
+        mtime_sec: 0,
+        mtime_nsec: 0,
+    }
+}
+
+/// Every kind of operation, so each passthrough syscall runs under the
+/// filter.
+fn exercise(c: &mut SockClient, export: &Path, xattrs: bool) {
+    // read an existing file
+    c.walk(ROOT, 1, &[b"hello"]).unwrap();
+    c.lopen(1, of::RDONLY).unwrap();
+    assert_eq!(c.read(1, 0, 100).unwrap(), b"hello world");
+    c.clunk(1).unwrap();
+    // create, write, read back, fsync, truncate, chmod, chown, times
+    c.walk(ROOT, 2, &[]).unwrap();
+    c.lcreate(2, b"new", of::RDWR, 0o644, 0).unwrap();
+    let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+    let mut off = 0;
+    while off < data.len() {
+        let end = (off + 100_000).min(data.len());
+        off += c.write(2, off as u64, &data[off..end]).unwrap() as usize;
+    }
+    assert_eq!(c.read(2, 1000, 16).unwrap(), &data[1000..1016]);
+    c.fsync(2, false).unwrap();
+    c.fsync(2, true).unwrap();
+    let mut a = setattr_msg(
+        2,
+        setattr::SIZE | setattr::MODE | setattr::UID | setattr::GID,
+    );
+    a.size = 1234;
+    a.mode = 0o600;
+    a.uid = 4321;
+    a.gid = 4322;
+    c.setattr(a).unwrap();
+    let mut a = setattr_msg(
+        2,
+        setattr::ATIME | setattr::MTIME | setattr::ATIME_SET | setattr::MTIME_SET,
+    );
+    a.mtime_sec = 1_000_000;
+    c.setattr(a).unwrap();
+    let st = std::fs::metadata(export.join("new")).unwrap();
+    assert_eq!(
+        (st.len(), st.mode() & 0o7777, st.uid(), st.gid(), st.mtime()),
+        (1234, 0o600, 4321, 4322, 1_000_000)
+    );
+    assert_eq!(c.getattr(2).unwrap().size, 1234);
+    // locks
+    assert_eq!(
+        c.lock(2, lock::TYPE_WRLCK, 0, 0, 10).unwrap(),
+        lock::SUCCESS
+    );
+    c.getlock(2, lock::TYPE_WRLCK, 0, 10).unwrap();
+    c.clunk(2).unwrap();
+    // directories, links, renames, removal
+    c.mkdir(ROOT, b"dir", 0o755, 0).unwrap();
+    c.walk(ROOT, 3, &[b"dir"]).unwrap();
+    c.symlink(3, b"sym", b"../hello", 0).unwrap();
+    c.walk(3, 4, &[b"sym"]).unwrap();
+    assert_eq!(c.readlink(4).unwrap(), b"../hello");
+    c.clunk(4).unwrap();
+    c.walk(ROOT, 5, &[b"hello"]).unwrap();
+    c.link(3, 5, b"hard").unwrap();
+    c.rename(5, 3, b"moved").unwrap();
+    c.renameat(3, b"moved", ROOT, b"back").unwrap();
+    c.clunk(5).unwrap();
+    c.mknod(3, b"fifo", libc::S_IFIFO | 0o644, 0, 0, 0).unwrap();
+    c.walk(ROOT, 6, &[b"dir"]).unwrap();
+    c.lopen(6, of::RDONLY | of::DIRECTORY).unwrap();
+    assert_eq!(
+        names(&c.readdir_all(6, 8192).unwrap()),
+        ["fifo", "hard", "sym"]
+    );
+    c.clunk(6).unwrap();
+    c.unlinkat(3, b"fifo", 0).unwrap();
+    c.unlinkat(3, b"sym", 0).unwrap();
+    c.unlinkat(3, b"hard", 0).unwrap();
+    c.clunk(3).unwrap();
+    c.unlinkat(ROOT, b"dir", virtio_9p_server::protocol::AT_REMOVEDIR)
+        .unwrap();
+    c.statfs(ROOT).unwrap();
+    // xattrs (through /proc/self/fd, which chroot mode hides)
+    c.walk(ROOT, 7, &[b"back"]).unwrap();
+    let set = c.set_xattr(7, 8, b"user.test", b"value", 0);
+    if xattrs {
+        set.unwrap();
+        assert_eq!(c.get_xattr(7, 9, b"user.test").unwrap(), b"value");
+    } else {
+        assert!(
+            set.is_err(),
+            "xattrs are documented as unavailable under chroot"
+        );
+    }
+    c.clunk(7).unwrap();
+    let mut entries = names(&{
+        c.walk(ROOT, 10, &[]).unwrap();
+        c.lopen(10, of::RDONLY | of::DIRECTORY).unwrap();
+        c.readdir_all(10, 8192).unwrap()
+    });
+    entries.sort();
+    // "hello" was moved to dir/moved and back as "back".
+    assert_eq!(entries, ["back", "new"]);
+    c.clunk(10).unwrap();
+}
+
+#[test]
+fn test_socket_operations_under_every_sandbox_mode() {
+    for mode in MODES {
+        let t = tree();
+        let Some(mut d) = socket_daemon(&t, mode, &[]) else {
+            continue;
+        };
+        let mut c = session(&t.sock());
+        exercise(&mut c, &t.export, mode != "chroot");
+        drop(c);
+        assert!(
+            d.try_wait().is_none(),
+            "{mode}: daemon died: {}",
+            d.stderr()
+        );
+        let st = d.terminate();
+        assert_eq!(st.code(), Some(0), "{mode}: {st:?} {}", d.stderr());
+        if mode == "namespace" {
+            assert!(!t.sock().exists(), "the supervisor removes the socket");
+        }
+        t.outside_untouched();
+    }
+}
+
+/// A walk of `n` names that did not get through (an error, or fewer qids).
+fn refused(r: std::io::Result<Vec<virtio_9p_server::protocol::Qid>>, n: usize) -> bool {
+    r.map_or(true, |q| q.len() < n)
+}
+
+/// The escape attacks of the path-escape suite, against the confined
+/// daemon over a socket.
+fn escape_attacks(c: &mut SockClient, t: &Tree) {
+    let secret = t.outside.join("secret");
+    let outside = t.outside.to_str().unwrap().as_bytes().to_vec();
+    let root_qid = c.getattr(ROOT).unwrap().qid.path;
+    // 1. ".." chains past the root stay at the root
+    let dots: Vec<&[u8]> = vec![b".."; 16];
+    c.walk(ROOT, 1, &dots).unwrap();
+    assert_eq!(c.getattr(1).unwrap().qid.path, root_qid);
+    assert!(refused(c.walk(1, 2, &[b"..", b"outside", b"secret"]), 3));
+    c.clunk(1).unwrap();
+    // 2. absolute symlink to the secret (made on the host)
+    std::os::unix::fs::symlink(&secret, t.export.join("abs")).unwrap();
+    if c.walk(ROOT, 3, &[b"abs"]).is_ok() {
+        assert!(c.lopen(3, of::RDONLY).is_err(), "absolute symlink followed");
+        c.clunk(3).unwrap();
+    }
+    // 3. relative symlink leading out
+    std::os::unix::fs::symlink("../outside/secret", t.export.join("rel")).unwrap();
+    if c.walk(ROOT, 4, &[b"rel"]).is_ok() {
+        assert!(c.lopen(4, of::RDONLY).is_err(), "relative symlink followed");
+        c.clunk(4).unwrap();
+    }
+    // 4. a symlinked directory pointing outside, walked through
+    std::os::unix::fs::symlink(&t.outside, t.export.join("dirlink")).unwrap();
+    assert!(refused(c.walk(ROOT, 5, &[b"dirlink", b"secret"]), 2));
+    // 5. /proc magic links
+    std::os::unix::fs::symlink("/proc/self/root", t.export.join("magic")).unwrap();
+    assert!(refused(c.walk(ROOT, 6, &[b"magic", b"etc"]), 2));
+    // 6. a guest-made symlink to an absolute host directory, walked through
+    c.symlink(ROOT, b"guestlink", &outside, 0).unwrap();
+    assert!(refused(c.walk(ROOT, 7, &[b"guestlink", b"secret"]), 2));
+    // 7. names with '/'
+    c.walk(ROOT, 8, &[]).unwrap();
+    assert!(c
+        .lcreate(8, b"../outside/evil", of::RDWR, 0o644, 0)
+        .is_err());
+    assert!(c.mkdir(ROOT, b"a/b", 0o755, 0).is_err());
+    assert!(c.walk(ROOT, 9, &[b"../outside"]).is_err());
+    // 8. link and rename to outside
+    c.walk(ROOT, 10, &[b"hello"]).unwrap();
+    assert!(c.link(ROOT, 10, b"../outside/hl").is_err());
+    assert!(c.rename(10, ROOT, b"../outside/moved").is_err());
+    assert!(c.renameat(ROOT, b"hello", ROOT, b"../outside/x").is_err());
+    // 9. fifos and device nodes are never opened for I/O
+    c.mknod(ROOT, b"fifo", libc::S_IFIFO | 0o666, 0, 0, 0)
+        .unwrap();
+    c.walk(ROOT, 11, &[b"fifo"]).unwrap();
+    assert!(c.lopen(11, of::RDONLY | of::NONBLOCK).is_err());
+    let null = c.mknod(ROOT, b"null", libc::S_IFCHR | 0o666, 1, 3, 0);
+    if null.is_ok() {
+        c.walk(ROOT, 12, &[b"null"]).unwrap();
+        assert!(c.lopen(12, of::RDWR).is_err());
+    }
+    // 10. an absolute attach name does not change the root
+    let r = c.rpc(&Tmessage::Attach(Tattach {
+        fid: 13,
+        afid: u32::MAX,
+        uname: b"root".to_vec(),
+        aname: b"/".to_vec(),
+        n_uname: 0,
+    }));
+    if let Ok(Rmessage::Attach(q)) = r {
+        assert_eq!(q.path, root_qid);
+    }
+    assert_eq!(
+        std::fs::read(t.export.join("hello")).unwrap(),
+        b"hello world"
+    );
+}
+
+#[test]
+fn test_escape_attacks_refused_under_every_sandbox_mode() {
+    for mode in MODES {
+        let t = tree();
+        let Some(mut d) = socket_daemon(&t, mode, &[]) else {
+            continue;
+        };
+        let mut c = session(&t.sock());
+        escape_attacks(&mut c, &t);
+        drop(c);
+        assert!(
+            d.try_wait().is_none(),
+            "{mode}: daemon died: {}",
+            d.stderr()
+        );
+        t.outside_untouched();
+    }
+}
+
+fn version(vmm: &mut FakeVmm, msize: u32) -> u32 {
+    let req = Tmessage::Version(Tversion {
+        msize,
+        version: b"9P2000.L".to_vec(),
+    })
+    .encode_frame(0xffff);
+    match Rmessage::decode_frame(&vmm.call(&req, 64, Layout::Direct).unwrap(), 128 << 20)
+        .unwrap()
+        .1
+    {
+        Rmessage::Version(v) => v.msize,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn vcall(vmm: &mut FakeVmm, tag: u16, msg: Tmessage, reply: u32) -> Rmessage {
+    let r = vmm
+        .call(&msg.encode_frame(tag), reply, Layout::Direct)
+        .unwrap();
+    Rmessage::decode_frame(&r, 128 << 20).unwrap().1
+}
+
+/// The mount sequence over vhost-user (version, attach, walk, lopen, read,
+/// write, readdir, clunk) against the binary.
+fn vhost_mount_sequence(sock: &Path) {
+    use virtio_9p_server::protocol::{Tfid, Tlopen, Tread, Treaddir, Twalk, Twrite};
+    let mut vmm = FakeVmm::connect(sock, VmmOptions::default()).unwrap();
+    assert_eq!(version(&mut vmm, 512 << 10), 512 << 10);
+    let attach = Tmessage::Attach(Tattach {
+        fid: 0,
+        afid: u32::MAX,
+        uname: b"root".to_vec(),
+        aname: Vec::new(),
+        n_uname: 0,
+    });
+    assert!(matches!(
+        vcall(&mut vmm, 1, attach, 64),
+        Rmessage::Attach(_)
+    ));
+    let walk = |fid, newfid, n: &[u8]| {
+        Tmessage::Walk(Twalk {
+            fid,
+            newfid,
+            wnames: vec![n.to_vec()],
+        })
+    };
+    assert!(matches!(
+        vcall(&mut vmm, 2, walk(0, 1, b"hello"), 256),
+        Rmessage::Walk(_)
+    ));
+    let lopen = Tmessage::Lopen(Tlopen {
+        fid: 1,
+        flags: of::RDWR,
+    });
+    assert!(matches!(vcall(&mut vmm, 3, lopen, 64), Rmessage::Lopen(..)));
+    let write = Tmessage::Write(Twrite {
+        fid: 1,
+        offset: 0,
+        data: b"HELLO".to_vec(),
+    });
+    assert!(matches!(vcall(&mut vmm, 4, write, 64), Rmessage::Write(_)));
+    let read = Tmessage::Read(Tread {
+        fid: 1,
+        offset: 0,
+        count: 64,
+    });
+    match vcall(&mut vmm, 5, read, 4096) {
+        Rmessage::Read(r) => assert_eq!(r, b"HELLO world"),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(matches!(
+        vcall(&mut vmm, 6, walk(0, 2, b"."), 256),
+        Rmessage::Walk(_)
+    ));
+    let lopen = Tmessage::Lopen(Tlopen {
+        fid: 2,
+        flags: of::RDONLY | of::DIRECTORY,
+    });
+    assert!(matches!(vcall(&mut vmm, 7, lopen, 64), Rmessage::Lopen(..)));
+    let readdir = Tmessage::Readdir(Treaddir {
+        fid: 2,
+        offset: 0,
+        count: 8192,
+    });
+    match vcall(&mut vmm, 8, readdir, 16384) {
+        Rmessage::Readdir(r) => {
+            let entries = DirEntry::decode_all(&r).unwrap();
+            assert!(entries.iter().any(|e| e.name == b"hello"), "{entries:?}")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    for (tag, fid) in [(9, 1), (10, 2)] {
+        let clunk = Tmessage::Clunk(Tfid { fid });
+        assert!(matches!(vcall(&mut vmm, tag, clunk, 64), Rmessage::Clunk));
+    }
+}
+
+#[test]
+fn test_vhost_user_default_hardening_serves_every_mode() {
+    // No --sandbox/--seccomp: the default is namespace + kill.
+    for mode in [None, Some("chroot"), Some("none")] {
+        let t = tree();
+        let sock = t.tmp.path().join("vu.sock");
+        let mut args = vec![
+            "--shared-dir",
+            t.export.to_str().unwrap(),
+            "--socket-path",
+            sock.to_str().unwrap(),
+        ];
+        match mode {
+            Some(m) => args.extend(["--sandbox", m]),
+            // The default, with memory locking (mlockall under the filter).
+            None => args.extend(["--mlock", "on-fault"]),
+        }
+        let mut d = Daemon::spawn(&args, t.tmp.path().join("vu.log"));
+        if !d.wait_for(&sock) {
+            if no_namespaces(&d, "default sandbox") {
+                continue;
+            }
+            panic!("{mode:?}: daemon exited: {}", d.stderr());
+        }
+        // Two connections: each starts fresh threads under the filter.
+        for _ in 0..2 {
+            std::fs::write(t.export.join("hello"), b"hello world").unwrap();
+            vhost_mount_sequence(&sock);
+        }
+        assert!(
+            d.try_wait().is_none(),
+            "{mode:?}: daemon died: {}",
+            d.stderr()
+        );
+        if mode.is_none() {
+            let status =
+                std::fs::read_to_string(format!("/proc/{}/status", d.server_pid("namespace")))
+                    .unwrap();
+            assert!(status.lines().any(|l| l == "Seccomp:\t2"), "{status}");
+            let cap_eff = status
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .unwrap();
+            let cap_eff = u64::from_str_radix(cap_eff.trim(), 16).unwrap();
+            assert!(
+                cap_eff & (1 << 14) != 0,
+                "--mlock keeps CAP_IPC_LOCK: {status}"
+            );
+            let locked = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmLck:"))
+                .unwrap();
+            assert_ne!(locked.trim(), "0 kB", "{status}");
+        }
+        let st = d.terminate();
+        assert_eq!(st.code(), Some(0), "{mode:?}: {st:?} {}", d.stderr());
+        assert!(
+            !sock.exists() || mode == Some("chroot"),
+            "{mode:?}: socket left"
+        );
+        t.outside_untouched();
+    }
+}
+
+/// Spawns the daemon with the forbidden-syscall hook.
+fn forbidden(t: &Tree, sandbox: &str, seccomp: &str) -> Option<Daemon> {
+    let sock = t.sock();
+    let listen = format!("unix:{}", sock.display());
+    let mut d = Daemon::spawn(
+        &[
+            "--shared-dir",
+            t.export.to_str().unwrap(),
+            "--listen",
+            &listen,
+            "--sandbox",
+            sandbox,
+            "--seccomp",
+            seccomp,
+            "--test-hook",
+            "forbidden-syscall",
+        ],
+        t.tmp
+            .path()
+            .join(format!("forbidden-{sandbox}-{seccomp}.log")),
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    if d.try_wait().is_some() && no_namespaces(&d, "forbidden syscall in namespace mode") {
+        return None;
+    }
+    Some(d)
+}
+
+#[test]
+fn test_forbidden_syscall_is_killed_logged_or_trapped() {
+    for sandbox in ["none", "namespace"] {
+        // kill: the process dies of SIGSYS (the supervisor reports 128 + 31).
+        let t = tree();
+        let Some(mut d) = forbidden(&t, sandbox, "kill") else {
+            continue;
+        };
+        let st = d.wait();
+        if sandbox == "none" {
+            assert_eq!(st.signal(), Some(libc::SIGSYS), "{st:?} {}", d.stderr());
+        } else {
+            assert_eq!(st.code(), Some(128 + libc::SIGSYS), "{st:?} {}", d.stderr());
+        }
+        assert!(!d.stderr().contains("test-hook: forbidden syscall returned"));
+
+        // trap: SIGSYS with the syscall number on stderr, then death.
+        let t = tree();
+        let mut d = forbidden(&t, sandbox, "trap").unwrap();
+        let st = d.wait();
+        let expect = format!("seccomp: forbidden syscall {}", libc::SYS_personality);
+        assert!(d.stderr().contains(&expect), "{}", d.stderr());
+        assert_eq!(st.code(), Some(128 + libc::SIGSYS), "{st:?}");
+
+        // log: the call goes through (and into the kernel log); the daemon serves on.
+        for mode in ["log", "none"] {
+            let t = tree();
+            let mut d = forbidden(&t, sandbox, mode).unwrap();
+            d.wait_log("test-hook: forbidden syscall returned");
+            assert!(d.wait_for(&t.sock()), "{}", d.stderr());
+            let mut c = session(&t.sock());
+            c.walk(ROOT, 1, &[b"hello"]).unwrap();
+            drop(c);
+            assert!(d.try_wait().is_none());
+            assert_eq!(d.terminate().code(), Some(0), "{}", d.stderr());
+        }
+    }
+}
+
+fn status_field(pid: i32, key: &str) -> String {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn cap_mask(pid: i32, key: &str) -> u64 {
+    u64::from_str_radix(&status_field(pid, key), 16).unwrap()
+}
+
+#[test]
+fn test_daemon_holds_only_needed_capabilities() {
+    // SAFETY: plain getter.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP capabilities: not root");
+        return;
+    }
+    let default: u64 = [0u32, 1, 2, 3, 4, 27, 31].iter().map(|c| 1u64 << c).sum();
+    let readonly: u64 = [1u32, 2, 3].iter().map(|c| 1u64 << c).sum();
+    let cases: [(&str, &[&str], u64); 4] = [
+        ("namespace", &[], default),
+        ("none", &[], default),
+        ("namespace", &["--readonly"], readonly),
+        (
+            "chroot",
+            &["--modcaps=-mknod,+sys_nice"],
+            (default & !(1 << 27)) | (1 << 23),
+        ),
+    ];
+    for (mode, extra, want) in cases {
+        let t = tree();
+        let Some(d) = socket_daemon(&t, mode, extra) else {
+            continue;
+        };
+        let pid = d.server_pid(mode);
+        for key in ["CapEff:", "CapPrm:", "CapBnd:"] {
+            assert_eq!(cap_mask(pid, key), want, "{mode} {extra:?} {key}");
+        }
+        assert_eq!(cap_mask(pid, "CapInh:"), 0);
+        assert_eq!(cap_mask(pid, "CapAmb:"), 0);
+        assert_eq!(status_field(pid, "NoNewPrivs:"), "1");
+        assert_eq!(status_field(pid, "Seccomp:"), "2");
+        // Threads started later (connections) hold the same.
+        let mut c = session(&t.sock());
+        c.walk(ROOT, 1, &[b"hello"]).unwrap();
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+            let tid: i32 = task.unwrap().file_name().to_str().unwrap().parse().unwrap();
+            if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")) {
+                let eff = s.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap();
+                assert_eq!(u64::from_str_radix(eff.trim(), 16).unwrap(), want);
+            }
+        }
+    }
+}
+
+fn probe(d: &mut Daemon, path: &str) -> String {
+    let key = format!("test-hook: probe {path} ");
+    d.wait_log(&key);
+    let log = d.stderr();
+    let line = log.lines().find(|l| l.starts_with(&key)).unwrap();
+    line[key.len()..].to_string()
+}
+
+#[test]
+fn test_absolute_paths_stay_inside_the_export() {
+    for mode in MODES {
+        let t = tree();
+        let secret = t.outside.join("secret");
+        let probe_root = "probe:/".to_string();
+        let probe_secret = format!("probe:{}", secret.display());
+        let probe_etc = "probe:/etc/passwd".to_string();
+        let Some(mut d) = socket_daemon(
+            &t,
+            mode,
+            &[
+                "--test-hook",
+                &probe_root,
+                "--test-hook",
+                &probe_secret,
+                "--test-hook",
+                &probe_etc,
+            ],
+        ) else {
+            continue;
+        };
+        let ex = std::fs::metadata(&t.export).unwrap();
+        let export_id = format!("dev={} ino={}", ex.dev(), ex.ino());
+        let root = probe(&mut d, "/");
+        let sec = probe(&mut d, secret.to_str().unwrap());
+        let etc = probe(&mut d, "/etc/passwd");
+        if mode == "none" {
+            // The control: without a sandbox the host is visible.
+            assert_ne!(root, export_id);
+            assert!(sec.starts_with("dev="), "{sec}");
+            continue;
+        }
+        assert_eq!(root, export_id, "{mode}: / is not the export");
+        assert_eq!(sec, format!("errno={}", libc::ENOENT), "{mode}");
+        assert_eq!(etc, format!("errno={}", libc::ENOENT), "{mode}");
+        // Seen from the host: the daemon's root directory is the export.
+        let pid = d.server_pid(mode);
+        let r = std::fs::metadata(format!("/proc/{pid}/root")).unwrap();
+        assert_eq!((r.dev(), r.ino()), (ex.dev(), ex.ino()), "{mode}");
+    }
+}
+
+#[test]
+fn test_rlimit_nofile_bounds_the_fids() {
+    let t = tree();
+    // 16 budgeted socket clients: (1280 - 256) / 2 / 16 = 32 fids each is too few.
+    let listen = format!("unix:{}", t.sock().display());
+    let out = Command::new(BIN)
+        .args([
+            "--shared-dir",
+            t.export.to_str().unwrap(),
+            "--listen",
+            &listen,
+        ])
+        .args(["--sandbox", "none", "--rlimit-nofile", "1280"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("raise --rlimit-nofile"), "{err}");
+
+    // (16640 - 256) / 2 / 16 = 512 fids per session.
+    let Some(d) = socket_daemon(&t, "namespace", &["--rlimit-nofile", "16640"]) else {
+        return;
+    };
+    let limits =
+        std::fs::read_to_string(format!("/proc/{}/limits", d.server_pid("namespace"))).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    assert_eq!(
+        line.split_whitespace().collect::<Vec<_>>()[3..5],
+        ["16640", "16640"]
+    );
+    let mut c = session(&t.sock());
+    for fid in 1..512 {
+        c.walk(ROOT, fid, &[b"hello"]).unwrap();
+    }
+    let e = c.walk(ROOT, 600, &[b"hello"]).unwrap_err();
+    assert_eq!(errno(e), libc::EMFILE);
+    c.clunk(1).unwrap();
+    c.walk(ROOT, 600, &[b"hello"]).unwrap();
+}
+
+#[test]
+fn test_translate_ids_squash() {
+    let t = tree();
+    let Some(_d) = socket_daemon(
+        &t,
+        "namespace",
+        &[
+            "--translate-uid",
+            "squash-guest:4242",
+            "--translate-gid",
+            "squash-host:777",
+        ],
+    ) else {
+        return;
+    };
+    let mut c = session(&t.sock());
+    c.walk(ROOT, 1, &[]).unwrap();
+    c.lcreate(1, b"owned", of::RDWR, 0o644, 55).unwrap();
+    let mut a = setattr_msg(1, setattr::UID);
+    a.uid = 99;
+    c.setattr(a).unwrap();
+    let st = std::fs::metadata(t.export.join("owned")).unwrap();
+    assert_eq!(st.uid(), 4242, "the guest's uid is squashed");
+    assert_eq!(st.gid(), 55, "gids pass through to the host");
+    let ga = c.getattr(1).unwrap();
+    assert_eq!((ga.uid, ga.gid), (4242, 777), "host gids read as 777");
+}
+
+#[test]
+fn test_unprivileged_namespace_sandbox_uses_a_user_namespace() {
+    // SAFETY: plain getter.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP unprivileged sandbox: needs root to switch to nobody");
+        return;
+    }
+    let t = tree();
+    for p in [t.tmp.path(), t.export.as_path()] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    std::fs::set_permissions(
+        t.export.join("hello"),
+        std::fs::Permissions::from_mode(0o666),
+    )
+    .unwrap();
+    let sock = t.sock();
+    let listen = format!("unix:{}", sock.display());
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "--shared-dir",
+        t.export.to_str().unwrap(),
+        "--listen",
+        &listen,
+    ])
+    .args(["--uid-map", "65534:65534:1", "--gid-map", "65534:65534:1"])
+    .uid(65534)
+    .gid(65534);
+    let mut d = Daemon::spawn_with(&mut cmd, t.tmp.path().join("unpriv.log"));
+    if !d.wait_for(&sock) {
+        if no_namespaces(&d, "unprivileged user namespace") {
+            return;
+        }
+        panic!("unprivileged daemon exited: {}", d.stderr());
+    }
+    let pid = d.server_pid("namespace");
+    let own = std::fs::read_link("/proc/self/ns/user").unwrap();
+    let theirs = std::fs::read_link(format!("/proc/{pid}/ns/user")).unwrap();
+    assert_ne!(own, theirs, "the daemon runs in its own user namespace");
+    let mut c = session(&sock);
+    c.walk(ROOT, 1, &[b"hello"]).unwrap();
+    c.lopen(1, of::RDONLY).unwrap();
+    assert_eq!(c.read(1, 0, 64).unwrap(), b"hello world");
+    let mut buf = String::new();
+    let _ = std::fs::File::open(&d.log).and_then(|mut f| f.read_to_string(&mut buf));
+    assert!(d.try_wait().is_none(), "{buf}");
+}
