@@ -826,7 +826,6 @@ impl StackPool {
     /// Takes a stack: from this thread's local pool, else a batch from the
     /// global pool, else a new mapping. Fails when the mapping budget is
     /// exhausted or `mmap`/the guard setup fails; never aborts.
-    #[inline]
     pub fn take_stack(&self) -> Result<PooledStack> {
         local_pool(&self.shared).take()
     }
