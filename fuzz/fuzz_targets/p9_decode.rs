@@ -12,12 +12,19 @@ fuzz_target!(|data: &[u8]| {
     // Whole request frames, as a server sees them.
     match Tmessage::decode_frame(data, MAX_MSIZE) {
         Ok((tag, msg)) => {
-            assert_eq!(msg.encode_frame(tag), data, "request re-encodes differently");
+            assert_eq!(
+                msg.encode_frame(tag),
+                data,
+                "request re-encodes differently"
+            );
             // The same frame under a smaller msize is refused.
             let small = data.len() as u32 - 1;
             assert_eq!(
                 Tmessage::decode_frame(data, small),
-                Err(DecodeError::SizeOverMsize { size: data.len() as u32, msize: small })
+                Err(DecodeError::SizeOverMsize {
+                    size: data.len() as u32,
+                    msize: small
+                })
             );
         }
         Err(e) => {
@@ -37,7 +44,11 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(msg) = Tmessage::decode_body(ty, body) {
             let frame = msg.encode_frame(0);
             assert_eq!(frame[4], ty);
-            assert_eq!(&frame[HEADER_SIZE..], body, "request body re-encodes differently");
+            assert_eq!(
+                &frame[HEADER_SIZE..],
+                body,
+                "request body re-encodes differently"
+            );
         }
         if let Ok(msg) = Rmessage::decode_body(ty, body) {
             assert_eq!(msg.msg_type(), ty);
@@ -62,7 +73,11 @@ fuzz_target!(|data: &[u8]| {
         let rest = data.len() - TwriteHeader::SIZE;
         if let Ok(h) = TwriteHeader::decode(fixed, rest) {
             assert_eq!(h.count as usize, rest);
-            let whole = Tmessage::Write(Twrite { fid: h.fid, offset: h.offset, data: data[16..].to_vec() });
+            let whole = Tmessage::Write(Twrite {
+                fid: h.fid,
+                offset: h.offset,
+                data: data[16..].to_vec(),
+            });
             assert_eq!(&whole.encode_frame(0)[HEADER_SIZE..], data);
         }
     }

@@ -161,7 +161,12 @@ mod tests {
     #[test]
     fn test_sink_roundtrip() {
         let mut k = ByteSink::new();
-        k.u8(7).u16(0xbeef).u32(5).u64(u64::MAX).bool(true).bytes(b"xyz");
+        k.u8(7)
+            .u16(0xbeef)
+            .u32(5)
+            .u64(u64::MAX)
+            .bool(true)
+            .bytes(b"xyz");
         let bytes = k.into_bytes();
         let mut s = ByteSource::new(&bytes);
         assert_eq!(

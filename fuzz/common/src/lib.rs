@@ -9,8 +9,11 @@
 //! the unit tests build seeds from typed values, check that they decode
 //! back unchanged, and write them to `fuzz/corpus/<target>/`.
 //!
-//! - [`p9::SessionInput`]: `p9_session`.
-//! - [`p9::decode_seeds`]: seeds of `p9_decode`, which takes raw bytes.
+//! - `p9_session`: [`p9::SessionInput`].
+//! - `virtio_device`: [`device::DeviceInput`].
+//! - `p9_decode`: takes raw bytes; seeds from [`p9::decode_seeds`].
+//! - [`sandbox::Sandbox`]: the export (and the canary beside it) that
+//!   `p9_session` and `virtio_device` serve.
 //! - `virtqueue_chain`: `virtqueue_large::fuzzing::run` decodes the bytes;
 //!   this crate only writes `virtqueue_large::fuzzing::seeds()` to its
 //!   corpus.
@@ -26,7 +29,9 @@
 
 pub mod bytes;
 pub mod corpus;
+pub mod device;
 pub mod p9;
+pub mod sandbox;
 
 #[cfg(test)]
 mod tests {

@@ -22,17 +22,48 @@ pub const SERVER_MSIZE: u32 = 64 << 10;
 /// Names the structured generator picks from: entries of the seeded export
 /// (see the `p9_session` target), the canary beside it, and invalid names.
 pub const NAMES: &[&[u8]] = &[
-    b"file", b"dir", b"inner", b"up", b"abs", b"loop", b"new", b"new2", b".", b"..", b"",
-    b"../canary", b"canary", b"secret", b"/", b"a/b", b"...", b"export", b"dirlink", b"hard",
+    b"file",
+    b"dir",
+    b"inner",
+    b"up",
+    b"abs",
+    b"loop",
+    b"new",
+    b"new2",
+    b".",
+    b"..",
+    b"",
+    b"../canary",
+    b"canary",
+    b"secret",
+    b"/",
+    b"a/b",
+    b"...",
+    b"export",
+    b"dirlink",
+    b"hard",
 ];
 /// Symlink targets the generator picks from.
 pub const TARGETS: &[&[u8]] = &[
-    b"file", b"..", b"../canary", b"../canary/secret", b"/", b"/etc/passwd", b"dir/inner", b"",
+    b"file",
+    b"..",
+    b"../canary",
+    b"../canary/secret",
+    b"/",
+    b"/etc/passwd",
+    b"dir/inner",
+    b"",
 ];
 /// Xattr names the generator picks from.
 pub const XATTRS: &[&[u8]] = &[
-    b"user.fuzz", b"user.virtfs.uid", b"user.virtfs.mode", b"security.capability",
-    b"trusted.x", b"system.posix_acl_access", b"", b"user.",
+    b"user.fuzz",
+    b"user.virtfs.uid",
+    b"user.virtfs.mode",
+    b"security.capability",
+    b"trusted.x",
+    b"system.posix_acl_access",
+    b"",
+    b"user.",
 ];
 
 /// The server set-up of one session.
@@ -68,24 +99,7 @@ impl SessionInput {
         let mut frames = Vec::new();
         while !s.is_empty() && frames.len() < MAX_STEPS {
             let kind = s.u8();
-            let frame = match kind % 4 {
-                // Raw bytes, as sent.
-                0 => s.bytes(MAX_FRAME).to_vec(),
-                // Raw bytes with the size field set to the length.
-                1 => {
-                    let mut f = s.bytes(MAX_FRAME).to_vec();
-                    if f.len() >= 4 {
-                        let n = f.len() as u32;
-                        f[..4].copy_from_slice(&n.to_le_bytes());
-                    }
-                    f
-                }
-                // Generated from structured fields.
-                _ => {
-                    let tag = s.u16();
-                    generate(&mut s).encode_frame(tag)
-                }
-            };
+            let frame = frame(kind, &mut s);
             frames.push(frame);
         }
         SessionInput { config, frames }
@@ -102,6 +116,27 @@ impl SessionInput {
             k.u8(0).bytes(f);
         }
         k.into_bytes()
+    }
+}
+
+/// One request frame: `kind % 4` is 0 for raw bytes, 1 for raw bytes with
+/// the size field set to their length, 2 and 3 for a request generated
+/// from structured fields (a tag, then [`generate`]).
+pub fn frame(kind: u8, s: &mut ByteSource<'_>) -> Vec<u8> {
+    match kind % 4 {
+        0 => s.bytes(MAX_FRAME).to_vec(),
+        1 => {
+            let mut f = s.bytes(MAX_FRAME).to_vec();
+            if f.len() >= 4 {
+                let n = f.len() as u32;
+                f[..4].copy_from_slice(&n.to_le_bytes());
+            }
+            f
+        }
+        _ => {
+            let tag = s.u16();
+            generate(s).encode_frame(tag)
+        }
     }
 }
 
@@ -158,10 +193,7 @@ fn flags(s: &mut ByteSource<'_>) -> u32 {
 }
 
 const MODES: [u32; 8] = [
-    0o644,
-    0o755,
-    0o100644,
-    0o010644, // FIFO
+    0o644, 0o755, 0o100644, 0o010644, // FIFO
     0o020644, // char device
     0o060644, // block device
     0o140755, // socket
@@ -195,7 +227,11 @@ pub fn generate(s: &mut ByteSource<'_>) -> Tmessage {
                 2 => MIN_MSIZE,
                 _ => s.u32(),
             },
-            version: if s.bool() { VERSION_9P2000_L.to_vec() } else { s.bytes(32).to_vec() },
+            version: if s.bool() {
+                VERSION_9P2000_L.to_vec()
+            } else {
+                s.bytes(32).to_vec()
+            },
         }),
         1 => Tmessage::Auth(Tauth {
             afid: fid(s),
@@ -337,7 +373,11 @@ pub fn generate(s: &mut ByteSource<'_>) -> Tmessage {
         _ => Tmessage::Unlinkat(Tunlinkat {
             dirfid: fid(s),
             name: pick(s, NAMES),
-            flags: if s.bool() { 0 } else { AT_REMOVEDIR | u32::from(s.u8() & 1) },
+            flags: if s.bool() {
+                0
+            } else {
+                AT_REMOVEDIR | u32::from(s.u8() & 1)
+            },
         }),
     }
 }
@@ -402,180 +442,288 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
     use Tmessage as T;
     let open = |fid, flags| T::Lopen(Tlopen { fid, flags });
     let read = |fid, offset, count| T::Read(Tread { fid, offset, count });
-    let write = |fid, offset, data: &[u8]| T::Write(Twrite { fid, offset, data: data.to_vec() });
+    let write = |fid, offset, data: &[u8]| {
+        T::Write(Twrite {
+            fid,
+            offset,
+            data: data.to_vec(),
+        })
+    };
     let clunk = |fid| T::Clunk(Tfid { fid });
-    let getattr = |fid| T::Getattr(Tgetattr { fid, request_mask: getattr::ALL });
-    let readdir = |fid| T::Readdir(Treaddir { fid, offset: 0, count: 8192 });
-    let mkdir = |dfid, name: &[u8]| T::Mkdir(Tmkdir { dfid, name: name.to_vec(), mode: 0o755, gid: 0 });
-    let lcreate = |fid, name: &[u8]| T::Lcreate(Tlcreate {
-        fid,
-        name: name.to_vec(),
-        flags: open_flags::RDWR,
-        mode: 0o644,
-        gid: 0,
-    });
+    let getattr = |fid| {
+        T::Getattr(Tgetattr {
+            fid,
+            request_mask: getattr::ALL,
+        })
+    };
+    let readdir = |fid| {
+        T::Readdir(Treaddir {
+            fid,
+            offset: 0,
+            count: 8192,
+        })
+    };
+    let mkdir = |dfid, name: &[u8]| {
+        T::Mkdir(Tmkdir {
+            dfid,
+            name: name.to_vec(),
+            mode: 0o755,
+            gid: 0,
+        })
+    };
+    let lcreate = |fid, name: &[u8]| {
+        T::Lcreate(Tlcreate {
+            fid,
+            name: name.to_vec(),
+            flags: open_flags::RDWR,
+            mode: 0o644,
+            gid: 0,
+        })
+    };
     let mut out = vec![
         (
             "read-write",
-            session(PLAIN, vec![
-                attach(0, b""),
-                walk(0, 1, &[b"file"]),
-                open(1, open_flags::RDWR),
-                write(1, 0, b"hello 9p"),
-                read(1, 0, 4096),
-                T::Fsync(Tfsync { fid: 1, datasync: 1 }),
-                getattr(1),
-                clunk(1),
-                T::Statfs(Tfid { fid: 0 }),
-            ]),
+            session(
+                PLAIN,
+                vec![
+                    attach(0, b""),
+                    walk(0, 1, &[b"file"]),
+                    open(1, open_flags::RDWR),
+                    write(1, 0, b"hello 9p"),
+                    read(1, 0, 4096),
+                    T::Fsync(Tfsync {
+                        fid: 1,
+                        datasync: 1,
+                    }),
+                    getattr(1),
+                    clunk(1),
+                    T::Statfs(Tfid { fid: 0 }),
+                ],
+            ),
         ),
         (
             "directories",
-            session(PLAIN, vec![
-                attach(0, b""),
-                walk(0, 1, &[b"dir"]),
-                open(1, open_flags::RDONLY | open_flags::DIRECTORY),
-                readdir(1),
-                walk(0, 2, &[b"dir"]),
-                lcreate(2, b"new"),
-                write(2, 0, b"data"),
-                mkdir(0, b"new2"),
-                T::Renameat(Trenameat {
-                    olddirfid: 0,
-                    oldname: b"new2".to_vec(),
-                    newdirfid: 0,
-                    newname: b"new3".to_vec(),
-                }),
-                T::Unlinkat(Tunlinkat { dirfid: 0, name: b"new3".to_vec(), flags: AT_REMOVEDIR }),
-                walk(0, 3, &[b"dir", b"new"]),
-                T::Remove(Tfid { fid: 3 }),
-            ]),
+            session(
+                PLAIN,
+                vec![
+                    attach(0, b""),
+                    walk(0, 1, &[b"dir"]),
+                    open(1, open_flags::RDONLY | open_flags::DIRECTORY),
+                    readdir(1),
+                    walk(0, 2, &[b"dir"]),
+                    lcreate(2, b"new"),
+                    write(2, 0, b"data"),
+                    mkdir(0, b"new2"),
+                    T::Renameat(Trenameat {
+                        olddirfid: 0,
+                        oldname: b"new2".to_vec(),
+                        newdirfid: 0,
+                        newname: b"new3".to_vec(),
+                    }),
+                    T::Unlinkat(Tunlinkat {
+                        dirfid: 0,
+                        name: b"new3".to_vec(),
+                        flags: AT_REMOVEDIR,
+                    }),
+                    walk(0, 3, &[b"dir", b"new"]),
+                    T::Remove(Tfid { fid: 3 }),
+                ],
+            ),
         ),
         (
             "escape-attempts",
-            session(PLAIN, vec![
-                attach(0, b"../canary"),
-                attach(1, b""),
-                walk(1, 2, &[b".."]),
-                getattr(2),
-                walk(1, 3, &[b"up", b"secret"]),
-                walk(1, 4, &[b"abs"]),
-                open(4, open_flags::RDWR | open_flags::TRUNC),
-                walk(1, 5, &[b"up"]),
-                lcreate(5, b"planted"),
-                mkdir(5, b"planted"),
-                T::Symlink(Tsymlink { fid: 1, name: b"esc".to_vec(), symtgt: b"../canary".to_vec(), gid: 0 }),
-                walk(1, 6, &[b"esc", b"secret"]),
-                walk(1, 7, &[b"up"]),
-                T::Link(Tlink { dfid: 1, fid: 7, name: b"hard".to_vec() }),
-                T::Renameat(Trenameat {
-                    olddirfid: 1,
-                    oldname: b"file".to_vec(),
-                    newdirfid: 1,
-                    newname: b"../moved".to_vec(),
-                }),
-                T::Rename(Trename { fid: 1, dfid: 1, name: b"x".to_vec() }),
-                T::Remove(Tfid { fid: 1 }),
-                T::Readlink(Tfid { fid: 5 }),
-                T::Setattr(Tsetattr {
-                    fid: 5,
-                    valid: setattr::MODE | setattr::SIZE,
-                    mode: 0o777,
-                    size: 0,
-                    ..SETATTR_NONE
-                }),
-            ]),
+            session(
+                PLAIN,
+                vec![
+                    attach(0, b"../canary"),
+                    attach(1, b""),
+                    walk(1, 2, &[b".."]),
+                    getattr(2),
+                    walk(1, 3, &[b"up", b"secret"]),
+                    walk(1, 4, &[b"abs"]),
+                    open(4, open_flags::RDWR | open_flags::TRUNC),
+                    walk(1, 5, &[b"up"]),
+                    lcreate(5, b"planted"),
+                    mkdir(5, b"planted"),
+                    T::Symlink(Tsymlink {
+                        fid: 1,
+                        name: b"esc".to_vec(),
+                        symtgt: b"../canary".to_vec(),
+                        gid: 0,
+                    }),
+                    walk(1, 6, &[b"esc", b"secret"]),
+                    walk(1, 7, &[b"up"]),
+                    T::Link(Tlink {
+                        dfid: 1,
+                        fid: 7,
+                        name: b"hard".to_vec(),
+                    }),
+                    T::Renameat(Trenameat {
+                        olddirfid: 1,
+                        oldname: b"file".to_vec(),
+                        newdirfid: 1,
+                        newname: b"../moved".to_vec(),
+                    }),
+                    T::Rename(Trename {
+                        fid: 1,
+                        dfid: 1,
+                        name: b"x".to_vec(),
+                    }),
+                    T::Remove(Tfid { fid: 1 }),
+                    T::Readlink(Tfid { fid: 5 }),
+                    T::Setattr(Tsetattr {
+                        fid: 5,
+                        valid: setattr::MODE | setattr::SIZE,
+                        mode: 0o777,
+                        size: 0,
+                        ..SETATTR_NONE
+                    }),
+                ],
+            ),
         ),
         (
             "xattrs",
-            session(PLAIN, vec![
-                attach(0, b""),
-                walk(0, 1, &[b"file"]),
-                T::Xattrcreate(Txattrcreate { fid: 1, name: b"user.fuzz".to_vec(), attr_size: 5, flags: 0 }),
-                write(1, 0, b"value"),
-                clunk(1),
-                walk(0, 2, &[b"file"]),
-                T::Xattrwalk(Txattrwalk { fid: 2, newfid: 3, name: b"user.fuzz".to_vec() }),
-                read(3, 0, 64),
-                T::Xattrwalk(Txattrwalk { fid: 2, newfid: 4, name: Vec::new() }),
-                read(4, 0, 4096),
-            ]),
+            session(
+                PLAIN,
+                vec![
+                    attach(0, b""),
+                    walk(0, 1, &[b"file"]),
+                    T::Xattrcreate(Txattrcreate {
+                        fid: 1,
+                        name: b"user.fuzz".to_vec(),
+                        attr_size: 5,
+                        flags: 0,
+                    }),
+                    write(1, 0, b"value"),
+                    clunk(1),
+                    walk(0, 2, &[b"file"]),
+                    T::Xattrwalk(Txattrwalk {
+                        fid: 2,
+                        newfid: 3,
+                        name: b"user.fuzz".to_vec(),
+                    }),
+                    read(3, 0, 64),
+                    T::Xattrwalk(Txattrwalk {
+                        fid: 2,
+                        newfid: 4,
+                        name: Vec::new(),
+                    }),
+                    read(4, 0, 4096),
+                ],
+            ),
         ),
         (
             "locks",
-            session(PLAIN, vec![
-                attach(0, b""),
-                walk(0, 1, &[b"file"]),
-                open(1, open_flags::RDWR),
-                T::Lock(Tlock {
-                    fid: 1,
-                    ty: lock::TYPE_WRLCK,
-                    flags: lock::FLAGS_BLOCK,
-                    start: 0,
-                    length: 10,
-                    proc_id: 1,
-                    client_id: b"guest".to_vec(),
-                }),
-                T::Getlock(Tgetlock {
-                    fid: 1,
-                    ty: lock::TYPE_RDLCK,
-                    start: 0,
-                    length: 0,
-                    proc_id: 2,
-                    client_id: b"other".to_vec(),
-                }),
-                T::Lock(Tlock {
-                    fid: 1,
-                    ty: lock::TYPE_UNLCK,
-                    flags: 0,
-                    start: 0,
-                    length: 0,
-                    proc_id: 1,
-                    client_id: b"guest".to_vec(),
-                }),
-            ]),
+            session(
+                PLAIN,
+                vec![
+                    attach(0, b""),
+                    walk(0, 1, &[b"file"]),
+                    open(1, open_flags::RDWR),
+                    T::Lock(Tlock {
+                        fid: 1,
+                        ty: lock::TYPE_WRLCK,
+                        flags: lock::FLAGS_BLOCK,
+                        start: 0,
+                        length: 10,
+                        proc_id: 1,
+                        client_id: b"guest".to_vec(),
+                    }),
+                    T::Getlock(Tgetlock {
+                        fid: 1,
+                        ty: lock::TYPE_RDLCK,
+                        start: 0,
+                        length: 0,
+                        proc_id: 2,
+                        client_id: b"other".to_vec(),
+                    }),
+                    T::Lock(Tlock {
+                        fid: 1,
+                        ty: lock::TYPE_UNLCK,
+                        flags: 0,
+                        start: 0,
+                        length: 0,
+                        proc_id: 1,
+                        client_id: b"guest".to_vec(),
+                    }),
+                ],
+            ),
         ),
         (
             "nodes-and-attrs",
-            session(PLAIN, vec![
-                attach(0, b""),
-                T::Mknod(Tmknod { dfid: 0, name: b"fifo".to_vec(), mode: 0o010644, major: 0, minor: 0, gid: 0 }),
-                walk(0, 1, &[b"fifo"]),
-                open(1, open_flags::RDONLY),
-                T::Symlink(Tsymlink { fid: 0, name: b"sl".to_vec(), symtgt: b"file".to_vec(), gid: 0 }),
-                walk(0, 2, &[b"sl"]),
-                T::Readlink(Tfid { fid: 2 }),
-                walk(0, 3, &[b"file"]),
-                T::Setattr(Tsetattr {
-                    fid: 3,
-                    valid: setattr::MODE | setattr::UID | setattr::GID | setattr::SIZE | setattr::MTIME | setattr::MTIME_SET,
-                    mode: 0o600,
-                    uid: 1000,
-                    gid: 1000,
-                    size: 1 << 20,
-                    mtime_sec: 1,
-                    ..SETATTR_NONE
-                }),
-                getattr(3),
-                walk(0, 4, &[b"loop"]),
-                open(4, open_flags::RDONLY),
-            ]),
+            session(
+                PLAIN,
+                vec![
+                    attach(0, b""),
+                    T::Mknod(Tmknod {
+                        dfid: 0,
+                        name: b"fifo".to_vec(),
+                        mode: 0o010644,
+                        major: 0,
+                        minor: 0,
+                        gid: 0,
+                    }),
+                    walk(0, 1, &[b"fifo"]),
+                    open(1, open_flags::RDONLY),
+                    T::Symlink(Tsymlink {
+                        fid: 0,
+                        name: b"sl".to_vec(),
+                        symtgt: b"file".to_vec(),
+                        gid: 0,
+                    }),
+                    walk(0, 2, &[b"sl"]),
+                    T::Readlink(Tfid { fid: 2 }),
+                    walk(0, 3, &[b"file"]),
+                    T::Setattr(Tsetattr {
+                        fid: 3,
+                        valid: setattr::MODE
+                            | setattr::UID
+                            | setattr::GID
+                            | setattr::SIZE
+                            | setattr::MTIME
+                            | setattr::MTIME_SET,
+                        mode: 0o600,
+                        uid: 1000,
+                        gid: 1000,
+                        size: 1 << 20,
+                        mtime_sec: 1,
+                        ..SETATTR_NONE
+                    }),
+                    getattr(3),
+                    walk(0, 4, &[b"loop"]),
+                    open(4, open_flags::RDONLY),
+                ],
+            ),
         ),
         (
             "flush-and-reversion",
-            session(PLAIN, vec![
-                attach(0, b""),
-                T::Flush(Tflush { oldtag: 1 }),
-                T::Version(Tversion { msize: 4096, version: b"9P2000.L".to_vec() }),
-                walk(0, 1, &[b"file"]),
-                attach(0, b""),
-                read(0, 0, 1 << 20),
-                T::Auth(Tauth { afid: 5, uname: b"u".to_vec(), aname: Vec::new(), n_uname: 0 }),
-            ]),
+            session(
+                PLAIN,
+                vec![
+                    attach(0, b""),
+                    T::Flush(Tflush { oldtag: 1 }),
+                    T::Version(Tversion {
+                        msize: 4096,
+                        version: b"9P2000.L".to_vec(),
+                    }),
+                    walk(0, 1, &[b"file"]),
+                    attach(0, b""),
+                    read(0, 0, 1 << 20),
+                    T::Auth(Tauth {
+                        afid: 5,
+                        uname: b"u".to_vec(),
+                        aname: Vec::new(),
+                        n_uname: 0,
+                    }),
+                ],
+            ),
         ),
     ];
     let mut readonly = session(
-        SessionConfig { readonly: true, ..PLAIN },
+        SessionConfig {
+            readonly: true,
+            ..PLAIN
+        },
         vec![
             attach(0, b""),
             walk(0, 1, &[b"file"]),
@@ -585,12 +733,18 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
         ],
     );
     readonly.frames.push(vec![0, 0, 0, 0, 0, 0, 0]);
-    readonly.frames.push(b"\x0b\x00\x00\x00\x78\x01\x00\x00\x00\x00\x00".to_vec());
+    readonly
+        .frames
+        .push(b"\x0b\x00\x00\x00\x78\x01\x00\x00\x00\x00\x00".to_vec());
     out.push(("readonly-and-bad-frames", readonly));
     out.push((
         "mapped-xattr",
         session(
-            SessionConfig { security_model: 1, openat2: false, ..PLAIN },
+            SessionConfig {
+                security_model: 1,
+                openat2: false,
+                ..PLAIN
+            },
             vec![
                 attach(0, b""),
                 mkdir(0, b"m"),
@@ -604,7 +758,14 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                     ..SETATTR_NONE
                 }),
                 getattr(1),
-                T::Mknod(Tmknod { dfid: 0, name: b"dev".to_vec(), mode: 0o020644, major: 1, minor: 3, gid: 0 }),
+                T::Mknod(Tmknod {
+                    dfid: 0,
+                    name: b"dev".to_vec(),
+                    mode: 0o020644,
+                    major: 1,
+                    minor: 3,
+                    gid: 0,
+                }),
                 walk(0, 2, &[b"dev"]),
                 getattr(2),
             ],
@@ -621,14 +782,32 @@ pub fn decode_seeds() -> Vec<(String, Vec<u8>)> {
             out.push((format!("t-{name}-{i}"), f.clone()));
         }
     }
-    let qid = Qid { ty: QTDIR, version: 1, path: 42 };
-    let entry = DirEntry { qid, offset: 1, ty: 4, name: b"dir".to_vec() };
+    let qid = Qid {
+        ty: QTDIR,
+        version: 1,
+        path: 42,
+    };
+    let entry = DirEntry {
+        qid,
+        offset: 1,
+        ty: 4,
+        name: b"dir".to_vec(),
+    };
     let mut dirents = Vec::new();
     entry.encode(&mut dirents);
-    DirEntry { name: b"file".to_vec(), offset: 2, ty: 8, ..entry }.encode(&mut dirents);
+    DirEntry {
+        name: b"file".to_vec(),
+        offset: 2,
+        ty: 8,
+        ..entry
+    }
+    .encode(&mut dirents);
     let replies = [
         Rmessage::Lerror(2),
-        Rmessage::Version(Tversion { msize: 8192, version: VERSION_9P2000_L.to_vec() }),
+        Rmessage::Version(Tversion {
+            msize: 8192,
+            version: VERSION_9P2000_L.to_vec(),
+        }),
         Rmessage::Auth(qid),
         Rmessage::Attach(qid),
         Rmessage::Flush,
@@ -637,21 +816,36 @@ pub fn decode_seeds() -> Vec<(String, Vec<u8>)> {
         Rmessage::Write(4),
         Rmessage::Clunk,
         Rmessage::Remove,
-        Rmessage::Statfs(Rstatfs { bsize: 4096, namelen: 255, ..Default::default() }),
+        Rmessage::Statfs(Rstatfs {
+            bsize: 4096,
+            namelen: 255,
+            ..Default::default()
+        }),
         Rmessage::Lopen(qid, 0),
         Rmessage::Lcreate(qid, 8192),
         Rmessage::Symlink(qid),
         Rmessage::Mknod(qid),
         Rmessage::Rename,
         Rmessage::Readlink(b"../target".to_vec()),
-        Rmessage::Getattr(Box::new(Rgetattr { valid: getattr::BASIC, qid, mode: 0o40755, ..Default::default() })),
+        Rmessage::Getattr(Box::new(Rgetattr {
+            valid: getattr::BASIC,
+            qid,
+            mode: 0o40755,
+            ..Default::default()
+        })),
         Rmessage::Setattr,
         Rmessage::Xattrwalk(12),
         Rmessage::Xattrcreate,
         Rmessage::Readdir(dirents),
         Rmessage::Fsync,
         Rmessage::Lock(lock::SUCCESS),
-        Rmessage::Getlock(Rgetlock { ty: lock::TYPE_UNLCK, start: 0, length: 0, proc_id: 7, client_id: b"c".to_vec() }),
+        Rmessage::Getlock(Rgetlock {
+            ty: lock::TYPE_UNLCK,
+            start: 0,
+            length: 0,
+            proc_id: 7,
+            client_id: b"c".to_vec(),
+        }),
         Rmessage::Link,
         Rmessage::Mkdir(qid),
         Rmessage::Renameat,
@@ -683,9 +877,15 @@ mod tests {
         for (name, frame) in &seeds {
             let t = Tmessage::decode_frame(frame, MAX_MSIZE);
             let r = Rmessage::decode_frame(frame, MAX_MSIZE);
-            assert!(t.is_ok() || r.is_ok() || name.contains("bad-frames"), "seed {name}");
+            assert!(
+                t.is_ok() || r.is_ok() || name.contains("bad-frames"),
+                "seed {name}"
+            );
         }
-        crate::corpus::write("p9_decode", seeds.iter().map(|(n, b)| (n.as_str(), b.clone())));
+        crate::corpus::write(
+            "p9_decode",
+            seeds.iter().map(|(n, b)| (n.as_str(), b.clone())),
+        );
     }
 
     #[test]
@@ -709,7 +909,9 @@ mod tests {
     #[test]
     fn test_fixed_size_frames() {
         let mut k = ByteSink::new();
-        k.u8(0).u8(1).bytes(&[0xff, 0xff, 0xff, 0xff, 100, 0xff, 0xff]);
+        k.u8(0)
+            .u8(1)
+            .bytes(&[0xff, 0xff, 0xff, 0xff, 100, 0xff, 0xff]);
         let input = SessionInput::decode(&k.into_bytes());
         assert_eq!(input.frames, vec![vec![7, 0, 0, 0, 100, 0xff, 0xff]]);
     }
