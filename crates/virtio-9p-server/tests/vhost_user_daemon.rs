@@ -188,35 +188,36 @@ fn test_binary_capabilities_and_usage() {
 fn test_binary_shared_dir_alone_prints_attach_help() {
     let dir = tempfile::tempdir().unwrap();
     let share = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("stdout.txt");
     let child = Command::new(BIN)
         .current_dir(dir.path())
         .arg("--shared-dir")
         .arg(share.path())
         .args(["--log-level", "error"])
-        .stdout(Stdio::piped())
+        .stdout(std::fs::File::create(&out_path).unwrap())
         .spawn()
         .unwrap();
     let mut child = KillOnDrop(child);
     let sock = dir.path().join("virtio-9p.sock");
     wait_for(&sock);
+    // Serving (so the signal handlers are in place): one session.
+    let mut vmm = FakeVmm::connect(&sock, small()).unwrap();
+    one_session(&mut vmm);
+    drop(vmm);
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(child.0.id() as i32, libc::SIGINT) }, 0);
-    let status = child.0.wait().unwrap();
-    let mut text = String::new();
-    if let Some(mut o) = child.0.stdout.take() {
-        use std::io::Read;
-        o.read_to_string(&mut text).unwrap();
-    }
-    let out = Output { status, text };
-    assert!(out.status.success(), "{:?}", out.status);
-    let text = out.text;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "daemon did not exit on SIGINT");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read_to_string(&out_path).unwrap();
     assert!(
         text.contains("vhost-user-device-pci") && text.contains("virtio-id=9"),
         "{text}"
     );
-}
-
-struct Output {
-    status: std::process::ExitStatus,
-    text: String,
 }

@@ -14,6 +14,9 @@
 //! - Tread whose range is already in the page cache (checked with
 //!   `cachestat(2)`) runs inline: the `preadv` into guest memory costs
 //!   less than a thread hop. Uncached ranges go to a worker.
+//! - A blocking Tlock (which may wait up to the server's `lock_wait` for
+//!   another holder) runs on a second, separate worker pool of the same
+//!   size, so a pile of blocked locks never starves reads and writes.
 //! - Every other filesystem call goes through [`Blocking::run`], which
 //!   offloads it unless the [`OffloadPolicy`] says otherwise.
 //!

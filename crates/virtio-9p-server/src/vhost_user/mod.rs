@@ -12,6 +12,34 @@
 //! [`StopHandle::stop`]), removing the socket it created. A stale socket
 //! file left by a killed daemon is unlinked at start, so `--socket-path`
 //! can always be reused.
+//!
+//! # Example
+//!
+//! Serve a directory on a vhost-user socket until SIGTERM, as the binary
+//! does:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use virtio_9p_server::engine::EngineConfig;
+//! use virtio_9p_server::vhost_user::{
+//!     install_signal_handlers, BackendConfig, Daemon, DaemonConfig, Listen,
+//! };
+//! use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
+//!
+//! let fs = PassthroughFs::new(PassthroughConfig::new("/srv/share")).unwrap();
+//! let server = Arc::new(Server::new(fs, Config::default()).unwrap());
+//! let config = DaemonConfig {
+//!     listen: Listen::Path("/run/virtio-9p.sock".into()),
+//!     backend: BackendConfig {
+//!         tag: "share".into(),
+//!         queue_size: 1024,
+//!         engine: EngineConfig::default(),
+//!     },
+//!     stack_policy: coro_pool::Policy::Bounded,
+//! };
+//! install_signal_handlers().unwrap();
+//! Daemon::new(server, config).unwrap().run().unwrap();
+//! ```
 
 mod backend;
 mod cli;
