@@ -13,3 +13,9 @@ fuzz_targets=(fuzz/fuzz_targets/*.rs)
 if [ ${#fuzz_targets[@]} -gt 0 ] && ! command -v cargo-fuzz >/dev/null; then
     cargo install --locked cargo-fuzz --version "^0.13"
 fi
+
+# Real-guest conformance (ci/guest): QEMU 10, diod, guest kernels, pjdfstest
+# and the vhost-user QEMU rebuild, all cached under /var/cache/virtio-9p-ci.
+if [ "$(id -u)" -eq 0 ]; then
+    bash ci/guest/prepare.sh
+fi

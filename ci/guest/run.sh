@@ -382,6 +382,12 @@ for s in "${server_list[@]}"; do
     printf "$fmt" "$s" "${R_POSIX[$s]:--}" "${R_PJD[$s]:--}" "${R_READ[$s]:--}" "${R_WRITE[$s]:--}" "$rr / $rw" "${notes%; }"
 done
 
+# Proof of each mount: the guest's own /proc/mounts line.
+echo
+for s in "${server_list[@]}"; do
+    [ -n "${R_MOUNT[$s]:-}" ] && echo "guest /proc/mounts on $s: ${R_MOUNT[$s]}"
+done
+
 # pjdfstest failures a row has that QEMU built-in passes in this run.
 gate_fail=0
 echo
