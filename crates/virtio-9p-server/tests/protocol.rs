@@ -575,7 +575,7 @@ mod server_fuzz {
             let fs = PassthroughFs::new(PassthroughConfig::new(dir.path())).unwrap();
             let server = Server::new(fs, Config { lock_wait: Some(std::time::Duration::ZERO), ..Config::default() }).unwrap();
             let s = Session::new();
-            let mut setup = |m: Tmessage| {
+            let setup = |m: Tmessage| {
                 let f = m.encode_frame(1);
                 let mut reply = vec![0u8; 8192];
                 server.handle(&s, &mut SliceReader::new(&f), &mut SliceWriter::new(&mut reply), &Inline, &Cancel::new()).unwrap();
