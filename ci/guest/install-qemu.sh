@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs QEMU 10 (qemu-system-x86) from bookworm-backports, plus the host
-# tools the guest conformance run needs (diod, socat, busybox-static source
-# package, build deps for the vhost-user QEMU rebuild are handled by
-# build-qemu-vhost.sh). Idempotent: a second run only checks versions.
+# Installs QEMU 10 (qemu-system-x86) from bookworm-backports (deb and
+# deb-src enabled), plus the host tools the guest conformance run needs:
+# diod (peer 9P server), socat, cpio, attr. The build dependencies of the
+# vhost-user QEMU rebuild are handled by build-qemu-vhost.sh. Idempotent: a
+# second run only checks what is installed.
 set -euo pipefail
 
 need_root() {
@@ -14,7 +15,9 @@ need_root() {
 
 qemu_major() {
     command -v qemu-system-x86_64 >/dev/null || { echo 0; return; }
-    qemu-system-x86_64 --version | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p'
+    local v
+    v=$(qemu-system-x86_64 --version | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p')
+    echo "${v:-0}"
 }
 
 list=/etc/apt/sources.list.d/bookworm-backports.sources
