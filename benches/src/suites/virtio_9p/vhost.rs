@@ -300,18 +300,21 @@ fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
     v[i.min(v.len() - 1)]
 }
 
-fn memcpy_gib_per_s(size: usize, reps: usize) -> f64 {
+/// The copy limit: 128 MiB from a heap buffer into the same kind of
+/// memfd guest memory the reads fill (4 KiB shmem pages, already faulted
+/// in), the cost a page-cache-to-guest `preadv` cannot avoid.
+fn memcpy_gib_per_s(run: &Running, size: usize, reps: usize) -> Res<f64> {
+    let vmm = session(run, 65536, "big", 0)?;
+    let mem = vmm.memory().clone();
     let src = vec![0x5au8; size];
-    let mut dst = vec![0u8; size];
-    dst.copy_from_slice(&src);
-    let mut best = Vec::new();
+    mem.write_slice(&src, GuestAddress(DATA_AREA))?;
+    let mut rates = Vec::new();
     for _ in 0..reps.max(3) {
         let t = Instant::now();
-        dst.copy_from_slice(black_box(&src));
-        black_box(&dst);
-        best.push(size as f64 / GIB / t.elapsed().as_secs_f64());
+        mem.write_slice(black_box(&src), GuestAddress(DATA_AREA))?;
+        rates.push(size as f64 / GIB / t.elapsed().as_secs_f64());
     }
-    median(&best)
+    Ok(median(&rates))
 }
 
 /// Adds the vhost-user metrics and tables to `report`.
@@ -363,7 +366,7 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         let w = sequential(
             &pooled,
             m,
-            total.min(ctx.pick(1 << 30, 64 << 20)),
+            total.min(ctx.pick(512 << 20, 64 << 20)),
             file_len,
             true,
         )?;
@@ -390,7 +393,7 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
             w.push(sequential(
                 &pooled,
                 m,
-                total.min(ctx.pick(1 << 30, 64 << 20)),
+                total.min(ctx.pick(512 << 20, 64 << 20)),
                 file_len,
                 true,
             )?);
@@ -398,7 +401,7 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         report.metric(&format!("read_gib_per_s_msize_{name}"), median(&r));
         report.metric(&format!("write_gib_per_s_msize_{name}"), median(&w));
     }
-    let memcpy = memcpy_gib_per_s(128 << 20, reps);
+    let memcpy = memcpy_gib_per_s(&pooled, 128 << 20, reps)?;
     report.metric("memcpy_gib_per_s", memcpy);
     let read128 = report
         .metrics()
