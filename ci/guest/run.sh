@@ -398,7 +398,7 @@ gate_fail=0
 echo
 for s in "${server_list[@]}"; do
     [ "$s" = qemu ] && continue
-    [ -f "$out/$s/pjdfstest.txt" ] || continue
+    [ -s "$out/$s/pjdfstest.txt" ] || continue
     if [ -f "$out/qemu/pjdfstest.txt" ] && [ -s "$out/qemu/pjdfstest.txt" ]; then
         regress=$(awk 'NR == FNR { if ($2 == "ok") okq[$1] = 1; next } $2 == "FAILED" && ($1 in okq) { print $1 }' \
             "$out/qemu/pjdfstest.txt" "$out/$s/pjdfstest.txt")
