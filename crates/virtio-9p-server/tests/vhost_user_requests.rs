@@ -159,7 +159,7 @@ fn test_1024_requests_in_flight_with_two_workers() {
 
 #[test]
 fn test_1024_blocked_locks_in_flight_then_flushed() {
-    let d = TestDaemon::start_with(4, 1024, OffloadPolicy::Auto);
+    let d = TestDaemon::start_with(2, 1024, OffloadPolicy::Auto);
     let path = d.dir.path().join("lockme");
     std::fs::write(&path, b"x").unwrap();
     // Hold an OFD write lock from the test: every guest Tlock blocks.

@@ -14,9 +14,10 @@
 //! - Tread whose range is already in the page cache (checked with
 //!   `cachestat(2)`) runs inline: the `preadv` into guest memory costs
 //!   less than a thread hop. Uncached ranges go to a worker.
-//! - A blocking Tlock (which may wait up to the server's `lock_wait` for
-//!   another holder) runs on a second, separate worker pool of the same
-//!   size, so a pile of blocked locks never starves reads and writes.
+//! - A blocking Tlock waits between its attempts in [`sleep`] (a timer:
+//!   the coroutine yields and holds no thread), and its attempts run on a
+//!   second worker pool, so a pile of blocked locks never starves reads
+//!   and writes.
 //! - Every other filesystem call goes through [`Blocking::run`], which
 //!   offloads it unless the [`OffloadPolicy`] says otherwise.
 //!
@@ -289,6 +290,11 @@ impl Blocking for EngineExec {
             OffloadPolicy::Auto if op == TLOCK => offload_in(Lane::Wait, f),
             OffloadPolicy::Auto => offload(f),
         }
+    }
+
+    fn sleep(&self, d: Duration) {
+        // On a coroutine: a timer, no thread held (a waiting Tlock).
+        sleep(d);
     }
 }
 

@@ -116,6 +116,13 @@ impl Default for Config {
 pub trait Blocking {
     /// Runs `f` to completion and returns its result.
     fn run<R: Send>(&self, op: u8, f: impl FnOnce() -> R + Send) -> R;
+
+    /// Waits `d` between the attempts of a blocking Tlock. The default
+    /// sleeps the thread; a coroutine engine yields to a timer instead, so
+    /// a waiting lock holds no thread.
+    fn sleep(&self, d: Duration) {
+        std::thread::sleep(d);
+    }
 }
 
 /// Runs every call on the calling thread.
@@ -731,24 +738,26 @@ impl<F: Filesystem> Server<F> {
         let FidKind::Open { file } = &fid.kind else {
             return Err(errno::EBADF);
         };
-        exec.run(TLOCK, || {
-            let start = Instant::now();
-            let mut pause = Duration::from_micros(500);
-            loop {
-                let status = self.fs.try_lock(file, m).map_err(|e| errno::from_io(&e))?;
-                if status != lock::BLOCKED || !wait {
-                    return Ok(Rmessage::Lock(status));
-                }
-                if cancel.is_cancelled() {
-                    return Err(errno::EINTR);
-                }
-                if lock_wait.is_some_and(|w| start.elapsed() >= w) {
-                    return Ok(Rmessage::Lock(lock::BLOCKED));
-                }
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(20));
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(500);
+        loop {
+            // One attempt per call: between attempts the request waits in
+            // `exec.sleep`, which holds no worker on a coroutine engine.
+            let status = exec
+                .run(TLOCK, || self.fs.try_lock(file, m))
+                .map_err(|e| errno::from_io(&e))?;
+            if status != lock::BLOCKED || !wait {
+                return Ok(Rmessage::Lock(status));
             }
-        })
+            if cancel.is_cancelled() {
+                return Err(errno::EINTR);
+            }
+            if lock_wait.is_some_and(|w| start.elapsed() >= w) {
+                return Ok(Rmessage::Lock(lock::BLOCKED));
+            }
+            exec.sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
     }
 
     fn read<W: ReplyWriter + Send, B: Blocking>(
