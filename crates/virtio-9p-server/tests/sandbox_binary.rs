@@ -760,6 +760,11 @@ fn test_daemon_holds_only_needed_capabilities() {
         assert_eq!(cap_mask(pid, "CapAmb:"), 0);
         assert_eq!(status_field(pid, "NoNewPrivs:"), "1");
         assert_eq!(status_field(pid, "Seccomp:"), "2");
+        if mode == "namespace" {
+            // The supervisor outside keeps only dac_override (socket removal).
+            assert_eq!(cap_mask(d.pid(), "CapEff:"), 1 << 1, "supervisor");
+            assert_eq!(cap_mask(d.pid(), "CapBnd:"), 1 << 1, "supervisor");
+        }
         // Threads started later (connections) hold the same.
         let mut c = session(&t.sock());
         c.walk(ROOT, 1, &[b"hello"]).unwrap();

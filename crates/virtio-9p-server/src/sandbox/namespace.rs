@@ -4,7 +4,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use log::{debug, info};
+use log::{debug, info, warn};
 
 use super::{cpath, ids::IdMap, sys_err, Error, Result, SandboxConfig, PROC_FD_CWD};
 
@@ -107,6 +107,13 @@ fn supervise(pid: libc::pid_t, cfg: &SandboxConfig) -> ! {
         }
     }
     debug!("sandbox: daemon runs as pid {pid} (pid 1 of its namespace)");
+    // The supervisor only waits, signals its own child and removes the
+    // socket file: it keeps dac_override (for that removal) and nothing else.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    if let Err(e) = super::caps::drop_to(super::caps::CapSet::of(&[1])) {
+        warn!("sandbox: the supervisor keeps its capabilities: {e}");
+    }
     let mut status = 0;
     let code = loop {
         // SAFETY: `status` is a valid out pointer.
