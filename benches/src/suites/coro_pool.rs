@@ -206,6 +206,9 @@ struct BurstOutcome {
     rss_mib_after_trim: f64,
     vmas_per_stack: usize,
     elapsed_ms: f64,
+    /// Pool VMAs over the run: (step, VMAs). A step is 1,000 coroutines
+    /// created, a thread going idle, or the trim.
+    vma_samples: Vec<(f64, f64)>,
 }
 
 /// Per-thread report after its turn.
@@ -215,6 +218,8 @@ struct TurnReport {
     pool_vmas: usize,
     process_vmas: usize,
     stacks_held: usize,
+    /// Pool VMAs every 1,000 coroutines created, then once idle.
+    vma_samples: Vec<usize>,
 }
 
 enum Cmd {
@@ -252,12 +257,15 @@ fn burst_scenario(
         let ready_tx = ready_tx.clone();
         handles.push(std::thread::spawn(move || {
             let mut live: Vec<Coroutine<(), (), u64>> = Vec::with_capacity(per_thread);
+            // Allocated up front, like every other buffer of the scenario.
+            let mut vma_samples: Vec<usize> = Vec::with_capacity(per_thread / 1000 + 2);
             // Register this thread's local pool and malloc arena now.
             let warm = pool.take_stack().map(drop).map_err(|e| e.to_string());
             let _ = ready_tx.send(warm);
             while let Ok(Cmd::Burst) = rx.recv() {
                 let reservation = (policy == Policy::Bounded).then(|| pool.reserve(per_thread));
                 let mut error = None;
+                vma_samples.clear();
                 for i in 0..per_thread {
                     match Coroutine::new_in(&pool, move |y, ()| {
                         // A request in flight: some stack in use across a yield.
@@ -268,6 +276,9 @@ fn burst_scenario(
                         Ok(mut co) => {
                             co.resume(());
                             live.push(co);
+                            if (i + 1) % 1000 == 0 {
+                                vma_samples.push(pool.stats().vmas_held);
+                            }
                         }
                         Err(e) => {
                             error = Some(e.to_string());
@@ -283,12 +294,15 @@ fn burst_scenario(
                 }
                 live.clear();
                 drop(reservation);
+                vma_samples.push(pool.stats().vmas_held);
                 let _ = report_tx.send(TurnReport {
                     live_peak,
                     error,
                     pool_vmas: stats.vmas_held,
                     process_vmas,
                     stacks_held: stats.stacks_held,
+                    // Moved out: no allocation near the mapping limit.
+                    vma_samples: std::mem::take(&mut vma_samples),
                 });
             }
         }));
@@ -299,6 +313,9 @@ fn burst_scenario(
         ready_rx.recv()??;
     }
     let mut out = BurstOutcome::default();
+    out.vma_samples
+        .reserve(threads * (per_thread / 1000 + 2) + 2);
+    out.vma_samples.push((0.0, pool.stats().vmas_held as f64));
     for tx in &senders {
         tx.send(Cmd::Burst)?;
         let turn = report_rx.recv()?;
@@ -312,11 +329,17 @@ fn burst_scenario(
             }
         }
         let _ = turn.live_peak;
+        for v in turn.vma_samples {
+            let step = out.vma_samples.len() as f64;
+            out.vma_samples.push((step, v as f64));
+        }
     }
     // Every thread is idle now (and still alive, holding its local pool).
     pool.trim();
     let stats = pool.stats();
     out.pool_vmas_after_trim = stats.vmas_held;
+    let step = out.vma_samples.len() as f64;
+    out.vma_samples.push((step, stats.vmas_held as f64));
     out.process_vmas_after_trim = count_vmas();
     out.rss_mib_after_trim = rss_mib();
     out.vmas_per_stack = pool.budget().vmas_per_stack;
@@ -462,6 +485,22 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         ]);
     }
     let batch = coro_pool::DEFAULT_BATCH_SIZE;
+    report
+        .series(
+            "burst_vmas",
+            "unbounded per thread (mprotect)",
+            unbounded.vma_samples.clone(),
+        )
+        .series(
+            "burst_vmas",
+            "default (mprotect)",
+            default_qemu_layout.vma_samples.clone(),
+        )
+        .series(
+            "burst_vmas",
+            "default (auto guard)",
+            default_auto.vma_samples.clone(),
+        );
     report
         .table(burst)
         .metric("burst_unbounded_failed", unbounded.failed as u8 as f64)

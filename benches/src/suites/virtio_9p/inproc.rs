@@ -292,6 +292,16 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         .metric("read_64k_gib_per_s", read_64k)
         .metric("p9_read_64k_gib_per_s", p9_read_64k)
         .metric("statx_ns", statx)
+        .series(
+            "msize_throughput",
+            "ours (in process)",
+            vec![(f64::from(READ_SIZE) / 1024.0, read_64k)],
+        )
+        .series(
+            "msize_throughput",
+            "crosvm p9 (in process)",
+            vec![(f64::from(READ_SIZE) / 1024.0, p9_read_64k)],
+        )
         .note(format!(
             "In process, msize {MSIZE} for both (p9's maximum), median of {reps} alternating runs, each the best \
              of {BATCHES} batches; {iters} Tgetattr, {} walk+clunk pairs, best of {passes} passes of 64 KiB Treads \
