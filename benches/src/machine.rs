@@ -53,3 +53,23 @@ impl Machine {
         }
     }
 }
+
+/// The 1-minute load average from /proc/loadavg ("?" if unreadable). On a
+/// shared machine it says how much other work the figures competed with.
+pub fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".to_string())
+}
+
+/// The UTC time of day, `HH:MM`.
+pub fn utc_time() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%H:%M"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "?".to_string())
+}

@@ -7,7 +7,7 @@ use std::fs;
 use std::path::Path;
 
 use crate::harness::{format_value, run_suite, workspace_root, Ctx, SuiteReport};
-use crate::machine::Machine;
+use crate::machine::{self, Machine};
 use crate::plots;
 use crate::suites::{Suite, SUITES};
 use crate::targets::TARGETS;
@@ -27,6 +27,7 @@ enum Outcome {
 /// under the output directory, so CI never touches the committed report.
 /// Returns the number of suites that failed.
 pub fn run(ctx: &Ctx) -> Result<usize, Box<dyn Error>> {
+    let started = (machine::utc_time(), machine::load_average());
     let mut outcomes: Vec<(&Suite, Outcome)> = Vec::new();
     for suite in SUITES {
         let outcome = if !suite.ready {
@@ -63,7 +64,7 @@ pub fn run(ctx: &Ctx) -> Result<usize, Box<dyn Error>> {
         )
     };
     fs::create_dir_all(&plot_dir)?;
-    let markdown = render(ctx, &outcomes, &plot_dir, &plot_link)?;
+    let markdown = render(ctx, &outcomes, &started, &plot_dir, &plot_link)?;
     fs::write(&md_path, markdown)?;
     eprintln!("== wrote {}", md_path.display());
     Ok(failed)
@@ -72,6 +73,7 @@ pub fn run(ctx: &Ctx) -> Result<usize, Box<dyn Error>> {
 fn render(
     ctx: &Ctx,
     outcomes: &[(&Suite, Outcome)],
+    started: &(String, String),
     plot_dir: &Path,
     plot_link: &str,
 ) -> Result<String, Box<dyn Error>> {
@@ -102,7 +104,25 @@ fn render(
     writeln!(out, "| cores | {} |", machine.cores)?;
     writeln!(out, "| memory | {:.1} GiB |", machine.memory_gib)?;
     writeln!(out, "| kernel | {} |", machine.kernel)?;
-    writeln!(out, "| date | {} |\n", machine.date)?;
+    writeln!(
+        out,
+        "| date | {}, {} to {} UTC |",
+        machine.date,
+        started.0,
+        machine::utc_time()
+    )?;
+    writeln!(
+        out,
+        "| load average (1 min) | {} at the start, {} at the end |\n",
+        started.1,
+        machine::load_average()
+    )?;
+    writeln!(
+        out,
+        "A load average above the core count means other work shared the CPUs during the run: \
+         times and rates are then pessimistic, while ratios from alternating runs and \
+         counts (VMAs, RSS) hold up better.\n"
+    )?;
 
     writeln!(out, "## Targets\n")?;
     writeln!(out, "The targets the crate issues set, against this run.\n")?;
