@@ -10,7 +10,7 @@
 #   --mib N          size of the dd transfers and checksummed file (default 256)
 #   --timeout S      per-guest time limit in seconds (default 1500)
 #   --server-bin P   our daemon (default: build crates/virtio-9p-server into
-#                    $CARGO_TARGET_DIR, default /work/targets/guest)
+#                    $CARGO_TARGET_DIR, default target/ in the repo)
 #   --out DIR        keep logs and results here (default: a fresh temp dir)
 #   --gate           exit 1 when one of our rows has a POSIX failure, a
 #                    pjdfstest failure QEMU built-in passes, or cannot mount
@@ -108,7 +108,7 @@ case ",$servers," in
     elif [ ! -f "$repo/crates/virtio-9p-server/Cargo.toml" ]; then
         ours_err="crates/virtio-9p-server is missing"
     else
-        tdir=${CARGO_TARGET_DIR:-/work/targets/guest}
+        tdir=${CARGO_TARGET_DIR:-$repo/target}
         log "building virtio-9p-server (release) into $tdir"
         if (cd "$repo" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server) \
             >"$out/server-build.log" 2>&1; then
