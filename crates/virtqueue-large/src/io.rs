@@ -121,6 +121,18 @@ where
     M: Deref + Clone,
     M::Target: GuestMemoryBackend + Sized,
 {
+    /// A cursor at the start of segment `idx`, bounded to `len` bytes.
+    fn new(mem: M, segs: Shared, idx: usize, len: usize) -> Self {
+        Cursor {
+            mem,
+            segs,
+            idx,
+            off: 0,
+            remaining: len,
+            done: 0,
+        }
+    }
+
     fn ranges(&self, limit: usize) -> Ranges<'_> {
         Ranges {
             segs: self.segs.segs(),
@@ -285,14 +297,7 @@ where
 {
     pub(crate) fn new(mem: M, segs: Shared, idx: usize, len: usize) -> Self {
         Reader {
-            cur: Cursor {
-                mem,
-                segs,
-                idx,
-                off: 0,
-                remaining: len,
-                done: 0,
-            },
+            cur: Cursor::new(mem, segs, idx, len),
         }
     }
 
@@ -374,14 +379,7 @@ where
 {
     pub(crate) fn new(mem: M, segs: Shared, idx: usize, len: usize) -> Self {
         Writer {
-            cur: Cursor {
-                mem,
-                segs,
-                idx,
-                off: 0,
-                remaining: len,
-                done: 0,
-            },
+            cur: Cursor::new(mem, segs, idx, len),
         }
     }
 
