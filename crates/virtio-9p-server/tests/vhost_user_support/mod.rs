@@ -2,6 +2,8 @@
 //! daemon on a temp socket and 9P frame builders.
 #![allow(dead_code)]
 
+pub mod scenarios;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;

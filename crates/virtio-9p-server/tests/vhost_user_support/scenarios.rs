@@ -1,0 +1,320 @@
+//! The heavy vhost-user scenarios, shared by the in-process daemon
+//! (`vhost_user_requests.rs`) and the hardened binary
+//! (`sandbox_vhost_user.rs`). Each writes its files under `dir` (the
+//! export), connects through `connect` and drops its `FakeVmm` before it
+//! returns, so the caller can then stop its daemon.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use virtio_9p_server::protocol::*;
+use virtio_9p_server::vhost_user::mock::{
+    FakeVmm, Layout, VmmOptions, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE,
+};
+
+use super::{decode, frame, version};
+
+/// Takes or drops an OFD lock on the whole file (conflicts with the
+/// daemon's OFD locks even in the same process).
+pub fn ofd_lock(file: &std::fs::File, ty: i32) {
+    // SAFETY: a zeroed flock is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = ty as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    // SAFETY: a valid fd and flock pointer for the call.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// Tattach as fid 0, Twalk to `name` as fid 1, Tlopen fid 1 with `flags`.
+pub fn attach_open(vmm: &mut FakeVmm, name: &str, flags: u32) {
+    let attach = Tmessage::Attach(Tattach {
+        fid: 0,
+        afid: NOFID,
+        uname: b"root".to_vec(),
+        aname: Vec::new(),
+        n_uname: 0,
+    });
+    assert!(matches!(
+        decode(&vmm.call(&frame(1, attach), 64, Layout::Direct).unwrap()).1,
+        Rmessage::Attach(_)
+    ));
+    let walk = Tmessage::Walk(Twalk {
+        fid: 0,
+        newfid: 1,
+        wnames: vec![name.as_bytes().to_vec()],
+    });
+    assert!(matches!(
+        decode(&vmm.call(&frame(2, walk), 64, Layout::Direct).unwrap()).1,
+        Rmessage::Walk(_)
+    ));
+    let open = Tmessage::Lopen(Tlopen { fid: 1, flags });
+    let r = decode(&vmm.call(&frame(3, open), 64, Layout::Direct).unwrap()).1;
+    assert!(matches!(r, Rmessage::Lopen(..)), "{r:?}");
+}
+
+/// A 128 MiB Tread through one indirect chain of 32768 data descriptors.
+pub fn read_128m_through_indirect_chain(dir: &Path, connect: impl FnOnce(VmmOptions) -> FakeVmm) {
+    let size = 128usize << 20;
+    let mut data = vec![0u8; size];
+    for (i, chunk) in data.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(&(i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
+    }
+    std::fs::write(dir.join("big"), &data).unwrap();
+    let mut vmm = connect(VmmOptions {
+        mem_size: 140 << 20,
+        queue_size: 1024,
+        ..VmmOptions::default()
+    });
+    assert_eq!(version(&mut vmm, MAX_MSIZE), MAX_MSIZE);
+    attach_open(&mut vmm, "big", 0);
+    // Rread header (11 bytes) + 128 MiB - 11 in 32768 writable descriptors
+    // of 4 KiB: 4096 * 32768 = 128 MiB exactly.
+    let count = MAX_MSIZE - 11;
+    let sub = vmm
+        .submit(
+            &frame(
+                4,
+                Tmessage::Read(Tread {
+                    fid: 1,
+                    offset: 0,
+                    count,
+                }),
+            ),
+            MAX_MSIZE,
+            Layout::Indirect { seg: 4096 },
+        )
+        .unwrap();
+    vmm.kick().unwrap();
+    let used = vmm.wait_used(Duration::from_secs(60)).unwrap();
+    assert_eq!(used, vec![(sub.head, MAX_MSIZE)]);
+    let reply = vmm.read(sub.reply_addr, MAX_MSIZE as usize).unwrap();
+    assert_eq!(&reply[..4], &MAX_MSIZE.to_le_bytes());
+    assert_eq!(reply[4], TREAD + 1);
+    assert_eq!(&reply[7..11], &count.to_le_bytes());
+    assert!(
+        reply[11..] == data[..count as usize],
+        "read data differs from the file"
+    );
+}
+
+/// 1024 Treads in flight (512 direct chains, up to 512 indirect ones).
+pub fn requests_1024_in_flight(dir: &Path, connect: impl FnOnce(VmmOptions) -> FakeVmm) {
+    std::fs::write(dir.join("f"), vec![0x5au8; 4096]).unwrap();
+    let mut vmm = connect(VmmOptions {
+        mem_size: 64 << 20,
+        ..VmmOptions::default()
+    });
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "f", 0);
+    let mut heads = Vec::new();
+    for i in 0..512u16 {
+        // 512 chains of 2 descriptors fill the 1024-entry table...
+        let req = frame(
+            10 + i,
+            Tmessage::Read(Tread {
+                fid: 1,
+                offset: u64::from(i) * 8,
+                count: 8,
+            }),
+        );
+        heads.push(vmm.submit(&req, 64, Layout::Direct).unwrap());
+    }
+    for i in 512..1024u16 {
+        // ...and 512 indirect chains take one descriptor each? No: the
+        // ring has 1024 entries, so use indirect chains for the rest.
+        let req = frame(
+            10 + i,
+            Tmessage::Read(Tread {
+                fid: 1,
+                offset: u64::from(i),
+                count: 8,
+            }),
+        );
+        match vmm.submit(&req, 64, Layout::Indirect { seg: 64 }) {
+            Ok(s) => heads.push(s),
+            Err(_) => break,
+        }
+    }
+    let total = heads.len();
+    vmm.kick().unwrap();
+    let mut got = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got < total && Instant::now() < deadline {
+        for (_, len) in vmm.wait_used(Duration::from_secs(1)).unwrap() {
+            assert_eq!(len, 11 + 8);
+            got += 1;
+        }
+    }
+    assert_eq!(got, total);
+    assert!(total >= 512);
+}
+
+/// 1023 Tlocks blocked on a lock the test holds, the first one flushed,
+/// then the rest released.
+pub fn blocked_locks_then_flushed(dir: &Path, connect: impl FnOnce(VmmOptions) -> FakeVmm) {
+    let path = dir.join("lockme");
+    std::fs::write(&path, b"x").unwrap();
+    // Hold an OFD write lock from the test: every guest Tlock blocks.
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    ofd_lock(&holder, libc::F_WRLCK);
+
+    let mut vmm = connect(VmmOptions {
+        mem_size: 64 << 20,
+        ..VmmOptions::default()
+    });
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "lockme", open_flags::RDWR);
+    let lock = |tag: u16| {
+        frame(
+            tag,
+            Tmessage::Lock(Tlock {
+                fid: 1,
+                ty: lock::TYPE_WRLCK,
+                flags: lock::FLAGS_BLOCK,
+                start: 0,
+                length: 0,
+                proc_id: u32::from(tag),
+                client_id: b"guest".to_vec(),
+            }),
+        )
+    };
+    // 1023 blocked Tlocks (indirect: one ring descriptor each), leaving
+    // one descriptor for the Tflush.
+    let mut subs = Vec::new();
+    for tag in 100..1123u16 {
+        subs.push(
+            vmm.submit(&lock(tag), 64, Layout::Indirect { seg: 64 })
+                .unwrap(),
+        );
+    }
+    vmm.kick().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // None answered: all are in flight, waiting for the lock.
+    let early = vmm.collect_used().unwrap();
+    if let Some((h, len)) = early.first() {
+        let sub = subs.iter().find(|s| s.head == *h).unwrap();
+        panic!(
+            "{} early replies, first {:?}",
+            early.len(),
+            decode(&vmm.read(sub.reply_addr, *len as usize).unwrap())
+        );
+    }
+
+    // Flush the first one: its chain comes back (no reply), then Rflush.
+    let flush = vmm
+        .submit(
+            &frame(5000, Tmessage::Flush(Tflush { oldtag: 100 })),
+            64,
+            Layout::Indirect { seg: 64 },
+        )
+        .unwrap();
+    vmm.kick().unwrap();
+    let mut order = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while order.len() < 2 && Instant::now() < deadline {
+        order.extend(vmm.wait_used(Duration::from_secs(1)).unwrap());
+    }
+    assert_eq!(order.len(), 2, "{order:?}");
+    assert_eq!(
+        order[0].0, subs[0].head,
+        "the flushed request must come back first"
+    );
+    assert_eq!(order[1], (flush.head, 7));
+    let rflush = vmm.read(flush.reply_addr, 7).unwrap();
+    assert_eq!(decode(&rflush), (5000, Rmessage::Flush));
+
+    // Release the lock: the others are granted (or answer BLOCKED after
+    // the server's lock wait) and every chain comes back.
+    ofd_lock(&holder, libc::F_UNLCK);
+    let mut left = subs.len() - 1;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while left > 0 && Instant::now() < deadline {
+        left -= vmm.wait_used(Duration::from_secs(1)).unwrap().len();
+    }
+    assert_eq!(left, 0);
+}
+
+/// Malformed chains and 9P messages; the queue keeps serving afterwards.
+pub fn malformed_chains_and_messages(dir: &Path, connect: impl FnOnce(VmmOptions) -> FakeVmm) {
+    std::fs::write(dir.join("f"), b"data").unwrap();
+    let mut vmm = connect(VmmOptions::default());
+    version(&mut vmm, 65536);
+
+    // 1. A descriptor pointing outside guest memory.
+    let h = vmm.take_desc().unwrap();
+    vmm.write_desc(h, 1 << 40, 64, 0, 0).unwrap();
+    vmm.push_avail(h).unwrap();
+    // 2. A descriptor loop.
+    let a = vmm.take_desc().unwrap();
+    let b = vmm.take_desc().unwrap();
+    let buf = vmm.alloc(64).unwrap();
+    vmm.write_desc(a, buf, 16, DESC_F_NEXT, b).unwrap();
+    vmm.write_desc(b, buf, 16, DESC_F_NEXT, a).unwrap();
+    vmm.push_avail(a).unwrap();
+    // 3. A readable descriptor after a writable one.
+    let c = vmm.take_desc().unwrap();
+    let e = vmm.take_desc().unwrap();
+    vmm.write_desc(c, buf, 16, DESC_F_WRITE | DESC_F_NEXT, e)
+        .unwrap();
+    vmm.write_desc(e, buf, 16, 0, 0).unwrap();
+    vmm.push_avail(c).unwrap();
+    // 4. An indirect table with a bad length.
+    let i = vmm.take_desc().unwrap();
+    vmm.write_desc(i, buf, 17, DESC_F_INDIRECT, 0).unwrap();
+    vmm.push_avail(i).unwrap();
+    vmm.kick().unwrap();
+    let mut used = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while used.len() < 4 && Instant::now() < deadline {
+        used.extend(vmm.wait_used(Duration::from_millis(200)).unwrap());
+    }
+    assert_eq!(
+        used.len(),
+        4,
+        "refused chains come back with length 0: {used:?}"
+    );
+    assert!(used.iter().all(|(_, len)| *len == 0), "{used:?}");
+    vmm.release_raw(&[h, a, b, c, e, i]);
+
+    // 5. Malformed 9P: garbage, a size larger than the buffer, a truncated
+    // header, no room for a reply. Each is answered or returned, and the
+    // queue goes on.
+    let garbage = vmm.call(&[0xff; 32], 64, Layout::Direct).unwrap();
+    assert_eq!(garbage[4], RLERROR, "{garbage:?}");
+    let mut lying = frame(7, Tmessage::Clunk(Tfid { fid: 1 }));
+    lying[0..4].copy_from_slice(&1000u32.to_le_bytes());
+    assert_eq!(vmm.call(&lying, 64, Layout::Direct).unwrap()[4], RLERROR);
+    assert!(vmm.call(&[1, 2, 3], 64, Layout::Direct).unwrap().is_empty());
+    assert!(vmm
+        .call(
+            &frame(8, Tmessage::Clunk(Tfid { fid: 1 })),
+            4,
+            Layout::Direct
+        )
+        .unwrap()
+        .is_empty());
+
+    // Still serving.
+    attach_open(&mut vmm, "f", 0);
+    let r = vmm
+        .call(
+            &frame(
+                9,
+                Tmessage::Read(Tread {
+                    fid: 1,
+                    offset: 0,
+                    count: 64,
+                }),
+            ),
+            128,
+            Layout::Direct,
+        )
+        .unwrap();
+    assert_eq!(decode(&r).1, Rmessage::Read(b"data".to_vec()));
+}
