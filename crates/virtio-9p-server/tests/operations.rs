@@ -193,18 +193,7 @@ fn test_setattr_mode_size_times_owner() {
     std::fs::write(dir.path().join("f"), b"0123456789").unwrap();
     let mut c = client(dir.path());
     c.walk(ROOT, 1, &[b"f"]).unwrap();
-    let base = Tsetattr {
-        fid: 1,
-        valid: 0,
-        mode: 0,
-        uid: 0,
-        gid: 0,
-        size: 0,
-        atime_sec: 0,
-        atime_nsec: 0,
-        mtime_sec: 0,
-        mtime_nsec: 0,
-    };
+    let base = setattr_base(1);
     c.setattr(Tsetattr {
         valid: setattr::MODE,
         mode: 0o604,

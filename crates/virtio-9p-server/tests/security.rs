@@ -36,21 +36,6 @@ fn set_xattr(path: &std::path::Path, name: &str, value: &[u8]) {
     assert_eq!(r, 0, "setxattr {name}: {}", std::io::Error::last_os_error());
 }
 
-fn setattr_base(fid: u32) -> Tsetattr {
-    Tsetattr {
-        fid,
-        valid: 0,
-        mode: 0,
-        uid: 0,
-        gid: 0,
-        size: 0,
-        atime_sec: 0,
-        atime_nsec: 0,
-        mtime_sec: 0,
-        mtime_nsec: 0,
-    }
-}
-
 #[test]
 fn test_readonly_export_refuses_every_change() {
     let dir = tempfile::tempdir().unwrap();

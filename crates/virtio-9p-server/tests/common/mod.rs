@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use virtio_9p_server::client::{Client, InProcess};
+use virtio_9p_server::protocol::Tsetattr;
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, Server};
 
 pub const ROOT: u32 = 0;
@@ -39,4 +40,21 @@ pub fn client(dir: &std::path::Path) -> TestClient {
 
 pub fn errno(e: std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(-1)
+}
+
+/// A Tsetattr for `fid` that changes nothing (`valid` 0, every field 0),
+/// to fill the rest of a struct update.
+pub fn setattr_base(fid: u32) -> Tsetattr {
+    Tsetattr {
+        fid,
+        valid: 0,
+        mode: 0,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        atime_sec: 0,
+        atime_nsec: 0,
+        mtime_sec: 0,
+        mtime_nsec: 0,
+    }
 }
