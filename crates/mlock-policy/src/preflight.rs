@@ -221,12 +221,7 @@ impl MlockPolicy {
         if !self.locks_memory() {
             return Ok(());
         }
-        if self.is_on_fault() {
-            sys::probe_onfault().map_err(|source| Error::OnFaultUnsupported {
-                op: "mlock2(MLOCK_ONFAULT)",
-                source,
-            })?;
-        }
+        self.probe_onfault_support()?;
         let status = LockStatus::current()?;
         let needed = page_round_up(status.vm_size().saturating_add(extra));
         LockBudget::current()?.check(self, "mlockall", needed)
@@ -241,15 +236,22 @@ impl MlockPolicy {
         if !self.locks_memory() {
             return Ok(());
         }
+        self.probe_onfault_support()?;
+        let status = LockStatus::current()?;
+        let needed = page_round_up(status.vm_lck().saturating_add(bytes));
+        LockBudget::current()?.check(self, "mlock", needed)
+    }
+
+    /// For `on-fault`, checks that the kernel supports `MLOCK_ONFAULT`;
+    /// other policies pass.
+    fn probe_onfault_support(self) -> Result<()> {
         if self.is_on_fault() {
             sys::probe_onfault().map_err(|source| Error::OnFaultUnsupported {
                 op: "mlock2(MLOCK_ONFAULT)",
                 source,
             })?;
         }
-        let status = LockStatus::current()?;
-        let needed = page_round_up(status.vm_lck().saturating_add(bytes));
-        LockBudget::current()?.check(self, "mlock", needed)
+        Ok(())
     }
 }
 
