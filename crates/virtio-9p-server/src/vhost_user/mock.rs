@@ -67,6 +67,14 @@ pub enum Layout {
         /// Bytes per reply descriptor.
         seg: u32,
     },
+    /// A direct chain in the ring, as a driver without indirect
+    /// descriptors sends it (a Linux guest under crosvm): one descriptor
+    /// for the request, the reply cut into descriptors of at most `seg`
+    /// bytes, all taken from the ring's free list.
+    Chain {
+        /// Bytes per reply descriptor.
+        seg: u32,
+    },
 }
 
 /// A request handed to the device.
@@ -312,7 +320,7 @@ impl FakeVmm {
         self.mem.write_slice(request, GuestAddress(req_addr))?;
         let reply_addr = self.alloc(u64::from(reply_len))?;
         let table = match layout {
-            Layout::Direct => 0,
+            Layout::Direct | Layout::Chain { .. } => 0,
             Layout::Indirect { seg } => {
                 let n = 1 + reply_len.div_ceil(seg.max(1));
                 self.alloc(16 * u64::from(n))?
@@ -331,7 +339,8 @@ impl FakeVmm {
     /// Makes a chain of buffers already in guest memory available (no
     /// kick): the request at `req_addr`, the reply room at `reply_addr`;
     /// for [`Layout::Indirect`], `table` is room for the indirect table
-    /// (16 bytes per descriptor). Benchmarks reuse their buffers this way.
+    /// (16 bytes per descriptor; ignored otherwise). Benchmarks reuse their
+    /// buffers this way.
     pub fn submit_at(
         &mut self,
         req_addr: u64,
@@ -355,6 +364,36 @@ impl FakeVmm {
                     reply_addr,
                     reply_len,
                     descs: 2,
+                }
+            }
+            Layout::Chain { seg } => {
+                let seg = seg.max(1);
+                let n = 1 + reply_len.div_ceil(seg);
+                if reply_len == 0 {
+                    return Err("a chain needs room for a reply".into());
+                }
+                if self.free.len() < n as usize || n > u32::from(u16::MAX) {
+                    return Err(format!("{n} descriptors do not fit in the free ring").into());
+                }
+                let descs: Vec<u16> = (0..n).filter_map(|_| self.free.pop()).collect();
+                self.write_desc(descs[0], req_addr, req_len, DESC_F_NEXT, descs[1])?;
+                let mut off = 0u32;
+                for i in 1..n as usize {
+                    let len = seg.min(reply_len - off);
+                    let last = i + 1 == descs.len();
+                    let (flags, next) = if last {
+                        (DESC_F_WRITE, 0)
+                    } else {
+                        (DESC_F_WRITE | DESC_F_NEXT, descs[i + 1])
+                    };
+                    self.write_desc(descs[i], reply_addr + u64::from(off), len, flags, next)?;
+                    off += len;
+                }
+                Submitted {
+                    head: descs[0],
+                    reply_addr,
+                    reply_len,
+                    descs: n as u16,
                 }
             }
             Layout::Indirect { seg } => {
