@@ -1,29 +1,78 @@
-//! The path-escape suite: every attack must be refused, with `openat2` and
-//! with the `O_NOFOLLOW` fallback. Each attack also checks that nothing
-//! outside the export was read or changed.
+//! The path-escape suite: every attack must be refused, and each attack
+//! also checks that nothing outside the export was read or changed.
+//!
+//! Each attack runs against five targets, from one definition:
+//! - the server in-process, resolving with `openat2`;
+//! - the server in-process, with the `O_NOFOLLOW` fallback;
+//! - the real daemon binary over its socket transport (`--listen`) under
+//!   each `--sandbox` mode (namespace, chroot, none), always with
+//!   `--seccomp kill`: a syscall outside the allow-list, even one that only
+//!   an attack reaches, kills the daemon and fails the attack, which
+//!   checks after every attack that the daemon still runs and exits 0.
+//!
+//! Namespace mode is skipped with a notice where namespaces cannot be
+//! created.
 
 mod common;
+mod sandbox_support;
 
+use std::io;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use common::*;
+use common::{errno, server_with, MSIZE, ROOT};
+use sandbox_support::Daemon;
+use virtio_9p_server::client::{Client, InProcess, StreamTransport, Transport};
 use virtio_9p_server::protocol::{
     open_flags as of, setattr, Tattach, Tmessage, Tsetattr, QTSYMLINK,
 };
-use virtio_9p_server::SecurityModel;
+use virtio_9p_server::{Config, PassthroughConfig};
 
 const SECRET: &[u8] = b"TOP SECRET";
 
-struct Env {
-    _tmp: tempfile::TempDir,
-    export: PathBuf,
-    outside: PathBuf,
+/// Where an attack is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// The server in this process; `openat2` or the `O_NOFOLLOW` fallback.
+    InProcess { openat2: bool },
+    /// The daemon binary over a unix socket, in this `--sandbox` mode.
+    Binary { sandbox: &'static str },
 }
 
-fn env() -> Env {
+const TARGETS: [Target; 5] = [
+    Target::InProcess { openat2: true },
+    Target::InProcess { openat2: false },
+    Target::Binary {
+        sandbox: "namespace",
+    },
+    Target::Binary { sandbox: "chroot" },
+    Target::Binary { sandbox: "none" },
+];
+
+/// Any transport behind one client type.
+struct AnyTransport(Box<dyn Transport>);
+
+impl Transport for AnyTransport {
+    fn call(&mut self, frame: &[u8]) -> io::Result<Vec<u8>> {
+        self.0.call(frame)
+    }
+}
+
+type AttackClient = Client<AnyTransport>;
+
+struct Env {
+    tmp: tempfile::TempDir,
+    export: PathBuf,
+    outside: PathBuf,
+    /// The target, for the few answers that depend on it.
+    target: Target,
+}
+
+fn env(target: Target) -> Env {
     let tmp = tempfile::tempdir().unwrap();
     let export = tmp.path().join("export");
     let outside = tmp.path().join("outside");
@@ -33,10 +82,44 @@ fn env() -> Env {
     std::fs::create_dir(export.join("sub")).unwrap();
     std::fs::write(export.join("sub/inner"), b"inner").unwrap();
     Env {
-        _tmp: tmp,
+        tmp,
         export,
         outside,
+        target,
     }
+}
+
+/// A client attached (fid ROOT, uid 0) to `e`'s export through its
+/// target, and the daemon serving it (binary targets). `None` when the
+/// target cannot run here (namespaces unavailable; a notice is printed).
+fn connect(e: &Env, readonly: bool) -> Option<(AttackClient, Option<Daemon>)> {
+    match e.target {
+        Target::InProcess { openat2 } => {
+            let mut cfg = PassthroughConfig::new(&e.export);
+            cfg.readonly = readonly;
+            cfg.use_openat2 = openat2;
+            let server = server_with(cfg, Config::default());
+            let t = InProcess::new(server, MSIZE as usize);
+            Some((attached(Box::new(t)), None))
+        }
+        Target::Binary { sandbox } => {
+            let sock = e.tmp.path().join("9p.sock");
+            let extra: &[&str] = if readonly { &["--readonly"] } else { &[] };
+            let log = e.tmp.path().join(format!("daemon-{sandbox}.log"));
+            let d = sandbox_support::socket_daemon(&e.export, &sock, log, sandbox, extra)?;
+            let s = UnixStream::connect(&sock).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            Some((attached(Box::new(StreamTransport(s))), Some(d)))
+        }
+    }
+}
+
+/// Version (256 KiB) and attach as uid 0 on fid ROOT.
+fn attached(t: Box<dyn Transport>) -> AttackClient {
+    let mut c = Client::new(AnyTransport(t));
+    c.version(MSIZE).unwrap();
+    c.attach(ROOT, 0).unwrap();
+    c
 }
 
 fn outside_untouched(e: &Env) {
@@ -56,13 +139,28 @@ fn symlink(target: impl AsRef<Path>, at: impl AsRef<Path>) {
     std::os::unix::fs::symlink(target, at).unwrap();
 }
 
-/// Runs `attack` against a fresh export, once per resolution mode.
-fn attack(f: impl Fn(&Env, &mut TestClient)) {
-    for openat2 in [true, false] {
-        let e = env();
-        let mut c = client_for(&e.export, SecurityModel::Passthrough, false, openat2);
+/// Runs `f` against a fresh export on every target, then checks the
+/// outside directory and (binary targets) that the daemon survived.
+fn attack(f: impl Fn(&Env, &mut AttackClient)) {
+    attack_with(false, |e, c| {
+        f(e, c);
+        outside_untouched(e);
+    });
+}
+
+/// As [`attack`] with a read-only export when `readonly`, leaving the
+/// final checks of the outside to `f`.
+fn attack_with(readonly: bool, f: impl Fn(&Env, &mut AttackClient)) {
+    for target in TARGETS {
+        let e = env(target);
+        let Some((mut c, daemon)) = connect(&e, readonly) else {
+            continue;
+        };
         f(&e, &mut c);
-        outside_untouched(&e);
+        drop(c);
+        if let Some(d) = daemon {
+            d.assert_alive_then_stop(&format!("{target:?}"));
+        }
     }
 }
 
@@ -553,8 +651,7 @@ fn test_escape_swap_dir_for_symlink_after_walk() {
 
 #[test]
 fn test_escape_race_swap_dir_and_symlink_while_walking() {
-    for openat2 in [true, false] {
-        let e = env();
+    attack_with(false, |e, c| {
         std::fs::write(e.outside.join("f"), SECRET).unwrap();
         let dir_a = e.export.join("race.dir");
         std::fs::create_dir(&dir_a).unwrap();
@@ -590,7 +687,6 @@ fn test_escape_race_swap_dir_and_symlink_while_walking() {
                 swaps
             })
         };
-        let mut c = client_for(&e.export, SecurityModel::Passthrough, false, openat2);
         let mut inside_reads = 0;
         for i in 0..3000u32 {
             let fid = 10 + (i % 2);
@@ -609,9 +705,12 @@ fn test_escape_race_swap_dir_and_symlink_while_walking() {
         stop.store(true, Ordering::Relaxed);
         let swaps = swapper.join().unwrap();
         assert!(swaps > 0);
-        eprintln!("race: {swaps} swaps, {inside_reads} reads of the inside file, none outside");
-        outside_untouched_but_f(&e);
-    }
+        eprintln!(
+            "race ({:?}): {swaps} swaps, {inside_reads} reads of the inside file, none outside",
+            e.target
+        );
+        outside_untouched_but_f(e);
+    });
 }
 
 fn outside_untouched_but_f(e: &Env) {
@@ -621,16 +720,16 @@ fn outside_untouched_but_f(e: &Env) {
 
 #[test]
 fn test_escape_readonly_export_refuses_changes_through_links() {
-    let e = env();
-    symlink(e.outside.join("secret"), e.export.join("abs"));
-    let mut c = client_for(&e.export, SecurityModel::Passthrough, true, true);
-    c.walk(ROOT, 1, &[]).unwrap();
-    assert_eq!(
-        errno(
-            c.lcreate(1, b"abs", of::WRONLY | of::TRUNC, 0o600, 0)
-                .unwrap_err()
-        ),
-        libc::EROFS
-    );
-    outside_untouched(&e);
+    attack_with(true, |e, c| {
+        symlink(e.outside.join("secret"), e.export.join("abs"));
+        c.walk(ROOT, 1, &[]).unwrap();
+        assert_eq!(
+            errno(
+                c.lcreate(1, b"abs", of::WRONLY | of::TRUNC, 0o600, 0)
+                    .unwrap_err()
+            ),
+            libc::EROFS
+        );
+        outside_untouched(e);
+    });
 }

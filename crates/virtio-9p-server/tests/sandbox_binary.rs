@@ -1,29 +1,29 @@
 //! The hardened binary (issue 12): every sandbox mode under `--seccomp
-//! kill` serves the socket and vhost-user transports and refuses the escape
-//! attacks; forbidden syscalls are killed, logged or trapped; capabilities,
+//! kill` serves the socket and vhost-user transports (the full path-escape
+//! suite runs against it from `tests/escape.rs`); forbidden syscalls are
+//! killed, logged or trapped; the worker threads carry their own filter;
+//! capabilities,
 //! the root directory, fd limits and id squashing are checked on the
 //! running daemon. Tests that need namespaces skip with a notice where they
 //! cannot be created.
 
+mod sandbox_support;
+
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use virtio_9p_server::client::{Client, StreamTransport};
+use sandbox_support::{no_namespaces, Daemon, SockClient, BIN, MODES};
 use virtio_9p_server::protocol::{
     lock, open_flags as of, setattr, DirEntry, Rmessage, Tattach, Tmessage, Tsetattr, Tversion,
 };
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 
-const BIN: &str = env!("CARGO_BIN_EXE_virtio-9p-server");
 const ROOT: u32 = 0;
-const MSIZE: u32 = 256 << 10;
 const SECRET: &[u8] = b"TOP SECRET";
-const MODES: [&str; 3] = ["namespace", "chroot", "none"];
 
 /// A temp tree: `export/` (served) and `outside/secret` (must stay hidden).
 struct Tree {
@@ -58,186 +58,20 @@ impl Tree {
     }
 }
 
-/// A running daemon; stopped with SIGTERM (then SIGKILL) on drop.
-struct Daemon {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn spawn(args: &[&str], log: PathBuf) -> Daemon {
-        Self::spawn_with(Command::new(BIN).args(args), log)
-    }
-
-    fn spawn_with(cmd: &mut Command, log: PathBuf) -> Daemon {
-        let f = std::fs::File::create(&log).unwrap();
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(f)
-            .spawn()
-            .unwrap();
-        Daemon {
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.as_ref().unwrap().id() as i32
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The process that serves: in namespace mode the child of the
-    /// supervising parent.
-    fn server_pid(&self, mode: &str) -> i32 {
-        let pid = self.pid();
-        if mode != "namespace" {
-            return pid;
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-                .unwrap_or_default();
-            if let Some(c) = children.split_whitespace().next() {
-                return c.parse().unwrap();
-            }
-            if Instant::now() > deadline {
-                return pid;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn try_wait(&mut self) -> Option<ExitStatus> {
-        self.child.as_mut().unwrap().try_wait().unwrap()
-    }
-
-    /// Waits for the exit (20 s at most).
-    fn wait(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(s) = self.try_wait() {
-                self.child = None;
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "daemon did not exit: {}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn terminate(&mut self) -> ExitStatus {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
-        self.wait()
-    }
-
-    /// Waits for `path` to appear while the daemon lives; `false` (with
-    /// the daemon reaped) if it exited first.
-    fn wait_for(&mut self, path: &Path) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !path.exists() {
-            if self.try_wait().is_some() {
-                self.child = None;
-                return false;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {}: {}",
-                path.display(),
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        true
-    }
-
-    /// Waits until the hook output or startup log holds `needle`.
-    fn wait_log(&mut self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.stderr().contains(needle) {
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?} in: {}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) on our own child.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn no_namespaces(d: &Daemon, what: &str) -> bool {
-    if d.stderr().contains("cannot create namespaces") {
-        eprintln!(
-            "SKIP {what}: namespaces cannot be created here: {}",
-            d.stderr()
-        );
-        return true;
-    }
-    false
-}
-
-/// Starts the socket daemon in `mode` under `--seccomp kill` plus `extra`;
-/// `None` (skip) when namespace mode is impossible here.
+/// Starts the socket daemon on `t` in `mode` under `--seccomp kill` plus
+/// `extra`; `None` (skip) when namespace mode is impossible here.
 fn socket_daemon(t: &Tree, mode: &str, extra: &[&str]) -> Option<Daemon> {
-    let sock = t.sock();
-    let listen = format!("unix:{}", sock.display());
-    let mut args = vec![
-        "--shared-dir",
-        t.export.to_str().unwrap(),
-        "--listen",
-        &listen,
-        "--sandbox",
+    sandbox_support::socket_daemon(
+        &t.export,
+        &t.sock(),
+        t.tmp.path().join(format!("daemon-{mode}.log")),
         mode,
-        "--seccomp",
-        "kill",
-        "--log-level",
-        "debug",
-    ];
-    args.extend_from_slice(extra);
-    let mut d = Daemon::spawn(&args, t.tmp.path().join(format!("daemon-{mode}.log")));
-    if !d.wait_for(&sock) {
-        if no_namespaces(&d, "namespace mode") {
-            return None;
-        }
-        panic!("daemon ({mode}) exited: {}", d.stderr());
-    }
-    // The socket is bound before the sandbox: wait until it is set up.
-    d.wait_log("capabilities [");
-    Some(d)
+        extra,
+    )
 }
-
-type SockClient = Client<StreamTransport<UnixStream>>;
 
 fn session(sock: &Path) -> SockClient {
-    let s = UnixStream::connect(sock).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut c = Client::new(StreamTransport(s));
-    c.version(MSIZE).unwrap();
-    c.attach(ROOT, 0).unwrap();
-    c
+    sandbox_support::session(sock, ROOT)
 }
 
 fn errno(e: std::io::Error) -> i32 {
@@ -388,102 +222,6 @@ fn test_socket_operations_under_every_sandbox_mode() {
         if mode == "namespace" {
             assert!(!t.sock().exists(), "the supervisor removes the socket");
         }
-        t.outside_untouched();
-    }
-}
-
-/// A walk of `n` names that did not get through (an error, or fewer qids).
-fn refused(r: std::io::Result<Vec<virtio_9p_server::protocol::Qid>>, n: usize) -> bool {
-    r.map_or(true, |q| q.len() < n)
-}
-
-/// The escape attacks of the path-escape suite, against the confined
-/// daemon over a socket.
-fn escape_attacks(c: &mut SockClient, t: &Tree) {
-    let secret = t.outside.join("secret");
-    let outside = t.outside.to_str().unwrap().as_bytes().to_vec();
-    let root_qid = c.getattr(ROOT).unwrap().qid.path;
-    // 1. ".." chains past the root stay at the root
-    let dots: Vec<&[u8]> = vec![b".."; 16];
-    c.walk(ROOT, 1, &dots).unwrap();
-    assert_eq!(c.getattr(1).unwrap().qid.path, root_qid);
-    assert!(refused(c.walk(1, 2, &[b"..", b"outside", b"secret"]), 3));
-    c.clunk(1).unwrap();
-    // 2. absolute symlink to the secret (made on the host)
-    std::os::unix::fs::symlink(&secret, t.export.join("abs")).unwrap();
-    if c.walk(ROOT, 3, &[b"abs"]).is_ok() {
-        assert!(c.lopen(3, of::RDONLY).is_err(), "absolute symlink followed");
-        c.clunk(3).unwrap();
-    }
-    // 3. relative symlink leading out
-    std::os::unix::fs::symlink("../outside/secret", t.export.join("rel")).unwrap();
-    if c.walk(ROOT, 4, &[b"rel"]).is_ok() {
-        assert!(c.lopen(4, of::RDONLY).is_err(), "relative symlink followed");
-        c.clunk(4).unwrap();
-    }
-    // 4. a symlinked directory pointing outside, walked through
-    std::os::unix::fs::symlink(&t.outside, t.export.join("dirlink")).unwrap();
-    assert!(refused(c.walk(ROOT, 5, &[b"dirlink", b"secret"]), 2));
-    // 5. /proc magic links
-    std::os::unix::fs::symlink("/proc/self/root", t.export.join("magic")).unwrap();
-    assert!(refused(c.walk(ROOT, 6, &[b"magic", b"etc"]), 2));
-    // 6. a guest-made symlink to an absolute host directory, walked through
-    c.symlink(ROOT, b"guestlink", &outside, 0).unwrap();
-    assert!(refused(c.walk(ROOT, 7, &[b"guestlink", b"secret"]), 2));
-    // 7. names with '/'
-    c.walk(ROOT, 8, &[]).unwrap();
-    assert!(c
-        .lcreate(8, b"../outside/evil", of::RDWR, 0o644, 0)
-        .is_err());
-    assert!(c.mkdir(ROOT, b"a/b", 0o755, 0).is_err());
-    assert!(c.walk(ROOT, 9, &[b"../outside"]).is_err());
-    // 8. link and rename to outside
-    c.walk(ROOT, 10, &[b"hello"]).unwrap();
-    assert!(c.link(ROOT, 10, b"../outside/hl").is_err());
-    assert!(c.rename(10, ROOT, b"../outside/moved").is_err());
-    assert!(c.renameat(ROOT, b"hello", ROOT, b"../outside/x").is_err());
-    // 9. fifos and device nodes are never opened for I/O
-    c.mknod(ROOT, b"fifo", libc::S_IFIFO | 0o666, 0, 0, 0)
-        .unwrap();
-    c.walk(ROOT, 11, &[b"fifo"]).unwrap();
-    assert!(c.lopen(11, of::RDONLY | of::NONBLOCK).is_err());
-    let null = c.mknod(ROOT, b"null", libc::S_IFCHR | 0o666, 1, 3, 0);
-    if null.is_ok() {
-        c.walk(ROOT, 12, &[b"null"]).unwrap();
-        assert!(c.lopen(12, of::RDWR).is_err());
-    }
-    // 10. an absolute attach name does not change the root
-    let r = c.rpc(&Tmessage::Attach(Tattach {
-        fid: 13,
-        afid: u32::MAX,
-        uname: b"root".to_vec(),
-        aname: b"/".to_vec(),
-        n_uname: 0,
-    }));
-    if let Ok(Rmessage::Attach(q)) = r {
-        assert_eq!(q.path, root_qid);
-    }
-    assert_eq!(
-        std::fs::read(t.export.join("hello")).unwrap(),
-        b"hello world"
-    );
-}
-
-#[test]
-fn test_escape_attacks_refused_under_every_sandbox_mode() {
-    for mode in MODES {
-        let t = tree();
-        let Some(mut d) = socket_daemon(&t, mode, &[]) else {
-            continue;
-        };
-        let mut c = session(&t.sock());
-        escape_attacks(&mut c, &t);
-        drop(c);
-        assert!(
-            d.try_wait().is_none(),
-            "{mode}: daemon died: {}",
-            d.stderr()
-        );
         t.outside_untouched();
     }
 }
@@ -713,6 +451,91 @@ fn test_forbidden_syscall_is_killed_logged_or_trapped() {
             assert!(d.try_wait().is_none());
             assert_eq!(d.terminate().code(), Some(0), "{}", d.stderr());
         }
+    }
+}
+
+/// `(comm, Seccomp_filters)` of every thread of `pid`.
+fn thread_filters(pid: i32) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            std::fs::read_to_string(dir.join("status")),
+        ) else {
+            continue;
+        };
+        let Some(n) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp_filters:"))
+        else {
+            continue;
+        };
+        out.push((comm.trim().to_string(), n.trim().parse().unwrap()));
+    }
+    out
+}
+
+#[test]
+fn test_worker_threads_stack_their_own_filter() {
+    if !std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .contains("Seccomp_filters:")
+    {
+        eprintln!("SKIP worker filters: this kernel shows no Seccomp_filters in /proc");
+        return;
+    }
+    for mode in MODES {
+        let t = tree();
+        let sock = t.tmp.path().join("vu.sock");
+        let mut d = Daemon::spawn(
+            &[
+                "--shared-dir",
+                t.export.to_str().unwrap(),
+                "--socket-path",
+                sock.to_str().unwrap(),
+                "--sandbox",
+                mode,
+                "--thread-pool-size",
+                "2",
+            ],
+            t.tmp.path().join("workers.log"),
+        );
+        if !d.wait_for(&sock) {
+            if no_namespaces(&d, "worker filters in namespace mode") {
+                continue;
+            }
+            panic!("{mode}: daemon exited: {}", d.stderr());
+        }
+        // The engine and its workers live while a frontend is connected.
+        let mut vmm = FakeVmm::connect(&sock, VmmOptions::default()).unwrap();
+        assert_eq!(version(&mut vmm, 8192), 8192);
+        let pid = d.server_pid(mode);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let threads = loop {
+            let th = thread_filters(pid);
+            let workers = th
+                .iter()
+                .filter(|(c, _)| c.starts_with("9p-worker") || c.starts_with("9p-lock-wait"))
+                .count();
+            if workers == 4 {
+                break th;
+            }
+            assert!(std::time::Instant::now() < deadline, "{mode}: {th:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // Every thread: the clone3 filter and the allow-list; the workers
+        // one more, their own.
+        for (comm, n) in &threads {
+            let worker = comm.starts_with("9p-worker") || comm.starts_with("9p-lock-wait");
+            assert_eq!(
+                *n,
+                if worker { 3 } else { 2 },
+                "{mode}: {comm}: {threads:?}"
+            );
+        }
+        drop(vmm);
+        d.assert_alive_then_stop(mode);
     }
 }
 

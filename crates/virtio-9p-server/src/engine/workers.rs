@@ -103,7 +103,14 @@ impl Workers {
             let shared = Arc::clone(&workers.shared);
             let t = std::thread::Builder::new()
                 .name(format!("{name}-{i}"))
-                .spawn(move || worker_loop(&shared))?;
+                .spawn(move || {
+                    // Narrow this thread's seccomp filter (a no-op unless
+                    // the binary's sandbox installed one).
+                    crate::sandbox::seccomp::enter_thread(
+                        crate::sandbox::seccomp::ThreadKind::Worker,
+                    );
+                    worker_loop(&shared)
+                })?;
             workers.threads.push(t);
         }
         Ok(workers)

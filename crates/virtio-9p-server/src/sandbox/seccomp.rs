@@ -1,12 +1,28 @@
-//! The seccomp allow-list (`--seccomp kill|log|trap|none`), built with
+//! The seccomp allow-lists (`--seccomp kill|log|trap|none`), built with
 //! rust-vmm's `seccompiler`.
 //!
-//! One filter covers every thread of the daemon: the vring thread, the
-//! coroutine engine (whose stacks need `mmap`/`mprotect`/`madvise`), the
-//! worker pool (`futex`, `clone3`), the socket connection threads and
-//! logging. It is installed with `SECCOMP_FILTER_FLAG_TSYNC` once the
-//! setup is done, before the worker threads start, and every thread
-//! created later inherits it. A syscall outside the list:
+//! Three filters, stacked (the kernel runs every filter of a thread and the
+//! most restrictive answer wins):
+//!
+//! 1. **`clone3` → `ENOSYS`** (every thread). seccomp cannot inspect the
+//!    flags of `clone3`, which sit in a user-memory struct, so the call is
+//!    answered with `ENOSYS` and glibc's `pthread_create` falls back to
+//!    `clone`, whose flags the next filter checks.
+//! 2. **The process-wide allow-list** (every thread, installed with
+//!    `SECCOMP_FILTER_FLAG_TSYNC` before any worker thread starts): the
+//!    syscalls of [`allowed_syscalls`] unconditionally, plus argument
+//!    filters: `clone` only with [`THREAD_CLONE_FLAGS`] (a thread, never a
+//!    process), `ioctl` only with `FIONBIO`/`FIOCLEX`, `prctl` only with
+//!    `PR_SET_NAME` and `PR_SET_NO_NEW_PRIVS`, and `seccomp` only to add a
+//!    filter to the calling thread (which can only narrow it further).
+//! 3. **The worker filter** ([`ThreadKind::Worker`]): each thread of the
+//!    engine's worker pools (`9p-worker-N`, `9p-lock-wait-N`), which only
+//!    run filesystem calls handed over by the coroutines, installs
+//!    [`worker_syscalls`] on itself when it starts ([`enter_thread`]): no
+//!    sockets, no thread creation, no event loops, no memory locking, no
+//!    `prctl`/`ioctl`/`seccomp`.
+//!
+//! A syscall outside the lists:
 //! - `kill`: kills the whole process (`SECCOMP_RET_KILL_PROCESS`);
 //! - `log`: is allowed and logged by the kernel (audit, `dmesg`);
 //! - `trap`: raises SIGSYS; the handler installed here prints the syscall
@@ -16,8 +32,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
+use log::error;
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
 
 use super::{Error, Result};
 
@@ -67,9 +88,11 @@ const SYS_CACHESTAT: i64 = 451;
 /// `fchmodat2(2)` (Linux 6.6).
 const SYS_FCHMODAT2: i64 = 452;
 
-/// The syscalls the daemon needs, by area. Nothing here creates
-/// processes, loads code, changes namespaces, mounts, traces, or opens
-/// network sockets: a compromised daemon keeps its view of the export.
+/// The syscalls every thread of the daemon may make without an argument
+/// check, by area. Nothing here creates processes, loads code, changes
+/// namespaces, mounts, traces, or opens network sockets: a compromised
+/// daemon keeps its view of the export. `clone`, `ioctl`, `prctl` and
+/// `seccomp` are allowed only with the arguments of [`argument_rules`].
 pub fn allowed_syscalls() -> Vec<i64> {
     use libc::*;
     #[allow(unused_mut)]
@@ -88,7 +111,9 @@ pub fn allowed_syscalls() -> Vec<i64> {
         SYS_munlockall,
         SYS_membarrier,
         // Threads and synchronisation (std, the worker pool, vhost-user-backend).
-        SYS_clone,
+        // clone3 is answered with ENOSYS by the filter before this one
+        // (glibc then uses clone, which `argument_rules` checks); it is
+        // listed so that this filter does not kill it first.
         SYS_clone3,
         SYS_futex,
         SYS_set_robust_list,
@@ -102,7 +127,6 @@ pub fn allowed_syscalls() -> Vec<i64> {
         SYS_exit_group,
         SYS_sched_yield,
         SYS_sched_getaffinity,
-        SYS_prctl,
         SYS_getrlimit,
         SYS_prlimit64,
         SYS_getrandom,
@@ -156,7 +180,6 @@ pub fn allowed_syscalls() -> Vec<i64> {
         SYS_dup,
         SYS_dup3,
         SYS_fcntl,
-        SYS_ioctl,
         SYS_lseek,
         SYS_fsync,
         SYS_fdatasync,
@@ -234,27 +257,271 @@ pub fn allowed_syscalls() -> Vec<i64> {
     v
 }
 
-/// Compiles the allow-list for `mode` on this architecture (`None` for
-/// [`SeccompMode::None`]).
-pub fn build(mode: SeccompMode) -> Result<Option<BpfProgram>> {
-    let mismatch = match mode {
-        SeccompMode::None => return Ok(None),
-        SeccompMode::Kill => SeccompAction::KillProcess,
-        SeccompMode::Log => SeccompAction::Log,
-        SeccompMode::Trap => SeccompAction::Trap,
-    };
+/// The `clone` flags of glibc's `pthread_create` (and so of
+/// `std::thread::spawn`): a thread sharing everything, never a process.
+pub const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM
+    | libc::CLONE_FS
+    | libc::CLONE_FILES
+    | libc::CLONE_SIGHAND
+    | libc::CLONE_THREAD
+    | libc::CLONE_SYSVSEM
+    | libc::CLONE_SETTLS
+    | libc::CLONE_PARENT_SETTID
+    | libc::CLONE_CHILD_CLEARTID) as u64;
+
+/// The `ioctl` requests allowed: std's `set_nonblocking` on sockets
+/// (`FIONBIO`) and `set_cloexec` (`FIOCLEX`), which the vhost-user socket
+/// code may reach; they change nothing `fcntl` could not. No other request
+/// was seen under `strace -f` over the integration suite, a socket session
+/// and the guest conformance run.
+// The request type differs between libcs (`c_ulong` on glibc, `c_int` on musl).
+#[allow(clippy::unnecessary_cast)]
+pub const IOCTL_REQUESTS: [u64; 2] = [libc::FIONBIO as u64, libc::FIOCLEX as u64];
+
+/// The `prctl` options allowed: `PR_SET_NAME` (std names each thread it
+/// starts) and `PR_SET_NO_NEW_PRIVS` (set by `seccompiler` before a worker
+/// thread stacks its own filter; it cannot be cleared).
+pub const PRCTL_OPTIONS: [u64; 2] = [libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64];
+
+fn cond(arg: u8, len: SeccompCmpArgLen, value: u64) -> Result<SeccompCondition> {
+    SeccompCondition::new(arg, len, SeccompCmpOp::Eq, value)
+        .map_err(|e| Error::Seccomp(e.to_string()))
+}
+
+fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule> {
+    SeccompRule::new(conditions).map_err(|e| Error::Seccomp(e.to_string()))
+}
+
+/// The argument-checked entries of the process-wide list: syscall number
+/// and the rules of which one must match. `ioctl`'s request and `prctl`'s
+/// option are compared on their low 32 bits, the part the kernel reads
+/// (`unsigned int cmd`, `int option`); `clone`'s flags on all 64.
+pub fn argument_rules() -> Result<Vec<(i64, Vec<SeccompRule>)>> {
+    use SeccompCmpArgLen::{Dword, Qword};
+    let clone = vec![rule(vec![cond(0, Qword, THREAD_CLONE_FLAGS)?])?];
+    let ioctl = IOCTL_REQUESTS
+        .iter()
+        .map(|&r| rule(vec![cond(1, Dword, r)?]))
+        .collect::<Result<Vec<_>>>()?;
+    let prctl = PRCTL_OPTIONS
+        .iter()
+        .map(|&o| rule(vec![cond(0, Dword, o)?]))
+        .collect::<Result<Vec<_>>>()?;
+    // SECCOMP_SET_MODE_FILTER with no flags: a filter for the calling
+    // thread only (no TSYNC, no listener fd), which can only narrow it.
+    let seccomp = vec![rule(vec![
+        cond(0, Dword, u64::from(libc::SECCOMP_SET_MODE_FILTER))?,
+        cond(1, Dword, 0)?,
+    ])?];
+    Ok(vec![
+        (libc::SYS_clone, clone),
+        (libc::SYS_ioctl, ioctl),
+        (libc::SYS_prctl, prctl),
+        (libc::SYS_seccomp, seccomp),
+    ])
+}
+
+/// The kinds of threads that narrow the process-wide filter when they
+/// start ([`enter_thread`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadKind {
+    /// A thread of the engine's worker pools: runs filesystem calls (and
+    /// blocking lock waits) for the coroutines and wakes the engine
+    /// through an eventfd it already holds.
+    Worker,
+}
+
+/// The syscalls of a [`ThreadKind::Worker`] thread: the passthrough
+/// filesystem, memory, futexes and its own exit. A subset of
+/// [`allowed_syscalls`]; everything that reaches beyond the export's files
+/// (sockets, new threads, event loops, timers, memory locking, `prctl`,
+/// `ioctl`, `seccomp`) is left out.
+pub fn worker_syscalls() -> Vec<i64> {
+    use libc::*;
+    #[allow(unused_mut)]
+    let mut v: Vec<i64> = vec![
+        // Memory (the allocator; thread exit frees the signal stack).
+        SYS_brk,
+        SYS_mmap,
+        SYS_munmap,
+        SYS_mremap,
+        SYS_mprotect,
+        SYS_madvise,
+        // Synchronisation, time, the thread's own end.
+        SYS_futex,
+        SYS_sched_yield,
+        SYS_sched_getaffinity,
+        SYS_gettid,
+        SYS_getpid,
+        SYS_tgkill,
+        SYS_exit,
+        SYS_exit_group,
+        SYS_rt_sigprocmask,
+        SYS_rt_sigreturn,
+        SYS_sigaltstack,
+        SYS_restart_syscall,
+        SYS_getrandom,
+        SYS_clock_gettime,
+        SYS_clock_nanosleep,
+        SYS_nanosleep,
+        // I/O on fds the thread is handed (files, the wake eventfd, logging).
+        SYS_read,
+        SYS_write,
+        SYS_readv,
+        SYS_writev,
+        SYS_pread64,
+        SYS_pwrite64,
+        SYS_preadv,
+        SYS_pwritev,
+        SYS_preadv2,
+        SYS_pwritev2,
+        SYS_lseek,
+        SYS_close,
+        SYS_fcntl,
+        SYS_fsync,
+        SYS_fdatasync,
+        SYS_fallocate,
+        SYS_ftruncate,
+        SYS_flock,
+        // The passthrough filesystem.
+        SYS_openat,
+        SYS_openat2,
+        SYS_newfstatat,
+        SYS_fstat,
+        SYS_statx,
+        SYS_statfs,
+        SYS_fstatfs,
+        SYS_getdents64,
+        SYS_readlinkat,
+        SYS_mkdirat,
+        SYS_mknodat,
+        SYS_symlinkat,
+        SYS_linkat,
+        SYS_renameat2,
+        SYS_unlinkat,
+        SYS_fchownat,
+        SYS_fchown,
+        SYS_fchmod,
+        SYS_fchmodat,
+        SYS_FCHMODAT2,
+        SYS_utimensat,
+        SYS_faccessat,
+        SYS_faccessat2,
+        SYS_getxattr,
+        SYS_lgetxattr,
+        SYS_fgetxattr,
+        SYS_setxattr,
+        SYS_lsetxattr,
+        SYS_fsetxattr,
+        SYS_listxattr,
+        SYS_llistxattr,
+        SYS_flistxattr,
+        SYS_removexattr,
+        SYS_lremovexattr,
+        SYS_fremovexattr,
+        SYS_CACHESTAT,
+        SYS_getcwd,
+        SYS_getuid,
+        SYS_geteuid,
+        SYS_getgid,
+        SYS_getegid,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend_from_slice(&[
+        SYS_open,
+        SYS_stat,
+        SYS_lstat,
+        SYS_renameat,
+        SYS_readlink,
+        SYS_access,
+        SYS_getdents,
+        SYS_time,
+    ]);
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+fn mismatch_action(mode: SeccompMode) -> Option<SeccompAction> {
+    match mode {
+        SeccompMode::None => None,
+        SeccompMode::Kill => Some(SeccompAction::KillProcess),
+        SeccompMode::Log => Some(SeccompAction::Log),
+        SeccompMode::Trap => Some(SeccompAction::Trap),
+    }
+}
+
+fn compile(
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    mismatch: SeccompAction,
+    matched: SeccompAction,
+) -> Result<BpfProgram> {
     let arch = TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|e| Error::Seccomp(format!("unsupported architecture: {e}")))?;
-    let rules: BTreeMap<i64, Vec<SeccompRule>> = allowed_syscalls()
-        .into_iter()
-        .map(|nr| (nr, Vec::new()))
-        .collect();
-    let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, arch)
+    let filter = SeccompFilter::new(rules, mismatch, matched, arch)
         .map_err(|e| Error::Seccomp(e.to_string()))?;
-    let prog: BpfProgram = filter
+    filter
         .try_into()
-        .map_err(|e: seccompiler::BackendError| Error::Seccomp(e.to_string()))?;
-    Ok(Some(prog))
+        .map_err(|e: seccompiler::BackendError| Error::Seccomp(e.to_string()))
+}
+
+fn unconditional(list: Vec<i64>) -> BTreeMap<i64, Vec<SeccompRule>> {
+    list.into_iter().map(|nr| (nr, Vec::new())).collect()
+}
+
+/// Compiles the process-wide allow-list for `mode` on this architecture
+/// (`None` for [`SeccompMode::None`]).
+pub fn build(mode: SeccompMode) -> Result<Option<BpfProgram>> {
+    let Some(mismatch) = mismatch_action(mode) else {
+        return Ok(None);
+    };
+    let mut rules = unconditional(allowed_syscalls());
+    rules.extend(argument_rules()?);
+    compile(rules, mismatch, SeccompAction::Allow).map(Some)
+}
+
+/// Compiles the filter that answers `clone3` with `ENOSYS` and lets every
+/// other syscall through to the allow-list.
+pub fn build_clone3_enosys() -> Result<BpfProgram> {
+    compile(
+        unconditional(vec![libc::SYS_clone3]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+    )
+}
+
+/// Compiles the filter a thread of `kind` adds to the process-wide one,
+/// for `mode` (`None` for [`SeccompMode::None`]).
+pub fn build_thread(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>> {
+    let Some(mismatch) = mismatch_action(mode) else {
+        return Ok(None);
+    };
+    let list = match kind {
+        ThreadKind::Worker => worker_syscalls(),
+    };
+    compile(unconditional(list), mismatch, SeccompAction::Allow).map(Some)
+}
+
+/// The compiled worker filter, set by [`apply`].
+static WORKER_FILTER: OnceLock<BpfProgram> = OnceLock::new();
+
+/// Narrows the calling thread to the filter of `kind`, if [`apply`] has
+/// installed a process-wide filter; does nothing otherwise (library use
+/// without the binary's sandbox, `--seccomp none`). Called by the engine's
+/// worker threads as they start. Installing a filter that `apply` already
+/// compiled only fails if the kernel runs out of memory; the thread then
+/// must not run unconfined, so the process exits with status 1.
+pub fn enter_thread(kind: ThreadKind) {
+    let prog = match kind {
+        ThreadKind::Worker => WORKER_FILTER.get(),
+    };
+    let Some(prog) = prog else {
+        return;
+    };
+    if let Err(e) = seccompiler::apply_filter(prog) {
+        error!("seccomp: cannot install the {kind:?} thread filter: {e}; exiting");
+        std::process::exit(1);
+    }
 }
 
 /// Writes `n` in decimal into `buf`, returning the used tail.
@@ -296,12 +563,20 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
     unsafe { libc::_exit(128 + libc::SIGSYS) }
 }
 
-/// Installs the filter of `mode` on every thread of the process (with
-/// the SIGSYS reporter for [`SeccompMode::Trap`]); sets `no_new_privs`.
+/// Installs the filters of `mode` on every thread of the process (with
+/// the SIGSYS reporter for [`SeccompMode::Trap`]) and arms the per-thread
+/// filters that [`enter_thread`] adds; sets `no_new_privs`. Call it before
+/// any worker thread starts.
 pub fn apply(mode: SeccompMode) -> Result<()> {
     let Some(prog) = build(mode)? else {
         return Ok(());
     };
+    let clone3 = build_clone3_enosys()?;
+    if let Some(worker) = build_thread(ThreadKind::Worker, mode)? {
+        if WORKER_FILTER.set(worker).is_err() {
+            return Err(Error::Seccomp("the filters are already installed".into()));
+        }
+    }
     if mode == SeccompMode::Trap {
         // SAFETY: a zeroed sigaction is valid; the handler only calls
         // async-signal-safe functions.
@@ -318,6 +593,9 @@ pub fn apply(mode: SeccompMode) -> Result<()> {
             return Err(super::sys_err("install the SIGSYS handler"));
         }
     }
+    // The clone3 filter first: the allow-list lets `seccomp` through only
+    // without TSYNC.
+    seccompiler::apply_filter_all_threads(&clone3).map_err(|e| Error::Seccomp(e.to_string()))?;
     seccompiler::apply_filter_all_threads(&prog).map_err(|e| Error::Seccomp(e.to_string()))
 }
 
@@ -329,8 +607,81 @@ mod tests {
     fn test_filters_compile_for_every_mode() {
         for m in [SeccompMode::Kill, SeccompMode::Log, SeccompMode::Trap] {
             assert!(!build(m).unwrap().unwrap().is_empty());
+            assert!(!build_thread(ThreadKind::Worker, m)
+                .unwrap()
+                .unwrap()
+                .is_empty());
         }
         assert!(build(SeccompMode::None).unwrap().is_none());
+        assert!(build_thread(ThreadKind::Worker, SeccompMode::None)
+            .unwrap()
+            .is_none());
+        assert!(!build_clone3_enosys().unwrap().is_empty());
+    }
+
+    #[test]
+    fn test_worker_list_is_a_subset_of_the_process_list() {
+        let all = allowed_syscalls();
+        for nr in worker_syscalls() {
+            assert!(
+                all.contains(&nr),
+                "worker syscall {nr} is not allowed process-wide"
+            );
+        }
+    }
+
+    #[test]
+    fn test_worker_list_leaves_out_threads_sockets_and_event_loops() {
+        let w = worker_syscalls();
+        for nr in [
+            libc::SYS_clone,
+            libc::SYS_clone3,
+            libc::SYS_accept4,
+            libc::SYS_recvmsg,
+            libc::SYS_sendmsg,
+            libc::SYS_recvfrom,
+            libc::SYS_sendto,
+            libc::SYS_epoll_ctl,
+            libc::SYS_epoll_create1,
+            libc::SYS_eventfd2,
+            libc::SYS_timerfd_create,
+            libc::SYS_memfd_create,
+            libc::SYS_mlockall,
+            libc::SYS_prctl,
+            libc::SYS_ioctl,
+            libc::SYS_seccomp,
+            libc::SYS_pipe2,
+            libc::SYS_prlimit64,
+        ] {
+            assert!(!w.contains(&nr), "worker filter allows syscall {nr}");
+        }
+    }
+
+    #[test]
+    fn test_argument_checked_calls_are_not_unconditional() {
+        let all = allowed_syscalls();
+        let checked: Vec<i64> = argument_rules()
+            .unwrap()
+            .into_iter()
+            .map(|(nr, _)| nr)
+            .collect();
+        assert_eq!(
+            checked,
+            [
+                libc::SYS_clone,
+                libc::SYS_ioctl,
+                libc::SYS_prctl,
+                libc::SYS_seccomp
+            ]
+        );
+        for nr in checked {
+            assert!(
+                !all.contains(&nr),
+                "syscall {nr} is allowed without its argument check"
+            );
+        }
+        // pthread_create's flags: a thread, never a new process or namespace.
+        assert_eq!(THREAD_CLONE_FLAGS, 0x3d_0f00);
     }
 
     #[test]

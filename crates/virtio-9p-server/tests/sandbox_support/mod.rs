@@ -1,0 +1,230 @@
+//! Shared helpers of the tests that run the hardened binary: a daemon
+//! process that is stopped on drop, and a socket-mode session to it.
+#![allow(dead_code)]
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use virtio_9p_server::client::{Client, StreamTransport};
+
+/// The daemon binary of this package.
+pub const BIN: &str = env!("CARGO_BIN_EXE_virtio-9p-server");
+/// Every `--sandbox` mode.
+pub const MODES: [&str; 3] = ["namespace", "chroot", "none"];
+/// The msize the sessions ask for.
+pub const SESSION_MSIZE: u32 = 256 << 10;
+
+/// A running daemon; stopped with SIGTERM (then SIGKILL) on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    /// Its stderr, written to a file.
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts the binary with `args`, stderr into `log`.
+    pub fn spawn(args: &[&str], log: PathBuf) -> Daemon {
+        Self::spawn_with(Command::new(BIN).args(args), log)
+    }
+
+    /// Starts `cmd`, stderr into `log`.
+    pub fn spawn_with(cmd: &mut Command, log: PathBuf) -> Daemon {
+        let f = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(f)
+            .spawn()
+            .unwrap();
+        Daemon {
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// The pid of the started process (the supervisor in namespace mode).
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// What it wrote on stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The process that serves: in namespace mode the child of the
+    /// supervising parent.
+    pub fn server_pid(&self, mode: &str) -> i32 {
+        let pid = self.pid();
+        if mode != "namespace" {
+            return pid;
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            if let Some(c) = children.split_whitespace().next() {
+                return c.parse().unwrap();
+            }
+            if Instant::now() > deadline {
+                return pid;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The exit status, if it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().unwrap().try_wait().unwrap()
+    }
+
+    /// Waits for the exit (20 s at most).
+    pub fn wait(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.try_wait() {
+                self.child = None;
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not exit: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        self.wait()
+    }
+
+    /// Waits for `path` to appear while the daemon lives; `false` (with
+    /// the daemon reaped) if it exited first.
+    pub fn wait_for(&mut self, path: &Path) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !path.exists() {
+            if self.try_wait().is_some() {
+                self.child = None;
+                return false;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {}: {}",
+                path.display(),
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
+    /// Waits until the hook output or startup log holds `needle`.
+    pub fn wait_log(&mut self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.stderr().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Asserts that the daemon still runs (a syscall outside the seccomp
+    /// list would have killed it), then stops it and asserts exit 0.
+    pub fn assert_alive_then_stop(mut self, what: &str) {
+        assert!(
+            self.try_wait().is_none(),
+            "{what}: the daemon died: {}",
+            self.stderr()
+        );
+        let st = self.terminate();
+        assert_eq!(st.code(), Some(0), "{what}: {st:?} {}", self.stderr());
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Prints a skip notice and returns true when the daemon could not create
+/// its namespaces.
+pub fn no_namespaces(d: &Daemon, what: &str) -> bool {
+    if d.stderr().contains("cannot create namespaces") {
+        eprintln!(
+            "SKIP {what}: namespaces cannot be created here: {}",
+            d.stderr()
+        );
+        return true;
+    }
+    false
+}
+
+/// Starts the socket daemon serving `export` on the unix socket `sock`
+/// in sandbox `mode` under `--seccomp kill`, plus `extra`; waits until it
+/// is confined. `None` (after a notice) when namespace mode is impossible
+/// here.
+pub fn socket_daemon(
+    export: &Path,
+    sock: &Path,
+    log: PathBuf,
+    mode: &str,
+    extra: &[&str],
+) -> Option<Daemon> {
+    let listen = format!("unix:{}", sock.display());
+    let mut args = vec![
+        "--shared-dir",
+        export.to_str().unwrap(),
+        "--listen",
+        &listen,
+        "--sandbox",
+        mode,
+        "--seccomp",
+        "kill",
+        "--log-level",
+        "debug",
+    ];
+    args.extend_from_slice(extra);
+    let mut d = Daemon::spawn(&args, log);
+    if !d.wait_for(sock) {
+        if no_namespaces(&d, "namespace mode") {
+            return None;
+        }
+        panic!("daemon ({mode}) exited: {}", d.stderr());
+    }
+    // The socket is bound before the sandbox: wait until it is set up.
+    d.wait_log("capabilities [");
+    Some(d)
+}
+
+/// A 9P client over a unix socket.
+pub type SockClient = Client<StreamTransport<UnixStream>>;
+
+/// A session on `sock`: version (256 KiB msize) and attach as uid 0 on
+/// `root_fid`.
+pub fn session(sock: &Path, root_fid: u32) -> SockClient {
+    let s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut c = Client::new(StreamTransport(s));
+    c.version(SESSION_MSIZE).unwrap();
+    c.attach(root_fid, 0).unwrap();
+    c
+}
