@@ -13,8 +13,9 @@
 //!    the export, and `pivot_root` into it; in [`SandboxMode::Chroot`]
 //!    open the export and `chroot` into it;
 //! 3. drop capabilities ([`caps`]);
-//! 4. install the seccomp filter on every thread ([`seccomp`]), before any
-//!    worker thread starts.
+//! 4. install the seccomp filters on every thread ([`seccomp`]), before any
+//!    worker thread starts; each worker thread then adds a narrower filter
+//!    of its own ([`seccomp::enter_thread`]).
 //!
 //! ```no_run
 //! use virtio_9p_server::sandbox::{self, SandboxConfig, SandboxMode};
