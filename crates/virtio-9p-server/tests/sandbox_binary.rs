@@ -16,11 +16,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use sandbox_support::{no_namespaces, Daemon, SockClient, BIN, MODES};
-use virtio_9p_server::protocol::{
-    lock, open_flags as of, setattr, DirEntry, Rmessage, Tattach, Tmessage, Tsetattr, Tversion,
+use sandbox_support::{
+    no_namespaces, version, vhost_mount_sequence, Daemon, SockClient, BIN, MODES,
 };
-use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
+use virtio_9p_server::protocol::{lock, open_flags as of, setattr, DirEntry, Tsetattr};
+use virtio_9p_server::vhost_user::mock::{FakeVmm, VmmOptions};
 
 const ROOT: u32 = 0;
 const SECRET: &[u8] = b"TOP SECRET";
@@ -223,103 +223,6 @@ fn test_socket_operations_under_every_sandbox_mode() {
             assert!(!t.sock().exists(), "the supervisor removes the socket");
         }
         t.outside_untouched();
-    }
-}
-
-fn version(vmm: &mut FakeVmm, msize: u32) -> u32 {
-    let req = Tmessage::Version(Tversion {
-        msize,
-        version: b"9P2000.L".to_vec(),
-    })
-    .encode_frame(0xffff);
-    match Rmessage::decode_frame(&vmm.call(&req, 64, Layout::Direct).unwrap(), 128 << 20)
-        .unwrap()
-        .1
-    {
-        Rmessage::Version(v) => v.msize,
-        other => panic!("unexpected {other:?}"),
-    }
-}
-
-fn vcall(vmm: &mut FakeVmm, tag: u16, msg: Tmessage, reply: u32) -> Rmessage {
-    let r = vmm
-        .call(&msg.encode_frame(tag), reply, Layout::Direct)
-        .unwrap();
-    Rmessage::decode_frame(&r, 128 << 20).unwrap().1
-}
-
-/// The mount sequence over vhost-user (version, attach, walk, lopen, read,
-/// write, readdir, clunk) against the binary.
-fn vhost_mount_sequence(sock: &Path) {
-    use virtio_9p_server::protocol::{Tfid, Tlopen, Tread, Treaddir, Twalk, Twrite};
-    let mut vmm = FakeVmm::connect(sock, VmmOptions::default()).unwrap();
-    assert_eq!(version(&mut vmm, 512 << 10), 512 << 10);
-    let attach = Tmessage::Attach(Tattach {
-        fid: 0,
-        afid: u32::MAX,
-        uname: b"root".to_vec(),
-        aname: Vec::new(),
-        n_uname: 0,
-    });
-    assert!(matches!(
-        vcall(&mut vmm, 1, attach, 64),
-        Rmessage::Attach(_)
-    ));
-    let walk = |fid, newfid, n: &[u8]| {
-        Tmessage::Walk(Twalk {
-            fid,
-            newfid,
-            wnames: vec![n.to_vec()],
-        })
-    };
-    assert!(matches!(
-        vcall(&mut vmm, 2, walk(0, 1, b"hello"), 256),
-        Rmessage::Walk(_)
-    ));
-    let lopen = Tmessage::Lopen(Tlopen {
-        fid: 1,
-        flags: of::RDWR,
-    });
-    assert!(matches!(vcall(&mut vmm, 3, lopen, 64), Rmessage::Lopen(..)));
-    let write = Tmessage::Write(Twrite {
-        fid: 1,
-        offset: 0,
-        data: b"HELLO".to_vec(),
-    });
-    assert!(matches!(vcall(&mut vmm, 4, write, 64), Rmessage::Write(_)));
-    let read = Tmessage::Read(Tread {
-        fid: 1,
-        offset: 0,
-        count: 64,
-    });
-    match vcall(&mut vmm, 5, read, 4096) {
-        Rmessage::Read(r) => assert_eq!(r, b"HELLO world"),
-        other => panic!("unexpected {other:?}"),
-    }
-    assert!(matches!(
-        vcall(&mut vmm, 6, walk(0, 2, b"."), 256),
-        Rmessage::Walk(_)
-    ));
-    let lopen = Tmessage::Lopen(Tlopen {
-        fid: 2,
-        flags: of::RDONLY | of::DIRECTORY,
-    });
-    assert!(matches!(vcall(&mut vmm, 7, lopen, 64), Rmessage::Lopen(..)));
-    let readdir = Tmessage::Readdir(Treaddir {
-        fid: 2,
-        offset: 0,
-        count: 8192,
-    });
-    match vcall(&mut vmm, 8, readdir, 16384) {
-        Rmessage::Readdir(r) => {
-            let entries = DirEntry::decode_all(&r).unwrap();
-            assert!(entries.iter().any(|e| e.name == b"hello"), "{entries:?}")
-        }
-        other => panic!("unexpected {other:?}"),
-    }
-    for (tag, fid) in [(9, 1), (10, 2)] {
-        let clunk = Tmessage::Clunk(Tfid { fid });
-        assert!(matches!(vcall(&mut vmm, tag, clunk, 64), Rmessage::Clunk));
     }
 }
 

@@ -2,11 +2,13 @@
 //! binary under its default hardening (namespace sandbox, seccomp kill):
 //! a 128 MiB Tread through one indirect chain, 1024 requests in flight,
 //! Tflush of blocked Tlocks on the worker pool, and malformed chains and
-//! messages. Any syscall missing from the allow-list kills the daemon, and
-//! `stop` checks that it exited 0. Skips with a notice where namespaces
-//! cannot be created. The scenarios live in
+//! messages; and 20 reconnects, each starting fresh worker threads under
+//! their own filter. Any syscall missing from the allow-lists kills the
+//! daemon, and `stop` checks that it exited 0. Skips with a notice where
+//! namespaces cannot be created. The scenarios live in
 //! `vhost_user_support::scenarios`.
 
+mod sandbox_support;
 mod vhost_user_support;
 
 use std::path::PathBuf;
@@ -146,5 +148,20 @@ fn test_sandboxed_malformed_chains_and_messages() {
         return;
     };
     scenarios::malformed_chains_and_messages(&d.dir(), |o| d.connect(o));
+    d.stop();
+}
+
+#[test]
+fn test_sandboxed_reconnects_start_fresh_filtered_workers() {
+    // Every connection builds a new engine, whose worker threads stack
+    // their own filter as they start; a missing entry in either list
+    // kills the daemon.
+    let Some(d) = BinDaemon::try_start(2) else {
+        return;
+    };
+    for _ in 0..20 {
+        std::fs::write(d.dir().join("hello"), b"hello world").unwrap();
+        sandbox_support::vhost_mount_sequence(&d.socket());
+    }
     d.stop();
 }

@@ -8,6 +8,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use virtio_9p_server::client::{Client, StreamTransport};
+use virtio_9p_server::protocol::{
+    open_flags as of, DirEntry, Rmessage, Tattach, Tmessage, Tversion,
+};
+use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 
 /// The daemon binary of this package.
 pub const BIN: &str = env!("CARGO_BIN_EXE_virtio-9p-server");
@@ -227,4 +231,104 @@ pub fn session(sock: &Path, root_fid: u32) -> SockClient {
     c.version(SESSION_MSIZE).unwrap();
     c.attach(root_fid, 0).unwrap();
     c
+}
+
+/// Tversion over vhost-user; returns the granted msize.
+pub fn version(vmm: &mut FakeVmm, msize: u32) -> u32 {
+    let req = Tmessage::Version(Tversion {
+        msize,
+        version: b"9P2000.L".to_vec(),
+    })
+    .encode_frame(0xffff);
+    match Rmessage::decode_frame(&vmm.call(&req, 64, Layout::Direct).unwrap(), 128 << 20)
+        .unwrap()
+        .1
+    {
+        Rmessage::Version(v) => v.msize,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// One request over vhost-user with room for a `reply`-byte answer.
+pub fn vcall(vmm: &mut FakeVmm, tag: u16, msg: Tmessage, reply: u32) -> Rmessage {
+    let r = vmm
+        .call(&msg.encode_frame(tag), reply, Layout::Direct)
+        .unwrap();
+    Rmessage::decode_frame(&r, 128 << 20).unwrap().1
+}
+
+/// The mount sequence over vhost-user (version, attach, walk, lopen, read,
+/// write, readdir, clunk) against the binary; the export must hold
+/// `hello` with `hello world`, which becomes `HELLO world`.
+pub fn vhost_mount_sequence(sock: &Path) {
+    use virtio_9p_server::protocol::{Tfid, Tlopen, Tread, Treaddir, Twalk, Twrite};
+    let mut vmm = FakeVmm::connect(sock, VmmOptions::default()).unwrap();
+    assert_eq!(version(&mut vmm, 512 << 10), 512 << 10);
+    let attach = Tmessage::Attach(Tattach {
+        fid: 0,
+        afid: u32::MAX,
+        uname: b"root".to_vec(),
+        aname: Vec::new(),
+        n_uname: 0,
+    });
+    assert!(matches!(
+        vcall(&mut vmm, 1, attach, 64),
+        Rmessage::Attach(_)
+    ));
+    let walk = |fid, newfid, n: &[u8]| {
+        Tmessage::Walk(Twalk {
+            fid,
+            newfid,
+            wnames: vec![n.to_vec()],
+        })
+    };
+    assert!(matches!(
+        vcall(&mut vmm, 2, walk(0, 1, b"hello"), 256),
+        Rmessage::Walk(_)
+    ));
+    let lopen = Tmessage::Lopen(Tlopen {
+        fid: 1,
+        flags: of::RDWR,
+    });
+    assert!(matches!(vcall(&mut vmm, 3, lopen, 64), Rmessage::Lopen(..)));
+    let write = Tmessage::Write(Twrite {
+        fid: 1,
+        offset: 0,
+        data: b"HELLO".to_vec(),
+    });
+    assert!(matches!(vcall(&mut vmm, 4, write, 64), Rmessage::Write(_)));
+    let read = Tmessage::Read(Tread {
+        fid: 1,
+        offset: 0,
+        count: 64,
+    });
+    match vcall(&mut vmm, 5, read, 4096) {
+        Rmessage::Read(r) => assert_eq!(r, b"HELLO world"),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(matches!(
+        vcall(&mut vmm, 6, walk(0, 2, b"."), 256),
+        Rmessage::Walk(_)
+    ));
+    let lopen = Tmessage::Lopen(Tlopen {
+        fid: 2,
+        flags: of::RDONLY | of::DIRECTORY,
+    });
+    assert!(matches!(vcall(&mut vmm, 7, lopen, 64), Rmessage::Lopen(..)));
+    let readdir = Tmessage::Readdir(Treaddir {
+        fid: 2,
+        offset: 0,
+        count: 8192,
+    });
+    match vcall(&mut vmm, 8, readdir, 16384) {
+        Rmessage::Readdir(r) => {
+            let entries = DirEntry::decode_all(&r).unwrap();
+            assert!(entries.iter().any(|e| e.name == b"hello"), "{entries:?}")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    for (tag, fid) in [(9, 1), (10, 2)] {
+        let clunk = Tmessage::Clunk(Tfid { fid });
+        assert!(matches!(vcall(&mut vmm, tag, clunk, 64), Rmessage::Clunk));
+    }
 }
