@@ -84,7 +84,9 @@ fn check_reply(frame: &[u8], reply: &[u8], limit: u32) {
 fuzz_target!(|data: &[u8]| {
     let input = SessionInput::decode(data);
     let mut env = env().lock().unwrap_or_else(|e| e.into_inner());
-    env.sandbox.reset_export().expect("reset the export");
+    env.sandbox
+        .reset_export_if_changed()
+        .expect("reset the export");
     let cfg = PassthroughConfig {
         shared_dir: env.sandbox.export().to_path_buf(),
         readonly: input.config.readonly,

@@ -9,10 +9,13 @@
 //!     secret, sub/deeper
 //! ```
 //!
-//! inotify watches on the directory holding both and on the canary tree
-//! report every open, read, change, creation and deletion outside the
-//! export ([`Sandbox::violations`]); [`Sandbox::canary_unchanged`] compares
-//! the canary tree with its snapshot.
+//! `<tmp>` is `$VMM_FUZZ_TMPDIR`, else `/dev/shm` (tmpfs), else the
+//! temporary directory. inotify watches on the directory holding both and on
+//! the canary tree report every open, read, change, creation and deletion
+//! outside the export ([`Sandbox::violations`]); [`Sandbox::canary_unchanged`]
+//! compares the canary tree with its snapshot.
+//! [`Sandbox::reset_export_if_changed`] compares the export with the seed
+//! tree and lays it out again only when an input changed it.
 
 use std::ffi::{CStr, CString};
 use std::fs;
@@ -30,9 +33,11 @@ struct Entry {
     gid: u32,
     size: u64,
     mtime: (i64, i64),
+    ctime: (i64, i64),
     ino: u64,
     nlink: u64,
     content: Vec<u8>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// An export and its canary, watched with inotify.
@@ -44,10 +49,80 @@ pub struct Sandbox {
     inotify: OwnedFd,
     root_wd: i32,
     snapshot: Vec<Entry>,
+    /// The export as [`reset_export`](Sandbox::reset_export) left it.
+    seed: Vec<Entry>,
 }
 
-fn snapshot(dir: &Path) -> io::Result<Vec<Entry>> {
+/// Extended attributes of `path` (not following a symlink), sorted.
+fn xattrs(path: &Path) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
+    let mut names = vec![0u8; 4096];
+    // SAFETY: a valid C string and a buffer of the given length.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOTSUP) => Ok(Vec::new()),
+            _ => Err(e),
+        };
+    }
+    names.truncate(n as usize);
     let mut out = Vec::new();
+    for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let cname = CString::new(name).map_err(io::Error::other)?;
+        let mut value = vec![0u8; 65536];
+        // SAFETY: valid C strings and a buffer of the given length.
+        let n = unsafe {
+            libc::lgetxattr(
+                c.as_ptr(),
+                cname.as_ptr(),
+                value.as_mut_ptr().cast(),
+                value.len(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        value.truncate(n as usize);
+        out.push((name.to_vec(), value));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The entry of `p` whose metadata is `m`; its content, link target and
+/// extended attributes only when `full`.
+fn entry(p: &Path, m: &fs::Metadata, full: bool) -> io::Result<Entry> {
+    let content = if !full {
+        Vec::new()
+    } else if m.is_file() {
+        fs::read(p)?
+    } else if m.file_type().is_symlink() {
+        fs::read_link(p)?.into_os_string().into_encoded_bytes()
+    } else {
+        Vec::new()
+    };
+    Ok(Entry {
+        path: p.to_path_buf(),
+        mode: m.mode(),
+        uid: m.uid(),
+        gid: m.gid(),
+        size: m.size(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+        ino: m.ino(),
+        nlink: m.nlink(),
+        content,
+        xattrs: if full { xattrs(p)? } else { Vec::new() },
+    })
+}
+
+/// Calls `f` on `dir` and then on every entry below it, directories
+/// depth first and names sorted, until `f` returns false.
+fn walk(dir: &Path, mut f: impl FnMut(&Path, &fs::Metadata) -> io::Result<bool>) -> io::Result<()> {
+    if !f(dir, &fs::symlink_metadata(dir)?)? {
+        return Ok(());
+    }
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {
         let mut names = fs::read_dir(&d)?
@@ -56,30 +131,72 @@ fn snapshot(dir: &Path) -> io::Result<Vec<Entry>> {
         names.sort();
         for p in names {
             let m = fs::symlink_metadata(&p)?;
-            let content = if m.is_file() {
-                fs::read(&p)?
-            } else if m.file_type().is_symlink() {
-                fs::read_link(&p)?.into_os_string().into_encoded_bytes()
-            } else {
-                Vec::new()
-            };
-            if m.is_dir() {
-                todo.push(p.clone());
+            if !f(&p, &m)? {
+                return Ok(());
             }
-            out.push(Entry {
-                path: p,
-                mode: m.mode(),
-                uid: m.uid(),
-                gid: m.gid(),
-                size: m.size(),
-                mtime: (m.mtime(), m.mtime_nsec()),
-                ino: m.ino(),
-                nlink: m.nlink(),
-                content,
-            });
+            if m.is_dir() {
+                todo.push(p);
+            }
         }
     }
+    Ok(())
+}
+
+/// Every entry below `dir` (and `dir` itself first), with its metadata
+/// except the access time, its content or link target and its extended
+/// attributes.
+fn snapshot(dir: &Path) -> io::Result<Vec<Entry>> {
+    let mut out = Vec::new();
+    walk(dir, |p, m| {
+        out.push(entry(p, m, true)?);
+        Ok(true)
+    })?;
     Ok(out)
+}
+
+/// Whether the tree at `dir` equals `expected` (a [`snapshot`]). Stops at
+/// the first difference, and compares contents only when the metadata
+/// matches: a file grown to gigabytes costs one `lstat`.
+fn tree_matches(dir: &Path, expected: &[Entry]) -> bool {
+    let mut i = 0usize;
+    let mut same = true;
+    let walked = walk(dir, |p, m| {
+        let Some(want) = expected.get(i) else {
+            same = false;
+            return Ok(false);
+        };
+        i += 1;
+        let meta = entry(p, m, false)?;
+        same = meta.path == want.path
+            && (
+                meta.mode, meta.uid, meta.gid, meta.size, meta.nlink, meta.ino,
+            ) == (
+                want.mode, want.uid, want.gid, want.size, want.nlink, want.ino,
+            )
+            && (meta.mtime, meta.ctime) == (want.mtime, want.ctime)
+            && entry(p, m, true)? == *want;
+        Ok(same)
+    });
+    walked.is_ok() && same && i == expected.len()
+}
+
+/// The directory that holds the sandboxes: `$VMM_FUZZ_TMPDIR`, else
+/// `/dev/shm` (tmpfs: creating and removing the seed tree costs a fraction
+/// of what it costs on a disk file system), else the temporary directory.
+fn base_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("VMM_FUZZ_TMPDIR") {
+        return PathBuf::from(d);
+    }
+    let shm = Path::new("/dev/shm");
+    let writable = CString::new("/dev/shm").is_ok_and(|c| {
+        // SAFETY: a valid C string.
+        unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+    });
+    if shm.is_dir() && writable {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
 }
 
 fn watch(fd: &OwnedFd, path: &Path) -> io::Result<i32> {
@@ -131,7 +248,7 @@ impl Sandbox {
     /// export (fill it with [`reset_export`](Self::reset_export)), and
     /// removes the directories of earlier processes that are gone.
     pub fn new(tag: &str) -> io::Result<Sandbox> {
-        let tmp = std::env::temp_dir();
+        let tmp = base_dir();
         let prefix = format!("vmm-fuzz-{tag}-");
         remove_stale(&tmp, &prefix);
         let root = tmp.join(format!("{prefix}{}", std::process::id()));
@@ -153,13 +270,14 @@ impl Sandbox {
         watch(&inotify, &canary)?;
         watch(&inotify, &canary.join("sub"))?;
         let snapshot = snapshot(&canary)?;
-        let sb = Sandbox {
+        let mut sb = Sandbox {
             root,
             export,
             canary,
             inotify,
             root_wd,
             snapshot,
+            seed: Vec::new(),
         };
         sb.reset_export()?;
         Ok(sb)
@@ -175,9 +293,24 @@ impl Sandbox {
         &self.canary
     }
 
+    /// Lays out the seed tree again unless the export still equals it
+    /// (entry names, types, modes, owners, sizes, inode numbers, link
+    /// counts, modification and change times, contents, link targets and
+    /// extended attributes; not the access times). Returns whether it
+    /// rebuilt. Pending inotify events are forgotten either way.
+    pub fn reset_export_if_changed(&mut self) -> io::Result<bool> {
+        if tree_matches(&self.export, &self.seed) {
+            self.drain();
+            Ok(false)
+        } else {
+            self.reset_export()?;
+            Ok(true)
+        }
+    }
+
     /// Empties the export (keeping the directory, so a server may keep its
     /// root fd) and lays out the seed tree again.
-    pub fn reset_export(&self) -> io::Result<()> {
+    pub fn reset_export(&mut self) -> io::Result<()> {
         let e = &self.export;
         // A fuzzed chmod may have taken permissions away; the fuzzers run
         // as root, which ignores them, but restore the root's mode anyway.
@@ -190,6 +323,7 @@ impl Sandbox {
         symlink(self.canary.join("secret"), e.join("abs"))?;
         symlink("loop", e.join("loop"))?;
         symlink("dir", e.join("dirlink"))?;
+        self.seed = snapshot(e)?;
         self.drain();
         Ok(())
     }
@@ -257,7 +391,7 @@ impl Sandbox {
     /// Compares the canary tree with its snapshot (then forgets the events
     /// this comparison caused).
     pub fn canary_unchanged(&self) -> bool {
-        let same = snapshot(&self.canary).is_ok_and(|now| now == self.snapshot);
+        let same = tree_matches(&self.canary, &self.snapshot);
         self.drain();
         same
     }
@@ -332,7 +466,7 @@ mod tests {
 
     #[test]
     fn test_reset_restores_the_seed_tree() {
-        let sb = Sandbox::new("selftest-e").unwrap();
+        let mut sb = Sandbox::new("selftest-e").unwrap();
         fs::create_dir_all(sb.export().join("a/b/c")).unwrap();
         fs::remove_file(sb.export().join("file")).unwrap();
         sb.reset_export().unwrap();
@@ -343,5 +477,158 @@ mod tests {
             Path::new("../canary")
         );
         assert_eq!(sb.violations(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn test_unchanged_export_is_not_rebuilt() {
+        let mut sb = Sandbox::new("selftest-g").unwrap();
+        let ino = fs::metadata(sb.export().join("file")).unwrap().ino();
+        // Reading and listing change nothing but access times.
+        let _ = fs::read(sb.export().join("dir/inner")).unwrap();
+        fs::read_dir(sb.export()).unwrap().for_each(drop);
+        assert!(!sb.reset_export_if_changed().unwrap());
+        assert_eq!(fs::metadata(sb.export().join("file")).unwrap().ino(), ino);
+        assert_eq!(sb.violations(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn test_every_kind_of_export_change_is_rebuilt() {
+        let mut sb = Sandbox::new("selftest-h").unwrap();
+        let e = sb.export().to_path_buf();
+        type Change<'a> = (&'static str, Box<dyn Fn() + 'a>);
+        let changes: Vec<Change<'_>> = vec![
+            (
+                "write",
+                Box::new(|| fs::write(e.join("file"), b"hello from the exporT").unwrap()),
+            ),
+            (
+                "create",
+                Box::new(|| fs::write(e.join("dir/new"), b"").unwrap()),
+            ),
+            (
+                "mkdir deep",
+                Box::new(|| fs::create_dir_all(e.join("dir/a/b")).unwrap()),
+            ),
+            (
+                "remove",
+                Box::new(|| fs::remove_file(e.join("loop")).unwrap()),
+            ),
+            (
+                "rename",
+                Box::new(|| fs::rename(e.join("file"), e.join("dir/file")).unwrap()),
+            ),
+            (
+                "chmod root",
+                Box::new(|| fs::set_permissions(&e, fs::Permissions::from_mode(0o700)).unwrap()),
+            ),
+            (
+                "chmod and back",
+                Box::new(|| {
+                    let p = e.join("dir/inner");
+                    let mode = fs::metadata(&p).unwrap().permissions();
+                    fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
+                    fs::set_permissions(&p, mode).unwrap();
+                }),
+            ),
+            (
+                "grow sparse to 1 TiB",
+                Box::new(|| {
+                    // tree_matches stops at the size: the 1 TiB is never read.
+                    let f = fs::OpenOptions::new()
+                        .write(true)
+                        .open(e.join("dir/inner"))
+                        .unwrap();
+                    f.set_len(1 << 40).unwrap();
+                }),
+            ),
+            (
+                "link",
+                Box::new(|| fs::hard_link(e.join("file"), e.join("dir/hard")).unwrap()),
+            ),
+            (
+                "replace same content",
+                Box::new(|| {
+                    fs::remove_file(e.join("dir/inner")).unwrap();
+                    fs::write(e.join("dir/inner"), b"inner").unwrap();
+                }),
+            ),
+            (
+                "relink",
+                Box::new(|| {
+                    fs::remove_file(e.join("up")).unwrap();
+                    symlink("../canary/sub", e.join("up")).unwrap();
+                }),
+            ),
+            (
+                "xattr",
+                Box::new(|| {
+                    let c = CString::new(e.join("file").as_os_str().as_encoded_bytes()).unwrap();
+                    // SAFETY: valid C strings and a value of the given length.
+                    let rc = unsafe {
+                        libc::setxattr(
+                            c.as_ptr(),
+                            c"user.fuzz".as_ptr(),
+                            b"1".as_ptr().cast(),
+                            1,
+                            0,
+                        )
+                    };
+                    if rc != 0 {
+                        // No user xattrs here: change the mode instead, so the
+                        // case still checks a rebuild.
+                        fs::set_permissions(e.join("file"), fs::Permissions::from_mode(0o604))
+                            .unwrap();
+                    }
+                }),
+            ),
+        ];
+        for (what, change) in &changes {
+            change();
+            assert!(
+                sb.reset_export_if_changed().unwrap(),
+                "{what} went unnoticed"
+            );
+            assert!(
+                !sb.reset_export_if_changed().unwrap(),
+                "rebuilt twice after {what}"
+            );
+            assert_eq!(fs::read(e.join("file")).unwrap(), b"hello from the export");
+            assert_eq!(fs::read_link(e.join("up")).unwrap(), Path::new("../canary"));
+        }
+    }
+
+    #[test]
+    fn test_planted_escape_is_caught_without_a_rebuild() {
+        // The export is no longer rebuilt for every input: an escape must
+        // still show up, both in inotify and in the canary snapshot.
+        let mut sb = Sandbox::new("selftest-i").unwrap();
+        assert!(!sb.reset_export_if_changed().unwrap());
+        fs::write(sb.canary().join("secret"), b"top secreT").unwrap();
+        assert!(
+            !sb.violations().is_empty(),
+            "a write to the canary went unnoticed"
+        );
+        assert!(!sb.canary_unchanged());
+        fs::write(sb.export().join("up/planted"), b"x").unwrap();
+        let v = sb.violations();
+        assert!(!v.is_empty(), "a creation through ../canary went unnoticed");
+        assert!(!sb.reset_export_if_changed().unwrap());
+    }
+
+    #[test]
+    fn test_sandbox_lives_on_tmpfs_when_there_is_one() {
+        let sb = Sandbox::new("selftest-j").unwrap();
+        if std::env::var_os("VMM_FUZZ_TMPDIR").is_none() && Path::new("/dev/shm").is_dir() {
+            assert!(
+                sb.export().starts_with("/dev/shm"),
+                "{}",
+                sb.export().display()
+            );
+        } else {
+            println!(
+                "notice: no /dev/shm or VMM_FUZZ_TMPDIR set; sandbox in {}",
+                sb.export().display()
+            );
+        }
     }
 }
