@@ -3,6 +3,13 @@
 //! when `qemu-system-x86_64` is on `PATH`, against QEMU's
 //! `memory-backend-memfd,prealloc=on,prealloc-threads=T`.
 //!
+//! Next to `speedup_2t` it measures the ceilings that bound it on the machine
+//! at hand: the same preallocation on anonymous private memory
+//! (`anon_speedup_2t`, no shared file), two threads on two memfds of half the
+//! size each (`two_memfds_speedup_2t`, no shared inode), and two threads
+//! zeroing already-resident memory (`ceiling_2t_memset`, pure store
+//! bandwidth, which the kernel's page clearing cannot beat).
+//!
 //! Every contender gets a fresh memfd, faults it in, and frees it before the
 //! next one runs, so only one region is resident at a time. QEMU is timed from
 //! spawn until it answers `qmp_capabilities` on `-qmp stdio` (its main loop,
@@ -12,13 +19,14 @@
 use std::error::Error;
 use std::ffi::CString;
 use std::fs::File;
+use std::hint::black_box;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use mem_prealloc::{preallocate, Method, PreallocOptions};
+use mem_prealloc::{preallocate, start, Method, PreallocOptions};
 
 use crate::harness::{alternate, format_value, median, Ctx, SuiteReport, SuiteResult, Table};
 
@@ -69,6 +77,31 @@ impl Mapping {
         }
         Ok(Mapping { addr, len })
     }
+
+    /// A private anonymous read-write mapping with 4 KiB pages, as the memfd
+    /// has (shmem without huge pages), whatever the THP policy says.
+    fn anonymous(len: usize, extra_flags: i32) -> BoxResult<Self> {
+        // SAFETY: a new mapping at an address chosen by the kernel.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
+                -1,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(format!("mmap: {}", std::io::Error::last_os_error()).into());
+        }
+        let map = Mapping { addr, len };
+        // SAFETY: only changes the THP policy of our own fresh mapping.
+        if unsafe { libc::madvise(addr, len, libc::MADV_NOHUGEPAGE) } != 0 {
+            return Err(format!("madvise: {}", std::io::Error::last_os_error()).into());
+        }
+        Ok(map)
+    }
 }
 
 impl Drop for Mapping {
@@ -102,6 +135,87 @@ fn ours(len: usize, threads: usize, method: Method, cpu: &mut Vec<f64>) -> BoxRe
     if report.threads != threads || report.bytes != len as u64 {
         return Err(format!("unexpected report {report:?}").into());
     }
+    Ok(secs)
+}
+
+/// Wall seconds for this crate (`MADV_POPULATE_WRITE`) to preallocate a
+/// fresh private anonymous mapping of `len` bytes with 4 KiB pages: the same
+/// work without a shared file (no inode, page-cache or file-time updates);
+/// the CPU seconds are pushed to `cpu`.
+fn ours_anon(len: usize, threads: usize, cpu: &mut Vec<f64>) -> BoxResult<f64> {
+    let map = Mapping::anonymous(len, 0)?;
+    let opts = PreallocOptions::new()
+        .threads(threads)
+        .method(Method::PopulateWrite);
+    let cpu_start = cpu_seconds();
+    let start = Instant::now();
+    let report = preallocate(map.addr.cast(), len, &opts)?;
+    let secs = start.elapsed().as_secs_f64();
+    cpu.push(cpu_seconds() - cpu_start);
+    if report.threads != threads || report.bytes != len as u64 {
+        return Err(format!("unexpected report {report:?}").into());
+    }
+    Ok(secs)
+}
+
+/// Wall seconds for two background jobs of one thread each to preallocate
+/// two fresh memfds of `len / 2` bytes at once: two threads, as in
+/// `speedup_2t`, but each on its own inode.
+fn ours_two_memfds(len: usize) -> BoxResult<f64> {
+    let half = len / 2;
+    let (file_a, file_b) = (memfd(half)?, memfd(half)?);
+    let (map_a, map_b) = (
+        Mapping::new(&file_a, half, 0)?,
+        Mapping::new(&file_b, half, 0)?,
+    );
+    let opts = PreallocOptions::new().threads(1).method(Method::Auto);
+    let start_time = Instant::now();
+    let job_a = start(map_a.addr.cast(), half, &opts)?;
+    let job_b = start(map_b.addr.cast(), half, &opts)?;
+    let (report_a, report_b) = (job_a.join()?, job_b.join()?);
+    let secs = start_time.elapsed().as_secs_f64();
+    if report_a.bytes + report_b.bytes != 2 * half as u64 {
+        return Err(format!("unexpected reports {report_a:?} {report_b:?}").into());
+    }
+    Ok(secs)
+}
+
+/// Zeroes `[addr, addr + len)` one 4 KiB page at a time, as the kernel
+/// clears a newly allocated page.
+///
+/// # Safety
+///
+/// The range must be writable memory that nothing else accesses meanwhile.
+unsafe fn zero_pages(addr: usize, len: usize) {
+    for offset in (0..len).step_by(4096) {
+        let n = 4096.min(len - offset);
+        // black_box keeps the compiler from merging the calls into one
+        // large memset, which glibc would do with non-temporal stores.
+        let page = black_box(addr + offset) as *mut u8;
+        // SAFETY: inside the range the caller hands over exclusively.
+        unsafe { std::ptr::write_bytes(page, 0, n) };
+    }
+}
+
+/// Wall seconds for `threads` threads to zero already-resident anonymous
+/// memory of `len` bytes, each its own contiguous part: the store bandwidth
+/// that bounds any page clearing, with no page fault involved.
+fn memset(len: usize, threads: usize) -> BoxResult<f64> {
+    let map = Mapping::anonymous(len, libc::MAP_POPULATE)?;
+    let base = map.addr as usize;
+    let per_thread = (len / threads).div_ceil(4096) * 4096;
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for i in 0..threads {
+            let from = (i * per_thread).min(len);
+            let to = ((i + 1) * per_thread).min(len);
+            // SAFETY: each thread zeroes its own disjoint part of a mapping
+            // this function owns and nothing else reads meanwhile.
+            scope.spawn(move || unsafe { zero_pages(base + from, to - from) });
+        }
+    });
+    let secs = start.elapsed().as_secs_f64();
+    drop(map);
     Ok(secs)
 }
 
@@ -253,6 +367,12 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     let mut ours_2t = || ours(len, 2, Method::Auto, &mut cpu2);
     let mut touch_1t = || ours(len, 1, Method::Touch, &mut scratch);
     let mut populate = || map_populate(len, &mut cpu_pop);
+    let (mut cpu_anon1, mut cpu_anon2) = (Vec::new(), Vec::new());
+    let mut anon_1t = || ours_anon(len, 1, &mut cpu_anon1);
+    let mut anon_2t = || ours_anon(len, 2, &mut cpu_anon2);
+    let mut two_memfds = || ours_two_memfds(len);
+    let mut memset_1t = || memset(len, 1);
+    let mut memset_2t = || memset(len, 2);
     let (mut qcpu0, mut qcpu1, mut qcpu2) = (Vec::new(), Vec::new(), Vec::new());
     let run_qemu = |threads, cpu: &mut Vec<f64>| match &qemu_path {
         Some((path, _)) => qemu(path, len, threads, cpu),
@@ -261,19 +381,25 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     let mut q0 = || run_qemu(0, &mut qcpu0);
     let mut q1 = || run_qemu(1, &mut qcpu1);
     let mut q2 = || run_qemu(2, &mut qcpu2);
-    let [t1, t2, touch1, tpop, s0, s1, s2] = alternate(
+    let [t1, t2, touch1, tpop, anon1, anon2, two_files, zero1, zero2, s0, s1, s2] = alternate(
         ctx.reps(),
         &mut [
             &mut ours_1t,
             &mut ours_2t,
             &mut touch_1t,
             &mut populate,
+            &mut anon_1t,
+            &mut anon_2t,
+            &mut two_memfds,
+            &mut memset_1t,
+            &mut memset_2t,
             &mut q0,
             &mut q1,
             &mut q2,
         ],
     )?;
     let (c1, c2, cpop) = (median(&cpu1), median(&cpu2), median(&cpu_pop));
+    let (ca1, ca2) = (median(&cpu_anon1), median(&cpu_anon2));
 
     let mut contenders = Table::new("contenders", &["contender", "seconds", "GiB/s"]);
     let mut row = |name: &str, secs: f64| {
@@ -283,11 +409,28 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     row("mem-prealloc, 2 threads (populate-write)", t2);
     row("mem-prealloc, 1 thread (touch fallback)", touch1);
     row("mmap(MAP_POPULATE)", tpop);
+    row("mem-prealloc, anonymous memory, 1 thread", anon1);
+    row("mem-prealloc, anonymous memory, 2 threads", anon2);
+    row(
+        "mem-prealloc, two memfds of half the size, 1 thread each",
+        two_files,
+    );
+    row("zeroing resident memory (memset), 1 thread", zero1);
+    row("zeroing resident memory (memset), 2 threads", zero2);
 
     report
         .metric("gib_per_s_1t", gib / t1)
         .metric("gib_per_s_2t", gib / t2)
         .metric("speedup_2t", t1 / t2)
+        .metric("anon_speedup_2t", anon1 / anon2)
+        .metric("two_memfds_speedup_2t", t1 / two_files)
+        .metric("ceiling_2t_memset", zero1 / zero2)
+        .metric("cpu_s_2t_vs_1t", c2 / c1)
+        .metric("anon_cpu_s_2t_vs_1t", ca2 / ca1)
+        .metric("anon_gib_per_s_1t", gib / anon1)
+        .metric("anon_gib_per_s_2t", gib / anon2)
+        .metric("memset_gib_per_s_1t", gib / zero1)
+        .metric("memset_gib_per_s_2t", gib / zero2)
         .metric("touch_gib_per_s_1t", gib / touch1)
         .metric("map_populate_gib_per_s", gib / tpop)
         .metric("ratio_vs_map_populate_1t", t1 / tpop)
@@ -302,6 +445,11 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
             "prealloc_threads",
             "ours (mem-prealloc)",
             vec![(1.0, gib / t1), (2.0, gib / t2)],
+        )
+        .series(
+            "prealloc_threads",
+            "ours, anonymous memory",
+            vec![(1.0, gib / anon1), (2.0, gib / anon2)],
         )
         .series(
             "prealloc_threads",
@@ -329,6 +477,7 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
             .metric("qemu_startup_s", s0)
             .metric("qemu_gib_per_s_1t", gib / p1)
             .metric("qemu_gib_per_s_2t", gib / p2)
+            .metric("qemu_speedup_2t", p1 / p2)
             .metric("ratio_vs_qemu_1t", t1 / p1)
             .metric("ratio_vs_qemu_2t", t2 / p2)
             .metric("qemu_cpu_s_1t", qc1)
@@ -341,6 +490,14 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
                 format_value(s0)
             ));
     }
+    report.note(
+        "Ceilings for speedup_2t: anon_speedup_2t is the same preallocation of private \
+         anonymous memory (4 KiB pages, no file), two_memfds_speedup_2t gives each of the two \
+         threads its own memfd of half the size (one thread on the whole memfd is the \
+         baseline), ceiling_2t_memset zeroes already-resident memory page by page (store \
+         bandwidth only). cpu_s_2t_vs_1t above 1 is CPU time the second thread adds per byte; \
+         with a fully used second CPU, speedup_2t cannot exceed 2 / cpu_s_2t_vs_1t.",
+    );
     report.table(contenders).note(format!(
         "memfd of {} MiB, 4 KiB pages, median of {} alternating runs; load average {} at the \
          start, {} at the end. cpu_utilisation_* is CPU seconds per wall second (2.0 = two \
