@@ -17,6 +17,12 @@ use crate::{Error, Result};
 /// The most iovecs one `preadv`/`pwritev` call takes on Linux (`UIO_MAXIOV`).
 pub const IOV_MAX: usize = 1024;
 
+/// The most bytes one read or write system call transfers on Linux
+/// (`MAX_RW_COUNT`, `INT_MAX` rounded down to a page). Each call is capped
+/// here, so that a short transfer always means a real short read or write
+/// and never the kernel's silent clamp.
+pub const MAX_RW_COUNT: usize = 0x7fff_f000;
+
 thread_local! {
     // One iovec array per thread, reused by every file I/O call: no
     // allocation per call and no 16 KiB array on small coroutine stacks.
@@ -196,9 +202,12 @@ where
         Ok(done)
     }
 
-    /// Vectored file I/O at the cursor, at most `IOV_MAX` iovecs per call.
-    /// Stops at the first short transfer; an error after some progress ends
-    /// the loop with the progress made (the next call sees the error again).
+    /// Vectored file I/O at the cursor, at most `IOV_MAX` iovecs and
+    /// `MAX_RW_COUNT` bytes per call. Segments that are adjacent in host
+    /// memory (a guest buffer spread over consecutive pages) share one
+    /// iovec. Stops at the first short transfer; an error after some
+    /// progress ends the loop with the progress made (the next call sees the
+    /// error again).
     fn file_io(
         &mut self,
         fd: RawFd,
@@ -213,14 +222,27 @@ where
             while total < want {
                 iov.clear();
                 let mut bytes = 0usize;
-                for (addr, n) in self.ranges(want - total).take(IOV_MAX) {
+                for (addr, n) in self.ranges((want - total).min(MAX_RW_COUNT)) {
                     let slice = translate(self.mem.deref(), addr, n)?;
-                    iov.push(libc::iovec {
-                        // The guard is a no-op for regular mmap regions (the
-                        // `xen` feature of vm-memory is not supported).
-                        iov_base: slice.ptr_guard_mut().as_ptr().cast(),
-                        iov_len: n,
-                    });
+                    // The guard is a no-op for regular mmap regions (the
+                    // `xen` feature of vm-memory is not supported).
+                    let base = slice.ptr_guard_mut().as_ptr();
+                    let full = iov.len() == IOV_MAX;
+                    match iov.last_mut() {
+                        // Both ranges are validated and mapped, so one iovec
+                        // over the two covers exactly the same bytes.
+                        Some(last)
+                            if (last.iov_base as usize).checked_add(last.iov_len)
+                                == Some(base as usize) =>
+                        {
+                            last.iov_len += n
+                        }
+                        _ if full => break,
+                        _ => iov.push(libc::iovec {
+                            iov_base: base.cast(),
+                            iov_len: n,
+                        }),
+                    }
                     bytes += n;
                 }
                 let pos = match offset {

@@ -122,6 +122,61 @@ fn test_32768_descriptor_indirect_chain_on_256_ring() {
 }
 
 #[test]
+fn test_scattered_layout_places_no_buffer_after_its_predecessor() {
+    let mem = guest_memory(8 << 20);
+    let mut driver = MockDriver::new(&mem, 16);
+    let mut queue = driver.create_queue();
+    let mut walker = ChainWalker::new(ChainLimits::large()).unwrap();
+    let bufs: Vec<Buf> = (0..300u32)
+        .map(|i| {
+            if i < 100 {
+                Buf::r(16 + 16 * (i % 5))
+            } else {
+                Buf::w(4096)
+            }
+        })
+        .collect();
+    for (seed, layout) in [(1, Layout::Indirect), (2, Layout::Direct)] {
+        let bufs = if layout == Layout::Direct {
+            &bufs[..8]
+        } else {
+            &bufs[..]
+        };
+        let chain_layout = driver.add_chain_scattered(layout, bufs, seed).unwrap();
+        let b = &chain_layout.buffers;
+        assert_eq!(b.len(), bufs.len());
+        for w in b.windows(2) {
+            assert_ne!(w[0].0 .0 + u64::from(w[0].1), w[1].0 .0, "adjacent buffers");
+        }
+        // Disjoint, and the chain order is not the memory order.
+        let mut sorted = b.clone();
+        sorted.sort();
+        assert!(sorted
+            .windows(2)
+            .all(|w| w[0].0 .0 + u64::from(w[0].1) <= w[1].0 .0));
+        assert_ne!(&sorted, b);
+        let readable: Vec<u8> = (0..b.iter().filter(|x| !x.2).map(|x| x.1).sum::<u32>())
+            .map(|i| i as u8)
+            .collect();
+        driver.fill_readable(&chain_layout, &readable).unwrap();
+        let chain = walker.pop(&mut queue, &mem).unwrap().unwrap();
+        assert_eq!(chain.descriptor_count() as usize, bufs.len());
+        let mut got = Vec::new();
+        chain.reader().read_to_end(&mut got).unwrap();
+        assert_eq!(got, readable);
+        let fill: Vec<u8> = (0..chain.writable_len()).map(|i| (i % 7) as u8).collect();
+        chain.writer().write_all(&fill).unwrap();
+        assert_eq!(driver.read_writable(&chain_layout).unwrap(), fill);
+        drop(chain);
+        driver.take_used();
+    }
+    assert!(matches!(
+        driver.add_chain_scattered(Layout::Direct, &[], 1),
+        Err(virtqueue_large::mock::MockError::EmptyChain)
+    ));
+}
+
+#[test]
 fn test_32769_descriptors_refused_under_large() {
     let mem = guest_memory(16 << 20);
     let mut driver = MockDriver::new(&mem, 256);
