@@ -117,6 +117,7 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         .metric("adjacent_ratio_vs_memcpy", small.adjacent / small.memcpy)
         .metric("rep_movsb_gib_per_s", small.rep_movsb)
         .metric("pread_vs_rep_movsb", small.pread / small.rep_movsb)
+        .metric("mmap_copy_gib_per_s", small.mmap_copy)
         .metric("thp_file_read_gib_per_s", thp.scattered)
         .metric("thp_memcpy_gib_per_s", thp.memcpy)
         .metric("thp_ratio_vs_memcpy", thp.scattered / thp.memcpy)
@@ -131,11 +132,15 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
              every call carries 1024 iovecs of 4 KiB ({} calls); this is the headline figure. \
              Adjacent: the same chain over consecutive pages, which the Writer merges into one \
              iovec. Peers into the same guest memory: one pread of the whole file as one buffer \
-             (the kernel's page-cache copy without iovecs, the ceiling of any iovec strategy), \
-             one memcpy (glibc, non-temporal stores above its threshold), and one user-space \
-             `rep movsb` (the instruction the kernel's copy_to_user uses). 4 KiB pages: guest \
-             memory with MADV_NOHUGEPAGE; THP: with MADV_HUGEPAGE as QEMU does ({:.0} MiB \
-             huge-page backed). Median of {} alternating runs.",
+             (the kernel's page-cache copy without iovecs, the ceiling of any iovec strategy); \
+             one memcpy (glibc switches to non-temporal stores above its \
+             x86_non_temporal_threshold, see `ld.so --list-tunables`); one user-space `rep \
+             movsb` (the instruction the kernel's copy_to_user runs); and a memcpy from a fresh \
+             MAP_POPULATE mapping of the file (faster than any read system call, but a \
+             concurrent truncate turns it into SIGBUS, so a device must not use it on files a \
+             guest can shrink). 4 KiB pages: guest memory with MADV_NOHUGEPAGE; THP: with \
+             MADV_HUGEPAGE as QEMU does ({:.0} MiB huge-page backed). Median of {} alternating \
+             runs.",
             bytes >> 20,
             descs.div_ceil(1024),
             thp.huge_mib,
@@ -160,26 +165,29 @@ struct IoFigures {
     pread: f64,
     memcpy: f64,
     rep_movsb: f64,
+    mmap_copy: f64,
     /// Anonymous huge pages in the process after the run, MiB.
     huge_mib: f64,
 }
 
 impl IoFigures {
-    const NAMES: [&'static str; 5] = [
+    const NAMES: [&'static str; 6] = [
         "preadv, scattered pages (1024 iovecs per call)",
         "preadv, adjacent pages (merged into one iovec)",
         "pread into one buffer (kernel ceiling)",
         "memcpy (glibc)",
         "rep movsb (what copy_to_user runs)",
+        "mmap + MAP_POPULATE + memcpy (not used: SIGBUS if the file shrinks)",
     ];
 
-    fn all(&self) -> [f64; 5] {
+    fn all(&self) -> [f64; 6] {
         [
             self.scattered,
             self.adjacent,
             self.pread,
             self.memcpy,
             self.rep_movsb,
+            self.mmap_copy,
         ]
     }
 }
@@ -313,17 +321,50 @@ fn file_io(
         res?;
         Ok(gib_per_s(bytes, elapsed))
     };
+    // Copying from a mapping of the page cache in user space: what a
+    // device could do instead of pread, were a concurrent truncate not a
+    // SIGBUS. Mapping, population and unmapping are timed.
+    let mut mmap_copy = || -> Result<f64, Box<dyn Error>> {
+        let (res, elapsed) = time(|| {
+            // SAFETY: a new read-only shared mapping of `bytes` bytes of the
+            // file; nothing else is mapped at the address the kernel picks.
+            let map = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    bytes,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED | libc::MAP_POPULATE,
+                    fd,
+                    0,
+                )
+            };
+            if map == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: `map` is a readable mapping of `bytes` bytes of a
+            // private temporary file of that size that nothing writes or
+            // truncates during the copy; the slice is dropped before munmap.
+            let src = unsafe { std::slice::from_raw_parts(map.cast::<u8>(), bytes) };
+            dst.copy_from(src);
+            // SAFETY: unmaps exactly the mapping created above.
+            unsafe { libc::munmap(map, bytes) };
+            Ok(())
+        });
+        res?;
+        Ok(gib_per_s(bytes, elapsed))
+    };
     // Fault in the destinations and warm every path before timing.
     for run in [
         &mut memcpy as &mut dyn FnMut() -> Result<f64, Box<dyn Error>>,
         &mut adjacent_run,
         &mut pread,
         &mut rep,
+        &mut mmap_copy,
         &mut scattered_run,
     ] {
         run()?;
     }
-    let [scattered_gib, adjacent_gib, pread_gib, memcpy_gib, rep_gib] = alternate(
+    let [scattered_gib, adjacent_gib, pread_gib, memcpy_gib, rep_gib, mmap_gib] = alternate(
         ctx.reps(),
         &mut [
             &mut scattered_run,
@@ -331,6 +372,7 @@ fn file_io(
             &mut pread,
             &mut memcpy,
             &mut rep,
+            &mut mmap_copy,
         ],
     )?;
     // Guest memory really holds the file, through both chains (cleared
@@ -353,6 +395,7 @@ fn file_io(
         pread: pread_gib,
         memcpy: memcpy_gib,
         rep_movsb: rep_gib,
+        mmap_copy: mmap_gib,
         huge_mib,
     })
 }
