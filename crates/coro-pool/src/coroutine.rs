@@ -26,6 +26,7 @@ use crate::{Error, Result};
 /// written. Rust emits stack probes for frames larger than a page, so a large
 /// frame cannot jump over the guard.
 pub struct Coroutine<Input, Yield, Return> {
+    /// `None` once the coroutine has returned and its stack went back.
     inner: Option<corosensei::Coroutine<Input, Yield, Return, PooledStack>>,
     id: StackId,
 }
@@ -57,6 +58,7 @@ impl<Input, Yield, Return> Coroutine<Input, Yield, Return> {
     ///
     /// Fails (never aborts) when no stack can be had: mapping budget
     /// exhausted, `mmap` or guard setup failed.
+    #[inline]
     pub fn new_in<F>(pool: &StackPool, func: F) -> Result<Self>
     where
         F: FnOnce(&Yielder<Input, Yield>, Input) -> Return + 'static,
@@ -68,6 +70,7 @@ impl<Input, Yield, Return> Coroutine<Input, Yield, Return> {
     }
 
     /// Creates a coroutine on a stack already taken from a pool.
+    #[inline]
     pub fn with_stack<F>(stack: PooledStack, func: F) -> Self
     where
         F: FnOnce(&Yielder<Input, Yield>, Input) -> Return + 'static,
@@ -90,31 +93,31 @@ impl<Input, Yield, Return> Coroutine<Input, Yield, Return> {
     /// [`try_resume`](Coroutine::try_resume) to get an error instead). A
     /// panic inside the coroutine is propagated to the caller, after which
     /// the coroutine counts as finished.
+    #[inline]
     pub fn resume(&mut self, input: Input) -> CoroutineResult<Yield, Return> {
         match self.try_resume(input) {
             Ok(result) => result,
-            Err(_) => panic!("attempt to resume a coroutine that has already returned"),
+            Err(_) => resumed_after_return(),
         }
     }
 
     /// Like [`resume`](Coroutine::resume), but returns
     /// [`Error::Finished`] instead of panicking when the coroutine has
     /// already returned.
+    #[inline]
     pub fn try_resume(&mut self, input: Input) -> Result<CoroutineResult<Yield, Return>> {
         let co = match self.inner.as_mut() {
             Some(co) if !co.done() => co,
             _ => return Err(Error::Finished),
         };
-        match co.resume(input) {
-            CoroutineResult::Yield(y) => Ok(CoroutineResult::Yield(y)),
-            CoroutineResult::Return(r) => {
-                // Give the stack back right away.
-                if let Some(co) = self.inner.take() {
-                    drop(co.into_stack());
-                }
-                Ok(CoroutineResult::Return(r))
-            }
+        let result = co.resume(input);
+        if let CoroutineResult::Return(_) = result {
+            // Give the stack back right away. Dropping a finished corosensei
+            // coroutine in place only drops its stack (nothing to unwind),
+            // and saves moving it out first.
+            self.inner = None;
         }
+        Ok(result)
     }
 
     /// Whether the coroutine has been resumed at least once.
@@ -132,4 +135,11 @@ impl<Input, Yield, Return> Coroutine<Input, Yield, Return> {
     pub fn stack_id(&self) -> Option<StackId> {
         self.inner.as_ref().map(|_| self.id)
     }
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn resumed_after_return() -> ! {
+    panic!("attempt to resume a coroutine that has already returned")
 }

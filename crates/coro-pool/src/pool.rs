@@ -25,22 +25,76 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Counters of one thread's local pool. Only the owning thread writes them
-/// (plain load + store, no read-modify-write); any thread may read them.
+/// Counters of one thread's local pool, and its batch capacity. Only the
+/// owning thread writes the counters (a relaxed load and a relaxed store,
+/// no read-modify-write, so no locked instruction); `stats()` reads them
+/// from any thread and derives the rest. Aligned to its own cache lines so
+/// that two threads' counters never share one (the allocations of two
+/// threads could otherwise be neighbours).
 #[derive(Debug, Default)]
+#[repr(align(128))]
 struct ThreadStats {
-    /// Idle stacks in the thread's local pool.
-    local: AtomicUsize,
     /// Stacks the thread has taken (reused or newly mapped).
     takes: AtomicU64,
+    /// Stacks the thread has given back (pooled or freed).
+    puts: AtomicU64,
+    /// Stacks the current batch may hold before a put takes the slow path:
+    /// the batch size, unlimited for [`Policy::UnboundedPerThread`], 0 for
+    /// [`Policy::NoPool`] and once the pool is closed (set by
+    /// [`Shared::close`] from the dropping thread). It sits next to `puts`
+    /// so that a put reads a single line of per-thread data besides the
+    /// list head.
+    cap: AtomicUsize,
+}
+
+impl ThreadStats {
+    /// Adds one to a counter only the calling (owning) thread writes.
+    #[inline(always)]
+    fn bump(counter: &AtomicU64) {
+        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+}
+
+/// How many of the most recently returned global batches a refill looks
+/// through for one its own thread returned (see [`Shared::take_global_batch`]).
+const AFFINITY_SCAN: usize = 4;
+
+/// A batch in the global pool, tagged with the local pool that returned it.
+#[derive(Debug)]
+struct GlobalBatch {
+    stacks: StackList,
+    /// Address of the returning thread's `ThreadStats` (0 for none); only
+    /// compared, never dereferenced.
+    owner: usize,
 }
 
 /// The global pool: batches of idle stacks. New batches go to the back;
 /// refills take from the back (the warmest), trims free from the front.
 #[derive(Debug, Default)]
 struct Global {
-    batches: VecDeque<StackList>,
+    batches: VecDeque<GlobalBatch>,
     size: usize,
+}
+
+/// The counters and locks of a pool that change while it runs, kept on
+/// cache lines of their own: the configuration read on every get/put (in
+/// [`Shared`]) never shares a line with them, so batch moves and stack
+/// creation on one thread do not slow down other threads' fast paths.
+#[repr(align(128))]
+struct Hot {
+    global: Mutex<Global>,
+    global_len: AtomicUsize,
+    reserved: AtomicUsize,
+    held: AtomicUsize,
+    created: AtomicU64,
+    freed: AtomicU64,
+    unmap_failures: AtomicU64,
+    retired_takes: AtomicU64,
+    retired_puts: AtomicU64,
+    /// High-water mark of stacks outside the global pool (in use or in
+    /// local pools) since the last trim; raised where that number grows.
+    peak_outside: AtomicUsize,
+    threads: Mutex<Vec<Arc<ThreadStats>>>,
 }
 
 /// State shared by every handle, thread-local pool and stack of one pool.
@@ -54,19 +108,8 @@ pub(crate) struct Shared {
     vma_reserve: u64,
     guard: AtomicU8,
     mmc: OnceLock<Option<(u64, BudgetOrigin)>>,
-    global: Mutex<Global>,
-    global_len: AtomicUsize,
-    reserved: AtomicUsize,
-    held: AtomicUsize,
-    created: AtomicU64,
-    freed: AtomicU64,
-    unmap_failures: AtomicU64,
-    retired_takes: AtomicU64,
-    /// High-water mark of stacks outside the global pool (in use or in
-    /// local pools) since the last trim; raised where that number grows.
-    peak_outside: AtomicUsize,
-    threads: Mutex<Vec<Arc<ThreadStats>>>,
     closed: AtomicBool,
+    hot: Hot,
 }
 
 impl Shared {
@@ -86,7 +129,7 @@ impl Shared {
             Policy::Bounded => {
                 let demand = self
                     .base_max
-                    .saturating_add(self.reserved.load(Ordering::Relaxed));
+                    .saturating_add(self.hot.reserved.load(Ordering::Relaxed));
                 demand.min(self.budget().max_stacks)
             }
             Policy::UnboundedPerThread => usize::MAX,
@@ -96,11 +139,11 @@ impl Shared {
 
     /// Maps a new stack, within the budget unless the policy is unbounded.
     fn create(&self) -> Result<NonNull<u8>> {
-        let held = self.held.fetch_add(1, Ordering::Relaxed);
+        let held = self.hot.held.fetch_add(1, Ordering::Relaxed);
         if self.policy != Policy::UnboundedPerThread {
             let budget = self.budget();
             if held >= budget.max_stacks {
-                self.held.fetch_sub(1, Ordering::Relaxed);
+                self.hot.held.fetch_sub(1, Ordering::Relaxed);
                 return Err(Error::BudgetExhausted {
                     held,
                     max_stacks: budget.max_stacks,
@@ -124,12 +167,12 @@ impl Shared {
                         );
                     }
                 }
-                self.created.fetch_add(1, Ordering::Relaxed);
-                self.note_outside(held + 1, self.global_len.load(Ordering::Relaxed));
+                self.hot.created.fetch_add(1, Ordering::Relaxed);
+                self.note_outside(held + 1, self.hot.global_len.load(Ordering::Relaxed));
                 Ok(top)
             }
             Err(e) => {
-                self.held.fetch_sub(1, Ordering::Relaxed);
+                self.hot.held.fetch_sub(1, Ordering::Relaxed);
                 Err(e)
             }
         }
@@ -140,11 +183,11 @@ impl Shared {
         // self.layout and is idle (no coroutine runs on it any more).
         match unsafe { stack::unmap_stack(top, &self.layout) } {
             Ok(()) => {
-                self.freed.fetch_add(1, Ordering::Relaxed);
-                self.held.fetch_sub(1, Ordering::Relaxed);
+                self.hot.freed.fetch_add(1, Ordering::Relaxed);
+                self.hot.held.fetch_sub(1, Ordering::Relaxed);
             }
             Err(e) => {
-                self.unmap_failures.fetch_add(1, Ordering::Relaxed);
+                self.hot.unmap_failures.fetch_add(1, Ordering::Relaxed);
                 log::error!("coro-pool: munmap of an idle coroutine stack failed: {e}");
             }
         }
@@ -157,8 +200,9 @@ impl Shared {
     }
 
     /// Moves a batch into the global pool, keeping what fits under the
-    /// maximum and freeing the rest.
-    fn put_global(&self, mut batch: StackList) {
+    /// maximum and freeing the rest. `owner` tags the batch with the local
+    /// pool that returns it (0 for none).
+    fn put_global(&self, mut batch: StackList, owner: usize) {
         if batch.is_empty() {
             return;
         }
@@ -172,7 +216,7 @@ impl Shared {
             batch.for_each(|top| unsafe { stack::release_pages(top, &self.layout) });
         }
         let excess = {
-            let mut g = lock(&self.global);
+            let mut g = lock(&self.hot.global);
             let room = max.saturating_sub(g.size);
             let excess = if batch.len() <= room {
                 None
@@ -182,9 +226,12 @@ impl Shared {
             };
             if !batch.is_empty() {
                 g.size += batch.len();
-                g.batches.push_back(batch);
+                g.batches.push_back(GlobalBatch {
+                    stacks: batch,
+                    owner,
+                });
             }
-            self.global_len.store(g.size, Ordering::Relaxed);
+            self.hot.global_len.store(g.size, Ordering::Relaxed);
             excess
         };
         if let Some(excess) = excess {
@@ -192,15 +239,26 @@ impl Shared {
         }
     }
 
-    fn take_global_batch(&self) -> Option<StackList> {
-        if self.global_len.load(Ordering::Relaxed) == 0 {
+    /// Takes a batch from the global pool for the local pool `owner`:
+    /// among the [`AFFINITY_SCAN`] most recently returned batches, the
+    /// newest one this thread returned itself, else the newest. Stacks that
+    /// go back to the thread that used them last are still in its CPU's
+    /// caches (the link words, the stack tops); a batch another thread
+    /// wrote costs a cache-line transfer per stack when it is popped.
+    fn take_global_batch(&self, owner: usize) -> Option<StackList> {
+        if self.hot.global_len.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        let mut g = lock(&self.global);
-        let batch = g.batches.pop_back()?;
+        let mut g = lock(&self.hot.global);
+        let len = g.batches.len();
+        let pick = (len.saturating_sub(AFFINITY_SCAN)..len)
+            .rev()
+            .find(|&i| g.batches[i].owner == owner)
+            .unwrap_or(len.checked_sub(1)?);
+        let batch = g.batches.remove(pick)?.stacks;
         g.size -= batch.len();
-        self.global_len.store(g.size, Ordering::Relaxed);
-        self.note_outside(self.held.load(Ordering::Relaxed), g.size);
+        self.hot.global_len.store(g.size, Ordering::Relaxed);
+        self.note_outside(self.hot.held.load(Ordering::Relaxed), g.size);
         Some(batch)
     }
 
@@ -208,7 +266,7 @@ impl Shared {
     /// the slow paths (mapping a stack, refilling a local pool from the
     /// global one) can raise that number, so the fast paths never call this.
     fn note_outside(&self, held: usize, global: usize) {
-        self.peak_outside
+        self.hot.peak_outside
             .fetch_max(held.saturating_sub(global), Ordering::Relaxed);
     }
 
@@ -221,16 +279,35 @@ impl Shared {
             return 0;
         }
         let now = self
+            .hot
             .held
             .load(Ordering::Relaxed)
-            .saturating_sub(self.global_len.load(Ordering::Relaxed));
-        let peak = self.peak_outside.swap(now, Ordering::Relaxed).max(now);
+            .saturating_sub(self.hot.global_len.load(Ordering::Relaxed));
+        let peak = self.hot.peak_outside.swap(now, Ordering::Relaxed).max(now);
         let keep = self.max_pooled().min(peak - now);
+        let freed = self.shrink_global(keep);
+        if freed > 0 {
+            log::debug!("coro-pool: trim freed {freed} idle stacks (kept {keep})");
+        }
+        freed
+    }
+
+    /// Frees the oldest global batches (splitting one if needed) until at
+    /// most `keep` stacks are left in the global pool. Returns the number
+    /// freed. The lock is held only to unlink the batches.
+    fn shrink_global(&self, keep: usize) -> usize {
+        if self.hot.global_len.load(Ordering::Relaxed) <= keep {
+            return 0;
+        }
         let mut doomed = Vec::new();
         {
-            let mut g = lock(&self.global);
+            let mut g = lock(&self.hot.global);
             while g.size > keep {
-                let Some(mut batch) = g.batches.pop_front() else {
+                let Some(GlobalBatch {
+                    stacks: mut batch,
+                    owner,
+                }) = g.batches.pop_front()
+                else {
                     break;
                 };
                 let excess = g.size - keep;
@@ -241,32 +318,51 @@ impl Shared {
                     let part = batch.split_off(excess);
                     g.size -= part.len();
                     doomed.push(part);
-                    g.batches.push_front(batch);
+                    g.batches.push_front(GlobalBatch {
+                        stacks: batch,
+                        owner,
+                    });
                 }
             }
-            self.global_len.store(g.size, Ordering::Relaxed);
+            self.hot.global_len.store(g.size, Ordering::Relaxed);
         }
         let mut freed = 0;
         for batch in doomed {
             freed += batch.len();
             self.free_list(batch);
         }
+        freed
+    }
+
+    /// A reservation ended and the maximum dropped: free the global stacks
+    /// above the new maximum now, not at the next trim, so that the VMAs and
+    /// memory of a finished burst go back as soon as its demand is gone.
+    fn shrink_to_max(&self) -> usize {
+        if self.policy != Policy::Bounded {
+            return 0;
+        }
+        let max = self.max_pooled();
+        let freed = self.shrink_global(max);
         if freed > 0 {
-            log::debug!("coro-pool: trim freed {freed} idle stacks (kept {keep})");
+            log::debug!("coro-pool: reservation dropped, freed {freed} idle stacks above the maximum {max}");
         }
         freed
     }
 
     fn close(&self) {
         self.closed.store(true, Ordering::Relaxed);
+        // Every thread's next put takes the slow path, which frees.
+        for t in lock(&self.hot.threads).iter() {
+            t.cap.store(0, Ordering::Relaxed);
+        }
         let batches = {
-            let mut g = lock(&self.global);
+            let mut g = lock(&self.hot.global);
             g.size = 0;
-            self.global_len.store(0, Ordering::Relaxed);
+            self.hot.global_len.store(0, Ordering::Relaxed);
             std::mem::take(&mut g.batches)
         };
         for batch in batches {
-            self.free_list(batch);
+            self.free_list(batch.stacks);
         }
     }
 }
@@ -275,7 +371,6 @@ impl Shared {
 struct LocalState {
     cur: StackList,
     spare: StackList,
-    takes: u64,
 }
 
 /// One thread's cache of a pool's stacks. It is `!Sync` (and only ever
@@ -289,7 +384,18 @@ pub(crate) struct LocalPool {
 impl LocalPool {
     fn new(shared: Arc<Shared>) -> LocalPool {
         let stats = Arc::new(ThreadStats::default());
-        lock(&shared.threads).push(Arc::clone(&stats));
+        {
+            let mut threads = lock(&shared.hot.threads);
+            // Checked under the lock close() takes to zero every cap.
+            let cap = match shared.policy {
+                _ if shared.closed.load(Ordering::Relaxed) => 0,
+                Policy::Bounded => shared.batch_size,
+                Policy::UnboundedPerThread => usize::MAX,
+                Policy::NoPool => 0,
+            };
+            stats.cap.store(cap, Ordering::Relaxed);
+            threads.push(Arc::clone(&stats));
+        }
         LocalPool {
             shared,
             stats,
@@ -297,9 +403,14 @@ impl LocalPool {
         }
     }
 
+    /// The tag of this local pool's batches in the global pool.
+    fn owner(&self) -> usize {
+        Arc::as_ptr(&self.stats) as usize
+    }
+
     /// Runs `f` on the local state. Callers never nest these calls and `f`
     /// never calls out of this module (no logging, no locks, no user code).
-    #[inline]
+    #[inline(always)]
     fn with_state<R>(&self, f: impl FnOnce(&mut LocalState) -> R) -> R {
         // SAFETY: LocalPool is !Sync, so only the owning thread holds a
         // reference; with_state is never re-entered (every closure passed
@@ -308,40 +419,22 @@ impl LocalPool {
         f(unsafe { &mut *self.state.get() })
     }
 
-    #[inline]
-    fn publish(&self, st: &LocalState) {
-        self.stats
-            .local
-            .store(st.cur.len() + st.spare.len(), Ordering::Relaxed);
-    }
-
-    #[inline]
-    fn count_take(&self, st: &mut LocalState) {
-        st.takes += 1;
-        self.stats.takes.store(st.takes, Ordering::Relaxed);
-        self.publish(st);
-    }
-
-    #[inline]
+    /// The fast path of a get: pop from the current batch. Under
+    /// [`Policy::NoPool`] the batch is always empty.
+    #[inline(always)]
     fn take(self: Rc<Self>) -> Result<PooledStack> {
-        let pooled = self.shared.policy != Policy::NoPool;
-        let fast = self.with_state(|st| {
-            let top = if pooled { st.cur.pop() } else { None };
-            if top.is_some() {
-                self.count_take(st);
-            }
-            top
-        });
-        let top = match fast {
+        let top = match self.with_state(|st| st.cur.pop()) {
             Some(top) => top,
             None => self.take_slow()?,
         };
+        ThreadStats::bump(&self.stats.takes);
         Ok(PooledStack { top, local: self })
     }
 
     /// The current batch is empty: switch to the spare batch, refill from
     /// the global pool, or map a new stack.
     #[cold]
+    #[inline(never)]
     fn take_slow(&self) -> Result<NonNull<u8>> {
         let sh = &*self.shared;
         if sh.policy == Policy::Bounded {
@@ -349,48 +442,34 @@ impl LocalPool {
                 if st.cur.is_empty() && !st.spare.is_empty() {
                     st.cur = st.spare.take();
                 }
-                let top = st.cur.pop();
-                if top.is_some() {
-                    self.count_take(st);
-                }
-                top
+                st.cur.pop()
             });
             if let Some(top) = spare {
                 return Ok(top);
             }
-            if let Some(mut batch) = sh.take_global_batch() {
+            if let Some(mut batch) = sh.take_global_batch(self.owner()) {
                 if let Some(top) = batch.pop() {
-                    let displaced = self.with_state(|st| {
-                        let old = std::mem::replace(&mut st.cur, batch);
-                        self.count_take(st);
-                        old
-                    });
+                    let displaced = self.with_state(|st| std::mem::replace(&mut st.cur, batch));
                     // Empty in practice: the batch was refilled because the
                     // current one ran dry.
-                    sh.put_global(displaced);
+                    sh.put_global(displaced, self.owner());
                     return Ok(top);
                 }
             }
         }
-        let top = sh.create()?;
-        self.with_state(|st| self.count_take(st));
-        Ok(top)
+        sh.create()
     }
 
-    #[inline]
+    /// The fast path of a put: push onto the current batch.
+    #[inline(always)]
     fn put(&self, top: NonNull<u8>) {
-        let sh = &*self.shared;
-        let limit = match sh.policy {
-            Policy::Bounded => sh.batch_size,
-            Policy::UnboundedPerThread => usize::MAX,
-            Policy::NoPool => 0,
-        };
+        let stats = &*self.stats;
+        ThreadStats::bump(&stats.puts);
         let pushed = self.with_state(|st| {
-            if st.cur.len() < limit && !sh.closed.load(Ordering::Relaxed) {
+            if st.cur.len() < stats.cap.load(Ordering::Relaxed) {
                 // SAFETY: the stack was handed out by this pool, its
                 // coroutine is gone, and it is in no list.
                 unsafe { st.cur.push(top) };
-                self.publish(st);
                 true
             } else {
                 false
@@ -403,36 +482,37 @@ impl LocalPool {
 
     /// The current batch is full, the pool is closed, or nothing is pooled.
     #[cold]
+    #[inline(never)]
     fn put_slow(&self, top: NonNull<u8>) {
         let sh = &*self.shared;
         if sh.policy == Policy::NoPool || sh.closed.load(Ordering::Relaxed) {
             sh.free_one(top);
             return;
         }
+        // The current batch is full: it becomes the spare, and the old
+        // spare (full too, if any) moves to the global pool. A thread that
+        // swings between empty and full thus moves one batch per batch-size
+        // operations at most, never one per operation.
         let spill = self.with_state(|st| {
             let spill = st.spare.take();
             st.spare = st.cur.take();
             // SAFETY: as in put().
             unsafe { st.cur.push(top) };
-            self.publish(st);
             spill
         });
-        sh.put_global(spill);
+        sh.put_global(spill, self.owner());
     }
 
     fn flush(&self) {
-        let (cur, spare) = self.with_state(|st| {
-            let lists = (st.cur.take(), st.spare.take());
-            self.publish(st);
-            lists
-        });
+        let (cur, spare) = self.with_state(|st| (st.cur.take(), st.spare.take()));
         self.release_lists(cur, spare);
     }
 
     fn release_lists(&self, cur: StackList, spare: StackList) {
         if self.shared.policy == Policy::Bounded {
-            self.shared.put_global(spare);
-            self.shared.put_global(cur);
+            // Untagged: the thread is leaving or going idle.
+            self.shared.put_global(spare, 0);
+            self.shared.put_global(cur, 0);
         } else {
             self.shared.free_list(cur);
             self.shared.free_list(spare);
@@ -444,12 +524,15 @@ impl Drop for LocalPool {
     fn drop(&mut self) {
         let st = self.state.get_mut();
         let (cur, spare) = (st.cur.take(), st.spare.take());
-        let takes = st.takes;
         self.release_lists(cur, spare);
-        self.shared
-            .retired_takes
-            .fetch_add(takes, Ordering::Relaxed);
-        lock(&self.shared.threads).retain(|t| !Arc::ptr_eq(t, &self.stats));
+        // Stacks in use keep their LocalPool alive, so every take has been
+        // matched by a put by now; keep the totals for stats().
+        let hot = &self.shared.hot;
+        hot.retired_takes
+            .fetch_add(self.stats.takes.load(Ordering::Relaxed), Ordering::Relaxed);
+        hot.retired_puts
+            .fetch_add(self.stats.puts.load(Ordering::Relaxed), Ordering::Relaxed);
+        lock(&hot.threads).retain(|t| !Arc::ptr_eq(t, &self.stats));
     }
 }
 
@@ -458,18 +541,27 @@ struct Registry(Vec<Rc<LocalPool>>);
 
 impl Drop for Registry {
     fn drop(&mut self) {
-        // LAST must never point at a LocalPool the registry no longer keeps.
-        LAST.with(|last| last.set(std::ptr::null()));
+        // The cache must never point at a LocalPool the registry no longer
+        // keeps.
+        forget_last();
     }
 }
 
 thread_local! {
     static REGISTRY: RefCell<Registry> = const { RefCell::new(Registry(Vec::new())) };
-    /// The most recently used entry of REGISTRY (or null): a one-entry
-    /// cache that needs no lazy-init or destructor check to read. Invariant:
-    /// when non-null it points at a LocalPool that REGISTRY holds an `Rc`
-    /// of; it is nulled before any entry leaves the registry.
-    static LAST: Cell<*const LocalPool> = const { Cell::new(std::ptr::null()) };
+    /// A one-entry cache of REGISTRY: the pool (`Shared`) used last and its
+    /// local pool. `const`-initialised `Cell`s without destructors, so a
+    /// read is one thread-pointer-relative load with no lazy-init or
+    /// liveness check. Invariant: when LAST_SHARED is non-null, LAST_LOCAL
+    /// points at a LocalPool for that pool that REGISTRY holds an `Rc` of;
+    /// both are nulled before any entry leaves the registry.
+    static LAST_SHARED: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
+    static LAST_LOCAL: Cell<*const LocalPool> = const { Cell::new(std::ptr::null()) };
+}
+
+fn forget_last() {
+    LAST_SHARED.with(|last| last.set(std::ptr::null()));
+    LAST_LOCAL.with(|last| last.set(std::ptr::null()));
 }
 
 /// Removes the entries matching `pred` from this thread's registry and
@@ -480,7 +572,7 @@ fn unregister(pred: impl Fn(&LocalPool) -> bool) -> Vec<Rc<LocalPool>> {
             let Ok(mut reg) = reg.try_borrow_mut() else {
                 return Vec::new();
             };
-            LAST.with(|last| last.set(std::ptr::null()));
+            forget_last();
             let mut out = Vec::new();
             let mut i = 0;
             while i < reg.0.len() {
@@ -500,20 +592,16 @@ fn unregister(pred: impl Fn(&LocalPool) -> bool) -> Vec<Rc<LocalPool>> {
 /// it gives its stacks back when its last stack is dropped.
 #[inline]
 fn local_pool(shared: &Arc<Shared>) -> Rc<LocalPool> {
-    let last = LAST.with(Cell::get);
-    if !last.is_null() {
-        // SAFETY: per LAST's invariant, a non-null LAST points at a live
-        // LocalPool owned by this thread's registry.
-        let local = unsafe { &*last };
-        if Arc::ptr_eq(&local.shared, shared) {
-            // SAFETY: `last` came from Rc::as_ptr of an Rc the registry
-            // still holds, so the allocation is live; taking one more strong
-            // count and wrapping it is a clone.
-            return unsafe {
-                Rc::increment_strong_count(last);
-                Rc::from_raw(last)
-            };
-        }
+    // A live Shared is never at address 0, so a null cache never matches.
+    if LAST_SHARED.with(Cell::get) == Arc::as_ptr(shared) {
+        let last = LAST_LOCAL.with(Cell::get);
+        // SAFETY: per the cache's invariant, LAST_LOCAL came from
+        // Rc::as_ptr of an Rc the registry still holds, so the allocation is
+        // live; taking one more strong count and wrapping it is a clone.
+        return unsafe {
+            Rc::increment_strong_count(last);
+            Rc::from_raw(last)
+        };
     }
     register_local_pool(shared)
 }
@@ -532,7 +620,8 @@ fn register_local_pool(shared: &Arc<Shared>) -> Rc<LocalPool> {
                 local
             }
         };
-        LAST.with(|last| last.set(Rc::as_ptr(&local)));
+        LAST_SHARED.with(|last| last.set(Arc::as_ptr(&local.shared)));
+        LAST_LOCAL.with(|last| last.set(Rc::as_ptr(&local)));
         Some(local)
     });
     match found {
@@ -567,6 +656,7 @@ impl std::fmt::Debug for PooledStack {
 
 impl PooledStack {
     /// The stack's identity (its top address).
+    #[inline]
     pub fn id(&self) -> StackId {
         StackId(self.top.as_ptr() as usize)
     }
@@ -583,6 +673,7 @@ impl PooledStack {
 }
 
 impl Drop for PooledStack {
+    #[inline(always)]
     fn drop(&mut self) {
         self.local.put(self.top);
     }
@@ -629,9 +720,14 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
+        if self.stacks == 0 {
+            return;
+        }
         self.shared
+            .hot
             .reserved
             .fetch_sub(self.stacks, Ordering::Relaxed);
+        self.shared.shrink_to_max();
     }
 }
 
@@ -754,17 +850,20 @@ impl StackPool {
             vma_reserve: config.vma_reserve,
             guard: AtomicU8::new(guard.to_u8()),
             mmc: OnceLock::new(),
-            global: Mutex::new(Global::default()),
-            global_len: AtomicUsize::new(0),
-            reserved: AtomicUsize::new(0),
-            held: AtomicUsize::new(0),
-            created: AtomicU64::new(0),
-            freed: AtomicU64::new(0),
-            unmap_failures: AtomicU64::new(0),
-            retired_takes: AtomicU64::new(0),
-            peak_outside: AtomicUsize::new(0),
-            threads: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
+            hot: Hot {
+                global: Mutex::new(Global::default()),
+                global_len: AtomicUsize::new(0),
+                reserved: AtomicUsize::new(0),
+                held: AtomicUsize::new(0),
+                created: AtomicU64::new(0),
+                freed: AtomicU64::new(0),
+                unmap_failures: AtomicU64::new(0),
+                retired_takes: AtomicU64::new(0),
+                retired_puts: AtomicU64::new(0),
+                peak_outside: AtomicUsize::new(0),
+                threads: Mutex::new(Vec::new()),
+            },
         };
         StackPool {
             shared: Arc::new(shared),
@@ -826,6 +925,7 @@ impl StackPool {
     /// Takes a stack: from this thread's local pool, else a batch from the
     /// global pool, else a new mapping. Fails when the mapping budget is
     /// exhausted or `mmap`/the guard setup fails; never aborts.
+    #[inline]
     pub fn take_stack(&self) -> Result<PooledStack> {
         local_pool(&self.shared).take()
     }
@@ -837,6 +937,7 @@ impl StackPool {
         let mut added = 0;
         let _ = self
             .shared
+            .hot
             .reserved
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
                 let next = r.saturating_add(stacks);
@@ -880,31 +981,38 @@ impl StackPool {
     /// A snapshot of the pool's counters.
     pub fn stats(&self) -> Stats {
         let sh = &*self.shared;
-        let (local, takes) = {
-            let threads = lock(&sh.threads);
-            threads.iter().fold((0usize, 0u64), |(p, t), s| {
+        // Per-thread counters are summed only here: the get/put fast paths
+        // write nothing another thread reads often. Stacks in use are
+        // takes minus puts; the rest of the held stacks that are not in the
+        // global pool sit in thread-local pools.
+        let (takes, puts) = {
+            let threads = lock(&sh.hot.threads);
+            threads.iter().fold((0u64, 0u64), |(t, p), s| {
                 (
-                    p + s.local.load(Ordering::Relaxed),
                     t + s.takes.load(Ordering::Relaxed),
+                    p + s.puts.load(Ordering::Relaxed),
                 )
             })
         };
-        let held = sh.held.load(Ordering::Relaxed);
-        let global = sh.global_len.load(Ordering::Relaxed);
-        let created = sh.created.load(Ordering::Relaxed);
-        let takes = takes + sh.retired_takes.load(Ordering::Relaxed);
+        let takes = takes + sh.hot.retired_takes.load(Ordering::Relaxed);
+        let puts = puts + sh.hot.retired_puts.load(Ordering::Relaxed);
+        let held = sh.hot.held.load(Ordering::Relaxed);
+        let global = sh.hot.global_len.load(Ordering::Relaxed);
+        let created = sh.hot.created.load(Ordering::Relaxed);
+        let live = usize::try_from(takes.saturating_sub(puts)).unwrap_or(usize::MAX);
+        let local = held.saturating_sub(global).saturating_sub(live);
         Stats {
-            live_coroutines: held.saturating_sub(local + global),
+            live_coroutines: live,
             pooled_local: local,
             pooled_global: global,
             stacks_created: created,
             stacks_reused: takes.saturating_sub(created),
-            stacks_freed: sh.freed.load(Ordering::Relaxed),
+            stacks_freed: sh.hot.freed.load(Ordering::Relaxed),
             stacks_held: held,
             vmas_held: held.saturating_mul(sh.guard_kind().vmas_per_stack()),
             max_pooled: sh.max_pooled(),
-            reserved: sh.reserved.load(Ordering::Relaxed),
-            unmap_failures: sh.unmap_failures.load(Ordering::Relaxed),
+            reserved: sh.hot.reserved.load(Ordering::Relaxed),
+            unmap_failures: sh.hot.unmap_failures.load(Ordering::Relaxed),
         }
     }
 

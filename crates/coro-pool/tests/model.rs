@@ -35,7 +35,9 @@ fn op() -> impl Strategy<Value = Op> {
 struct Model {
     cur: usize,
     spare: usize,
-    global: Vec<usize>,
+    /// Global batches, oldest first: (stacks, returned by this thread's
+    /// spill rather than by a flush).
+    global: Vec<(usize, bool)>,
     live: usize,
     held: usize,
     created: u64,
@@ -51,20 +53,31 @@ impl Model {
     }
 
     fn global_size(&self) -> usize {
-        self.global.iter().sum()
+        self.global.iter().map(|b| b.0).sum()
     }
 
-    fn put_global(&mut self, n: usize) {
+    fn put_global(&mut self, n: usize, mine: bool) {
         if n == 0 {
             return;
         }
         let room = self.max().saturating_sub(self.global_size());
         let keep = n.min(room);
         if keep > 0 {
-            self.global.push(keep);
+            self.global.push((keep, mine));
         }
         self.freed += (n - keep) as u64;
         self.held -= n - keep;
+    }
+
+    /// A refill takes the newest of the last four batches this thread
+    /// spilled itself, else the newest batch.
+    fn take_global(&mut self) -> Option<usize> {
+        let len = self.global.len();
+        let pick = (len.saturating_sub(4)..len)
+            .rev()
+            .find(|&i| self.global[i].1)
+            .or(len.checked_sub(1))?;
+        Some(self.global.remove(pick).0)
     }
 
     fn note_outside(&mut self) {
@@ -80,7 +93,7 @@ impl Model {
             self.cur = self.spare - 1;
             self.spare = 0;
             self.reused += 1;
-        } else if let Some(b) = self.global.pop() {
+        } else if let Some(b) = self.take_global() {
             self.cur = b - 1;
             self.reused += 1;
             self.note_outside();
@@ -99,7 +112,7 @@ impl Model {
             self.spare = self.cur;
             self.cur = 0;
             self.cur += 1;
-            self.put_global(spill);
+            self.put_global(spill, true);
         } else {
             self.cur += 1;
         }
@@ -110,17 +123,22 @@ impl Model {
         let peak = self.peak_outside.max(now);
         self.peak_outside = now;
         let keep = self.max().min(peak - now);
+        self.shrink(keep);
+    }
+
+    /// Frees the oldest global stacks until at most `keep` are left.
+    fn shrink(&mut self, keep: usize) {
         let mut size = self.global_size();
         while size > keep {
             let excess = size - keep;
-            let first = self.global[0];
+            let first = self.global[0].0;
             if first <= excess {
                 self.global.remove(0);
                 size -= first;
                 self.freed += first as u64;
                 self.held -= first;
             } else {
-                self.global[0] -= excess;
+                self.global[0].0 -= excess;
                 size -= excess;
                 self.freed += excess as u64;
                 self.held -= excess;
@@ -128,11 +146,19 @@ impl Model {
         }
     }
 
+    /// A reservation ends: the maximum drops and the global stacks above
+    /// it are freed at once.
+    fn unreserve(&mut self) {
+        if self.reserved.pop().is_some() {
+            self.shrink(self.max());
+        }
+    }
+
     fn flush(&mut self) {
         let spare = std::mem::take(&mut self.spare);
         let cur = std::mem::take(&mut self.cur);
-        self.put_global(spare);
-        self.put_global(cur);
+        self.put_global(spare, false);
+        self.put_global(cur, false);
     }
 }
 
@@ -150,13 +176,15 @@ fn check(pool: &StackPool, m: &Model, step: usize) -> Result<(), TestCaseError> 
     Ok(())
 }
 
-/// Returning stacks never grows the global pool beyond its maximum (a
-/// lowered maximum may leave it above until the next trim).
+/// The global pool never holds more than its maximum: returning stacks
+/// never grows it beyond, and lowering the maximum (a reservation ends)
+/// frees what is above at once.
 fn check_growth(pool: &StackPool, global_before: usize) -> Result<(), TestCaseError> {
     let s = pool.stats();
     if s.pooled_global > global_before {
         prop_assert!(s.pooled_global <= s.max_pooled, "{:?}", s);
     }
+    prop_assert!(s.pooled_global <= s.max_pooled, "{:?}", s);
     Ok(())
 }
 
@@ -209,9 +237,8 @@ proptest! {
                     model.reserved.push(n);
                 }
                 Op::Unreserve => {
-                    if reservations.pop().is_some() {
-                        model.reserved.pop();
-                    }
+                    drop(reservations.pop());
+                    model.unreserve();
                 }
                 Op::Flush => {
                     pool.flush_local();
