@@ -66,7 +66,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         "scale" => {
             // Wall-clock rate of `burst` cycles on 1 and on 2 threads.
-            let pool = std::sync::Arc::new(StackPool::new(PoolConfig::default().stack_size(64 << 10))?);
+            let pool =
+                std::sync::Arc::new(StackPool::new(PoolConfig::default().stack_size(64 << 10))?);
             let _demand = pool.reserve(2048);
             for threads in [1usize, 2, 1, 2] {
                 let start = std::time::Instant::now();
@@ -85,7 +86,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     }
                 });
                 let secs = start.elapsed().as_secs_f64();
-                println!("{threads} threads: {:.1} Mops/s", (threads * iters * 2) as f64 / secs / 1e6);
+                println!(
+                    "{threads} threads: {:.1} Mops/s",
+                    (threads * iters * 2) as f64 / secs / 1e6
+                );
             }
         }
         "time" => {

@@ -266,7 +266,8 @@ impl Shared {
     /// the slow paths (mapping a stack, refilling a local pool from the
     /// global one) can raise that number, so the fast paths never call this.
     fn note_outside(&self, held: usize, global: usize) {
-        self.hot.peak_outside
+        self.hot
+            .peak_outside
             .fetch_max(held.saturating_sub(global), Ordering::Relaxed);
     }
 
@@ -344,7 +345,9 @@ impl Shared {
         let max = self.max_pooled();
         let freed = self.shrink_global(max);
         if freed > 0 {
-            log::debug!("coro-pool: reservation dropped, freed {freed} idle stacks above the maximum {max}");
+            log::debug!(
+                "coro-pool: reservation dropped, freed {freed} idle stacks above the maximum {max}"
+            );
         }
         freed
     }

@@ -188,6 +188,8 @@ fn test_global_pool_stays_within_max() {
     assert_eq!(s.pooled_global, 48, "{s:?}");
     drop(r);
     assert_eq!(pool.max_pooled(), 8);
+    // The stacks above the lowered maximum went at once, without a trim.
+    assert_eq!(pool.stats().pooled_global, 8);
     // Returning more stacks never pushes the global pool above its max.
     let live: Vec<_> = (0..100).map(|_| one_yield(&pool)).collect();
     drop(live);
@@ -735,4 +737,156 @@ fn test_multithreaded_stress() {
     assert_eq!(s.stacks_created - s.stacks_freed, s.stacks_held as u64);
     assert!(s.stacks_reused > 0);
     assert_eq!(s.unmap_failures, 0);
+}
+
+#[test]
+fn test_reservation_drop_frees_global_stacks_above_new_max() {
+    let pool = StackPool::new(small().batch_size(4).base_max(8)).unwrap();
+    let r = pool.reserve(100);
+    let live: Vec<_> = (0..100).map(|_| one_yield(&pool)).collect();
+    drop(live);
+    let s = pool.stats();
+    assert_eq!((s.pooled_local, s.pooled_global), (8, 92));
+    assert_eq!(s.stacks_freed, 0);
+    drop(r);
+    // No trim: dropping the reservation freed what the maximum no longer
+    // covers, oldest batches first.
+    let s = pool.stats();
+    assert_eq!(s.max_pooled, 8);
+    assert_eq!((s.pooled_local, s.pooled_global), (8, 8));
+    assert_eq!(s.stacks_freed, 84);
+    assert_eq!(s.stacks_held, 16);
+    assert_eq!(s.vmas_held, 16 * pool.budget().vmas_per_stack);
+    // trim() still works afterwards: its first window saw the burst and
+    // keeps up to the maximum, an idle window frees the rest.
+    assert_eq!(pool.trim(), 0);
+    assert_eq!(pool.trim(), 8);
+    assert_eq!(pool.stats().pooled_global, 0);
+}
+
+#[test]
+fn test_reservation_drop_keeps_what_other_reservations_cover() {
+    let pool = StackPool::new(small().batch_size(4).base_max(8)).unwrap();
+    let a = pool.reserve(60);
+    let b = pool.reserve(30);
+    let live: Vec<_> = (0..100).map(|_| one_yield(&pool)).collect();
+    drop(live);
+    assert_eq!(pool.stats().pooled_global, 92);
+    drop(a);
+    let s = pool.stats();
+    assert_eq!(s.max_pooled, 38);
+    assert_eq!(s.pooled_global, 38, "{s:?}");
+    // A zero-sized reservation changes nothing when it ends.
+    drop(pool.reserve(0));
+    assert_eq!(pool.stats().pooled_global, 38);
+    drop(b);
+    assert_eq!(pool.stats().pooled_global, 8);
+}
+
+#[test]
+fn test_reservation_drop_leaves_stacks_in_use_alone() {
+    let pool = StackPool::new(small().batch_size(4).base_max(0)).unwrap();
+    let r = pool.reserve(50);
+    let mut live: Vec<_> = (0..50).map(|_| one_yield(&pool)).collect();
+    live.drain(..20);
+    let before = pool.stats();
+    assert_eq!(before.live_coroutines, 30);
+    drop(r);
+    let s = pool.stats();
+    assert_eq!(s.live_coroutines, 30);
+    assert_eq!(s.pooled_global, 0);
+    assert_eq!(s.stacks_held, 30 + s.pooled_local);
+    // The coroutines still run on their (mapped) stacks.
+    for co in live.iter_mut() {
+        assert!(matches!(co.resume(1), CoroutineResult::Yield(1)));
+        assert!(matches!(co.resume(2), CoroutineResult::Return(3)));
+    }
+}
+
+#[test]
+fn test_burst_turns_bounded_without_trim_after_reservations_drop() {
+    // The seed scenario in small: threads take turns bursting with a
+    // reservation each, then stay alive and idle. Without any trim, the
+    // pool holds at most two batches per thread plus the base maximum.
+    const THREADS: usize = 4;
+    const BURST: usize = 600;
+    const BATCH: usize = 8;
+    let pool = Arc::new(
+        StackPool::new(
+            PoolConfig::default()
+                .stack_size(16 << 10)
+                .batch_size(BATCH)
+                .base_max(BATCH),
+        )
+        .unwrap(),
+    );
+    let turn = Arc::new(std::sync::Mutex::new(()));
+    let idle = Arc::new(std::sync::Barrier::new(THREADS + 1));
+    let exit = Arc::new(std::sync::Barrier::new(THREADS + 1));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let (pool, turn, idle, exit) = (pool.clone(), turn.clone(), idle.clone(), exit.clone());
+            std::thread::spawn(move || {
+                {
+                    let _turn = turn.lock().unwrap();
+                    let demand = pool.reserve(BURST);
+                    let live: Vec<_> = (0..BURST).map(|_| one_yield(&pool)).collect();
+                    assert!(pool.stats().stacks_held >= BURST);
+                    drop(live);
+                    drop(demand);
+                }
+                idle.wait();
+                exit.wait();
+            })
+        })
+        .collect();
+    idle.wait();
+    let s = pool.stats();
+    assert_eq!(s.live_coroutines, 0);
+    assert!(s.pooled_global <= BATCH, "{s:?}");
+    assert!(s.pooled_local <= THREADS * 2 * BATCH, "{s:?}");
+    assert!(s.stacks_held <= THREADS * 2 * BATCH + BATCH, "{s:?}");
+    assert!(s.stacks_created >= BURST as u64);
+    exit.wait();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn test_refill_prefers_batches_this_thread_returned() {
+    use std::sync::mpsc::channel;
+    let pool = Arc::new(StackPool::new(small().batch_size(4).base_max(100)).unwrap());
+    // Another thread takes twelve stacks while the global pool is empty.
+    let (taken_tx, taken_rx) = channel();
+    let (release_tx, release_rx) = channel::<()>();
+    let p = pool.clone();
+    let other = std::thread::spawn(move || {
+        let theirs: Vec<_> = (0..12).map(|_| p.take_stack().unwrap()).collect();
+        taken_tx.send(()).unwrap();
+        release_rx.recv().unwrap();
+        // Twelve puts: one batch spills (tagged with that thread), then
+        // thread exit returns its two local batches.
+        drop(theirs);
+    });
+    taken_rx.recv().unwrap();
+    // Twelve puts on this thread: the first four spill to the global pool
+    // as a batch tagged with this thread; eight stay local.
+    let mine: Vec<_> = (0..12).map(|_| pool.take_stack().unwrap()).collect();
+    let spilled: Vec<_> = mine[..4].iter().map(|s| s.id()).collect();
+    drop(mine);
+    assert_eq!(pool.stats().pooled_global, 4);
+    release_tx.send(()).unwrap();
+    other.join().unwrap();
+    // This thread's batch is now the oldest of four.
+    assert_eq!(pool.stats().pooled_global, 16);
+    // Drain the local pool, then the refill: it takes back the batch this
+    // thread returned (still warm in its caches), not the newest one.
+    let local: Vec<_> = (0..8).map(|_| pool.take_stack().unwrap()).collect();
+    let refill = pool.take_stack().unwrap();
+    assert!(
+        spilled.contains(&refill.id()),
+        "refill took another thread's batch"
+    );
+    drop((local, refill));
 }
