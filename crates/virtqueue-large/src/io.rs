@@ -352,8 +352,9 @@ where
     }
 
     /// Writes up to `count` bytes from the chain to `file` at `offset` with
-    /// `pwritev`, straight from guest memory, at most [`IOV_MAX`] iovecs per
-    /// call. Returns the bytes written; it stops early at the first short
+    /// `pwritev`, straight from guest memory, at most [`IOV_MAX`] iovecs
+    /// (buffers adjacent in host memory share one) and [`MAX_RW_COUNT`]
+    /// bytes per call. Returns the bytes written; it stops early at the first short
     /// write (the cursor then sits exactly after the bytes written).
     pub fn write_to_file_at<F: AsFd>(
         &mut self,
@@ -430,8 +431,9 @@ where
     }
 
     /// Reads up to `count` bytes from `file` at `offset` into the chain with
-    /// `preadv`, straight into guest memory, at most [`IOV_MAX`] iovecs per
-    /// call. Returns the bytes read; 0 means end of file. It stops early at
+    /// `preadv`, straight into guest memory, at most [`IOV_MAX`] iovecs
+    /// (buffers adjacent in host memory share one) and [`MAX_RW_COUNT`]
+    /// bytes per call. Returns the bytes read; 0 means end of file. It stops early at
     /// the first short read (end of file, or a pipe with less data), and the
     /// cursor then sits exactly after the bytes read.
     pub fn read_from_file_at<F: AsFd>(

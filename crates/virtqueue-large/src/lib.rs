@@ -6,7 +6,8 @@
 //! keeps the ring small and lets one chain carry up to 32768 descriptors
 //! (128 MiB of 4 KiB pages) under an explicit policy, reports every chain
 //! fault as an [`Error`] instead of ending the chain silently, and splits
-//! file I/O at [`IOV_MAX`] so host syscalls never see too many iovecs.
+//! file I/O at [`IOV_MAX`] so host syscalls never see too many iovecs
+//! (buffers adjacent in host memory share one iovec).
 //!
 //! It sits on virtio-queue: `virtio_queue::Queue` (or the queue inside a
 //! vhost-user-backend vring) keeps the rings, event-idx and notification
