@@ -56,21 +56,34 @@ pub struct Sandbox {
 /// Extended attributes of `path` (not following a symlink), sorted.
 fn xattrs(path: &Path) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
-    let mut names = vec![0u8; 4096];
-    // SAFETY: a valid C string and a buffer of the given length.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-    if n < 0 {
+    // SAFETY: a valid C string; a null buffer of size 0 asks for the size.
+    let size = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
+    if size <= 0 {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
+            _ if size == 0 => Ok(Vec::new()),
             Some(libc::ENOTSUP) => Ok(Vec::new()),
             _ => Err(e),
         };
+    }
+    // Room for a name added since the size query (the list is then cut
+    // short, which only makes the comparison fail and the export rebuilt).
+    let mut names = vec![0u8; size as usize + 256];
+    // SAFETY: a valid C string and a buffer of the given length.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
     }
     names.truncate(n as usize);
     let mut out = Vec::new();
     for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
         let cname = CString::new(name).map_err(io::Error::other)?;
-        let mut value = vec![0u8; 65536];
+        // SAFETY: valid C strings; a null buffer of size 0 asks for the size.
+        let len = unsafe { libc::lgetxattr(c.as_ptr(), cname.as_ptr(), std::ptr::null_mut(), 0) };
+        if len < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut value = vec![0u8; len as usize];
         // SAFETY: valid C strings and a buffer of the given length.
         let n = unsafe {
             libc::lgetxattr(
