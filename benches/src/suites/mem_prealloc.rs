@@ -511,3 +511,32 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     ));
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_zero_pages_clears_exactly_the_range() {
+        let mut buf = vec![0xa5u8; 3 * 4096 + 100];
+        let base = buf.as_mut_ptr() as usize;
+        // SAFETY: a range inside `buf`, which nothing else touches meanwhile.
+        unsafe { zero_pages(base + 1, 2 * 4096 + 10) };
+        assert_eq!(buf[0], 0xa5);
+        assert!(buf[1..=2 * 4096 + 10].iter().all(|&b| b == 0));
+        assert!(buf[2 * 4096 + 11..].iter().all(|&b| b == 0xa5));
+    }
+
+    #[test]
+    fn test_ceiling_contenders_run_on_small_regions() {
+        // Two threads need 64 MiB each (QEMU's size / 64 MiB term).
+        let len = 128 << 20;
+        let mut cpu = Vec::new();
+        for threads in [1, 2] {
+            assert!(ours_anon(len, threads, &mut cpu).unwrap() > 0.0);
+            assert!(memset(len, threads).unwrap() > 0.0);
+        }
+        assert_eq!(cpu.len(), 2);
+        assert!(ours_two_memfds(len).unwrap() > 0.0);
+    }
+}
