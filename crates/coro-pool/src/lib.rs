@@ -13,7 +13,8 @@
 //!   batches (default 128 stacks each), a global pool of batches behind one
 //!   lock, batch moves in both directions (QEMU's 2024 design). The global
 //!   maximum is `min(base + reserved, budget)`: [`StackPool::reserve`]
-//!   returns a [`Reservation`] that raises it while it lives, and the budget
+//!   returns a [`Reservation`] that raises it while it lives (and frees the
+//!   global stacks above the lowered maximum when it ends), and the budget
 //!   ([`MapBudget`]) comes from `/proc/sys/vm/max_map_count` (read lazily,
 //!   5000 VMAs kept for the rest of the process, 1 or 2 VMAs per stack, a
 //!   documented fallback when the file is unreadable). The budget also caps

@@ -378,6 +378,10 @@ struct LocalState {
 
 /// One thread's cache of a pool's stacks. It is `!Sync` (and only ever
 /// reached through an `Rc`), so its state is touched by one thread only.
+/// Every get and put writes it (the `Rc` count, the list head), so it is
+/// aligned to its own cache lines: two threads' local pools never share one,
+/// whatever the allocator places next to each other.
+#[repr(align(128))]
 pub(crate) struct LocalPool {
     shared: Arc<Shared>,
     stats: Arc<ThreadStats>,
@@ -705,8 +709,11 @@ unsafe impl corosensei::stack::Stack for PooledStack {
 
 /// A demand reservation: while it lives, the pool's global maximum is
 /// raised by its size (within the mapping budget). Dropping it lowers the
-/// maximum again; stacks above the lowered maximum are freed by the next
-/// [`StackPool::trim`] or when a full batch is returned.
+/// maximum again and frees, right away and on the dropping thread, the
+/// idle stacks of the global pool above the lowered maximum (oldest batches
+/// first), so the memory and VMAs of a burst go back as soon as its demand
+/// ends, without waiting for [`StackPool::trim`]. Stacks in use and
+/// thread-local pools are not touched.
 #[must_use = "the reservation ends when the handle is dropped"]
 #[derive(Debug)]
 pub struct Reservation {
@@ -749,9 +756,11 @@ impl std::fmt::Debug for Shared {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Stacks in use: live coroutines (and [`PooledStack`]s held directly),
-    /// computed as held minus pooled.
+    /// computed as stacks taken minus stacks given back, summed over the
+    /// per-thread counters.
     pub live_coroutines: usize,
-    /// Idle stacks in thread-local pools, all threads together.
+    /// Idle stacks in thread-local pools, all threads together, computed as
+    /// held minus global minus in use.
     pub pooled_local: usize,
     /// Idle stacks in the global pool.
     pub pooled_global: usize,
@@ -934,8 +943,10 @@ impl StackPool {
     }
 
     /// Raises the global pool's maximum by `stacks` until the returned
-    /// handle is dropped. Under [`Policy::UnboundedPerThread`] and
-    /// [`Policy::NoPool`] it is recorded but changes nothing.
+    /// handle is dropped; dropping it frees the global stacks above the
+    /// lowered maximum at once (see [`Reservation`]). Under
+    /// [`Policy::UnboundedPerThread`] and [`Policy::NoPool`] it is recorded
+    /// but changes nothing.
     pub fn reserve(&self, stacks: usize) -> Reservation {
         let mut added = 0;
         let _ = self
