@@ -8,7 +8,9 @@
 //! - the copy limits: `memcpy` of 128 MiB into guest memory, and one
 //!   `read(2)` of 128 MiB of the cached file into the same guest memory
 //!   (the kernel's page-cache copy, the ceiling of any read path), with
-//!   the 128 MiB Tread against both;
+//!   the 128 MiB Tread against both; and, for information, a user-space
+//!   copy out of a mapping of the file (`mmap` + `memcpy`), which the read
+//!   path does not use;
 //! - 4 KiB random reads, 64 in flight, with the coroutine stack pool and
 //!   with `no_pool` (a fresh mmap'd stack per request), and the p99
 //!   latency;
@@ -357,6 +359,63 @@ fn pread_gib_per_s(
     Ok((size * rounds.max(1)) as f64 / GIB / t.elapsed().as_secs_f64())
 }
 
+/// The copy a read path could do in user space instead: map `size` bytes
+/// of the cached file (`MAP_POPULATE`, so no page faults during the copy),
+/// `memcpy` them into the same guest memory, unmap; `rounds` times after
+/// one untimed round; returns GiB/s. Informative only: a daemon copying
+/// from a mapping dies of SIGBUS when the file is truncated under it
+/// (another fid of the guest can do that), so the read path does not.
+fn mmap_copy_gib_per_s(
+    run: &Running,
+    file: &Path,
+    file_len: u64,
+    size: usize,
+    rounds: usize,
+) -> Res<f64> {
+    use std::os::fd::AsRawFd;
+    let vmm = session(run, 65536, "big", 0)?;
+    let mem = vmm.memory().clone();
+    let f = std::fs::File::open(file)?;
+    let copy_at = |offset: u64| -> Res<()> {
+        // SAFETY: a fresh shared read-only mapping of `size` bytes of a
+        // file we opened; the result is checked before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                f.as_raw_fd(),
+                offset as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: the mapping is `size` readable bytes and lives until
+        // the munmap below; the file is the bench's own and nothing
+        // truncates or writes it while it is mapped.
+        let src = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), size) };
+        let res = mem.write_slice(src, GuestAddress(DATA_AREA));
+        // SAFETY: unmaps exactly the mapping made above; `src` is not used
+        // after this.
+        unsafe { libc::munmap(p, size) };
+        res?;
+        Ok(())
+    };
+    let mut offset = 0u64;
+    copy_at(offset)?;
+    let t = Instant::now();
+    for _ in 0..rounds.max(1) {
+        offset += size as u64;
+        if offset + size as u64 > file_len {
+            offset = 0;
+        }
+        copy_at(black_box(offset))?;
+    }
+    Ok((size * rounds.max(1)) as f64 / GIB / t.elapsed().as_secs_f64())
+}
+
 /// Adds the vhost-user metrics and tables to `report`.
 pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Result<(), Box<dyn Error>> {
     run_inner(ctx, report).map_err(|e| e.to_string().into())
@@ -430,6 +489,7 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
     let big = dir.path().join("big");
     let mut memcpy = Vec::new();
     let mut pread = Vec::new();
+    let mut mmap_copy = Vec::new();
     let mut read128 = 0.0;
     for (name, m) in [("512k", 512u32 << 10), ("4m", 4 << 20), ("128m", MAX_MSIZE)] {
         let total = per_point(m);
@@ -448,6 +508,13 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
                 memcpy.push(memcpy_gib_per_s(&pooled, 128 << 20, 3)?);
                 let rounds = (total / u64::from(MAX_MSIZE)).max(1) as usize;
                 pread.push(pread_gib_per_s(&pooled, &big, file_len, 128 << 20, rounds)?);
+                mmap_copy.push(mmap_copy_gib_per_s(
+                    &pooled,
+                    &big,
+                    file_len,
+                    128 << 20,
+                    rounds,
+                )?);
             }
         }
         report.metric(&format!("read_gib_per_s_msize_{name}"), median(&r));
@@ -464,6 +531,11 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
     // memcpy; and how close the 128 MiB Tread gets to that limit.
     report.metric("pread_vs_memcpy", pread / memcpy);
     report.metric("read_128m_vs_pread", read128 / pread);
+    // What a user-space copy from a file mapping would reach (not used by
+    // the read path: SIGBUS on truncation).
+    let mmap_copy = median(&mmap_copy);
+    report.metric("mmap_copy_gib_per_s", mmap_copy);
+    report.metric("mmap_copy_vs_memcpy", mmap_copy / memcpy);
 
     // 4 KiB random reads, 64 in flight: pooled stacks vs no pool,
     // alternating.
