@@ -65,21 +65,27 @@ fn small_request(c: &mut Criterion) {
 fn preadv(c: &mut Criterion) {
     let descs = 4096usize;
     let bytes = descs * 4096;
-    let mem = guest_memory(bytes + (16 << 20));
+    let mem = guest_memory(2 * bytes + (16 << 20));
     let mut driver = MockDriver::new(&mem, 256);
     let mut queue: Queue = driver.create_queue();
+    let bufs = vec![Buf::w(4096); descs];
+    // Scattered pages: one iovec each; adjacent pages: merged into one.
     driver
-        .add_chain(Layout::Indirect, &vec![Buf::w(4096); descs])
+        .add_chain_scattered(Layout::Indirect, &bufs, 0x5eed)
         .unwrap();
+    driver.add_chain(Layout::Indirect, &bufs).unwrap();
     let mut walker = ChainWalker::new(ChainLimits::large()).unwrap();
-    let chain = walker.pop(&mut queue, &mem).unwrap().unwrap();
+    let scattered = walker.pop(&mut queue, &mem).unwrap().unwrap();
+    let adjacent = walker.pop(&mut queue, &mem).unwrap().unwrap();
     let file = tempfile::tempfile().unwrap();
     file.write_all_at(&vec![1u8; bytes], 0).unwrap();
     let mut group = c.benchmark_group("file");
     group.throughput(Throughput::Bytes(bytes as u64));
-    group.bench_function("preadv_16m_into_4096_descriptors", |b| {
-        b.iter(|| chain.writer().read_from_file_at(&file, bytes, 0).unwrap())
-    });
+    for (name, chain) in [("scattered", &scattered), ("adjacent", &adjacent)] {
+        group.bench_function(format!("preadv_16m_into_4096_{name}_pages"), |b| {
+            b.iter(|| chain.writer().read_from_file_at(&file, bytes, 0).unwrap())
+        });
+    }
     group.finish();
 }
 
