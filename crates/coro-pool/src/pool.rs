@@ -210,13 +210,18 @@ impl Shared {
             self.free_list(batch);
             return;
         }
-        let max = self.max_pooled();
         if self.idle_pages == IdlePages::Release {
             // SAFETY: the batch holds idle stacks of this pool's layout.
             batch.for_each(|top| unsafe { stack::release_pages(top, &self.layout) });
         }
         let excess = {
             let mut g = lock(&self.hot.global);
+            // Read under the lock: a reservation that ends concurrently
+            // either sees this batch when it shrinks the pool, or has
+            // lowered the maximum before it is read here. (The budget was
+            // resolved when these stacks were created, so this reads no
+            // file.)
+            let max = self.max_pooled();
             let room = max.saturating_sub(g.size);
             let excess = if batch.len() <= room {
                 None
