@@ -93,7 +93,7 @@ impl<Input, Yield, Return> Coroutine<Input, Yield, Return> {
     /// [`try_resume`](Coroutine::try_resume) to get an error instead). A
     /// panic inside the coroutine is propagated to the caller, after which
     /// the coroutine counts as finished.
-    #[inline]
+    #[inline(always)]
     pub fn resume(&mut self, input: Input) -> CoroutineResult<Yield, Return> {
         match self.try_resume(input) {
             Ok(result) => result,
@@ -104,7 +104,7 @@ impl<Input, Yield, Return> Coroutine<Input, Yield, Return> {
     /// Like [`resume`](Coroutine::resume), but returns
     /// [`Error::Finished`] instead of panicking when the coroutine has
     /// already returned.
-    #[inline]
+    #[inline(always)]
     pub fn try_resume(&mut self, input: Input) -> Result<CoroutineResult<Yield, Return>> {
         let co = match self.inner.as_mut() {
             Some(co) if !co.done() => co,

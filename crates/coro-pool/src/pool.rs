@@ -6,7 +6,6 @@ use std::cell::{Cell, RefCell, UnsafeCell};
 use std::collections::VecDeque;
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
@@ -381,19 +380,40 @@ struct LocalState {
     spare: StackList,
 }
 
-/// One thread's cache of a pool's stacks. It is `!Sync` (and only ever
-/// reached through an `Rc`), so its state is touched by one thread only.
-/// Every get and put writes it (the `Rc` count, the list head), so it is
-/// aligned to its own cache lines: two threads' local pools never share one,
-/// whatever the allocator places next to each other.
+/// One thread's cache of a pool's stacks.
+///
+/// It lives on the heap and is reached through raw pointers from its
+/// thread only: the thread's registry and the [`PooledStack`]s taken from it
+/// (which are `!Send`), so its state is touched by one thread only. Its
+/// lifetime, without a reference count on the fast path: it is freed when
+/// the registry has let go of it (`registered` is false) and every stack
+/// taken from it has come back (its take and put counters are equal). The
+/// registry lets go with [`LocalPool::retire`], which frees it at once if
+/// no stack is out and otherwise sets its capacity to 0, so that every
+/// later put takes the slow path, which frees it with the last stack.
+///
+/// Every get and put writes it (the list head), so it is aligned to its own
+/// cache lines: two threads' local pools never share one, whatever the
+/// allocator places next to each other.
 #[repr(align(128))]
 pub(crate) struct LocalPool {
     shared: Arc<Shared>,
     stats: Arc<ThreadStats>,
     state: UnsafeCell<LocalState>,
+    registered: Cell<bool>,
 }
 
 impl LocalPool {
+    /// Allocates a local pool; `registered` says whether a registry owns it.
+    fn alloc(shared: &Arc<Shared>, registered: bool) -> NonNull<LocalPool> {
+        let local = Box::new(LocalPool::new(Arc::clone(shared)));
+        local.registered.set(registered);
+        if !registered {
+            local.stats.cap.store(0, Ordering::Relaxed);
+        }
+        NonNull::from(Box::leak(local))
+    }
+
     fn new(shared: Arc<Shared>) -> LocalPool {
         let stats = Arc::new(ThreadStats::default());
         {
@@ -412,7 +432,38 @@ impl LocalPool {
             shared,
             stats,
             state: UnsafeCell::new(LocalState::default()),
+            registered: Cell::new(true),
         }
+    }
+
+    /// Stacks taken from this local pool and not yet given back. Read by
+    /// the owning thread, the only writer.
+    fn outstanding(&self) -> u64 {
+        self.stats.takes.load(Ordering::Relaxed) - self.stats.puts.load(Ordering::Relaxed)
+    }
+
+    /// The registry lets go of `ptr`: its idle stacks go to the global pool
+    /// (or are freed), and it is freed now if no stack taken from it is
+    /// out, else by the put of the last one.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be a live local pool of the calling thread that its
+    /// registry owned and no longer lists (so it is retired only once).
+    unsafe fn retire(ptr: NonNull<LocalPool>) {
+        {
+            // SAFETY: live per the caller's contract.
+            let local = unsafe { ptr.as_ref() };
+            local.registered.set(false);
+            local.stats.cap.store(0, Ordering::Relaxed);
+            local.flush();
+            if local.outstanding() != 0 {
+                return;
+            }
+        }
+        // SAFETY: allocated by alloc() (Box::leak), no longer registered,
+        // and no PooledStack points at it; no reference to it is live.
+        drop(unsafe { Box::from_raw(ptr.as_ptr()) });
     }
 
     /// The tag of this local pool's batches in the global pool.
@@ -424,8 +475,9 @@ impl LocalPool {
     /// never calls out of this module (no logging, no locks, no user code).
     #[inline(always)]
     fn with_state<R>(&self, f: impl FnOnce(&mut LocalState) -> R) -> R {
-        // SAFETY: LocalPool is !Sync, so only the owning thread holds a
-        // reference; with_state is never re-entered (every closure passed
+        // SAFETY: LocalPool is !Sync and only its own thread reaches it
+        // (through its registry and its !Send PooledStacks), so only that
+        // thread holds a reference; with_state is never re-entered (every closure passed
         // here only touches LocalState and the thread's stat atomics), so
         // this is the only live reference to the state.
         f(unsafe { &mut *self.state.get() })
@@ -433,14 +485,22 @@ impl LocalPool {
 
     /// The fast path of a get: pop from the current batch. Under
     /// [`Policy::NoPool`] the batch is always empty.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be a live local pool of the calling thread.
     #[inline(always)]
-    fn take(self: Rc<Self>) -> Result<PooledStack> {
-        let top = match self.with_state(|st| st.cur.pop()) {
+    unsafe fn take(ptr: NonNull<LocalPool>) -> Result<PooledStack> {
+        // SAFETY: live per the caller's contract.
+        let local = unsafe { ptr.as_ref() };
+        let top = match local.with_state(|st| st.cur.pop()) {
             Some(top) => top,
-            None => self.take_slow()?,
+            None => local.take_slow()?,
         };
-        ThreadStats::bump(&self.stats.takes);
-        Ok(PooledStack { top, local: self })
+        // From here the stack counts as out: the local pool stays alive at
+        // least until it comes back.
+        ThreadStats::bump(&local.stats.takes);
+        Ok(PooledStack { top, local: ptr })
     }
 
     /// The current batch is empty: switch to the spare batch, refill from
@@ -473,11 +533,19 @@ impl LocalPool {
     }
 
     /// The fast path of a put: push onto the current batch.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be the live local pool `top` was taken from, on the
+    /// calling thread, and `top` must be out (taken and not yet put).
     #[inline(always)]
-    fn put(&self, top: NonNull<u8>) {
-        let stats = &*self.stats;
+    unsafe fn put(ptr: NonNull<LocalPool>, top: NonNull<u8>) {
+        // SAFETY: live per the caller's contract (a stack is out, so a
+        // retired local pool has not been freed yet).
+        let local = unsafe { ptr.as_ref() };
+        let stats = &*local.stats;
         ThreadStats::bump(&stats.puts);
-        let pushed = self.with_state(|st| {
+        let pushed = local.with_state(|st| {
             if st.cur.len() < stats.cap.load(Ordering::Relaxed) {
                 // SAFETY: the stack was handed out by this pool, its
                 // coroutine is gone, and it is in no list.
@@ -488,14 +556,50 @@ impl LocalPool {
             }
         });
         if !pushed {
-            self.put_slow(top);
+            // SAFETY: as for this call.
+            unsafe { Self::put_slow(ptr, top) };
         }
     }
 
-    /// The current batch is full, the pool is closed, or nothing is pooled.
+    /// The current batch is full, the pool is closed, nothing is pooled, or
+    /// the local pool is retired.
+    ///
+    /// # Safety
+    ///
+    /// As for [`LocalPool::put`], with the put already counted.
     #[cold]
     #[inline(never)]
-    fn put_slow(&self, top: NonNull<u8>) {
+    unsafe fn put_slow(ptr: NonNull<LocalPool>, top: NonNull<u8>) {
+        {
+            // SAFETY: live per the caller's contract.
+            let local = unsafe { ptr.as_ref() };
+            if local.registered.get() {
+                local.put_full(top);
+                return;
+            }
+            // Retired: hand the stack over (or free it), and the local pool
+            // goes with its last stack.
+            let sh = &*local.shared;
+            if sh.policy == Policy::Bounded {
+                let mut one = StackList::new();
+                // SAFETY: the stack is idle now and in no list.
+                unsafe { one.push(top) };
+                sh.put_global(one, 0);
+            } else {
+                sh.free_one(top);
+            }
+            if local.outstanding() != 0 {
+                return;
+            }
+        }
+        // SAFETY: allocated by alloc(), retired (no registry lists it), and
+        // this was its last stack out; no reference to it is live.
+        drop(unsafe { Box::from_raw(ptr.as_ptr()) });
+    }
+
+    /// A put on a registered local pool whose current batch is full (or
+    /// whose pool is closed or pools nothing).
+    fn put_full(&self, top: NonNull<u8>) {
         let sh = &*self.shared;
         if sh.policy == Policy::NoPool || sh.closed.load(Ordering::Relaxed) {
             sh.free_one(top);
@@ -548,14 +652,30 @@ impl Drop for LocalPool {
     }
 }
 
-/// This thread's local pools, one per pool it has used.
-struct Registry(Vec<Rc<LocalPool>>);
+/// This thread's local pools, one per pool it has used. It owns them:
+/// each is retired when it leaves the registry.
+struct Registry(Vec<NonNull<LocalPool>>);
+
+impl Registry {
+    fn find(&self, shared: &Arc<Shared>) -> Option<NonNull<LocalPool>> {
+        // SAFETY: the registry's entries are live local pools of this thread.
+        self.0
+            .iter()
+            .copied()
+            .find(|l| Arc::ptr_eq(&unsafe { l.as_ref() }.shared, shared))
+    }
+}
 
 impl Drop for Registry {
     fn drop(&mut self) {
         // The cache must never point at a LocalPool the registry no longer
         // keeps.
         forget_last();
+        for local in self.0.drain(..) {
+            // SAFETY: a live local pool of this thread that the registry
+            // owned and no longer lists.
+            unsafe { LocalPool::retire(local) };
+        }
     }
 }
 
@@ -565,21 +685,21 @@ thread_local! {
     /// local pool. `const`-initialised `Cell`s without destructors, so a
     /// read is one thread-pointer-relative load with no lazy-init or
     /// liveness check. Invariant: when LAST_SHARED is non-null, LAST_LOCAL
-    /// points at a LocalPool for that pool that REGISTRY holds an `Rc` of;
-    /// both are nulled before any entry leaves the registry.
+    /// points at a LocalPool for that pool that REGISTRY owns; both are
+    /// nulled before any entry leaves the registry.
     static LAST_SHARED: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
-    static LAST_LOCAL: Cell<*const LocalPool> = const { Cell::new(std::ptr::null()) };
+    static LAST_LOCAL: Cell<*mut LocalPool> = const { Cell::new(std::ptr::null_mut()) };
 }
 
 fn forget_last() {
     LAST_SHARED.with(|last| last.set(std::ptr::null()));
-    LAST_LOCAL.with(|last| last.set(std::ptr::null()));
+    LAST_LOCAL.with(|last| last.set(std::ptr::null_mut()));
 }
 
 /// Removes the entries matching `pred` from this thread's registry and
-/// returns them (to be dropped by the caller, outside the borrow).
-fn unregister(pred: impl Fn(&LocalPool) -> bool) -> Vec<Rc<LocalPool>> {
-    REGISTRY
+/// retires them (outside the registry's borrow).
+fn unregister(pred: impl Fn(&LocalPool) -> bool) {
+    let gone = REGISTRY
         .try_with(|reg| {
             let Ok(mut reg) = reg.try_borrow_mut() else {
                 return Vec::new();
@@ -588,7 +708,8 @@ fn unregister(pred: impl Fn(&LocalPool) -> bool) -> Vec<Rc<LocalPool>> {
             let mut out = Vec::new();
             let mut i = 0;
             while i < reg.0.len() {
-                if pred(&reg.0[i]) {
+                // SAFETY: the registry's entries are live local pools.
+                if pred(unsafe { reg.0[i].as_ref() }) {
                     out.push(reg.0.swap_remove(i));
                 } else {
                     i += 1;
@@ -596,50 +717,60 @@ fn unregister(pred: impl Fn(&LocalPool) -> bool) -> Vec<Rc<LocalPool>> {
             }
             out
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    for local in gone {
+        // SAFETY: live local pools of this thread that the registry owned
+        // and no longer lists.
+        unsafe { LocalPool::retire(local) };
+    }
 }
 
-/// This thread's local pool for `shared`, registering one on first use.
-/// During thread teardown (registry gone) an unregistered one is returned;
-/// it gives its stacks back when its last stack is dropped.
-#[inline]
-fn local_pool(shared: &Arc<Shared>) -> Rc<LocalPool> {
+/// Takes a stack from this thread's local pool for `shared`, registering
+/// one on first use. During thread teardown (registry gone) a retired one
+/// is made for the stack; it is freed when the stack comes back.
+#[inline(always)]
+fn take_local(shared: &Arc<Shared>) -> Result<PooledStack> {
     // A live Shared is never at address 0, so a null cache never matches.
     if LAST_SHARED.with(Cell::get) == Arc::as_ptr(shared) {
         let last = LAST_LOCAL.with(Cell::get);
-        // SAFETY: per the cache's invariant, LAST_LOCAL came from
-        // Rc::as_ptr of an Rc the registry still holds, so the allocation is
-        // live; taking one more strong count and wrapping it is a clone.
-        return unsafe {
-            Rc::increment_strong_count(last);
-            Rc::from_raw(last)
-        };
+        // SAFETY: per the cache's invariant, LAST_LOCAL is a live local pool
+        // of this thread (owned by its registry), not null.
+        return unsafe { LocalPool::take(NonNull::new_unchecked(last)) };
     }
-    register_local_pool(shared)
+    take_registering(shared)
 }
 
 #[cold]
-fn register_local_pool(shared: &Arc<Shared>) -> Rc<LocalPool> {
-    let stale = unregister(|l| l.shared.closed.load(Ordering::Relaxed));
-    drop(stale);
+#[inline(never)]
+fn take_registering(shared: &Arc<Shared>) -> Result<PooledStack> {
+    unregister(|l| l.shared.closed.load(Ordering::Relaxed));
     let found = REGISTRY.try_with(|reg| {
         let mut reg = reg.try_borrow_mut().ok()?;
-        let local = match reg.0.iter().find(|l| Arc::ptr_eq(&l.shared, shared)) {
-            Some(local) => Rc::clone(local),
+        let local = match reg.find(shared) {
+            Some(local) => local,
             None => {
-                let local = Rc::new(LocalPool::new(Arc::clone(shared)));
-                reg.0.push(Rc::clone(&local));
+                let local = LocalPool::alloc(shared, true);
+                reg.0.push(local);
                 local
             }
         };
-        LAST_SHARED.with(|last| last.set(Arc::as_ptr(&local.shared)));
-        LAST_LOCAL.with(|last| last.set(Rc::as_ptr(&local)));
+        LAST_SHARED.with(|last| last.set(Arc::as_ptr(shared)));
+        LAST_LOCAL.with(|last| last.set(local.as_ptr()));
         Some(local)
     });
-    match found {
-        Ok(Some(local)) => local,
-        _ => Rc::new(LocalPool::new(Arc::clone(shared))),
+    if let Ok(Some(local)) = found {
+        // SAFETY: a live local pool the registry owns.
+        return unsafe { LocalPool::take(local) };
     }
+    // Thread teardown: a retired local pool that lives as long as its stack.
+    let local = LocalPool::alloc(shared, false);
+    // SAFETY: live; nothing else points at it.
+    let taken = unsafe { LocalPool::take(local) };
+    if taken.is_err() {
+        // SAFETY: allocated above, unregistered, and no stack is out.
+        drop(unsafe { Box::from_raw(local.as_ptr()) });
+    }
+    taken
 }
 
 /// The identity of a stack (its top address), for checking reuse.
@@ -654,7 +785,8 @@ pub struct StackId(pub usize);
 /// belongs to the thread's local pool.
 pub struct PooledStack {
     top: NonNull<u8>,
-    local: Rc<LocalPool>,
+    /// The local pool it was taken from, kept alive while the stack is out.
+    local: NonNull<LocalPool>,
 }
 
 impl std::fmt::Debug for PooledStack {
@@ -675,19 +807,27 @@ impl PooledStack {
 
     /// Usable bytes (above the guard).
     pub fn usable_size(&self) -> usize {
-        self.local.shared.layout.usable_len
+        self.layout().usable_len
     }
 
     /// Bytes of the guard region below the usable part.
     pub fn guard_size(&self) -> usize {
-        self.local.shared.layout.guard_len
+        self.layout().guard_len
+    }
+
+    #[inline(always)]
+    fn layout(&self) -> &Layout {
+        // SAFETY: a local pool outlives every stack taken from it.
+        &unsafe { self.local.as_ref() }.shared.layout
     }
 }
 
 impl Drop for PooledStack {
     #[inline(always)]
     fn drop(&mut self) {
-        self.local.put(self.top);
+        // SAFETY: the local pool the stack was taken from, on this thread
+        // (PooledStack is !Send); the stack is out until this put.
+        unsafe { LocalPool::put(self.local, self.top) };
     }
 }
 
@@ -706,7 +846,7 @@ unsafe impl corosensei::stack::Stack for PooledStack {
 
     #[inline]
     fn limit(&self) -> corosensei::stack::StackPointer {
-        let start = self.top.as_ptr() as usize - self.local.shared.layout.mmap_len();
+        let start = self.top.as_ptr() as usize - self.layout().mmap_len();
         // SAFETY: a mapping never starts at address 0 (mmap_min_addr).
         unsafe { NonZeroUsize::new_unchecked(start) }
     }
@@ -944,7 +1084,7 @@ impl StackPool {
     /// exhausted or `mmap`/the guard setup fails; never aborts.
     #[inline]
     pub fn take_stack(&self) -> Result<PooledStack> {
-        local_pool(&self.shared).take()
+        take_local(&self.shared)
     }
 
     /// Raises the global pool's maximum by `stacks` until the returned
@@ -984,16 +1124,11 @@ impl StackPool {
     /// what does not fit), for a thread about to go idle for a long time.
     /// Under [`Policy::UnboundedPerThread`] they are freed.
     pub fn flush_local(&self) {
-        let found = REGISTRY.try_with(|reg| {
-            reg.try_borrow().ok().and_then(|reg| {
-                reg.0
-                    .iter()
-                    .find(|l| Arc::ptr_eq(&l.shared, &self.shared))
-                    .cloned()
-            })
-        });
+        let found = REGISTRY.try_with(|reg| reg.try_borrow().ok()?.find(&self.shared));
         if let Ok(Some(local)) = found {
-            local.flush();
+            // SAFETY: a live local pool the registry owns; flush() neither
+            // reaches the registry nor frees the local pool.
+            unsafe { local.as_ref() }.flush();
         }
     }
 
@@ -1078,12 +1213,9 @@ impl Drop for StackPool {
             }
         }
         self.shared.close();
+        // This thread's local pool gives its idle stacks back (the pool is
+        // closed, so they are freed); it is freed with its last stack out.
         let shared = &self.shared;
-        let mine = unregister(|l| Arc::ptr_eq(&l.shared, shared));
-        // Stacks still in use keep their LocalPool alive; free its idle
-        // stacks now rather than when the last of them ends.
-        for local in mine {
-            local.flush();
-        }
+        unregister(|l| Arc::ptr_eq(&l.shared, shared));
     }
 }
