@@ -890,3 +890,56 @@ fn test_refill_prefers_batches_this_thread_returned() {
     );
     drop((local, refill));
 }
+
+/// Takes and returns a stack when dropped, from a thread-local destructor.
+struct TakesOnDrop(Arc<StackPool>);
+
+impl Drop for TakesOnDrop {
+    fn drop(&mut self) {
+        let stack = self.0.take_stack().unwrap();
+        assert!(stack.usable_size() >= 64 << 10);
+        drop(stack);
+    }
+}
+
+thread_local! {
+    static HELD: std::cell::RefCell<Option<coro_pool::PooledStack>> =
+        const { std::cell::RefCell::new(None) };
+    static LATE: std::cell::RefCell<Option<TakesOnDrop>> = const { std::cell::RefCell::new(None) };
+}
+
+#[test]
+fn test_stacks_used_from_thread_local_destructors() {
+    // Thread-local destructors run in some order around the pool's own
+    // per-thread registry: a stack held in one may come back after the
+    // thread's local pool was retired, and one may be taken after that.
+    // Two threads register their thread-locals in opposite orders so both
+    // cases occur whatever the order is.
+    let pool = Arc::new(StackPool::new(small().batch_size(4)).unwrap());
+    for held_first in [false, true] {
+        let p = pool.clone();
+        std::thread::spawn(move || {
+            if held_first {
+                HELD.with(|_| ());
+            } else {
+                LATE.with(|l| *l.borrow_mut() = Some(TakesOnDrop(p.clone())));
+            }
+            let live: Vec<_> = (0..10).map(|_| one_yield(&p)).collect();
+            drop(live);
+            if held_first {
+                LATE.with(|l| *l.borrow_mut() = Some(TakesOnDrop(p.clone())));
+            }
+            HELD.with(|h| *h.borrow_mut() = Some(p.take_stack().unwrap()));
+        })
+        .join()
+        .unwrap();
+    }
+    let s = pool.stats();
+    assert_eq!(s.live_coroutines, 0, "{s:?}");
+    assert_eq!(
+        s.pooled_local, 0,
+        "no local pool outlived its thread: {s:?}"
+    );
+    assert_eq!(s.stacks_held, s.pooled_global, "{s:?}");
+    assert_eq!(s.stacks_created, s.stacks_freed + s.stacks_held as u64);
+}
