@@ -1,8 +1,9 @@
 //! A sequence of 9P2000.L requests against a server on a temporary export.
 //!
 //! The export and the canary directory beside it are
-//! `vmm_fuzz_common::sandbox::Sandbox` (one per fuzzing process, the export
-//! rebuilt for every input).
+//! `vmm_fuzz_common::sandbox::Sandbox` (one per fuzzing process, on tmpfs;
+//! the export is laid out again before an input when the one before changed
+//! it).
 //!
 //! Checked after every request: the server returned a reply (or an error
 //! only for a frame shorter than the header), the reply decodes strictly
@@ -11,7 +12,8 @@
 //! asked. inotify watches on the directory holding the export and on the
 //! canary tree report any open, read, change, creation or deletion outside
 //! the export; after every input the canary tree is compared with its
-//! snapshot.
+//! snapshot (metadata, which every write or attribute change moves; contents
+//! and extended attributes too every 64th input).
 
 #![no_main]
 

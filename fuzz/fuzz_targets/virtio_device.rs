@@ -5,8 +5,9 @@
 //!
 //! One request queue per fuzzing process (its engine starts worker
 //! threads), serving `vmm_fuzz_common::sandbox::Sandbox`'s export; every
-//! input gets fresh guest memory and rings, a rebuilt export and a
-//! Tversion of the harness first, which resets the 9P session.
+//! input gets fresh guest memory and rings, the seed export (laid out again
+//! when the input before changed it) and a Tversion of the harness first,
+//! which resets the 9P session.
 //!
 //! Checked: the queue never breaks on the mock's valid chains; after the
 //! final kick every chain comes back; each used length fits the chain's
