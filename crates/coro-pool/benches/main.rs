@@ -31,8 +31,20 @@ fn lifecycle(c: &mut Criterion) {
             black_box(co.resume(black_box(1)));
         })
     });
+    let borrowed: *mut DefaultStack = Box::into_raw(Box::new(DefaultStack::new(STACK).unwrap()));
+    g.bench_function("bare_borrowed", |b| {
+        b.iter(|| {
+            // SAFETY: the stack is leaked (never freed), and each coroutine
+            // borrowing it runs to completion and is dropped before the next
+            // one is made.
+            let s: &'static mut DefaultStack = unsafe { &mut *borrowed };
+            let mut co: corosensei::Coroutine<u64, (), u64, &mut DefaultStack> =
+                corosensei::Coroutine::with_stack(s, |_, x| x + 1);
+            black_box(co.resume(black_box(1)));
+        })
+    });
     let mut stack = Some(DefaultStack::new(STACK).unwrap());
-    g.bench_function("bare", |b| {
+    g.bench_function("bare_moved", |b| {
         b.iter(|| {
             let s = stack.take().unwrap();
             let mut co: corosensei::Coroutine<u64, (), u64, DefaultStack> =
