@@ -376,9 +376,9 @@ impl Sandbox {
     /// types, modes, owners, sizes, inode numbers, link counts,
     /// modification times, contents, link targets and extended attributes);
     /// a difference there is an error. Access and change times are left
-    /// out: reads move the first, and a Tsetattr of only the ctime bit
-    /// (`fchownat(-1, -1)`) moves the second without an inotify event and
-    /// without changing anything a request could see but the ctime.
+    /// out: reads move the first, and a Tsetattr of only the atime moves
+    /// both while inotify reports it as `IN_ACCESS`, like a read (so does
+    /// `fchownat(-1, -1)`, with no event at all).
     pub fn reset_export_if_changed(&mut self) -> io::Result<bool> {
         self.drain();
         self.resets += 1;
@@ -814,20 +814,34 @@ mod tests {
 
     #[test]
     fn test_regression_ctime_only_change_is_not_an_unseen_export_change() {
-        // virtio_device found this harness false positive: a Tsetattr of
-        // only the ctime bit ends in fchownat(-1, -1), which moves the
-        // export root's ctime without an inotify event; the periodic full
-        // comparison took it for a change the watches had missed.
+        // virtio_device and p9_session found this harness false positive:
+        // a Tsetattr of only the atime of the export root moves its ctime,
+        // and inotify reports it as IN_ACCESS, like a read; the periodic
+        // full comparison took it for a change the watches had missed.
+        // fchownat(-1, -1) moves the ctime with no event at all.
         let mut sb = Sandbox::new("selftest-n").unwrap();
         let before = fs::metadata(sb.export()).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
         let c = c_path(sb.export()).unwrap();
+        let times = [
+            libc::timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            },
+            libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+        ];
+        // SAFETY: a valid C string and two timespecs.
+        let rc = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
         // SAFETY: a valid C string; -1 keeps owner and group.
         let rc = unsafe { libc::chown(c.as_ptr(), u32::MAX, u32::MAX) };
         assert_eq!(rc, 0, "{}", io::Error::last_os_error());
         let after = fs::metadata(sb.export()).unwrap();
         if (after.ctime(), after.ctime_nsec()) == (before.ctime(), before.ctime_nsec()) {
-            println!("notice: chown(-1, -1) left the ctime alone on this kernel");
+            println!("notice: the ctime did not move on this kernel");
         }
         for _ in 0..2 * FULL_CHECK_EVERY {
             assert!(!sb.reset_export_if_changed().unwrap());
