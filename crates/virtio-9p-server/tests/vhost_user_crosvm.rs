@@ -4,16 +4,22 @@
 //! `GET_QUEUE_NUM`, reads the config space with the `WRITABLE` flag set,
 //! and offers 32768-entry queues unless told `max-queue-size`; a Linux
 //! guest then sends each Tread's pages as a direct chain in the ring.
+//! crosvm (like QEMU) also splits large guest RAM into regions around the
+//! PCI hole, so guest buffers may lie in either region.
 
 mod vhost_user_support;
+
+use std::time::Duration;
 
 use vhost::vhost_user::message::VhostUserConfigFlags;
 use vhost::vhost_user::VhostUserFrontend;
 use vhost::VhostBackend;
 use vhost_user_support::scenarios::attach_open;
+use vm_memory::{Bytes, GuestAddress};
+
 use vhost_user_support::*;
 use virtio_9p_server::protocol::*;
-use virtio_9p_server::vhost_user::mock::{Layout, VmmOptions};
+use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 
 #[test]
 fn test_crosvm_style_frontend_reads_through_direct_chains() {
@@ -71,6 +77,141 @@ fn test_queue_larger_than_queue_size_is_refused() {
     let mut vmm = d.connect(VmmOptions::default());
     vmm.frontend().set_vring_num(0, 1024).unwrap();
     assert!(vmm.frontend().set_vring_num(0, 32768).is_err());
+    drop(vmm);
+    d.stop();
+}
+
+/// Reads `count` bytes at `offset` of fid 1 into a reply buffer at
+/// `reply_addr` (the request goes to the allocator's first region) and
+/// returns the reply.
+fn read_into(
+    vmm: &mut FakeVmm,
+    tag: u16,
+    offset: u64,
+    count: u32,
+    reply_addr: u64,
+    layout: Layout,
+) -> Vec<u8> {
+    let req = frame(
+        tag,
+        Tmessage::Read(Tread {
+            fid: 1,
+            offset,
+            count,
+        }),
+    );
+    let req_addr = vmm.alloc(req.len() as u64).unwrap();
+    vmm.memory()
+        .write_slice(&req, GuestAddress(req_addr))
+        .unwrap();
+    let sub = vmm
+        .submit_at(
+            req_addr,
+            req.len() as u32,
+            reply_addr,
+            11 + count,
+            layout,
+            0,
+        )
+        .unwrap();
+    vmm.kick().unwrap();
+    let used = vmm.wait_used(Duration::from_secs(30)).unwrap();
+    assert_eq!(used, vec![(sub.head, 11 + count)]);
+    vmm.read(reply_addr, (11 + count) as usize).unwrap()
+}
+
+fn check(reply: &[u8], data: &[u8], offset: u64, count: u32) {
+    assert_eq!(reply[4], TREAD + 1);
+    assert_eq!(&reply[7..11], &count.to_le_bytes());
+    let at = offset as usize;
+    assert!(
+        reply[11..] == data[at..at + count as usize],
+        "data at {offset} differs"
+    );
+}
+
+#[test]
+fn test_reads_into_both_memory_regions_around_a_hole() {
+    let d = TestDaemon::start(2);
+    let data: Vec<u8> = (0..1_200_000u32).map(|i| (i % 241) as u8).collect();
+    std::fs::write(d.dir.path().join("f"), &data).unwrap();
+    // 16 MiB at guest address 0, 16 MiB more above a 256 MiB hole.
+    let (at, hole) = (16u64 << 20, 256u64 << 20);
+    let mut vmm = d.connect(VmmOptions {
+        mem_size: 32 << 20,
+        indirect: false,
+        split: Some((at, hole)),
+        ..VmmOptions::default()
+    });
+    version(&mut vmm, 512_000);
+    attach_open(&mut vmm, "f", 0);
+    let count = 512_000 - IOHDRSZ;
+    // Below the hole, then above it (page-sized direct chains).
+    let low = read_into(&mut vmm, 20, 0, count, 8 << 20, Layout::Chain { seg: 4096 });
+    check(&low, &data, 0, count);
+    let high_addr = at + hole + (4 << 20);
+    let high = read_into(
+        &mut vmm,
+        21,
+        4096,
+        count,
+        high_addr,
+        Layout::Chain { seg: 4096 },
+    );
+    check(&high, &data, 4096, count);
+    // An address inside the hole is refused and the queue keeps serving.
+    let req = frame(
+        22,
+        Tmessage::Read(Tread {
+            fid: 1,
+            offset: 0,
+            count: 4096,
+        }),
+    );
+    let req_addr = vmm.alloc(req.len() as u64).unwrap();
+    vmm.memory()
+        .write_slice(&req, GuestAddress(req_addr))
+        .unwrap();
+    let sub = vmm
+        .submit_at(
+            req_addr,
+            req.len() as u32,
+            at + 4096,
+            4096 + 11,
+            Layout::Direct,
+            0,
+        )
+        .unwrap();
+    vmm.kick().unwrap();
+    assert_eq!(
+        vmm.wait_used(Duration::from_secs(30)).unwrap(),
+        vec![(sub.head, 0)]
+    );
+    let again = read_into(&mut vmm, 23, 0, 4096, high_addr, Layout::Direct);
+    check(&again, &data, 0, 4096);
+    drop(vmm);
+    d.stop();
+}
+
+#[test]
+fn test_read_into_a_buffer_spanning_two_adjacent_regions() {
+    let d = TestDaemon::start(2);
+    let data: Vec<u8> = (0..600_000u32).map(|i| (i % 239) as u8).collect();
+    std::fs::write(d.dir.path().join("f"), &data).unwrap();
+    let at = 16u64 << 20;
+    let mut vmm = d.connect(VmmOptions {
+        mem_size: 32 << 20,
+        split: Some((at, 0)),
+        ..VmmOptions::default()
+    });
+    version(&mut vmm, 512_000);
+    attach_open(&mut vmm, "f", 0);
+    // One descriptor of 11 + count bytes, half in each region: two
+    // mappings in the daemon, one guest buffer.
+    let count = 512_000 - IOHDRSZ;
+    let reply_addr = at - 256 * 1024;
+    let reply = read_into(&mut vmm, 30, 100, count, reply_addr, Layout::Direct);
+    check(&reply, &data, 100, count);
     drop(vmm);
     d.stop();
 }

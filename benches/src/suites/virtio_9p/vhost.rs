@@ -114,6 +114,7 @@ fn session(run: &Running, msize: u32, name: &str, flags: u32) -> Res<FakeVmm> {
             queue_size: 1024,
             event_idx: true,
             indirect: true,
+            split: None,
         },
     )?;
     call(

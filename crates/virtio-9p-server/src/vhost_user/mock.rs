@@ -43,6 +43,13 @@ pub struct VmmOptions {
     pub event_idx: bool,
     /// Negotiate `VIRTIO_RING_F_INDIRECT_DESC`.
     pub indirect: bool,
+    /// Split guest RAM into two memory regions (two mappings in the
+    /// daemon) as a VMM does around its PCI hole: `Some((at, hole))` puts
+    /// the first `at` bytes at guest address 0 and the rest at
+    /// `at + hole` (`hole` 0: two adjacent regions). `at` must lie past
+    /// the ring area (2 MiB) and be page aligned. The bump allocator
+    /// ([`FakeVmm::alloc`]) only hands out the first region.
+    pub split: Option<(u64, u64)>,
 }
 
 impl Default for VmmOptions {
@@ -52,6 +59,7 @@ impl Default for VmmOptions {
             queue_size: 1024,
             event_idx: true,
             indirect: true,
+            split: None,
         }
     }
 }
@@ -156,14 +164,37 @@ impl FakeVmm {
         frontend.set_features(features)?;
 
         let file = memfd(opts.mem_size)?;
-        let mem = GuestMemoryMmap::<()>::from_ranges_with_files(&[(
-            GuestAddress(0),
-            opts.mem_size as usize,
-            Some(FileOffset::new(file, 0)),
-        )])?;
-        let region = mem.find_region(GuestAddress(0)).ok_or("no region")?;
+        let ranges = match opts.split {
+            None => vec![(
+                GuestAddress(0),
+                opts.mem_size as usize,
+                Some(FileOffset::new(file, 0)),
+            )],
+            Some((at, hole)) => {
+                if at < DATA_START || at >= opts.mem_size || at % 4096 != 0 || hole % 4096 != 0 {
+                    return Err(format!("bad memory split at {at:#x}").into());
+                }
+                vec![
+                    (
+                        GuestAddress(0),
+                        at as usize,
+                        Some(FileOffset::new(file.try_clone()?, 0)),
+                    ),
+                    (
+                        GuestAddress(at.checked_add(hole).ok_or("hole too large")?),
+                        (opts.mem_size - at) as usize,
+                        Some(FileOffset::new(file, at)),
+                    ),
+                ]
+            }
+        };
+        let mem = GuestMemoryMmap::<()>::from_ranges_with_files(&ranges)?;
+        let regions = mem
+            .iter()
+            .map(VhostUserMemoryRegionInfo::from_guest_region)
+            .collect::<Result<Vec<_>, _>>()?;
         let host = mem.get_host_address(GuestAddress(0))? as u64;
-        frontend.set_mem_table(&[VhostUserMemoryRegionInfo::from_guest_region(region)?])?;
+        frontend.set_mem_table(&regions)?;
 
         let q = opts.queue_size;
         frontend.set_vring_num(0, q)?;
@@ -233,7 +264,8 @@ impl FakeVmm {
     /// [`FakeVmm::submit`] with nothing pending starts over).
     pub fn alloc(&mut self, len: u64) -> MockResult<u64> {
         let addr = self.bump.next_multiple_of(64);
-        if addr + len > self.opts.mem_size {
+        let end = self.opts.split.map_or(self.opts.mem_size, |(at, _)| at);
+        if addr + len > end {
             return Err(format!("fake guest memory exhausted ({len} bytes wanted)").into());
         }
         self.bump = addr + len;
