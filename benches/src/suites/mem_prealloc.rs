@@ -502,8 +502,9 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         "memfd of {} MiB, 4 KiB pages, median of {} alternating runs; load average {} at the \
          start, {} at the end. cpu_utilisation_* is CPU seconds per wall second (2.0 = two \
          threads ran all the time); well below that, the scheduler gave this process less than \
-         the CPUs it asked for, which bounds speedup_2t and makes the wall-time ratios noisy; \
-         the cpu_* figures do not depend on the load.",
+         the CPUs it asked for, which bounds speedup_2t and makes the wall-time ratios noisy. \
+         cpu_s_1t hardly depends on the load; cpu_s_2t drops under load because the two \
+         threads seldom run at the same time and so contend less.",
         len >> 20,
         ctx.reps(),
         load_before,
