@@ -115,9 +115,9 @@
 //! threads share: the page-cache insertion under the mapping's `xa_lock`,
 //! the inode's block accounting and the file-time update of a shared write
 //! fault. On a 2-vCPU VM with Linux 6.18 that per-file work makes two
-//! threads on one memfd about 1.4 times as fast as one, for this crate and
-//! for QEMU alike, while two threads on two memfds of half the size each
-//! scale further. A VMM that wants the most from its preallocation threads
+//! threads on one memfd only 1.4 to 1.5 times as fast as one, for this
+//! crate and for QEMU alike, while two threads on two memfds of half the
+//! size each reach about 1.85, and on anonymous memory about 1.95. A VMM that wants the most from its preallocation threads
 //! on shmem can back guest RAM with several memfds (one per NUMA node, or a
 //! few per node) and preallocate them as concurrent jobs with [`start`].
 //! The crate README has the measurements.
