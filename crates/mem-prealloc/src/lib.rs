@@ -109,8 +109,8 @@
 //! page faults.
 //!
 //! How far threads scale depends on the backing more than on this crate. On
-//! anonymous memory every page fault touches only per-thread and per-CPU
-//! state, and two threads come close to twice one. On a memfd or tmpfs file
+//! anonymous memory a page fault mostly touches per-CPU state and the lock
+//! of its own page-table page, and two threads come close to twice one. On a memfd or tmpfs file
 //! (shmem) every new page also goes through per-file state that all the
 //! threads share: the page-cache insertion under the mapping's `xa_lock`,
 //! the inode's block accounting and the file-time update of a shared write
