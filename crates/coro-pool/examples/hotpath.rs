@@ -6,10 +6,19 @@
 //! ```
 //!
 //! The difference of the two totals divided by 100,000 is the cost of one
-//! iteration. Modes: `pooled` (create a coroutine on a pooled stack, run it
-//! to completion, recycle the stack), `bare` (corosensei on one reused
-//! stack), `getput` (take a stack and give it back), `burst` (512 takes,
-//! then 512 puts, counted per operation pair).
+//! iteration. Modes (the second argument is the iteration count):
+//!
+//! - `pooled`: create a coroutine on a pooled stack, run it to completion,
+//!   recycle the stack;
+//! - `bare`: corosensei with one owned stack moved in and out of each
+//!   coroutine; `bareref`: corosensei with one stack each coroutine borrows;
+//! - `getput`: take a stack and give it back; `burst`: 512 takes, then 512
+//!   puts (counted per take + put);
+//! - `time`: wall-clock ns per lifecycle, pooled and both bare forms, five
+//!   alternating rounds;
+//! - `scale`: wall-clock get/put rate of `burst` cycles on one thread and on
+//!   two (run it under `chrt -f` on a busy machine so that both threads get
+//!   a core).
 use std::hint::black_box;
 
 use coro_pool::{Coroutine, PoolConfig, StackPool};
