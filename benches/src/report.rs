@@ -125,10 +125,15 @@ fn render(
     )?;
 
     writeln!(out, "## Targets\n")?;
-    writeln!(out, "The targets the crate issues set, against this run.\n")?;
     writeln!(
         out,
-        "| suite | claim | figure | value | target | met |\n|---|---|---|---|---|---|"
+        "The targets the crate issues set, against this run. The context column gives \
+         figures of the same run that bound the target on this machine: a ceiling, or the \
+         peer's own figure.\n"
+    )?;
+    writeln!(
+        out,
+        "| suite | claim | figure | value | target | met | context (same run) |\n|---|---|---|---|---|---|---|"
     )?;
     for target in TARGETS {
         let report = outcomes.iter().find_map(|(s, o)| match o {
@@ -145,15 +150,25 @@ fn render(
             ),
             None => ("not measured".to_string(), "n/a"),
         };
+        let context = target
+            .context
+            .iter()
+            .filter_map(|m| {
+                let v = report?.metrics().iter().find(|(n, _)| n == m)?.1;
+                Some(format!("`{m}` {}", format_value(v)))
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
         writeln!(
             out,
-            "| {} | {} | `{}` | {} | {} | {} |",
+            "| {} | {} | `{}` | {} | {} | {} | {} |",
             target.suite,
             target.claim,
             target.figure,
             value_text,
             target.bound_text(),
-            met
+            met,
+            context
         )?;
     }
     writeln!(out)?;

@@ -22,6 +22,9 @@ pub struct Target {
     pub op: Op,
     /// Bound.
     pub bound: f64,
+    /// Metrics of the same run that put the figure in context, such as
+    /// this machine's ceiling for it or the peer's own figure.
+    pub context: &'static [&'static str],
 }
 
 /// Every target named in the crate issues.
@@ -32,6 +35,7 @@ pub const TARGETS: &[Target] = &[
         figure: "speedup_vs_mmap",
         op: Op::AtLeast,
         bound: 20.0,
+        context: &[],
     },
     Target {
         suite: "coro-pool",
@@ -39,6 +43,7 @@ pub const TARGETS: &[Target] = &[
         figure: "overhead_vs_bare",
         op: Op::AtMost,
         bound: 1.2,
+        context: &["overhead_vs_bare_moved"],
     },
     Target {
         suite: "coro-pool",
@@ -46,6 +51,7 @@ pub const TARGETS: &[Target] = &[
         figure: "getput_2t_vs_1t",
         op: Op::AtLeast,
         bound: 1.6,
+        context: &[],
     },
     Target {
         suite: "coro-pool",
@@ -53,6 +59,7 @@ pub const TARGETS: &[Target] = &[
         figure: "burst_default_failed",
         op: Op::AtMost,
         bound: 0.0,
+        context: &[],
     },
     Target {
         suite: "mem-prealloc",
@@ -60,6 +67,11 @@ pub const TARGETS: &[Target] = &[
         figure: "speedup_2t",
         op: Op::AtLeast,
         bound: 1.7,
+        context: &[
+            "qemu_speedup_2t",
+            "two_memfds_speedup_2t",
+            "anon_speedup_2t",
+        ],
     },
     Target {
         suite: "mem-prealloc",
@@ -67,6 +79,7 @@ pub const TARGETS: &[Target] = &[
         figure: "ratio_vs_map_populate_1t",
         op: Op::AtMost,
         bound: 1.3,
+        context: &[],
     },
     Target {
         suite: "mem-prealloc",
@@ -74,6 +87,7 @@ pub const TARGETS: &[Target] = &[
         figure: "ratio_vs_qemu_2t",
         op: Op::AtMost,
         bound: 1.0,
+        context: &[],
     },
     Target {
         suite: "mlock-policy",
@@ -81,6 +95,7 @@ pub const TARGETS: &[Target] = &[
         figure: "rss_mib_on_fault - rss_mib_off",
         op: Op::AtMost,
         bound: 5.0,
+        context: &[],
     },
     Target {
         suite: "virtqueue-large",
@@ -88,6 +103,7 @@ pub const TARGETS: &[Target] = &[
         figure: "ratio_vs_virtio_queue",
         op: Op::AtMost,
         bound: 1.0,
+        context: &[],
     },
     Target {
         suite: "virtqueue-large",
@@ -95,6 +111,7 @@ pub const TARGETS: &[Target] = &[
         figure: "ratio_vs_memcpy",
         op: Op::AtLeast,
         bound: 0.7,
+        context: &["pread_ceiling_vs_memcpy", "adjacent_ratio_vs_memcpy"],
     },
     Target {
         suite: "virtio-9p",
@@ -102,6 +119,7 @@ pub const TARGETS: &[Target] = &[
         figure: "ratio_getattr_vs_p9",
         op: Op::AtMost,
         bound: 1.0,
+        context: &[],
     },
     Target {
         suite: "virtio-9p",
@@ -109,6 +127,7 @@ pub const TARGETS: &[Target] = &[
         figure: "iops_pool_ratio",
         op: Op::AtLeast,
         bound: 1.3,
+        context: &[],
     },
     Target {
         suite: "virtio-9p",
@@ -116,6 +135,7 @@ pub const TARGETS: &[Target] = &[
         figure: "read_128m_vs_memcpy",
         op: Op::AtLeast,
         bound: 0.7,
+        context: &["pread_vs_memcpy", "read_128m_vs_pread"],
     },
 ];
 
@@ -166,5 +186,33 @@ mod tests {
     #[test]
     fn test_missing_metric_gives_none() {
         assert_eq!(TARGETS[0].value(|_| None), None);
+    }
+
+    #[test]
+    fn test_every_named_metric_is_reported_by_its_suite() {
+        let sources = [
+            ("coro-pool", include_str!("suites/coro_pool.rs")),
+            ("mem-prealloc", include_str!("suites/mem_prealloc.rs")),
+            ("mlock-policy", include_str!("suites/mlock_policy.rs")),
+            ("virtqueue-large", include_str!("suites/virtqueue_large.rs")),
+            (
+                "virtio-9p",
+                concat!(
+                    include_str!("suites/virtio_9p/inproc.rs"),
+                    include_str!("suites/virtio_9p/vhost.rs")
+                ),
+            ),
+        ];
+        for t in TARGETS {
+            let (_, src) = sources.iter().find(|(s, _)| *s == t.suite).unwrap();
+            let figures = t.figure.split(" - ");
+            for m in figures.chain(t.context.iter().copied()) {
+                assert!(
+                    src.contains(&format!("\"{m}\"")),
+                    "{}: metric {m} is not reported by the suite",
+                    t.suite
+                );
+            }
+        }
     }
 }
