@@ -340,24 +340,14 @@ fn pread_gib_per_s(
     let vmm = session(run, 65536, "big", 0)?;
     let mem = vmm.memory().clone();
     let mut f = std::fs::File::open(file)?;
-    let mut offset = 0u64;
-    let mut read_at = |offset: u64| -> Res<()> {
+    let read_at = |offset: u64| -> Res<()> {
         f.seek(SeekFrom::Start(offset))?;
         // One region: a single read(2) of `size` bytes (vm-memory's
         // ReadVolatile for File), retried only on a short read.
         mem.read_exact_volatile_from(GuestAddress(DATA_AREA), &mut f, size)?;
         Ok(())
     };
-    read_at(offset)?;
-    let t = Instant::now();
-    for _ in 0..rounds.max(1) {
-        offset += size as u64;
-        if offset + size as u64 > file_len {
-            offset = 0;
-        }
-        read_at(black_box(offset))?;
-    }
-    Ok((size * rounds.max(1)) as f64 / GIB / t.elapsed().as_secs_f64())
+    rate_over_file(size, rounds, file_len, read_at)
 }
 
 /// The copy a read path could do in user space instead: map `size` bytes
@@ -404,6 +394,18 @@ fn mmap_copy_gib_per_s(
         res?;
         Ok(())
     };
+    rate_over_file(size, rounds, file_len, copy_at)
+}
+
+/// GiB/s of `copy_at` over `rounds` consecutive `size`-byte pieces of a
+/// file of `file_len` bytes (wrapping to the start), after one untimed
+/// warm-up call at offset 0.
+fn rate_over_file(
+    size: usize,
+    rounds: usize,
+    file_len: u64,
+    mut copy_at: impl FnMut(u64) -> Res<()>,
+) -> Res<f64> {
     let mut offset = 0u64;
     copy_at(offset)?;
     let t = Instant::now();
