@@ -415,13 +415,14 @@ fn test_worker_threads_stack_their_own_filter() {
         assert_eq!(version(&mut vmm, 8192), 8192);
         let pid = d.server_pid(mode);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let is_worker = |c: &str| c.starts_with("9p-worker") || c.starts_with("9p-lock-wait");
+        // A worker is named when it is spawned and adds its own filter
+        // once it runs: wait for all four to have started.
         let threads = loop {
             let th = thread_filters(pid);
-            let workers = th
-                .iter()
-                .filter(|(c, _)| c.starts_with("9p-worker") || c.starts_with("9p-lock-wait"))
-                .count();
-            if workers == 4 {
+            let workers = th.iter().filter(|(c, _)| is_worker(c)).count();
+            let started = th.iter().all(|(c, n)| !is_worker(c) || *n == 3);
+            if workers == 4 && started {
                 break th;
             }
             assert!(std::time::Instant::now() < deadline, "{mode}: {th:?}");
@@ -430,7 +431,7 @@ fn test_worker_threads_stack_their_own_filter() {
         // Every thread: the clone3 filter and the allow-list; the workers
         // one more, their own.
         for (comm, n) in &threads {
-            let worker = comm.starts_with("9p-worker") || comm.starts_with("9p-lock-wait");
+            let worker = is_worker(comm);
             assert_eq!(
                 *n,
                 if worker { 3 } else { 2 },
