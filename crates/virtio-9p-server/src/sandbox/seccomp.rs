@@ -88,8 +88,29 @@ const SYS_CACHESTAT: i64 = 451;
 /// `fchmodat2(2)` (Linux 6.6).
 const SYS_FCHMODAT2: i64 = 452;
 
-/// The passthrough filesystem's calls, allowed on every thread kind.
-const FILESYSTEM_SYSCALLS: &[i64] = &[
+/// The calls on files and the export that every thread kind makes: I/O
+/// on fds, the passthrough filesystem, and the ids it checks.
+const FILE_SYSCALLS: &[i64] = &[
+    // I/O on fds.
+    libc::SYS_read,
+    libc::SYS_write,
+    libc::SYS_readv,
+    libc::SYS_writev,
+    libc::SYS_pread64,
+    libc::SYS_pwrite64,
+    libc::SYS_preadv,
+    libc::SYS_pwritev,
+    libc::SYS_preadv2,
+    libc::SYS_pwritev2,
+    libc::SYS_close,
+    libc::SYS_fcntl,
+    libc::SYS_lseek,
+    libc::SYS_fsync,
+    libc::SYS_fdatasync,
+    libc::SYS_fallocate,
+    libc::SYS_ftruncate,
+    libc::SYS_flock,
+    // The passthrough filesystem.
     libc::SYS_openat,
     libc::SYS_openat2,
     libc::SYS_newfstatat,
@@ -127,6 +148,11 @@ const FILESYSTEM_SYSCALLS: &[i64] = &[
     libc::SYS_fremovexattr,
     SYS_CACHESTAT,
     libc::SYS_getcwd,
+    // Identity (read-only).
+    libc::SYS_getuid,
+    libc::SYS_geteuid,
+    libc::SYS_getgid,
+    libc::SYS_getegid,
 ];
 
 /// The syscalls every thread of the daemon may make without an argument
@@ -205,42 +231,19 @@ pub fn allowed_syscalls() -> Vec<i64> {
         SYS_setsockopt,
         SYS_getsockname,
         SYS_getpeername,
-        // fds and file I/O.
-        SYS_read,
-        SYS_write,
-        SYS_readv,
-        SYS_writev,
-        SYS_pread64,
-        SYS_pwrite64,
-        SYS_preadv,
-        SYS_pwritev,
-        SYS_preadv2,
-        SYS_pwritev2,
-        SYS_close,
+        // fds (read, write and the like are in FILE_SYSCALLS).
         SYS_close_range,
         SYS_dup,
         SYS_dup3,
-        SYS_fcntl,
-        SYS_lseek,
-        SYS_fsync,
-        SYS_fdatasync,
-        SYS_fallocate,
-        SYS_ftruncate,
-        SYS_flock,
         SYS_memfd_create,
-        // Identity (read-only).
-        SYS_getuid,
-        SYS_geteuid,
-        SYS_getgid,
-        SYS_getegid,
+        // Identity (read-only; the ids are in FILE_SYSCALLS).
         SYS_uname,
         // mlock-policy asks whether CAP_IPC_LOCK is held.
         SYS_capget,
         // vmm-sys-util's event notifier fallback.
         SYS_pipe2,
     ];
-    // The passthrough filesystem.
-    v.extend_from_slice(FILESYSTEM_SYSCALLS);
+    v.extend_from_slice(FILE_SYSCALLS);
     #[cfg(target_arch = "x86_64")]
     v.extend_from_slice(&[
         SYS_arch_prctl,
@@ -369,32 +372,10 @@ pub fn worker_syscalls() -> Vec<i64> {
         SYS_clock_gettime,
         SYS_clock_nanosleep,
         SYS_nanosleep,
-        // I/O on fds the thread is handed (files, the wake eventfd, logging).
-        SYS_read,
-        SYS_write,
-        SYS_readv,
-        SYS_writev,
-        SYS_pread64,
-        SYS_pwrite64,
-        SYS_preadv,
-        SYS_pwritev,
-        SYS_preadv2,
-        SYS_pwritev2,
-        SYS_lseek,
-        SYS_close,
-        SYS_fcntl,
-        SYS_fsync,
-        SYS_fdatasync,
-        SYS_fallocate,
-        SYS_ftruncate,
-        SYS_flock,
-        SYS_getuid,
-        SYS_geteuid,
-        SYS_getgid,
-        SYS_getegid,
     ];
-    // The passthrough filesystem.
-    v.extend_from_slice(FILESYSTEM_SYSCALLS);
+    // I/O on the fds the thread is handed (files, the wake eventfd,
+    // logging) and the passthrough filesystem.
+    v.extend_from_slice(FILE_SYSCALLS);
     #[cfg(target_arch = "x86_64")]
     v.extend_from_slice(&[
         SYS_open,
