@@ -57,13 +57,7 @@ fn test_crosvm_style_frontend_reads_through_direct_chains() {
             .call(&req, 11 + count, Layout::Chain { seg: 4096 })
             .unwrap();
         assert_eq!(reply.len(), 11 + count as usize);
-        assert_eq!(reply[4], TREAD + 1);
-        assert_eq!(&reply[7..11], &count.to_le_bytes());
-        let at = offset as usize;
-        assert!(
-            reply[11..] == data[at..at + count as usize],
-            "data read at {offset} differs from the file"
-        );
+        check(&reply, &data, offset, count);
     }
     drop(vmm);
     d.stop();
@@ -81,17 +75,16 @@ fn test_queue_larger_than_queue_size_is_refused() {
     d.stop();
 }
 
-/// Reads `count` bytes at `offset` of fid 1 into a reply buffer at
-/// `reply_addr` (the request goes to the allocator's first region) and
-/// returns the reply.
-fn read_into(
+/// Submits a Tread of `count` bytes at `offset` of fid 1 with a reply
+/// buffer of `reply_len` bytes at `reply_addr` (the request goes to the
+/// allocator's first region) and kicks; returns the chain's head.
+fn submit_read(
     vmm: &mut FakeVmm,
     tag: u16,
-    offset: u64,
-    count: u32,
-    reply_addr: u64,
+    (offset, count): (u64, u32),
+    (reply_addr, reply_len): (u64, u32),
     layout: Layout,
-) -> Vec<u8> {
+) -> u16 {
     let req = frame(
         tag,
         Tmessage::Read(Tread {
@@ -105,18 +98,25 @@ fn read_into(
         .write_slice(&req, GuestAddress(req_addr))
         .unwrap();
     let sub = vmm
-        .submit_at(
-            req_addr,
-            req.len() as u32,
-            reply_addr,
-            11 + count,
-            layout,
-            0,
-        )
+        .submit_at(req_addr, req.len() as u32, reply_addr, reply_len, layout, 0)
         .unwrap();
     vmm.kick().unwrap();
+    sub.head
+}
+
+/// Reads `count` bytes at `offset` of fid 1 into a reply buffer at
+/// `reply_addr` and returns the reply.
+fn read_into(
+    vmm: &mut FakeVmm,
+    tag: u16,
+    offset: u64,
+    count: u32,
+    reply_addr: u64,
+    layout: Layout,
+) -> Vec<u8> {
+    let head = submit_read(vmm, tag, (offset, count), (reply_addr, 11 + count), layout);
     let used = vmm.wait_used(Duration::from_secs(30)).unwrap();
-    assert_eq!(used, vec![(sub.head, 11 + count)]);
+    assert_eq!(used, vec![(head, 11 + count)]);
     vmm.read(reply_addr, (11 + count) as usize).unwrap()
 }
 
@@ -160,32 +160,16 @@ fn test_reads_into_both_memory_regions_around_a_hole() {
     );
     check(&high, &data, 4096, count);
     // An address inside the hole is refused and the queue keeps serving.
-    let req = frame(
+    let head = submit_read(
+        &mut vmm,
         22,
-        Tmessage::Read(Tread {
-            fid: 1,
-            offset: 0,
-            count: 4096,
-        }),
+        (0, 4096),
+        (at + 4096, 4096 + 11),
+        Layout::Direct,
     );
-    let req_addr = vmm.alloc(req.len() as u64).unwrap();
-    vmm.memory()
-        .write_slice(&req, GuestAddress(req_addr))
-        .unwrap();
-    let sub = vmm
-        .submit_at(
-            req_addr,
-            req.len() as u32,
-            at + 4096,
-            4096 + 11,
-            Layout::Direct,
-            0,
-        )
-        .unwrap();
-    vmm.kick().unwrap();
     assert_eq!(
         vmm.wait_used(Duration::from_secs(30)).unwrap(),
-        vec![(sub.head, 0)]
+        vec![(head, 0)]
     );
     let again = read_into(&mut vmm, 23, 0, 4096, high_addr, Layout::Direct);
     check(&again, &data, 0, 4096);
