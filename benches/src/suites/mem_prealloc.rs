@@ -126,13 +126,24 @@ fn cpu_seconds() -> f64 {
 fn ours(len: usize, threads: usize, method: Method, cpu: &mut Vec<f64>) -> BoxResult<f64> {
     let file = memfd(len)?;
     let map = Mapping::new(&file, len, 0)?;
+    timed_preallocate(&map, threads, method, cpu)
+}
+
+/// Wall seconds for this crate to preallocate all of `map` with `threads`
+/// threads and `method`; the CPU seconds are pushed to `cpu`.
+fn timed_preallocate(
+    map: &Mapping,
+    threads: usize,
+    method: Method,
+    cpu: &mut Vec<f64>,
+) -> BoxResult<f64> {
     let opts = PreallocOptions::new().threads(threads).method(method);
     let cpu_start = cpu_seconds();
     let start = Instant::now();
-    let report = preallocate(map.addr.cast(), len, &opts)?;
+    let report = preallocate(map.addr.cast(), map.len, &opts)?;
     let secs = start.elapsed().as_secs_f64();
     cpu.push(cpu_seconds() - cpu_start);
-    if report.threads != threads || report.bytes != len as u64 {
+    if report.threads != threads || report.bytes != map.len as u64 {
         return Err(format!("unexpected report {report:?}").into());
     }
     Ok(secs)
@@ -144,18 +155,7 @@ fn ours(len: usize, threads: usize, method: Method, cpu: &mut Vec<f64>) -> BoxRe
 /// the CPU seconds are pushed to `cpu`.
 fn ours_anon(len: usize, threads: usize, cpu: &mut Vec<f64>) -> BoxResult<f64> {
     let map = Mapping::anonymous(len, 0)?;
-    let opts = PreallocOptions::new()
-        .threads(threads)
-        .method(Method::PopulateWrite);
-    let cpu_start = cpu_seconds();
-    let start = Instant::now();
-    let report = preallocate(map.addr.cast(), len, &opts)?;
-    let secs = start.elapsed().as_secs_f64();
-    cpu.push(cpu_seconds() - cpu_start);
-    if report.threads != threads || report.bytes != len as u64 {
-        return Err(format!("unexpected report {report:?}").into());
-    }
-    Ok(secs)
+    timed_preallocate(&map, threads, Method::PopulateWrite, cpu)
 }
 
 /// Wall seconds for two background jobs of one thread each to preallocate
