@@ -7,6 +7,7 @@
 //! running daemon. Tests that need namespaces skip with a notice where they
 //! cannot be created.
 
+mod common;
 mod sandbox_support;
 
 use std::io::Read;
@@ -90,16 +91,8 @@ fn names(entries: &[DirEntry]) -> Vec<String> {
 
 fn setattr_msg(fid: u32, valid: u32) -> Tsetattr {
     Tsetattr {
-        fid,
         valid,
-        mode: 0,
-        uid: 0,
-        gid: 0,
-        size: 0,
-        atime_sec: 0,
-        atime_nsec: 0,
-        mtime_sec: 0,
-        mtime_nsec: 0,
+        ..common::setattr_base(fid)
     }
 }
 
