@@ -76,10 +76,42 @@ fn rss_mib() -> f64 {
     pages * page / (1024.0 * 1024.0)
 }
 
-fn lifecycle_pooled(pool: &StackPool, iters: usize) -> BoxResult<f64> {
+/// Copies of each nanosecond-scale lifecycle loop. A loop of a few dozen
+/// instructions runs up to 30% faster or slower depending on where its code
+/// lands (this was seen for the same bare loop in two builds: 3.4 and
+/// 5.1 ns). Each copy is instantiated with its own closure constant, so it is
+/// separate machine code at its own address, and a contender's figure is the
+/// median over its copies: both sides of a ratio get the same spread of
+/// placements.
+const LOOP_COPIES: usize = 8;
+
+/// `LOOP_COPIES` instantiations of a loop generic over `const K: u64`.
+macro_rules! loop_copies {
+    ($f:ident) => {
+        [
+            $f::<1>, $f::<2>, $f::<3>, $f::<4>, $f::<5>, $f::<6>, $f::<7>, $f::<8>,
+        ]
+    };
+}
+
+/// The median over every copy of a loop, each run for `iters` iterations.
+fn median_over_copies<A: ?Sized>(
+    copies: &[fn(&mut A, usize) -> BoxResult<f64>; LOOP_COPIES],
+    arg: &mut A,
+    iters: usize,
+) -> BoxResult<f64> {
+    let mut ns = Vec::with_capacity(LOOP_COPIES);
+    for run in copies {
+        ns.push(run(arg, iters)?);
+    }
+    Ok(crate::harness::median(&ns))
+}
+
+#[inline(never)]
+fn lifecycle_pooled<const K: u64>(pool: &mut &StackPool, iters: usize) -> BoxResult<f64> {
     let start = thread_cpu_ns();
     for i in 0..iters {
-        let mut co: Coroutine<u64, (), u64> = Coroutine::new_in(pool, |_, x| x + 1)?;
+        let mut co: Coroutine<u64, (), u64> = Coroutine::new_in(pool, |_, x| x + K)?;
         black_box(co.resume(black_box(i as u64)));
     }
     Ok((thread_cpu_ns() - start) / iters as f64)
@@ -88,7 +120,8 @@ fn lifecycle_pooled(pool: &StackPool, iters: usize) -> BoxResult<f64> {
 /// Bare corosensei on one reused stack, the way corosensei reuses a stack:
 /// each coroutine borrows it (`Stack` is implemented for `&mut S`), so
 /// nothing but the coroutine itself is built per iteration.
-fn lifecycle_bare(stack: &mut DefaultStack, iters: usize) -> BoxResult<f64> {
+#[inline(never)]
+fn lifecycle_bare<const K: u64>(stack: &mut DefaultStack, iters: usize) -> BoxResult<f64> {
     let raw: *mut DefaultStack = stack;
     let start = thread_cpu_ns();
     for i in 0..iters {
@@ -99,7 +132,7 @@ fn lifecycle_bare(stack: &mut DefaultStack, iters: usize) -> BoxResult<f64> {
         // before the next one borrows the stack again.
         let s: &'static mut DefaultStack = unsafe { &mut *raw };
         let mut co: corosensei::Coroutine<u64, (), u64, &mut DefaultStack> =
-            corosensei::Coroutine::with_stack(s, |_, x| x + 1);
+            corosensei::Coroutine::with_stack(s, |_, x| x + K);
         black_box(co.resume(black_box(i as u64)));
     }
     Ok((thread_cpu_ns() - start) / iters as f64)
@@ -110,12 +143,16 @@ fn lifecycle_bare(stack: &mut DefaultStack, iters: usize) -> BoxResult<f64> {
 /// moves through an `Option` cost store-forwarding stalls on x86, so this
 /// peer is slower than [`lifecycle_bare`]; it is kept for comparison with
 /// older figures only.
-fn lifecycle_bare_moved(stack: &mut Option<DefaultStack>, iters: usize) -> BoxResult<f64> {
+#[inline(never)]
+fn lifecycle_bare_moved<const K: u64>(
+    stack: &mut Option<DefaultStack>,
+    iters: usize,
+) -> BoxResult<f64> {
     let start = thread_cpu_ns();
     for i in 0..iters {
         let s = stack.take().ok_or("bare stack missing")?;
         let mut co: corosensei::Coroutine<u64, (), u64, DefaultStack> =
-            corosensei::Coroutine::with_stack(s, |_, x| x + 1);
+            corosensei::Coroutine::with_stack(s, |_, x| x + K);
         black_box(co.resume(black_box(i as u64)));
         *stack = Some(co.into_stack());
     }
@@ -398,11 +435,16 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     let nopool = StackPool::new(PoolConfig::default().policy(Policy::NoPool))?;
     let mut bare_stack = DefaultStack::new(coro_pool::DEFAULT_STACK_SIZE)?;
     let mut moved_stack = Some(DefaultStack::new(coro_pool::DEFAULT_STACK_SIZE)?);
-    lifecycle_pooled(&pooled, 1000)?;
-    let mut run_pooled = || lifecycle_pooled(&pooled, iters);
-    let mut run_mmap = || lifecycle_pooled(&nopool, mmap_iters);
-    let mut run_bare = || lifecycle_bare(&mut bare_stack, iters);
-    let mut run_moved = || lifecycle_bare_moved(&mut moved_stack, iters);
+    let copy_iters = iters / LOOP_COPIES;
+    let pooled_copies = loop_copies!(lifecycle_pooled);
+    let bare_copies = loop_copies!(lifecycle_bare);
+    let moved_copies = loop_copies!(lifecycle_bare_moved);
+    median_over_copies(&pooled_copies, &mut &pooled, 1000)?;
+    let mut run_pooled = || median_over_copies(&pooled_copies, &mut &pooled, copy_iters);
+    // At microseconds per coroutine, code placement does not matter.
+    let mut run_mmap = || lifecycle_pooled::<1>(&mut &nopool, mmap_iters);
+    let mut run_bare = || median_over_copies(&bare_copies, &mut bare_stack, copy_iters);
+    let mut run_moved = || median_over_copies(&moved_copies, &mut moved_stack, copy_iters);
     let [pooled_ns, mmap_ns, bare_ns, moved_ns] = alternate(
         ctx.reps(),
         &mut [
@@ -619,8 +661,9 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     report.note(format!(
         "Medians of {} alternating runs. Single-thread timings use thread CPU time \
          (the machine is shared); getput_2t_vs_1t sums per-thread CPU-time rates, \
-         getput_2t_vs_1t_wall is the wall-clock ratio of the same runs. Lifecycle: {iters} iterations pooled and bare \
-         (overhead_vs_bare: against corosensei borrowing one stack; overhead_vs_bare_moved: against moving \
+         getput_2t_vs_1t_wall is the wall-clock ratio of the same runs. Lifecycle: {iters} iterations pooled and bare, \
+         spread over {LOOP_COPIES} copies of each loop (separate machine code, median over the copies; see \
+         LOOP_COPIES) (overhead_vs_bare: against corosensei borrowing one stack; overhead_vs_bare_moved: against moving \
          one owned stack in and out, the peer of earlier runs), \
          {mmap_iters} with a fresh mmap per coroutine. getput: bursts of 512 stacks per thread, \
          {cycles} cycles. Idle pages: bursts of {live} coroutines touching 16 KiB each, {rounds} \

@@ -1,8 +1,10 @@
 //! Coroutines on pooled stacks.
 
+use std::mem::ManuallyDrop;
+
 use corosensei::{CoroutineResult, Yielder};
 
-use crate::pool::{PooledStack, StackId, StackPool};
+use crate::pool::{PooledStack, StackBounds, StackId, StackPool};
 use crate::{Error, Result};
 
 /// A stackful coroutine running on a stack from a [`StackPool`].
@@ -26,9 +28,14 @@ use crate::{Error, Result};
 /// written. Rust emits stack probes for frames larger than a page, so a large
 /// frame cannot jump over the guard.
 pub struct Coroutine<Input, Yield, Return> {
-    /// `None` once the coroutine has returned and its stack went back.
-    inner: Option<corosensei::Coroutine<Input, Yield, Return, PooledStack>>,
-    id: StackId,
+    /// Runs on the bounds of `stack`. Dropped in place, always before the
+    /// stack goes back: when the coroutine returns, or by Drop if it never
+    /// did (which unwinds it if it is suspended). Never touched after that.
+    inner: ManuallyDrop<corosensei::Coroutine<Input, Yield, Return, StackBounds>>,
+    /// The stack `inner` runs on; `None` once the coroutine has returned
+    /// and the stack went back to the pool. Dropped by hand too, so that
+    /// dropping a finished coroutine is one test.
+    stack: ManuallyDrop<Option<PooledStack>>,
 }
 
 impl<Input, Yield, Return> std::fmt::Debug for Coroutine<Input, Yield, Return> {
@@ -78,10 +85,9 @@ impl<Input, Yield, Return> Coroutine<Input, Yield, Return> {
         Yield: 'static,
         Return: 'static,
     {
-        let id = stack.id();
         Coroutine {
-            inner: Some(corosensei::Coroutine::with_stack(stack, func)),
-            id,
+            inner: ManuallyDrop::new(corosensei::Coroutine::with_stack(stack.bounds(), func)),
+            stack: ManuallyDrop::new(Some(stack)),
         }
     }
 
@@ -106,34 +112,58 @@ impl<Input, Yield, Return> Coroutine<Input, Yield, Return> {
     /// already returned.
     #[inline(always)]
     pub fn try_resume(&mut self, input: Input) -> Result<CoroutineResult<Yield, Return>> {
-        let co = match self.inner.as_mut() {
-            Some(co) if !co.done() => co,
-            _ => return Err(Error::Finished),
-        };
-        let result = co.resume(input);
+        if self.stack.is_none() || self.inner.done() {
+            return Err(Error::Finished);
+        }
+        let result = self.inner.resume(input);
         if let CoroutineResult::Return(_) = result {
             // Give the stack back right away. Dropping a finished corosensei
-            // coroutine in place only drops its stack (nothing to unwind),
-            // and saves moving it out first.
-            self.inner = None;
+            // coroutine in place unwinds nothing (it only clears sanitizer
+            // poisoning) and copies nothing out.
+            // SAFETY: `inner` is never used again: with `stack` gone, every
+            // method and Drop treat the coroutine as finished.
+            unsafe { ManuallyDrop::drop(&mut self.inner) };
+            PooledStack::give_back(&mut self.stack);
         }
         Ok(result)
     }
 
     /// Whether the coroutine has been resumed at least once.
     pub fn started(&self) -> bool {
-        self.inner.as_ref().is_none_or(|co| co.started())
+        self.stack.is_none() || self.inner.started()
     }
 
     /// Whether the coroutine has returned (or panicked).
     pub fn done(&self) -> bool {
-        self.inner.as_ref().is_none_or(|co| co.done())
+        self.stack.is_none() || self.inner.done()
     }
 
     /// The identity of the stack the coroutine runs on, `None` once it has
     /// returned and given the stack back.
     pub fn stack_id(&self) -> Option<StackId> {
-        self.inner.as_ref().map(|_| self.id)
+        self.stack.as_ref().map(PooledStack::id)
+    }
+}
+
+impl<Input, Yield, Return> Coroutine<Input, Yield, Return> {
+    /// Drops a coroutine that has not returned: unwinds it if it is
+    /// suspended, then gives its stack back.
+    #[cold]
+    #[inline(never)]
+    fn drop_unfinished(&mut self) {
+        // SAFETY: with the stack still held, `inner` was not dropped; it is
+        // dropped here once, before its stack goes back.
+        unsafe { ManuallyDrop::drop(&mut self.inner) };
+        drop(self.stack.take());
+    }
+}
+
+impl<Input, Yield, Return> Drop for Coroutine<Input, Yield, Return> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.stack.is_some() {
+            self.drop_unfinished();
+        }
     }
 }
 

@@ -374,10 +374,30 @@ impl Shared {
     }
 }
 
+/// A thread's idle stacks: the current batch (`hot` and `cur` together,
+/// at most one batch) and a full spare batch.
 #[derive(Debug, Default)]
 struct LocalState {
+    /// A stack handed out before the list: a put that finds it empty puts
+    /// the stack here. A coroutine that is created, run and dropped over
+    /// and over thus takes and gives back the same stack without touching a
+    /// link word inside it, so no take waits for the previous put's store
+    /// to be forwarded through the stack's memory.
+    hot: Option<NonNull<u8>>,
     cur: StackList,
     spare: StackList,
+}
+
+impl LocalState {
+    /// The current batch as one list, leaving it empty.
+    fn take_current(&mut self) -> StackList {
+        let mut list = self.cur.take();
+        if let Some(top) = self.hot.take() {
+            // SAFETY: an idle stack of this local pool, in no list.
+            unsafe { list.push(top) };
+        }
+        list
+    }
 }
 
 /// One thread's cache of a pool's stacks.
@@ -483,8 +503,8 @@ impl LocalPool {
         f(unsafe { &mut *self.state.get() })
     }
 
-    /// The fast path of a get: pop from the current batch. Under
-    /// [`Policy::NoPool`] the batch is always empty.
+    /// The fast path of a get: the hot slot, else a pop from the current
+    /// batch. Under [`Policy::NoPool`] both are always empty.
     ///
     /// # Safety
     ///
@@ -493,7 +513,7 @@ impl LocalPool {
     unsafe fn take(ptr: NonNull<LocalPool>) -> Result<PooledStack> {
         // SAFETY: live per the caller's contract.
         let local = unsafe { ptr.as_ref() };
-        let top = match local.with_state(|st| st.cur.pop()) {
+        let top = match local.with_state(|st| st.hot.take().or_else(|| st.cur.pop())) {
             Some(top) => top,
             None => local.take_slow()?,
         };
@@ -532,7 +552,8 @@ impl LocalPool {
         sh.create()
     }
 
-    /// The fast path of a put: push onto the current batch.
+    /// The fast path of a put: into the hot slot if it is empty, else onto
+    /// the current batch's list.
     ///
     /// # Safety
     ///
@@ -545,14 +566,22 @@ impl LocalPool {
         let local = unsafe { ptr.as_ref() };
         let stats = &*local.stats;
         ThreadStats::bump(&stats.puts);
+        let cap = stats.cap.load(Ordering::Relaxed);
         let pushed = local.with_state(|st| {
-            if st.cur.len() < stats.cap.load(Ordering::Relaxed) {
-                // SAFETY: the stack was handed out by this pool, its
-                // coroutine is gone, and it is in no list.
-                unsafe { st.cur.push(top) };
-                true
+            if st.hot.is_none() {
+                let fits = st.cur.len() < cap;
+                if fits {
+                    st.hot = Some(top);
+                }
+                fits
             } else {
-                false
+                let fits = st.cur.len() + 1 < cap;
+                if fits {
+                    // SAFETY: the stack was handed out by this pool, its
+                    // coroutine is gone, and it is in no list.
+                    unsafe { st.cur.push(top) };
+                }
+                fits
             }
         });
         if !pushed {
@@ -611,16 +640,15 @@ impl LocalPool {
         // operations at most, never one per operation.
         let spill = self.with_state(|st| {
             let spill = st.spare.take();
-            st.spare = st.cur.take();
-            // SAFETY: as in put().
-            unsafe { st.cur.push(top) };
+            st.spare = st.take_current();
+            st.hot = Some(top);
             spill
         });
         sh.put_global(spill, self.owner());
     }
 
     fn flush(&self) {
-        let (cur, spare) = self.with_state(|st| (st.cur.take(), st.spare.take()));
+        let (cur, spare) = self.with_state(|st| (st.take_current(), st.spare.take()));
         self.release_lists(cur, spare);
     }
 
@@ -639,7 +667,7 @@ impl LocalPool {
 impl Drop for LocalPool {
     fn drop(&mut self) {
         let st = self.state.get_mut();
-        let (cur, spare) = (st.cur.take(), st.spare.take());
+        let (cur, spare) = (st.take_current(), st.spare.take());
         self.release_lists(cur, spare);
         // Stacks in use keep their LocalPool alive, so every take has been
         // matched by a put by now; keep the totals for stats().
@@ -831,13 +859,67 @@ impl Drop for PooledStack {
     }
 }
 
-// SAFETY: base() is the top of a live mapping of mmap_len bytes whose lowest
+impl PooledStack {
+    /// Gives back the stack held in `slot`, leaving `None`. Same as
+    /// `drop(slot.take())`, but it reads the two words one at a time: moved
+    /// as a whole, the pair is copied with one 16-byte load of two 8-byte
+    /// stores made a moment before, which the CPU cannot forward (a stall
+    /// of a dozen cycles per coroutine).
+    #[inline(always)]
+    pub(crate) fn give_back(slot: &mut Option<PooledStack>) {
+        if let Some(stack) = slot.as_ref() {
+            let (local, top) = (stack.local, stack.top);
+            // SAFETY: overwrites the PooledStack without dropping it; its
+            // stack is put back right below, exactly once.
+            unsafe { std::ptr::write(slot, None) };
+            // SAFETY: as in PooledStack::drop.
+            unsafe { LocalPool::put(local, top) };
+        }
+    }
+
+    /// The bounds of this stack, for a coroutine that runs on it while the
+    /// `PooledStack` itself is kept next to the coroutine.
+    #[inline(always)]
+    pub(crate) fn bounds(&self) -> StackBounds {
+        StackBounds {
+            top: self.top,
+            local: self.local,
+        }
+    }
+}
+
+// SAFETY: the bounds are those of the stack this PooledStack owns (see
+// StackBounds), and the mapping stays valid until it is dropped.
+unsafe impl corosensei::stack::Stack for PooledStack {
+    #[inline]
+    fn base(&self) -> corosensei::stack::StackPointer {
+        self.bounds().base()
+    }
+
+    #[inline]
+    fn limit(&self) -> corosensei::stack::StackPointer {
+        self.bounds().limit()
+    }
+}
+
+/// The bounds of a [`PooledStack`] without its ownership: what a
+/// [`Coroutine`](crate::Coroutine) runs on while it holds the
+/// `PooledStack` itself, so that it can give the stack back the moment the
+/// coroutine returns.
+#[derive(Clone, Copy)]
+pub(crate) struct StackBounds {
+    top: NonNull<u8>,
+    local: NonNull<LocalPool>,
+}
+
+// SAFETY: base() is the top of a mapping of mmap_len bytes whose lowest
 // guard_len bytes are inaccessible (MADV_GUARD_INSTALL or PROT_NONE), limit()
 // is the start of that mapping, both are page aligned (so aligned to
 // STACK_ALIGNMENT), and the usable part is at least MIN_STACK_SIZE bytes
-// (checked when the pool is built). The mapping stays valid until the
-// PooledStack is dropped.
-unsafe impl corosensei::stack::Stack for PooledStack {
+// (checked when the pool is built). The holder of the bounds keeps the
+// PooledStack, and with it the mapping and its local pool, alive for as long
+// as a coroutine may run on them.
+unsafe impl corosensei::stack::Stack for StackBounds {
     #[inline]
     fn base(&self) -> corosensei::stack::StackPointer {
         // SAFETY: the top of a mapping is never address 0.
@@ -846,7 +928,9 @@ unsafe impl corosensei::stack::Stack for PooledStack {
 
     #[inline]
     fn limit(&self) -> corosensei::stack::StackPointer {
-        let start = self.top.as_ptr() as usize - self.layout().mmap_len();
+        // SAFETY: the local pool outlives the stack (see above).
+        let layout = &unsafe { self.local.as_ref() }.shared.layout;
+        let start = self.top.as_ptr() as usize - layout.mmap_len();
         // SAFETY: a mapping never starts at address 0 (mmap_min_addr).
         unsafe { NonZeroUsize::new_unchecked(start) }
     }

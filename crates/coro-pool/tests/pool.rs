@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use coro_pool::{
     BudgetOrigin, Coroutine, CoroutineResult, Error, GuardKind, GuardMode, IdlePages, MapBudget,
-    MaxMapCount, Policy, PoolConfig, StackPool, FALLBACK_MAX_MAP_COUNT,
+    MaxMapCount, Policy, PoolConfig, PooledStack, StackId, StackPool, FALLBACK_MAX_MAP_COUNT,
 };
 
 /// A fresh scratch directory under the system temp dir, removed on drop.
@@ -90,6 +90,33 @@ fn test_stack_reused_by_identity() {
     assert_eq!(s.stacks_created, 1);
     assert_eq!(s.stacks_reused, 1);
     assert_eq!(s.live_coroutines, 1);
+}
+
+#[test]
+fn test_one_stack_serves_a_create_run_drop_loop() {
+    let pool = StackPool::new(small()).unwrap();
+    let stacks: Vec<_> = (0..3).map(|_| pool.take_stack().unwrap()).collect();
+    let mut ids: Vec<StackId> = stacks.iter().map(PooledStack::id).collect();
+    drop(stacks);
+    assert_eq!(pool.stats().pooled_local, 3);
+    // Each take gives its stack back before the next one: the same stack
+    // every time (the local pool's hot slot).
+    let first = pool.take_stack().unwrap().id();
+    for _ in 0..10 {
+        let mut co: Coroutine<(), (), ()> = Coroutine::new_in(&pool, |_, ()| ()).unwrap();
+        assert_eq!(co.stack_id(), Some(first));
+        co.resume(());
+    }
+    // Held together, the three stacks are handed out once each.
+    let held: Vec<_> = (0..3).map(|_| pool.take_stack().unwrap()).collect();
+    let mut again: Vec<StackId> = held.iter().map(PooledStack::id).collect();
+    ids.sort();
+    again.sort();
+    assert_eq!(again, ids);
+    let s = pool.stats();
+    assert_eq!(s.stacks_created, 3);
+    assert_eq!(s.stacks_reused, 14);
+    assert_eq!((s.live_coroutines, s.pooled_local), (3, 0));
 }
 
 #[test]
