@@ -18,8 +18,9 @@
 //! cargo run --release -p coro-pool --example overhead_floor
 //! ```
 //!
-//! Each figure is the median over 8 copies of its loop (separate machine
-//! code; see the `coro-pool` suite of `vmm-benches`), 1M iterations each.
+//! Each timing is the median over 8 copies of its loop (separate machine
+//! code; see the `coro-pool` suite of `vmm-benches`), 1M iterations each,
+//! after an untimed pass; each step's ratio is the median over 5 rounds.
 use std::cell::Cell;
 use std::hint::black_box;
 use std::mem::ManuallyDrop;
@@ -241,13 +242,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("coro-pool Coroutine::new_in", copies!(pooled)),
     ];
     let iters = 1_000_000;
-    for round in 1..=3 {
-        println!("round {round}");
-        let bare_ns = median_ns(&steps[0].1, &ctx, iters);
-        for (name, copies) in &steps {
-            let ns = median_ns(copies, &ctx, iters);
-            println!("  {name:<34} {ns:6.2} ns  {:5.2} x bare", ns / bare_ns);
+    // One untimed pass: first use of the stacks faults their pages in.
+    for (_, copies) in &steps {
+        median_ns(copies, &ctx, iters / 10);
+    }
+    // Each round times every step once; a step's figure is its median
+    // ratio to bare over the rounds.
+    let rounds = 5;
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); steps.len()];
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); steps.len()];
+    for _ in 0..rounds {
+        let ns: Vec<f64> = steps
+            .iter()
+            .map(|(_, copies)| median_ns(copies, &ctx, iters))
+            .collect();
+        for (i, t) in ns.iter().enumerate() {
+            ratios[i].push(t / ns[0]);
+            times[i].push(*t);
         }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("medians of {rounds} rounds:");
+    for (i, (name, _)) in steps.iter().enumerate() {
+        println!(
+            "  {name:<34} {:6.2} ns  {:5.2} x bare",
+            median(&mut times[i]),
+            median(&mut ratios[i])
+        );
     }
     println!(
         "slot counters: {} takes, {} puts",
