@@ -88,6 +88,50 @@ const SYS_CACHESTAT: i64 = 451;
 /// `fchmodat2(2)` (Linux 6.6).
 const SYS_FCHMODAT2: i64 = 452;
 
+/// What every thread of the daemon needs to live, whatever its kind: the
+/// allocator's memory calls, futexes, its signal mask and stack, time,
+/// randomness and its own end.
+const THREAD_SYSCALLS: &[i64] = &[
+    // Memory (the allocator; thread exit frees the signal stack).
+    libc::SYS_brk,
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_mprotect,
+    libc::SYS_madvise,
+    // Synchronisation, time, the thread's own end.
+    libc::SYS_futex,
+    libc::SYS_sched_yield,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_gettid,
+    libc::SYS_getpid,
+    libc::SYS_tgkill,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_sigaltstack,
+    libc::SYS_restart_syscall,
+    libc::SYS_getrandom,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_nanosleep,
+];
+
+/// The x86_64 forms of file calls that newer architectures only have as
+/// `*at` calls (std and glibc still use some of them there).
+#[cfg(target_arch = "x86_64")]
+const LEGACY_FILE_SYSCALLS: &[i64] = &[
+    libc::SYS_open,
+    libc::SYS_stat,
+    libc::SYS_lstat,
+    libc::SYS_renameat,
+    libc::SYS_readlink,
+    libc::SYS_access,
+    libc::SYS_getdents,
+    libc::SYS_time,
+];
+
 /// The calls on files and the export that every thread kind makes: I/O
 /// on fds, the passthrough filesystem, and the ids it checks.
 const FILE_SYSCALLS: &[i64] = &[
@@ -162,15 +206,9 @@ const FILE_SYSCALLS: &[i64] = &[
 /// `seccomp` are allowed only with the arguments of [`argument_rules`].
 pub fn allowed_syscalls() -> Vec<i64> {
     use libc::*;
-    #[allow(unused_mut)]
     let mut v: Vec<i64> = vec![
-        // Memory: allocator, coroutine stacks (guard pages), mlock policy.
-        SYS_brk,
-        SYS_mmap,
-        SYS_munmap,
-        SYS_mremap,
-        SYS_mprotect,
-        SYS_madvise,
+        // Memory beyond the allocator's (THREAD_SYSCALLS): coroutine stack
+        // guards use mprotect/madvise from there, the mlock policy these.
         SYS_mlock,
         SYS_mlock2,
         SYS_munlock,
@@ -182,32 +220,16 @@ pub fn allowed_syscalls() -> Vec<i64> {
         // (glibc then uses clone, which `argument_rules` checks); it is
         // listed so that this filter does not kill it first.
         SYS_clone3,
-        SYS_futex,
         SYS_set_robust_list,
         SYS_get_robust_list,
         SYS_rseq,
         SYS_set_tid_address,
-        SYS_gettid,
-        SYS_getpid,
-        SYS_tgkill,
-        SYS_exit,
-        SYS_exit_group,
-        SYS_sched_yield,
-        SYS_sched_getaffinity,
         SYS_getrlimit,
         SYS_prlimit64,
-        SYS_getrandom,
-        SYS_restart_syscall,
-        // Signals.
+        // Signal handlers.
         SYS_rt_sigaction,
-        SYS_rt_sigprocmask,
-        SYS_rt_sigreturn,
-        SYS_sigaltstack,
-        // Time.
-        SYS_clock_gettime,
+        // Time and timers.
         SYS_clock_getres,
-        SYS_clock_nanosleep,
-        SYS_nanosleep,
         SYS_gettimeofday,
         SYS_timerfd_create,
         SYS_timerfd_settime,
@@ -243,23 +265,19 @@ pub fn allowed_syscalls() -> Vec<i64> {
         // vmm-sys-util's event notifier fallback.
         SYS_pipe2,
     ];
+    v.extend_from_slice(THREAD_SYSCALLS);
     v.extend_from_slice(FILE_SYSCALLS);
     #[cfg(target_arch = "x86_64")]
-    v.extend_from_slice(&[
-        SYS_arch_prctl,
-        SYS_open,
-        SYS_stat,
-        SYS_lstat,
-        SYS_poll,
-        SYS_epoll_wait,
-        SYS_dup2,
-        SYS_renameat,
-        SYS_accept,
-        SYS_readlink,
-        SYS_access,
-        SYS_getdents,
-        SYS_time,
-    ]);
+    {
+        v.extend_from_slice(LEGACY_FILE_SYSCALLS);
+        v.extend_from_slice(&[
+            SYS_arch_prctl,
+            SYS_poll,
+            SYS_epoll_wait,
+            SYS_dup2,
+            SYS_accept,
+        ]);
+    }
     v.sort_unstable();
     v.dedup();
     v
@@ -345,48 +363,11 @@ pub enum ThreadKind {
 /// (sockets, new threads, event loops, timers, memory locking, `prctl`,
 /// `ioctl`, `seccomp`) is left out.
 pub fn worker_syscalls() -> Vec<i64> {
-    use libc::*;
-    #[allow(unused_mut)]
-    let mut v: Vec<i64> = vec![
-        // Memory (the allocator; thread exit frees the signal stack).
-        SYS_brk,
-        SYS_mmap,
-        SYS_munmap,
-        SYS_mremap,
-        SYS_mprotect,
-        SYS_madvise,
-        // Synchronisation, time, the thread's own end.
-        SYS_futex,
-        SYS_sched_yield,
-        SYS_sched_getaffinity,
-        SYS_gettid,
-        SYS_getpid,
-        SYS_tgkill,
-        SYS_exit,
-        SYS_exit_group,
-        SYS_rt_sigprocmask,
-        SYS_rt_sigreturn,
-        SYS_sigaltstack,
-        SYS_restart_syscall,
-        SYS_getrandom,
-        SYS_clock_gettime,
-        SYS_clock_nanosleep,
-        SYS_nanosleep,
-    ];
     // I/O on the fds the thread is handed (files, the wake eventfd,
     // logging) and the passthrough filesystem.
-    v.extend_from_slice(FILE_SYSCALLS);
+    let mut v = [THREAD_SYSCALLS, FILE_SYSCALLS].concat();
     #[cfg(target_arch = "x86_64")]
-    v.extend_from_slice(&[
-        SYS_open,
-        SYS_stat,
-        SYS_lstat,
-        SYS_renameat,
-        SYS_readlink,
-        SYS_access,
-        SYS_getdents,
-        SYS_time,
-    ]);
+    v.extend_from_slice(LEGACY_FILE_SYSCALLS);
     v.sort_unstable();
     v.dedup();
     v
