@@ -19,9 +19,11 @@
 //! - `scale`: wall-clock get/put rate of `burst` cycles on one thread and on
 //!   two (run it under `chrt -f` on a busy machine so that both threads get
 //!   a core).
+mod lifecycle;
+
 use std::hint::black_box;
 
-use coro_pool::{Coroutine, PoolConfig, StackPool};
+use coro_pool::{PoolConfig, StackPool};
 use corosensei::stack::DefaultStack;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -31,32 +33,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = StackPool::new(PoolConfig::default())?;
     match mode.as_str() {
         "pooled" => {
-            for i in 0..iters {
-                let mut co: Coroutine<u64, (), u64> = Coroutine::new_in(&pool, |_, x| x + 1)?;
-                black_box(co.resume(black_box(i as u64)));
-            }
+            lifecycle::pooled::<1>(&pool, iters)?;
         }
         "bare" => {
             let mut stack = Some(DefaultStack::new(coro_pool::DEFAULT_STACK_SIZE)?);
-            for i in 0..iters {
-                let s = stack.take().ok_or("bare stack missing")?;
-                let mut co: corosensei::Coroutine<u64, (), u64, DefaultStack> =
-                    corosensei::Coroutine::with_stack(s, |_, x| x + 1);
-                black_box(co.resume(black_box(i as u64)));
-                stack = Some(co.into_stack());
-            }
+            lifecycle::bare_moved::<1>(&mut stack, iters)?;
         }
         "bareref" => {
-            let stack: *mut DefaultStack =
-                Box::into_raw(Box::new(DefaultStack::new(coro_pool::DEFAULT_STACK_SIZE)?));
-            for i in 0..iters {
-                // SAFETY: the stack is leaked (never freed) and each
-                // coroutine borrowing it is dropped before the next one.
-                let s: &'static mut DefaultStack = unsafe { &mut *stack };
-                let mut co: corosensei::Coroutine<u64, (), u64, &mut DefaultStack> =
-                    corosensei::Coroutine::with_stack(s, |_, x| x + 1);
-                black_box(co.resume(black_box(i as u64)));
-            }
+            let mut stack = DefaultStack::new(coro_pool::DEFAULT_STACK_SIZE)?;
+            // SAFETY: the stack lives through the call and nothing else uses it.
+            unsafe { lifecycle::bare_borrowed::<1>(&mut stack, iters) };
         }
         "getput" => {
             for _ in 0..iters {
@@ -103,34 +89,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         "time" => {
             // ns per lifecycle, pooled and bare alternated, 5 rounds.
-            let mut stack = Some(DefaultStack::new(coro_pool::DEFAULT_STACK_SIZE)?);
-            let stack2: *mut DefaultStack =
-                Box::into_raw(Box::new(DefaultStack::new(coro_pool::DEFAULT_STACK_SIZE)?));
+            let mut moved = Some(DefaultStack::new(coro_pool::DEFAULT_STACK_SIZE)?);
+            let mut borrowed = DefaultStack::new(coro_pool::DEFAULT_STACK_SIZE)?;
             for _ in 0..5 {
-                let start = std::time::Instant::now();
-                for i in 0..iters {
-                    let mut co: Coroutine<u64, (), u64> = Coroutine::new_in(&pool, |_, x| x + 1)?;
-                    black_box(co.resume(black_box(i as u64)));
-                }
-                let pooled = start.elapsed().as_secs_f64() * 1e9 / iters as f64;
-                let start = std::time::Instant::now();
-                for i in 0..iters {
-                    let s = stack.take().ok_or("bare stack missing")?;
-                    let mut co: corosensei::Coroutine<u64, (), u64, DefaultStack> =
-                        corosensei::Coroutine::with_stack(s, |_, x| x + 1);
-                    black_box(co.resume(black_box(i as u64)));
-                    stack = Some(co.into_stack());
-                }
-                let bare = start.elapsed().as_secs_f64() * 1e9 / iters as f64;
-                let start = std::time::Instant::now();
-                for i in 0..iters {
-                    // SAFETY: as in `bareref`.
-                    let s: &'static mut DefaultStack = unsafe { &mut *stack2 };
-                    let mut co: corosensei::Coroutine<u64, (), u64, &mut DefaultStack> =
-                        corosensei::Coroutine::with_stack(s, |_, x| x + 1);
-                    black_box(co.resume(black_box(i as u64)));
-                }
-                let bare_ref = start.elapsed().as_secs_f64() * 1e9 / iters as f64;
+                let pooled = lifecycle::pooled::<1>(&pool, iters)?;
+                let bare = lifecycle::bare_moved::<1>(&mut moved, iters)?;
+                // SAFETY: the stack lives through the call and nothing else
+                // uses it.
+                let bare_ref = unsafe { lifecycle::bare_borrowed::<1>(&mut borrowed, iters) };
                 println!(
                     "pooled {pooled:.2} ns, bare (moved stack) {bare:.2} ns, bare (borrowed stack) {bare_ref:.2} ns, ratio {:.3} / {:.3}",
                     pooled / bare,

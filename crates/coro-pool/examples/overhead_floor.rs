@@ -21,13 +21,17 @@
 //! Each timing is the median over 8 copies of its loop (separate machine
 //! code; see the `coro-pool` suite of `vmm-benches`), 1M iterations each,
 //! after an untimed pass; each step's ratio is the median over 5 rounds.
+// Shared with examples/hotpath.rs, which also times the moved-stack peer.
+#[allow(dead_code)]
+mod lifecycle;
+
 use std::cell::Cell;
 use std::hint::black_box;
 use std::mem::ManuallyDrop;
 use std::num::NonZeroUsize;
 use std::time::Instant;
 
-use coro_pool::{Coroutine, PoolConfig, StackPool};
+use coro_pool::{PoolConfig, StackPool};
 use corosensei::stack::{DefaultStack, Stack, StackPointer};
 use corosensei::CoroutineResult;
 
@@ -142,18 +146,10 @@ struct Ctx {
 
 type Loop = fn(&Ctx, usize) -> f64;
 
-#[inline(never)]
 fn bare<const K: u64>(ctx: &Ctx, iters: usize) -> f64 {
-    let start = Instant::now();
-    for i in 0..iters {
-        // SAFETY: the stack is leaked in main(); each coroutine borrowing it
-        // is dropped before the next one borrows it.
-        let stack: &'static mut DefaultStack = unsafe { &mut *ctx.bare };
-        let mut co: corosensei::Coroutine<u64, (), u64, &mut DefaultStack> =
-            corosensei::Coroutine::with_stack(stack, |_, x| x + K);
-        black_box(co.resume(black_box(i as u64)));
-    }
-    start.elapsed().as_secs_f64() * 1e9 / iters as f64
+    // SAFETY: the stack is leaked in main() and only these loops use it,
+    // one at a time.
+    unsafe { lifecycle::bare_borrowed::<K>(ctx.bare, iters) }
 }
 
 #[inline(never)]
@@ -182,15 +178,8 @@ fn slot_loop<const K: u64, const TLS: bool, const COUNT: bool, const UNWIND: boo
     start.elapsed().as_secs_f64() * 1e9 / iters as f64
 }
 
-#[inline(never)]
 fn pooled<const K: u64>(ctx: &Ctx, iters: usize) -> f64 {
-    let start = Instant::now();
-    for i in 0..iters {
-        let mut co: Coroutine<u64, (), u64> =
-            Coroutine::new_in(&ctx.pool, |_, x| x + K).expect("pooled stack");
-        black_box(co.resume(black_box(i as u64)));
-    }
-    start.elapsed().as_secs_f64() * 1e9 / iters as f64
+    lifecycle::pooled::<K>(&ctx.pool, iters).expect("pooled stack")
 }
 
 macro_rules! copies {
