@@ -268,6 +268,42 @@ pub fn time<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     (out, start.elapsed())
 }
 
+/// Maps `len` bytes of the file `fd` from `offset` read-only, with
+/// `MAP_POPULATE` (no page faults while `f` reads it), runs `f` on them and
+/// unmaps: a copy from the page cache done in user space.
+///
+/// # Safety
+///
+/// Nothing may write or truncate the file while it is mapped.
+pub unsafe fn with_file_mapped<R>(
+    fd: std::os::fd::RawFd,
+    len: usize,
+    offset: u64,
+    f: impl FnOnce(&[u8]) -> R,
+) -> std::io::Result<R> {
+    // SAFETY: a new shared read-only mapping; the result is checked below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            fd,
+            offset as libc::off_t,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `map` is `len` readable bytes until the munmap below, and the
+    // caller keeps the file unchanged meanwhile; the slice does not outlive
+    // this call.
+    let out = f(unsafe { std::slice::from_raw_parts(map.cast::<u8>(), len) });
+    // SAFETY: unmaps exactly the mapping made above.
+    unsafe { libc::munmap(map, len) };
+    Ok(out)
+}
+
 /// Runs one suite, prints its table and writes its JSON file.
 pub fn run_suite(ctx: &Ctx, suite: &Suite) -> Result<SuiteReport, Box<dyn Error>> {
     eprintln!(

@@ -12,7 +12,9 @@ use virtqueue_large::mock::{guest_memory, Buf, Layout, MockDriver};
 use virtqueue_large::{ChainLimits, ChainWalker};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
-use crate::harness::{alternate, format_value, time, Ctx, SuiteReport, SuiteResult, Table};
+use crate::harness::{
+    alternate, format_value, time, with_file_mapped, Ctx, SuiteReport, SuiteResult, Table,
+};
 
 /// One-line description.
 pub const ABOUT: &str =
@@ -329,29 +331,9 @@ fn file_io(
     // SIGBUS. Mapping, population and unmapping are timed.
     let mut mmap_copy = || -> Result<f64, Box<dyn Error>> {
         let (res, elapsed) = time(|| {
-            // SAFETY: a new read-only shared mapping of `bytes` bytes of the
-            // file; nothing else is mapped at the address the kernel picks.
-            let map = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    bytes,
-                    libc::PROT_READ,
-                    libc::MAP_SHARED | libc::MAP_POPULATE,
-                    fd,
-                    0,
-                )
-            };
-            if map == libc::MAP_FAILED {
-                return Err(std::io::Error::last_os_error());
-            }
-            // SAFETY: `map` is a readable mapping of `bytes` bytes of a
-            // private temporary file of that size that nothing writes or
-            // truncates during the copy; the slice is dropped before munmap.
-            let src = unsafe { std::slice::from_raw_parts(map.cast::<u8>(), bytes) };
-            dst.copy_from(src);
-            // SAFETY: unmaps exactly the mapping created above.
-            unsafe { libc::munmap(map, bytes) };
-            Ok(())
+            // SAFETY: a private temporary file of `bytes` bytes that nothing
+            // writes or truncates during the copy.
+            unsafe { with_file_mapped(fd, bytes, 0, |src| dst.copy_from(src)) }
         });
         res?;
         Ok(gib_per_s(bytes, elapsed))

@@ -368,30 +368,13 @@ fn mmap_copy_gib_per_s(
     let mem = vmm.memory().clone();
     let f = std::fs::File::open(file)?;
     let copy_at = |offset: u64| -> Res<()> {
-        // SAFETY: a fresh shared read-only mapping of `size` bytes of a
-        // file we opened; the result is checked before use.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                f.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        // SAFETY: the mapping is `size` readable bytes and lives until
-        // the munmap below; the file is the bench's own and nothing
-        // truncates or writes it while it is mapped.
-        let src = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), size) };
-        let res = mem.write_slice(src, GuestAddress(DATA_AREA));
-        // SAFETY: unmaps exactly the mapping made above; `src` is not used
-        // after this.
-        unsafe { libc::munmap(p, size) };
-        res?;
+        // SAFETY: the file is the bench's own and nothing writes or
+        // truncates it while it is mapped.
+        unsafe {
+            crate::harness::with_file_mapped(f.as_raw_fd(), size, offset, |src| {
+                mem.write_slice(src, GuestAddress(DATA_AREA))
+            })
+        }??;
         Ok(())
     };
     rate_over_file(size, rounds, file_len, copy_at)
