@@ -27,6 +27,19 @@ pub struct Cli {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<ListenAddr>,
 
+    /// Serve a writable export with --security-model passthrough or none
+    /// over --listen tcp: anyway. TCP has no authentication: anyone who can
+    /// connect acts as the guest, with the daemon's power over the host
+    /// files. Without this flag such a start is refused.
+    #[arg(long)]
+    pub allow_unauthenticated_tcp_passthrough: bool,
+
+    /// Group that may connect to the unix socket (--socket-path or
+    /// --listen unix:), by name or number: the socket becomes mode 0660
+    /// and owned by that group. Default: owner only (0600).
+    #[arg(long, value_name = "GROUP", conflicts_with = "fd")]
+    pub socket_group: Option<String>,
+
     /// Export read-only: every change fails with EROFS.
     #[arg(long)]
     pub readonly: bool,

@@ -3,18 +3,18 @@
 mod cli;
 
 use std::os::fd::IntoRawFd;
-use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use log::info;
+use log::{info, warn};
 
 use virtio_9p_server::fs::Filesystem;
 use virtio_9p_server::sandbox::ids::{IdTranslation, Translated};
 use virtio_9p_server::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
 use virtio_9p_server::transport::socket::{ListenAddr, Listener};
+use virtio_9p_server::transport::unix;
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, Server};
 
 use cli::Cli;
@@ -32,9 +32,6 @@ fn harden(
     cleanup_socket: Option<PathBuf>,
 ) -> Result<Arc<Server<Fs>>, String> {
     let h = &cli.hardening;
-    if h.sandbox == SandboxMode::Chroot && cli.security_model == SecurityModel::MappedXattr {
-        return Err("--security-model mapped-xattr needs /proc/self/fd, which --sandbox chroot hides; use --sandbox namespace".into());
-    }
     let nofile = limits::set_nofile(h.rlimit_nofile).map_err(|e| e.to_string())?;
     let max_fids = limits::fid_budget(nofile, sessions, virtio_9p_server::DEFAULT_MAX_FIDS);
     if max_fids < limits::MIN_FIDS {
@@ -120,6 +117,23 @@ fn run_test_hook(hook: &str) {
     }
 }
 
+/// Closes every inherited fd above stderr but `--fd`: a leaked descriptor
+/// (a directory of the host, say) would be a way out of any sandbox.
+fn close_inherited_fds(keep: Option<i32>) {
+    let keep = keep.and_then(|k| u32::try_from(k).ok()).filter(|k| *k > 2);
+    let ranges = match keep {
+        Some(k) => [(3, k.saturating_sub(1)), (k + 1, u32::MAX)],
+        None => [(3, u32::MAX), (1, 0)],
+    };
+    for (first, last) in ranges {
+        if first <= last {
+            // SAFETY: nothing in the process holds these fds yet (main has
+            // just started); close_range only closes.
+            unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+        }
+    }
+}
+
 /// Exits on SIGTERM/SIGINT in socket mode: as pid 1 of its namespace the
 /// daemon would otherwise ignore them.
 fn exit_on_signals() {
@@ -138,10 +152,57 @@ fn exit_on_signals() {
     }
 }
 
+/// What `--socket-group` asks for.
+fn socket_perms(cli: &Cli) -> Result<unix::SocketPerms, String> {
+    let group = match &cli.socket_group {
+        None => None,
+        Some(g) => Some(unix::group_id(g).map_err(|e| format!("--socket-group {g}: {e}"))?),
+    };
+    Ok(unix::SocketPerms { group })
+}
+
+/// The one-line refusal of a writable passthrough export over TCP.
+fn tcp_refusal(model: SecurityModel) -> String {
+    format!(
+        "refusing a writable --security-model {model} export over TCP, which has no \
+         authentication (anyone who can connect acts as the guest on the host files); \
+         use --security-model mapped-xattr, --readonly or a unix socket (--listen unix:PATH), \
+         or pass --allow-unauthenticated-tcp-passthrough to accept the risk"
+    )
+}
+
+/// Refuses (or, with the opt-in, warns about) a TCP export that gives
+/// whoever connects the host's ownership and modes.
+fn check_tcp_exposure(cli: &Cli) -> Result<(), String> {
+    if cli.readonly || cli.security_model == SecurityModel::MappedXattr {
+        return Ok(());
+    }
+    if !cli.allow_unauthenticated_tcp_passthrough {
+        return Err(tcp_refusal(cli.security_model));
+    }
+    warn!(
+        "--allow-unauthenticated-tcp-passthrough: anyone who can connect may change the \
+         export with security model {}",
+        cli.security_model
+    );
+    Ok(())
+}
+
 /// Socket mode: bind, then serve every client on its own thread.
 fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
     // Bind first: the socket lives outside the export.
-    let listener = Listener::bind(addr).map_err(|e| e.to_string())?;
+    let listener = match addr {
+        ListenAddr::Unix(p) => unix::bind(p, socket_perms(cli)?)
+            .map(Listener::Unix)
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?,
+        ListenAddr::Tcp(_) => {
+            if cli.socket_group.is_some() {
+                return Err("--socket-group applies to unix sockets only".into());
+            }
+            check_tcp_exposure(cli)?;
+            Listener::bind(addr).map_err(|e| e.to_string())?
+        }
+    };
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     let cleanup = match addr {
         ListenAddr::Unix(p) => Some(p.clone()),
@@ -171,7 +232,8 @@ fn run_vhost_user(cli: &Cli) -> Result<(), String> {
             .socket_path
             .take()
             .unwrap_or_else(|| PathBuf::from(virtio_9p_server::vhost_user::DEFAULT_SOCKET_PATH));
-        let listener = bind_vhost_socket(&path)?;
+        let listener = unix::bind(&path, socket_perms(cli)?)
+            .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
         info!("vhost-user socket {}", path.display());
         if defaulted {
             println!(
@@ -212,23 +274,13 @@ fn run_daemon<F: Filesystem + 'static>(
     virtio_9p_server::vhost_user::run_daemon(args, server, readonly)
 }
 
-/// Binds a vhost-user socket, replacing a stale file there (as
-/// `--socket-path` documents), but never a directory.
-fn bind_vhost_socket(path: &std::path::Path) -> Result<UnixListener, String> {
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if !m.is_dir() {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-    UnixListener::bind(path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))
-}
-
 fn main() -> ExitCode {
     if virtio_9p_server::vhost_user::wants_capabilities(std::env::args_os().skip(1)) {
         println!("{}", virtio_9p_server::vhost_user::CAPABILITIES_JSON);
         return ExitCode::SUCCESS;
     }
     let cli = Cli::parse();
+    close_inherited_fds(cli.vhost.fd);
     env_logger::Builder::new()
         .filter_level(cli.log_level)
         .format_timestamp_millis()

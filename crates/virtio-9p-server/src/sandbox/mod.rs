@@ -9,9 +9,11 @@
 //! 2. [`enter`]: in [`SandboxMode::Namespace`] unshare the mount, pid and
 //!    net namespaces (and the user namespace when unprivileged), fork so
 //!    that the daemon is pid 1 of the new pid namespace while the parent
-//!    forwards signals and the exit status, mount a fresh `/proc`, open
-//!    the export, and `pivot_root` into it; in [`SandboxMode::Chroot`]
-//!    open the export and `chroot` into it;
+//!    forwards signals and the exit status, mount a fresh `/proc` with
+//!    `subset=pid`, open the export and a `/proc/self/fd` detached from
+//!    the rest of procfs, and `pivot_root` into the export; in
+//!    [`SandboxMode::Chroot`] unshare the mount namespace only, confine
+//!    `/proc/self/fd` the same way, open the export and `chroot` into it;
 //! 3. drop capabilities ([`caps`]);
 //! 4. install the seccomp filters on every thread ([`seccomp`]), before any
 //!    worker thread starts; each worker thread then adds a narrower filter
@@ -35,10 +37,12 @@ pub mod caps;
 pub mod ids;
 pub mod limits;
 mod namespace;
+mod procfd;
 pub mod seccomp;
 
 use std::ffi::CString;
 use std::fmt;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -96,9 +100,10 @@ pub enum SandboxMode {
     /// unprivileged), a fresh `/proc`, `pivot_root` into the export.
     #[default]
     Namespace,
-    /// `chroot` into the export (needs `CAP_SYS_CHROOT`, no namespaces).
-    /// Weaker: the xattr calls, which go through `/proc/self/fd`, are
-    /// unavailable, and the process still sees the host's pids and network.
+    /// `chroot` into the export, in a private mount namespace that only
+    /// serves to confine `/proc/self/fd` (needs `CAP_SYS_CHROOT` and
+    /// `CAP_SYS_ADMIN`). Weaker: the process still sees the host's pids
+    /// and network.
     Chroot,
     /// No confinement of paths (the passthrough code's own checks only).
     None,
@@ -162,8 +167,9 @@ impl SandboxConfig {
 static PROC_FD_CWD: AtomicBool = AtomicBool::new(false);
 
 /// Whether `/proc/self/fd/N` must be reached as the relative path `N`:
-/// true after [`enter`] in namespace mode, where `/proc` is no longer under
-/// `/` and the current directory is the fresh `/proc/self/fd` instead.
+/// true after [`enter`] in the namespace and chroot modes, where `/proc` is
+/// no longer under `/` and the current directory is a detached
+/// `/proc/self/fd` instead.
 pub fn proc_fd_is_cwd() -> bool {
     PROC_FD_CWD.load(Ordering::Acquire)
 }
@@ -173,6 +179,47 @@ pub(crate) fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task")
         .map(|d| d.count())
         .unwrap_or(1)
+}
+
+/// Chroot mode: a private mount namespace (no pid or net namespace) only
+/// to confine the `/proc/self/fd` fds, then `chroot` into the export with
+/// the current directory on that detached fd directory.
+fn chroot<T>(
+    cfg: &SandboxConfig,
+    prepare: impl FnOnce() -> std::result::Result<T, String>,
+) -> Result<T> {
+    // Without its own mount namespace the daemon would hold an fd on the
+    // host's /proc, from which `../../..` is the host's `/`.
+    // SAFETY: unshare(2) with a namespace flag only.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        return Err(Error::Sys {
+            step: "chroot mode: unshare the mount namespace (needs CAP_SYS_ADMIN) \
+                   to confine /proc/self/fd"
+                .into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    procfd::make_root_slave()?;
+    procfd::mount_proc()?;
+    let (value, proc_fd) = procfd::open_confined(prepare)?;
+    let dir = cpath(&cfg.shared_dir)?;
+    // SAFETY: valid C string.
+    if unsafe { libc::chroot(dir.as_ptr()) } != 0 {
+        return Err(sys_err(format!("chroot {}", cfg.shared_dir.display())));
+    }
+    // The current directory is the detached fd directory: outside the new
+    // root, but ".." from it leads nowhere (the classic escape through a
+    // current directory outside the chroot needs a parent to climb to).
+    // SAFETY: fchdir on an fd we own.
+    if unsafe { libc::fchdir(proc_fd.as_raw_fd()) } != 0 {
+        return Err(sys_err("fchdir to /proc/self/fd"));
+    }
+    PROC_FD_CWD.store(true, Ordering::Release);
+    log::info!(
+        "sandbox: chroot mode, / is {} (private mount namespace, host pids and network visible)",
+        cfg.shared_dir.display()
+    );
+    Ok(value)
 }
 
 pub(crate) fn cpath(p: &Path) -> Result<CString> {
@@ -206,17 +253,11 @@ pub fn enter<T>(
     match cfg.mode {
         SandboxMode::None => prepare().map_err(Error::Prepare),
         SandboxMode::Chroot => {
-            let value = prepare().map_err(Error::Prepare)?;
-            let dir = cpath(&cfg.shared_dir)?;
-            // SAFETY: valid C string.
-            if unsafe { libc::chroot(dir.as_ptr()) } != 0 {
-                return Err(sys_err(format!("chroot {}", cfg.shared_dir.display())));
+            let n = thread_count();
+            if n > 1 {
+                return Err(Error::Threads(n));
             }
-            // SAFETY: valid C string.
-            if unsafe { libc::chdir(c"/".as_ptr()) } != 0 {
-                return Err(sys_err("chdir / after chroot"));
-            }
-            Ok(value)
+            chroot(cfg, prepare)
         }
         SandboxMode::Namespace => {
             let n = thread_count();

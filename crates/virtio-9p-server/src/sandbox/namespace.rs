@@ -1,12 +1,13 @@
 //! Namespace mode: unshare, fork into the new pid namespace, mount a fresh
-//! `/proc`, `pivot_root` into the export.
+//! `subset=pid` `/proc`, keep only a detached `/proc/self/fd` of it,
+//! `pivot_root` into the export.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use log::{debug, info, warn};
 
-use super::{cpath, ids::IdMap, sys_err, Error, Result, SandboxConfig, PROC_FD_CWD};
+use super::{cpath, ids::IdMap, procfd, sys_err, Error, Result, SandboxConfig, PROC_FD_CWD};
 
 /// The child the supervising parent forwards signals to.
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -17,22 +18,6 @@ extern "C" fn forward(sig: libc::c_int) {
         // SAFETY: kill(2) is async-signal-safe.
         unsafe { libc::kill(pid, sig) };
     }
-}
-
-fn mount(
-    src: Option<&std::ffi::CStr>,
-    target: &std::ffi::CStr,
-    fstype: Option<&std::ffi::CStr>,
-    flags: libc::c_ulong,
-    step: &str,
-) -> Result<()> {
-    let p = |s: Option<&std::ffi::CStr>| s.map_or(std::ptr::null(), |s| s.as_ptr());
-    // SAFETY: valid C strings or NULL where mount(2) accepts NULL.
-    let r = unsafe { libc::mount(p(src), target.as_ptr(), p(fstype), flags, std::ptr::null()) };
-    if r != 0 {
-        return Err(sys_err(step));
-    }
-    Ok(())
 }
 
 fn write_file(path: &str, data: &str) -> Result<()> {
@@ -151,46 +136,21 @@ fn child_setup<T>(
     }
     // Mounts made here must not propagate back to the host, while host
     // mounts under the export still show up (slave).
-    mount(
-        None,
-        c"/",
-        None,
-        libc::MS_REC | libc::MS_SLAVE,
-        "make / a slave mount",
-    )?;
-    // A /proc of the new pid namespace: the passthrough code reopens its
-    // O_PATH fds through /proc/self/fd.
-    mount(
-        Some(c"proc"),
-        c"/proc",
-        Some(c"proc"),
-        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RELATIME,
-        "mount a fresh /proc",
-    )?;
+    procfd::make_root_slave()?;
+    // A /proc of the new pid namespace, holding pid directories only.
+    procfd::mount_proc()?;
     let dir = cpath(&cfg.shared_dir)?;
     // The export becomes a mount point of its own, so it can be the root.
-    mount(
-        Some(&dir),
-        &dir,
-        None,
-        libc::MS_BIND | libc::MS_REC,
-        "bind-mount the shared dir",
+    procfd::mount(Some(&dir), &dir, None, libc::MS_BIND | libc::MS_REC, None).map_err(
+        |source| Error::Sys {
+            step: "bind-mount the shared dir".into(),
+            source,
+        },
     )?;
     // Open the filesystem now: its root fd is on the bind mount that
-    // becomes `/`, its /proc fd on the fresh /proc.
-    let value = prepare().map_err(Error::Prepare)?;
-    // SAFETY: valid C string; the result is checked.
-    let proc_fd = unsafe {
-        libc::open(
-            c"/proc/self/fd".as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if proc_fd < 0 {
-        return Err(sys_err("open /proc/self/fd"));
-    }
-    // SAFETY: a fresh fd we own.
-    let proc_fd = unsafe { OwnedFd::from_raw_fd(proc_fd) };
+    // becomes `/`, its /proc/self/fd fd (and ours, the future current
+    // directory) on a detached mount of /proc/self/fd alone.
+    let (value, proc_fd) = procfd::open_confined(prepare)?;
     // SAFETY: valid C string.
     if unsafe { libc::chdir(dir.as_ptr()) } != 0 {
         return Err(sys_err("chdir to the shared dir"));
@@ -205,8 +165,8 @@ fn child_setup<T>(
     if unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) } != 0 {
         return Err(sys_err("detach the old root"));
     }
-    // The xattr calls reach /proc/self/fd/N as the relative path N; the
-    // detached /proc has no way back to the host root ("..") from there.
+    // The xattr calls reach /proc/self/fd/N as the relative path N; from
+    // the detached fd directory ".." leads nowhere (see `procfd`).
     // SAFETY: fchdir on an fd we own.
     if unsafe { libc::fchdir(proc_fd.as_raw_fd()) } != 0 {
         return Err(sys_err("fchdir to /proc/self/fd"));

@@ -1,3 +1,4 @@
 //! Transports: how requests reach the [`Server`](crate::Server).
 
 pub mod socket;
+pub mod unix;

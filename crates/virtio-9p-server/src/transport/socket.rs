@@ -12,8 +12,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, ToSocketAddrs};
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -79,23 +78,17 @@ pub enum Listener {
 }
 
 impl Listener {
-    /// Binds `addr`. A stale unix socket file nobody listens on is replaced.
+    /// Binds `addr`. A unix socket is owner-only and replaces only a stale
+    /// socket ([`super::unix::bind`]).
     pub fn bind(addr: &ListenAddr) -> Result<Self> {
         let listen_err = |source| Error::Listen {
             addr: addr.to_string(),
             source,
         };
         match addr {
-            ListenAddr::Unix(path) => {
-                if let Ok(meta) = std::fs::symlink_metadata(path) {
-                    if meta.file_type().is_socket() && UnixStream::connect(path).is_err() {
-                        let _ = std::fs::remove_file(path);
-                    }
-                }
-                UnixListener::bind(path)
-                    .map(Listener::Unix)
-                    .map_err(listen_err)
-            }
+            ListenAddr::Unix(path) => super::unix::bind(path, super::unix::SocketPerms::default())
+                .map(Listener::Unix)
+                .map_err(listen_err),
             ListenAddr::Tcp(hp) => {
                 let addrs: Vec<_> = hp.to_socket_addrs().map_err(listen_err)?.collect();
                 if addrs.iter().any(|a| !a.ip().is_loopback()) {

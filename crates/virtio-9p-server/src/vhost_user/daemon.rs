@@ -23,7 +23,8 @@ pub const DEFAULT_SOCKET_PATH: &str = "virtio-9p.sock";
 /// Where the daemon listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Listen {
-    /// Bind a unix socket at this path (a stale file there is unlinked).
+    /// Bind an owner-only unix socket at this path; only a stale socket
+    /// there is replaced ([`crate::transport::unix::bind`]).
     Path(PathBuf),
     /// A listening unix socket inherited from the parent (`--fd`).
     Fd(RawFd),
@@ -119,6 +120,18 @@ pub struct Daemon<F: Filesystem> {
     listener: Listener,
     stop: StopHandle,
     connections: AtomicU64,
+    /// The socket file [`Listen::Path`] created, removed on drop.
+    _socket_file: Option<SocketFile>,
+}
+
+/// Removes the socket file it names when dropped.
+#[derive(Debug)]
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 impl<F: Filesystem> std::fmt::Debug for Daemon<F> {
@@ -145,10 +158,12 @@ impl<F: Filesystem + 'static> Daemon<F> {
             &config.backend,
         )?);
         let listener = match &config.listen {
-            Listen::Path(p) => Listener::new(p, true).map_err(|source| DaemonError::Listen {
-                what: p.display().to_string(),
-                source,
-            })?,
+            Listen::Path(p) => crate::transport::unix::bind(p, Default::default())
+                .map(Listener::from)
+                .map_err(|e| DaemonError::Listen {
+                    what: p.display().to_string(),
+                    source: vhost::vhost_user::Error::SocketError(e),
+                })?,
             Listen::Fd(fd) => {
                 // SAFETY: fstat on an arbitrary fd number only writes `st`.
                 let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -165,6 +180,10 @@ impl<F: Filesystem + 'static> Daemon<F> {
                 unsafe { Listener::from_raw_fd(*fd) }
             }
         };
+        let socket_file = match &config.listen {
+            Listen::Path(p) => Some(SocketFile(p.clone())),
+            Listen::Fd(_) => None,
+        };
         Ok(Daemon {
             server,
             config,
@@ -176,6 +195,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
                 conn: Mutex::new(None),
             })),
             connections: AtomicU64::new(0),
+            _socket_file: socket_file,
         })
     }
 
