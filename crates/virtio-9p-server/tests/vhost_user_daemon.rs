@@ -98,8 +98,11 @@ fn wait_for(path: &Path) {
 fn test_binary_mlock_on_fault_reconnect_and_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("vu.sock");
-    // A stale socket file from a killed daemon is replaced.
-    std::fs::write(&sock, b"stale").unwrap();
+    // A stale socket file from a killed daemon (nobody listens) is
+    // replaced; tests/listen_safety.rs checks that nothing else is.
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).unwrap();
     let share = tempfile::tempdir().unwrap();
     std::fs::write(share.path().join("f"), b"x").unwrap();
     let child = Command::new(BIN)
@@ -124,12 +127,12 @@ fn test_binary_mlock_on_fault_reconnect_and_sigterm() {
         .unwrap();
     let mut child = KillOnDrop(child);
     let pid = child.0.id().to_string();
-    // Wait until the stale file is a socket again.
+    // Wait until the daemon has bound its own socket there (owner-only).
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         use std::os::unix::fs::FileTypeExt;
         if std::fs::metadata(&sock)
-            .map(|m| m.file_type().is_socket())
+            .map(|m| m.file_type().is_socket() && m.permissions().mode() & 0o777 == 0o600)
             .unwrap_or(false)
         {
             break;

@@ -80,7 +80,7 @@ pub fn clear_stale(path: &Path) -> io::Result<()> {
             "is a live socket (a server is listening on it); refusing to replace it",
         )),
         Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
-            log::info!("replacing the stale socket {}", path.display());
+            log::debug!("replacing the stale socket {}", path.display());
             std::fs::remove_file(path)
         }
         Err(e) => Err(refuse(

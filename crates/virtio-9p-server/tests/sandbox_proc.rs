@@ -1,0 +1,300 @@
+//! The sandbox hides the host's kernel knobs (issue 17): from inside the
+//! namespace and chroot sandboxes, `/proc/sys` and `/proc/1/root` are
+//! unreachable through every fd the running daemon holds.
+//!
+//! The check takes the daemon's view without its help: it copies each of
+//! the daemon's fds into a child of the test (`pidfd_getfd`), chroots that
+//! child into the daemon's root (`/proc/PID/root`), and there tries
+//! `openat` escapes (`..` chains to `sys/kernel/core_pattern`,
+//! `1/root`, `sysrq-trigger` and more, and the absolute paths) from each
+//! fd and from the daemon's current directory. `--sandbox none` is the
+//! control: there the same check must find the way out, which shows the
+//! check can see one. Needs root (pidfd_getfd of a root daemon, chroot);
+//! namespace cases skip with a notice where namespaces cannot be created.
+
+mod sandbox_support;
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use sandbox_support::{no_namespaces, socket_daemon, version, Daemon};
+use virtio_9p_server::protocol::open_flags as of;
+use virtio_9p_server::vhost_user::mock::{FakeVmm, VmmOptions};
+
+const ROOT: u32 = 0;
+
+/// The names an escape would reach, each tried after 0 to 6 `../`.
+const TARGETS: [&str; 8] = [
+    "sys/kernel/core_pattern",
+    "proc/sys/kernel/core_pattern",
+    "1/root/etc",
+    "proc/1/root/etc",
+    "sysrq-trigger",
+    "proc/sysrq-trigger",
+    "self/root/etc",
+    "thread-self/root/etc",
+];
+
+/// Absolute paths tried as well (they ignore the fd: the root decides).
+const ABSOLUTE: [&str; 4] = [
+    "/proc/sys/kernel/core_pattern",
+    "/proc/1/root",
+    "/sys/kernel",
+    "/etc/passwd",
+];
+
+/// One of the daemon's fds, copied into this process.
+struct Held {
+    label: String,
+    fd: OwnedFd,
+}
+
+fn root_user() -> bool {
+    // SAFETY: plain getter.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Every fd of `pid`, its current directory and its root, as fds of this
+/// process; and the root on its own (for the chroot).
+fn take_fds(pid: i32) -> (Vec<Held>, OwnedFd) {
+    // SAFETY: pidfd_open with a pid and no flags; the result is checked.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+    assert!(
+        pidfd >= 0,
+        "pidfd_open: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: a fresh fd we own.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    let mut held = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+        let e = e.unwrap();
+        let n: i32 = e.file_name().to_str().unwrap().parse().unwrap();
+        let target = std::fs::read_link(e.path())
+            .map(|t| t.display().to_string())
+            .unwrap_or_default();
+        // SAFETY: pidfd_getfd on a pidfd we own; the result is checked.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), n, 0) } as i32;
+        if fd < 0 {
+            // Closed between the listing and now.
+            continue;
+        }
+        held.push(Held {
+            label: format!("fd {n} ({target})"),
+            // SAFETY: a fresh fd we own.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        });
+    }
+    let open = |what: &str| -> OwnedFd {
+        let c = CString::new(format!("/proc/{pid}/{what}")).unwrap();
+        // SAFETY: valid C string; the result is checked.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+        assert!(fd >= 0, "open /proc/{pid}/{what}");
+        // SAFETY: a fresh fd we own.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    };
+    held.push(Held {
+        label: "the current directory".into(),
+        fd: open("cwd"),
+    });
+    held.push(Held {
+        label: "the root directory".into(),
+        fd: open("root"),
+    });
+    (held, open("root"))
+}
+
+/// Runs `(fd, path)` openat probes in a child chrooted into `root`;
+/// returns, for each, whether the open succeeded.
+fn probe_in_view(root: &OwnedFd, probes: &[(i32, CString)]) -> Vec<bool> {
+    let mut fds = [0; 2];
+    // SAFETY: a valid out array of two fds.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // Allocated before fork: the child only makes system calls.
+    let mut out = vec![0u8; probes.len()];
+    // SAFETY: the child runs only async-signal-safe system calls on
+    // memory allocated before the fork, then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: raw system calls on valid fds, C strings and buffers.
+        unsafe {
+            if libc::fchdir(root.as_raw_fd()) != 0 || libc::chroot(c".".as_ptr()) != 0 {
+                libc::_exit(2);
+            }
+            for (i, (dir, path)) in probes.iter().enumerate() {
+                let fd = libc::openat(*dir, path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+                if fd >= 0 {
+                    out[i] = 1;
+                    libc::close(fd);
+                }
+            }
+            let n = libc::write(fds[1], out.as_ptr().cast(), out.len());
+            libc::_exit(if n == out.len() as isize { 0 } else { 3 });
+        }
+    }
+    // SAFETY: closing our copy of the write end.
+    unsafe { libc::close(fds[1]) };
+    // SAFETY: the read end, which we own.
+    let mut r = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fds[0]) });
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut r, &mut got).unwrap();
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "probe child failed: {status:#x}"
+    );
+    assert_eq!(got.len(), probes.len());
+    got.into_iter().map(|b| b == 1).collect()
+}
+
+/// Every way out of `pid`'s view that the probes found, as
+/// `"<fd label>: <path>"`; panics unless `must_reach` (relative to the
+/// daemon's root) is reachable, which shows the probes ran in its view.
+fn escapes(pid: i32, must_reach: &str) -> Vec<String> {
+    let (held, root) = take_fds(pid);
+    let mut probes = Vec::new();
+    let mut labels = Vec::new();
+    for h in &held {
+        for depth in 0..=6 {
+            for t in TARGETS {
+                let path = format!("{}{t}", "../".repeat(depth));
+                labels.push(format!("{}: {path}", h.label));
+                probes.push((h.fd.as_raw_fd(), CString::new(path).unwrap()));
+            }
+        }
+    }
+    for a in ABSOLUTE {
+        labels.push(format!("absolute: {a}"));
+        probes.push((libc::AT_FDCWD, CString::new(a).unwrap()));
+    }
+    labels.push(format!("control: /{must_reach}"));
+    probes.push((
+        libc::AT_FDCWD,
+        CString::new(format!("/{must_reach}")).unwrap(),
+    ));
+    let mut reached = probe_in_view(&root, &probes);
+    assert!(
+        reached.pop().unwrap(),
+        "/{must_reach} is not visible: the probes did not run in the daemon's view"
+    );
+    labels
+        .into_iter()
+        .zip(reached)
+        .filter_map(|(l, r)| r.then_some(l))
+        .collect()
+}
+
+/// A tree with `export/hello` and `export/dir/inner`.
+fn tree() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let export = tmp.path().join("export");
+    std::fs::create_dir_all(export.join("dir")).unwrap();
+    std::fs::write(export.join("hello"), b"hello world").unwrap();
+    std::fs::write(export.join("dir/inner"), b"inner").unwrap();
+    (tmp, export)
+}
+
+/// Holds fids on a file and a directory, one file open for I/O.
+fn busy_session(sock: &Path) -> sandbox_support::SockClient {
+    let mut c = sandbox_support::session(sock, ROOT);
+    c.walk(ROOT, 1, &[b"dir"]).unwrap();
+    c.walk(ROOT, 2, &[b"hello"]).unwrap();
+    c.lopen(2, of::RDWR).unwrap();
+    c.walk(1, 3, &[b"inner"]).unwrap();
+    c.walk(ROOT, 4, &[b"dir"]).unwrap();
+    c.lopen(4, of::RDONLY | of::DIRECTORY).unwrap();
+    c
+}
+
+#[test]
+fn test_proc_knobs_unreachable_from_every_socket_daemon_fd() {
+    if !root_user() {
+        eprintln!("SKIP proc escapes: needs root (pidfd_getfd, chroot)");
+        return;
+    }
+    for mode in ["namespace", "chroot"] {
+        let (tmp, export) = tree();
+        let sock = tmp.path().join("9p.sock");
+        let Some(d) = socket_daemon(&export, &sock, tmp.path().join("d.log"), mode, &[]) else {
+            continue;
+        };
+        let mut c = busy_session(&sock);
+        let found = escapes(d.server_pid(mode), "hello");
+        assert!(found.is_empty(), "{mode}: ways out: {found:#?}");
+        // The daemon still serves, xattrs (through the confined fd
+        // directory) included.
+        c.set_xattr(2, 10, b"user.probe", b"v", 0).unwrap();
+        assert_eq!(c.get_xattr(2, 11, b"user.probe").unwrap(), b"v");
+        assert_eq!(c.read(2, 0, 64).unwrap(), b"hello world");
+        drop(c);
+        d.assert_alive_then_stop(mode);
+    }
+}
+
+#[test]
+fn test_proc_knobs_unreachable_from_the_vhost_user_daemon() {
+    if !root_user() {
+        eprintln!("SKIP proc escapes: needs root (pidfd_getfd, chroot)");
+        return;
+    }
+    for mode in ["namespace", "chroot"] {
+        let (tmp, export) = tree();
+        let sock = tmp.path().join("vu.sock");
+        let mut d = Daemon::spawn(
+            &[
+                "--shared-dir",
+                export.to_str().unwrap(),
+                "--socket-path",
+                sock.to_str().unwrap(),
+                "--sandbox",
+                mode,
+            ],
+            tmp.path().join("vu.log"),
+        );
+        if !d.wait_for(&sock) {
+            if no_namespaces(&d, "vhost-user proc escapes") {
+                continue;
+            }
+            panic!("{mode}: daemon exited: {}", d.stderr());
+        }
+        d.wait_log("capabilities [");
+        // Connected: guest memory (memfd), eventfds, the engine's fds.
+        let mut vmm = FakeVmm::connect(&sock, VmmOptions::default()).unwrap();
+        assert_eq!(version(&mut vmm, 8192), 8192);
+        let found = escapes(d.server_pid(mode), "hello");
+        assert!(found.is_empty(), "{mode}: ways out: {found:#?}");
+        drop(vmm);
+        d.assert_alive_then_stop(mode);
+    }
+}
+
+#[test]
+fn test_proc_escape_check_finds_the_way_out_without_a_sandbox() {
+    if !root_user() {
+        eprintln!("SKIP proc escapes: needs root (pidfd_getfd, chroot)");
+        return;
+    }
+    // --sandbox none keeps a /proc/self/fd fd on the host's /proc: the
+    // check must report the climb from it to the kernel knobs.
+    let (tmp, export) = tree();
+    let sock = tmp.path().join("9p.sock");
+    let d = socket_daemon(&export, &sock, tmp.path().join("d.log"), "none", &[]).unwrap();
+    let c = busy_session(&sock);
+    let found = escapes(d.server_pid("none"), export.join("hello").to_str().unwrap());
+    let core = found
+        .iter()
+        .any(|f| f.ends_with(": ../../sys/kernel/core_pattern"));
+    // The pid directories are reachable too (this machine's own pid 1 is
+    // closed even to root, so the control climbs to /proc/self/root).
+    let pid_root = found.iter().any(|f| f.ends_with(": ../../self/root/etc"));
+    assert!(core && pid_root, "{found:#?}");
+    assert!(found
+        .iter()
+        .any(|f| f == "absolute: /proc/sys/kernel/core_pattern"));
+    drop(c);
+    d.assert_alive_then_stop("none");
+}
