@@ -298,3 +298,52 @@ fn test_proc_escape_check_finds_the_way_out_without_a_sandbox() {
     drop(c);
     d.assert_alive_then_stop("none");
 }
+
+#[test]
+fn test_inherited_fds_are_closed_at_start() {
+    if !root_user() {
+        eprintln!("SKIP proc escapes: needs root (pidfd_getfd, chroot)");
+        return;
+    }
+    // A careless parent leaks the host's `/` (not close-on-exec) as fd 40:
+    // it would be a way out of any sandbox, so the daemon closes it.
+    for mode in ["namespace", "chroot"] {
+        let (tmp, export) = tree();
+        let sock = tmp.path().join("9p.sock");
+        let listen = format!("unix:{}", sock.display());
+        let mut cmd = std::process::Command::new(sandbox_support::BIN);
+        cmd.args([
+            "--shared-dir",
+            export.to_str().unwrap(),
+            "--listen",
+            &listen,
+        ])
+        .args(["--sandbox", mode]);
+        // SAFETY: open(2) and dup2(2) in the child before exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                let fd = libc::open(c"/".as_ptr(), libc::O_PATH | libc::O_DIRECTORY);
+                if fd < 0 || libc::dup2(fd, 40) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+        let mut d = Daemon::spawn_with(&mut cmd, tmp.path().join("leak.log"));
+        if !d.wait_for(&sock) {
+            if no_namespaces(&d, "inherited fds in namespace mode") {
+                continue;
+            }
+            panic!("{mode}: daemon exited: {}", d.stderr());
+        }
+        d.wait_log("capabilities [");
+        let pid = d.server_pid(mode);
+        assert!(
+            std::fs::symlink_metadata(format!("/proc/{pid}/fd/40")).is_err(),
+            "{mode}: the leaked fd is still open"
+        );
+        let found = escapes(pid, "hello");
+        assert!(found.is_empty(), "{mode}: ways out: {found:#?}");
+        d.assert_alive_then_stop(mode);
+    }
+}
