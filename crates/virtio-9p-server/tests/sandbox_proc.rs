@@ -9,7 +9,9 @@
 //! `1/root`, `sysrq-trigger` and more, and the absolute paths) from each
 //! fd and from the daemon's current directory. `--sandbox none` is the
 //! control: there the same check must find the way out, which shows the
-//! check can see one. Needs root (pidfd_getfd of a root daemon, chroot);
+//! check can see one. A host `/` leaked to the daemon as an inherited fd is
+//! closed at start, and chroot mode, whose current directory is the
+//! confined fd directory, serves mapped-xattr. Needs root (pidfd_getfd of a root daemon, chroot);
 //! namespace cases skip with a notice where namespaces cannot be created.
 
 mod sandbox_support;
@@ -346,4 +348,36 @@ fn test_inherited_fds_are_closed_at_start() {
         assert!(found.is_empty(), "{mode}: ways out: {found:#?}");
         d.assert_alive_then_stop(mode);
     }
+}
+
+#[test]
+fn test_chroot_mode_serves_mapped_xattr() {
+    // The confined /proc/self/fd is the chroot's current directory, so the
+    // path-only xattr calls work there and mapped-xattr is no longer
+    // refused under --sandbox chroot.
+    if !root_user() {
+        eprintln!("SKIP chroot mapped-xattr: needs root (chroot, mount namespace)");
+        return;
+    }
+    let (tmp, export) = tree();
+    let sock = tmp.path().join("9p.sock");
+    let extra = ["--security-model", "mapped-xattr"];
+    let d = socket_daemon(&export, &sock, tmp.path().join("m.log"), "chroot", &extra).unwrap();
+    let mut c = sandbox_support::session(&sock, ROOT);
+    c.walk(ROOT, 1, &[]).unwrap();
+    c.lcreate(1, b"mapped", of::RDWR, 0o640, 0).unwrap();
+    assert_eq!(c.getattr(1).unwrap().mode & 0o7777, 0o640);
+    let host = CString::new(export.join("mapped").to_str().unwrap()).unwrap();
+    // SAFETY: valid C strings; a NULL buffer asks for the size only.
+    let n = unsafe {
+        libc::getxattr(
+            host.as_ptr(),
+            c"user.virtfs.mode".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    assert!(n > 0, "no user.virtfs.mode on the host file");
+    drop(c);
+    d.assert_alive_then_stop("chroot mapped-xattr");
 }

@@ -21,7 +21,8 @@ pub const CAPABILITIES_JSON: &str = "{\n  \"type\": \"9p\"\n}";
 /// Options of the vhost-user daemon (used when `--listen` is not given).
 #[derive(Debug, Clone, clap::Args)]
 pub struct VhostUserArgs {
-    /// vhost-user socket to create (a stale file there is replaced).
+    /// vhost-user socket to create, mode 0600 (a stale socket there is
+    /// replaced; a file, a directory or a live socket is refused).
     /// Default when neither this nor --fd is given: ./virtio-9p.sock.
     #[arg(long, value_name = "PATH", conflicts_with = "fd")]
     pub socket_path: Option<PathBuf>,

@@ -10,8 +10,9 @@
 //! restarted or reconnecting VMM (QEMU's `reconnect=` chardev option) finds
 //! the daemon ready. It exits 0 on SIGTERM or SIGINT (or
 //! [`StopHandle::stop`]), removing the socket it created. A stale socket
-//! file left by a killed daemon is unlinked at start, so `--socket-path`
-//! can always be reused.
+//! left by a killed daemon (nothing listens on it) is replaced at start,
+//! so `--socket-path` can be reused; anything else at the path is refused
+//! ([`crate::transport::unix::bind`]).
 //!
 //! # Example
 //!
