@@ -191,3 +191,28 @@ pub(super) fn check(fd: &OwnedFd) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_check_refuses_an_ordinary_proc_fd() {
+        // The fd the daemon used to keep: "../../sys" climbs out of it.
+        // SAFETY: valid C string; the result is checked.
+        let fd = unsafe {
+            libc::open(
+                PROC_SELF_FD.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        assert!(fd >= 0);
+        // SAFETY: a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let e = check(&fd).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "sandbox: /proc/self/fd is not confined: ../../sys is reachable from it; refusing to run"
+        );
+    }
+}
