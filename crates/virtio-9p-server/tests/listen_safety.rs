@@ -32,19 +32,29 @@ fn export() -> (tempfile::TempDir, PathBuf) {
     (tmp, export)
 }
 
-/// Runs the binary to completion with `args` (it must not start serving).
-fn run(args: &[&str]) -> Output {
+/// The binary with `args`, running `setup` in the child before exec.
+fn command(args: &[&str], setup: fn()) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.args(args);
-    // SAFETY: alarm(2) in the child before exec: a daemon that wrongly
-    // starts serving is killed after 20 s instead of hanging the test.
+    // SAFETY: `setup` only makes a system call (alarm, umask) in the child.
     unsafe {
-        cmd.pre_exec(|| {
-            libc::alarm(20);
+        cmd.pre_exec(move || {
+            setup();
             Ok(())
         })
     };
-    cmd.output().unwrap()
+    cmd
+}
+
+/// Runs the binary to completion with `args` (it must not start serving:
+/// one that wrongly does is killed by SIGALRM after 20 s).
+fn run(args: &[&str]) -> Output {
+    // SAFETY: alarm(2) only arms a timer.
+    command(args, || unsafe {
+        libc::alarm(20);
+    })
+    .output()
+    .unwrap()
 }
 
 fn stderr(o: &Output) -> String {
@@ -54,15 +64,10 @@ fn stderr(o: &Output) -> String {
 /// A daemon spawned with umask 0, so that only its own choice of mode
 /// shows on the socket file.
 fn spawn_umask0(args: &[&str], log: PathBuf) -> Daemon {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args);
-    // SAFETY: umask(2) in the child before exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::umask(0);
-            Ok(())
-        })
-    };
+    // SAFETY: umask(2) only sets the mask.
+    let mut cmd = command(args, || unsafe {
+        libc::umask(0);
+    });
     Daemon::spawn_with(&mut cmd, log)
 }
 
@@ -76,33 +81,24 @@ fn tcp_port(d: &mut Daemon) -> u16 {
     addr.rsplit_once(':').unwrap().1.parse().unwrap()
 }
 
+/// `--listen tcp:127.0.0.1:0` on `export` without a sandbox, plus `extra`.
+fn tcp_args<'a>(export: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["--shared-dir", export.to_str().unwrap()];
+    v.extend(["--listen", "tcp:127.0.0.1:0", "--sandbox", "none"]);
+    v.extend_from_slice(extra);
+    v
+}
+
 #[test]
 fn test_writable_tcp_passthrough_is_refused_with_one_line() {
     let (_tmp, export) = export();
     for model in ["passthrough", "none"] {
-        let out = run(&[
-            "--shared-dir",
-            export.to_str().unwrap(),
-            "--listen",
-            "tcp:127.0.0.1:0",
-            "--sandbox",
-            "none",
-            "--security-model",
-            model,
-        ]);
+        let out = run(&tcp_args(&export, &["--security-model", model]));
         assert_eq!(out.status.code(), Some(1), "{model}: {out:?}");
         assert_eq!(stderr(&out), TCP_REFUSAL.replace("MODEL", model), "{model}");
     }
     // --socket-group has nothing to act on over TCP.
-    let out = run(&[
-        "--shared-dir",
-        export.to_str().unwrap(),
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--readonly",
-        "--socket-group",
-        "0",
-    ]);
+    let out = run(&tcp_args(&export, &["--readonly", "--socket-group", "0"]));
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert_eq!(
         stderr(&out),
@@ -119,16 +115,7 @@ fn test_tcp_serves_readonly_mapped_or_with_the_opt_in() {
     ];
     for (extra, writable) in cases {
         let (tmp, export) = export();
-        let mut args = vec![
-            "--shared-dir",
-            export.to_str().unwrap(),
-            "--listen",
-            "tcp:127.0.0.1:0",
-            "--sandbox",
-            "none",
-        ];
-        args.extend_from_slice(extra);
-        let mut d = Daemon::spawn(&args, tmp.path().join("tcp.log"));
+        let mut d = Daemon::spawn(&tcp_args(&export, extra), tmp.path().join("tcp.log"));
         let port = tcp_port(&mut d);
         let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -168,22 +155,24 @@ fn unix_args<'a>(export: &'a Path, flag: &'a str, path: &'a str) -> Vec<&'a str>
     v
 }
 
+/// The value of `flag` (`--socket-path` or `--listen`) for the socket `path`.
+fn flag_value(flag: &str, path: &Path) -> String {
+    if flag == "--listen" {
+        format!("unix:{}", path.display())
+    } else {
+        path.display().to_string()
+    }
+}
+
 fn listen_flags(path: &Path) -> [(&'static str, String); 2] {
-    [
-        ("--socket-path", path.display().to_string()),
-        ("--listen", format!("unix:{}", path.display())),
-    ]
+    ["--socket-path", "--listen"].map(|f| (f, flag_value(f, path)))
 }
 
 /// The error line for `what` at the socket path `p` given as `flag`.
 fn refusal(flag: &str, p: &Path, what: &str) -> String {
-    let shown = if flag == "--listen" {
-        format!("unix:{}", p.display())
-    } else {
-        p.display().to_string()
-    };
     format!(
-        "virtio-9p-server: cannot listen on {shown}: {} {what}; refusing to replace it\n",
+        "virtio-9p-server: cannot listen on {}: {} {what}; refusing to replace it\n",
+        flag_value(flag, p),
         p.display()
     )
 }
@@ -223,11 +212,7 @@ fn test_socket_path_refuses_a_live_socket() {
             format!(
                 "virtio-9p-server: cannot listen on {}: {} is a live socket (a server is \
                  listening on it); refusing to replace it\n",
-                if flag == "--listen" {
-                    format!("unix:{}", path.display())
-                } else {
-                    path.display().to_string()
-                },
+                flag_value(flag, &path),
                 path.display()
             ),
             "{flag}"
@@ -246,11 +231,7 @@ fn test_socket_path_replaces_a_stale_socket_owner_only() {
         // A killed daemon's socket: the file stays, nobody listens.
         drop(UnixListener::bind(&path).unwrap());
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let value = listen_flags(&path)
-            .into_iter()
-            .find(|(f, _)| *f == flag)
-            .unwrap()
-            .1;
+        let value = flag_value(flag, &path);
         let mut args = unix_args(&export, flag, &value);
         args.extend(["--log-level", "debug"]);
         let mut d = spawn_umask0(&args, tmp.path().join("d.log"));
@@ -287,11 +268,7 @@ fn test_socket_group_makes_the_socket_0660() {
     for (flag, mode) in [("--socket-path", "vhost-user"), ("--listen", "socket")] {
         let (tmp, export) = export();
         let path = tmp.path().join("g.sock");
-        let value = listen_flags(&path)
-            .into_iter()
-            .find(|(f, _)| *f == flag)
-            .unwrap()
-            .1;
+        let value = flag_value(flag, &path);
         let mut args = unix_args(&export, flag, &value);
         args.extend(["--socket-group", &group]);
         let mut d = spawn_umask0(&args, tmp.path().join("d.log"));

@@ -52,9 +52,34 @@ struct Held {
     fd: OwnedFd,
 }
 
-fn root_user() -> bool {
+/// False (after a skip notice) unless the test runs as root.
+fn root_user(what: &str) -> bool {
     // SAFETY: plain getter.
-    unsafe { libc::geteuid() == 0 }
+    let root = unsafe { libc::geteuid() == 0 };
+    if !root {
+        eprintln!("SKIP {what}: needs root (pidfd_getfd, chroot, mount namespaces)");
+    }
+    root
+}
+
+/// Asserts that nothing out of the daemon's view was found.
+fn assert_confined(pid: i32, what: &str) {
+    let found = escapes(pid, "hello");
+    assert!(found.is_empty(), "{what}: ways out: {found:#?}");
+}
+
+/// Starts `cmd`, which creates `sock`, and waits until it is confined;
+/// `None` (after a notice) where namespaces cannot be created.
+fn start(cmd: &mut std::process::Command, sock: &Path, log: std::path::PathBuf) -> Option<Daemon> {
+    let mut d = Daemon::spawn_with(cmd, log);
+    if !d.wait_for(sock) {
+        if no_namespaces(&d, "proc escapes") {
+            return None;
+        }
+        panic!("daemon exited: {}", d.stderr());
+    }
+    d.wait_log("capabilities [");
+    Some(d)
 }
 
 /// Every fd of `pid`, its current directory and its root, as fds of this
@@ -214,8 +239,7 @@ fn busy_session(sock: &Path) -> sandbox_support::SockClient {
 
 #[test]
 fn test_proc_knobs_unreachable_from_every_socket_daemon_fd() {
-    if !root_user() {
-        eprintln!("SKIP proc escapes: needs root (pidfd_getfd, chroot)");
+    if !root_user("proc escapes") {
         return;
     }
     for mode in ["namespace", "chroot"] {
@@ -225,8 +249,7 @@ fn test_proc_knobs_unreachable_from_every_socket_daemon_fd() {
             continue;
         };
         let mut c = busy_session(&sock);
-        let found = escapes(d.server_pid(mode), "hello");
-        assert!(found.is_empty(), "{mode}: ways out: {found:#?}");
+        assert_confined(d.server_pid(mode), mode);
         // The daemon still serves, xattrs (through the confined fd
         // directory) included.
         c.set_xattr(2, 10, b"user.probe", b"v", 0).unwrap();
@@ -239,36 +262,26 @@ fn test_proc_knobs_unreachable_from_every_socket_daemon_fd() {
 
 #[test]
 fn test_proc_knobs_unreachable_from_the_vhost_user_daemon() {
-    if !root_user() {
-        eprintln!("SKIP proc escapes: needs root (pidfd_getfd, chroot)");
+    if !root_user("proc escapes") {
         return;
     }
     for mode in ["namespace", "chroot"] {
         let (tmp, export) = tree();
         let sock = tmp.path().join("vu.sock");
-        let mut d = Daemon::spawn(
-            &[
-                "--shared-dir",
-                export.to_str().unwrap(),
-                "--socket-path",
-                sock.to_str().unwrap(),
-                "--sandbox",
-                mode,
-            ],
-            tmp.path().join("vu.log"),
-        );
-        if !d.wait_for(&sock) {
-            if no_namespaces(&d, "vhost-user proc escapes") {
-                continue;
-            }
-            panic!("{mode}: daemon exited: {}", d.stderr());
-        }
-        d.wait_log("capabilities [");
+        let mut cmd = std::process::Command::new(sandbox_support::BIN);
+        cmd.args(["--shared-dir", export.to_str().unwrap()]).args([
+            "--socket-path",
+            sock.to_str().unwrap(),
+            "--sandbox",
+            mode,
+        ]);
+        let Some(d) = start(&mut cmd, &sock, tmp.path().join("vu.log")) else {
+            continue;
+        };
         // Connected: guest memory (memfd), eventfds, the engine's fds.
         let mut vmm = FakeVmm::connect(&sock, VmmOptions::default()).unwrap();
         assert_eq!(version(&mut vmm, 8192), 8192);
-        let found = escapes(d.server_pid(mode), "hello");
-        assert!(found.is_empty(), "{mode}: ways out: {found:#?}");
+        assert_confined(d.server_pid(mode), mode);
         drop(vmm);
         d.assert_alive_then_stop(mode);
     }
@@ -276,8 +289,7 @@ fn test_proc_knobs_unreachable_from_the_vhost_user_daemon() {
 
 #[test]
 fn test_proc_escape_check_finds_the_way_out_without_a_sandbox() {
-    if !root_user() {
-        eprintln!("SKIP proc escapes: needs root (pidfd_getfd, chroot)");
+    if !root_user("proc escapes") {
         return;
     }
     // --sandbox none keeps a /proc/self/fd fd on the host's /proc: the
@@ -303,8 +315,7 @@ fn test_proc_escape_check_finds_the_way_out_without_a_sandbox() {
 
 #[test]
 fn test_inherited_fds_are_closed_at_start() {
-    if !root_user() {
-        eprintln!("SKIP proc escapes: needs root (pidfd_getfd, chroot)");
+    if !root_user("proc escapes") {
         return;
     }
     // A careless parent leaks the host's `/` (not close-on-exec) as fd 40:
@@ -331,21 +342,15 @@ fn test_inherited_fds_are_closed_at_start() {
                 Ok(())
             })
         };
-        let mut d = Daemon::spawn_with(&mut cmd, tmp.path().join("leak.log"));
-        if !d.wait_for(&sock) {
-            if no_namespaces(&d, "inherited fds in namespace mode") {
-                continue;
-            }
-            panic!("{mode}: daemon exited: {}", d.stderr());
-        }
-        d.wait_log("capabilities [");
+        let Some(d) = start(&mut cmd, &sock, tmp.path().join("leak.log")) else {
+            continue;
+        };
         let pid = d.server_pid(mode);
         assert!(
             std::fs::symlink_metadata(format!("/proc/{pid}/fd/40")).is_err(),
             "{mode}: the leaked fd is still open"
         );
-        let found = escapes(pid, "hello");
-        assert!(found.is_empty(), "{mode}: ways out: {found:#?}");
+        assert_confined(pid, mode);
         d.assert_alive_then_stop(mode);
     }
 }
@@ -355,8 +360,7 @@ fn test_chroot_mode_serves_mapped_xattr() {
     // The confined /proc/self/fd is the chroot's current directory, so the
     // path-only xattr calls work there and mapped-xattr is no longer
     // refused under --sandbox chroot.
-    if !root_user() {
-        eprintln!("SKIP chroot mapped-xattr: needs root (chroot, mount namespace)");
+    if !root_user("chroot mapped-xattr") {
         return;
     }
     let (tmp, export) = tree();
