@@ -27,10 +27,10 @@ pub struct Cli {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<ListenAddr>,
 
-    /// Serve a writable export with --security-model passthrough or none
-    /// over --listen tcp: anyway. TCP has no authentication: anyone who can
-    /// connect acts as the guest, with the daemon's power over the host
-    /// files. Without this flag such a start is refused.
+    /// Allow a writable export with --security-model passthrough or none
+    /// on --listen tcp:HOST:PORT, which is refused otherwise: TCP has no
+    /// authentication, so anyone who can connect acts as the guest, with
+    /// the daemon's power over the host files.
     #[arg(long)]
     pub allow_unauthenticated_tcp_passthrough: bool,
 
