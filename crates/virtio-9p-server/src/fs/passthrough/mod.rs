@@ -487,19 +487,19 @@ impl PassthroughFs {
     /// The host name of the guest xattr `name` under the security model
     /// (see SECURITY.md): mapped-xattr stores everything under
     /// `user.virtfs.*` ([`mapped::host_name`]); none refuses `security.*`
-    /// and `trusted.*` with `EOPNOTSUPP`, so file capabilities and labels
-    /// never land whatever capabilities the daemon was given; passthrough
-    /// hands every name to the host, where the kernel checks it against
-    /// the capabilities kept for that model.
+    /// and `trusted.*` with `EOPNOTSUPP`, and passthrough all of them but
+    /// `security.capability`, so labels and `trusted.*` never land whatever
+    /// capabilities the daemon was given (without an LSM the kernel lets
+    /// any owner set `security.*`). The rest goes to the host kernel.
     fn xattr_name(&self, name: &[u8]) -> io::Result<CString> {
         if name.is_empty() {
             return Err(err(libc::EINVAL));
         }
+        let privileged = name.starts_with(b"security.") || name.starts_with(b"trusted.");
         match self.cfg.security_model {
             SecurityModel::MappedXattr => sys::cstr(&mapped::host_name(name).map_err(err)?),
-            SecurityModel::None
-                if name.starts_with(b"security.") || name.starts_with(b"trusted.") =>
-            {
+            SecurityModel::None if privileged => Err(err(libc::EOPNOTSUPP)),
+            SecurityModel::Passthrough if privileged && name != b"security.capability" => {
                 Err(err(libc::EOPNOTSUPP))
             }
             _ => sys::cstr(name),
