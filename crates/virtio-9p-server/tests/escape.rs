@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{errno, server_with, setattr_base, MSIZE, ROOT};
+use common::{errno, host_xattr, host_xattr_names, server_with, setattr_base, MSIZE, ROOT};
 use sandbox_support::Daemon;
 use virtio_9p_server::client::{Client, InProcess, StreamTransport, Transport};
 use virtio_9p_server::protocol::{
@@ -789,49 +789,6 @@ fn attack_models(f: impl Fn(&Env, &mut AttackClient, SecurityModel)) {
     }
 }
 
-fn cpath(p: &Path) -> std::ffi::CString {
-    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
-}
-
-/// The host value of xattr `name` on `p` (not following symlinks).
-fn host_xattr(p: &Path, name: &[u8]) -> Option<Vec<u8>> {
-    let path = cpath(p);
-    let name = std::ffi::CString::new(name).unwrap();
-    let mut buf = vec![0u8; 65536];
-    // SAFETY: valid C strings; `buf` is valid for its length.
-    let n = unsafe {
-        libc::lgetxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    (n >= 0).then(|| {
-        buf.truncate(n as usize);
-        buf
-    })
-}
-
-/// The host xattr names of `p`.
-fn host_xattr_names(p: &Path) -> Vec<String> {
-    let path = cpath(p);
-    let mut buf = vec![0u8; 65536];
-    // SAFETY: valid C string; `buf` is valid for its length.
-    let n = unsafe { libc::llistxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    assert!(
-        n >= 0,
-        "llistxattr {}: {}",
-        p.display(),
-        io::Error::last_os_error()
-    );
-    buf[..n as usize]
-        .split(|b| *b == 0)
-        .filter(|n| !n.is_empty())
-        .map(|n| String::from_utf8_lossy(n).into_owned())
-        .collect()
-}
-
 /// Asserts the host state of a file the mapped model created: a regular
 /// file (directory when `dir`) of exactly 0600 (0700), owned by the
 /// daemon (root here), whose only xattrs are in `user.*`.
@@ -917,10 +874,11 @@ fn fate(model: SecurityModel, target: Target, name: &[u8]) -> Fate {
             b"os2.evil" => Fate::Refused(libc::EOPNOTSUPP),
             _ => Fate::Mapped,
         },
-        SecurityModel::None if security_or_trusted => Fate::Refused(libc::EOPNOTSUPP),
-        SecurityModel::Passthrough if security_or_trusted && name != b"security.capability" => {
+        // As QEMU: none stores no ACLs; neither stores security.* or trusted.*.
+        SecurityModel::None if security_or_trusted || name.starts_with(b"system.posix_acl_") => {
             Fate::Refused(libc::EOPNOTSUPP)
         }
+        SecurityModel::Passthrough if security_or_trusted => Fate::Refused(libc::EOPNOTSUPP),
         // Chroot mode has no /proc for the xattr calls.
         _ if chroot => Fate::Refused(libc::ENOENT),
         _ if name == b"os2.evil" => Fate::Refused(libc::EOPNOTSUPP),

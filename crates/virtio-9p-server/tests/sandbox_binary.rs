@@ -455,7 +455,7 @@ fn test_daemon_holds_only_needed_capabilities() {
         eprintln!("SKIP capabilities: not root");
         return;
     }
-    let default: u64 = [0u32, 1, 2, 3, 4, 27, 31].iter().map(|c| 1u64 << c).sum();
+    let default: u64 = [0u32, 1, 2, 3, 4, 27].iter().map(|c| 1u64 << c).sum();
     let readonly: u64 = [1u32, 2, 3].iter().map(|c| 1u64 << c).sum();
     let cases: [(&str, &[&str], u64); 4] = [
         ("namespace", &[], default),
@@ -672,8 +672,8 @@ fn test_unprivileged_namespace_sandbox_uses_a_user_namespace() {
 /// each writable export, as numbers.
 fn documented_caps(model: &str) -> u64 {
     let names: &[u32] = match model {
-        // chown, dac_override, dac_read_search, fowner, fsetid, mknod, setfcap
-        "passthrough" => &[0, 1, 2, 3, 4, 27, 31],
+        // chown, dac_override, dac_read_search, fowner, fsetid, mknod
+        "passthrough" => &[0, 1, 2, 3, 4, 27],
         // dac_override, dac_read_search, fowner
         "mapped-xattr" | "none" => &[1, 2, 3],
         other => panic!("no model {other}"),

@@ -13,12 +13,13 @@
 //! | `fowner` | yes | yes | yes | Tsetattr times and mode, xattrs on files the daemon does not own |
 //! | `fsetid` | yes | - | - | guest set-group-ID bits on files of a group the daemon is not in |
 //! | `mknod` | yes | - | - | Tmknod of character and block devices |
-//! | `setfcap` | yes | - | - | Txattrcreate `security.capability` |
 //!
-//! Mapped-xattr keeps every guest attribute in `user.virtfs.*` on files
-//! the daemon owns, and none refuses device nodes, set-id bits,
-//! `security.*` and `trusted.*` itself, so neither needs the four
-//! privilege-making capabilities.
+//! No model keeps `setfcap`: passthrough and none refuse
+//! `security.capability` (as QEMU does) and mapped-xattr stores it as
+//! `user.virtfs.security.capability`. Mapped-xattr keeps every guest
+//! attribute in `user.virtfs.*` on files the daemon owns, and none
+//! refuses device nodes and set-id bits itself, so neither needs
+//! `chown`, `fsetid` or `mknod` either.
 
 use super::{sys_err, Error, Result};
 use crate::SecurityModel;
@@ -74,10 +75,10 @@ pub const CAP_IPC_LOCK: u32 = 14;
 /// What a writable passthrough export keeps: change ownership (`chown`),
 /// bypass file permissions for any guest user (`dac_override`,
 /// `dac_read_search`, which `linkat(AT_EMPTY_PATH)` needs), act as owner
-/// (`fowner`), keep set-id bits (`fsetid`), create device nodes (`mknod`)
-/// and set file capabilities (`setfcap`). The server never switches ids,
-/// so `setuid`/`setgid` are not kept.
-pub const DEFAULT_CAPS: &[u32] = &[0, 1, 2, 3, 4, 27, 31];
+/// (`fowner`), keep set-id bits (`fsetid`) and create device nodes
+/// (`mknod`). The server never switches ids, so `setuid`/`setgid` are not
+/// kept, and it refuses `security.capability`, so `setfcap` is not either.
+pub const DEFAULT_CAPS: &[u32] = &[0, 1, 2, 3, 4, 27];
 
 /// What a writable mapped-xattr export keeps: `dac_override`,
 /// `dac_read_search` and `fowner`, for files in the export the daemon
@@ -294,14 +295,16 @@ mod tests {
     #[test]
     fn test_modcaps_parsing() {
         let base = CapSet::of(DEFAULT_CAPS);
-        let m = base.modify("+sys_admin,-mknod:-CAP_SETFCAP").unwrap();
+        let m = base
+            .modify("+sys_admin,-mknod:+CAP_SETFCAP,-setfcap")
+            .unwrap();
         assert!(m.contains(21) && !m.contains(27) && !m.contains(31) && m.contains(0));
         assert!(base.modify("sys_admin").is_err());
         assert!(base.modify("+nonsense").is_err());
         assert_eq!(base.modify("").unwrap(), base);
         assert_eq!(
             base.names(),
-            "chown,dac_override,dac_read_search,fowner,fsetid,mknod,setfcap"
+            "chown,dac_override,dac_read_search,fowner,fsetid,mknod"
         );
     }
 

@@ -485,12 +485,13 @@ impl PassthroughFs {
     }
 
     /// The host name of the guest xattr `name` under the security model
-    /// (see SECURITY.md): mapped-xattr stores everything under
-    /// `user.virtfs.*` ([`mapped::host_name`]); none refuses `security.*`
-    /// and `trusted.*` with `EOPNOTSUPP`, and passthrough all of them but
-    /// `security.capability`, so labels and `trusted.*` never land whatever
+    /// (see SECURITY.md), or the errno that refuses it. Mapped-xattr
+    /// stores everything under `user.virtfs.*` ([`mapped::host_name`]).
+    /// Passthrough and none refuse `security.*` and `trusted.*` with
+    /// `EOPNOTSUPP`, and none the ACLs too, as QEMU's local backend does:
+    /// so file capabilities, labels and `trusted.*` never land whatever
     /// capabilities the daemon was given (without an LSM the kernel lets
-    /// any owner set `security.*`). The rest goes to the host kernel.
+    /// any owner set `security.selinux`). The rest goes to the host.
     fn xattr_name(&self, name: &[u8]) -> io::Result<CString> {
         if name.is_empty() {
             return Err(err(libc::EINVAL));
@@ -498,10 +499,10 @@ impl PassthroughFs {
         let privileged = name.starts_with(b"security.") || name.starts_with(b"trusted.");
         match self.cfg.security_model {
             SecurityModel::MappedXattr => sys::cstr(&mapped::host_name(name).map_err(err)?),
-            SecurityModel::None if privileged => Err(err(libc::EOPNOTSUPP)),
-            SecurityModel::Passthrough if privileged && name != b"security.capability" => {
+            SecurityModel::None if privileged || name.starts_with(b"system.posix_acl_") => {
                 Err(err(libc::EOPNOTSUPP))
             }
+            SecurityModel::Passthrough if privileged => Err(err(libc::EOPNOTSUPP)),
             _ => sys::cstr(name),
         }
     }
