@@ -53,14 +53,20 @@ pub use qid::QidMap;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SecurityModel {
     /// Host ownership and modes are the guest's (the server usually runs as
-    /// root). Failing chown/chmod are errors.
+    /// root). Failing chown/chmod are errors. `security.*` and `trusted.*`
+    /// xattrs are refused (`EOPNOTSUPP`), as QEMU does.
     #[default]
     Passthrough,
     /// Ownership, mode and device numbers live in `user.virtfs.*` xattrs
-    /// (QEMU's layout); host files stay owned by the server.
+    /// (QEMU's layout), and so do the guest's ACLs, `security.*` and
+    /// `trusted.*` xattrs; host files stay owned by the server, 0600 (0700
+    /// for directories) with only `user.*` xattrs: nothing the guest does
+    /// creates host privilege. For untrusted guests.
     MappedXattr,
     /// Like `Passthrough`, but failing chown/chmod are ignored (for a
-    /// server without privileges).
+    /// server without privileges), set-id bits never reach the host, and
+    /// device nodes (`EPERM`), ACLs, `security.*` and `trusted.*`
+    /// (`EOPNOTSUPP`) are refused.
     None,
 }
 
