@@ -748,3 +748,37 @@ fn test_modcaps_non_ascii_exits_with_one_line() {
         );
     }
 }
+
+#[test]
+fn test_vhost_user_mapped_xattr_as_the_guest_row_runs_it() {
+    // The arguments of ci/guest/run.sh's ours-vhost-mapped row.
+    let t = tree();
+    let sock = t.tmp.path().join("vu.sock");
+    let args = [
+        "--socket-path",
+        sock.to_str().unwrap(),
+        "--shared-dir",
+        t.export.to_str().unwrap(),
+        "--tag",
+        "share",
+        "--security-model",
+        "mapped-xattr",
+        "--log-level",
+        "debug",
+    ];
+    let mut d = Daemon::spawn(&args, t.tmp.path().join("vu.log"));
+    if !d.wait_for(&sock) {
+        if no_namespaces(&d, "mapped-xattr over vhost-user") {
+            return;
+        }
+        panic!("daemon exited: {}", d.stderr());
+    }
+    vhost_mount_sequence(&sock);
+    // SAFETY: plain getter.
+    if unsafe { libc::geteuid() } == 0 {
+        let pid = d.server_pid("namespace");
+        assert_eq!(cap_mask(pid, "CapEff:"), documented_caps("mapped-xattr"));
+    }
+    d.assert_alive_then_stop("mapped-xattr over vhost-user");
+    t.outside_untouched();
+}
