@@ -1037,6 +1037,21 @@ fn host_mode(p: &Path) -> u32 {
 fn test_escape_model_setid_devices_and_world_writable() {
     attack_models(|e, c, model| {
         let x = |n: &str| e.export.join(n);
+        // A default ACL the host set on the export root: mapped-xattr
+        // files must not inherit it.
+        let root = std::ffi::CString::new(e.export.as_os_str().as_encoded_bytes()).unwrap();
+        let acl = acl_rwx_for_all();
+        // SAFETY: valid C strings and value buffer.
+        let r = unsafe {
+            libc::setxattr(
+                root.as_ptr(),
+                c"system.posix_acl_default".as_ptr(),
+                acl.as_ptr().cast(),
+                acl.len(),
+                0,
+            )
+        };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
         // Tlcreate with set-id bits, world-writable; Tmkdir likewise.
         c.walk(ROOT, 1, &[]).unwrap();
         c.lcreate(1, b"suid", of::RDWR, 0o6777, 0).unwrap();

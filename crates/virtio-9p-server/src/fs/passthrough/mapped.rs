@@ -103,6 +103,26 @@ pub fn write(path: &CStr, m: &Mapped) -> io::Result<()> {
     Ok(())
 }
 
+/// Removes the host ACLs a new file inherited from a default ACL on its
+/// host parent (the default ACL too for a directory, so it goes no
+/// further). Missing ACLs, or a filesystem without them, are fine.
+pub fn drop_host_acls(path: &CStr, dir: bool) -> io::Result<()> {
+    let names: &[&CStr] = if dir {
+        &[c"system.posix_acl_access", c"system.posix_acl_default"]
+    } else {
+        &[c"system.posix_acl_access"]
+    };
+    for name in names {
+        match sys::removexattr(path, name) {
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) => {
+                return Err(e)
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Whether a guest-supplied xattr name is reserved.
 pub fn is_reserved(name: &[u8]) -> bool {
     name.starts_with(PREFIX)

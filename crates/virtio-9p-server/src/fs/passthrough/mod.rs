@@ -384,14 +384,15 @@ impl PassthroughFs {
     fn set_owner(&self, inode: &Inode, cred: Cred, mode: u32, rdev: u64) -> io::Result<()> {
         match self.cfg.security_model {
             SecurityModel::MappedXattr => {
-                // Exactly 0600/0700, whatever the host parent (a set-gid
-                // export root would pass its bit to new directories).
+                // Exactly 0600/0700 with no ACL, whatever the host parent
+                // passed on (a set-gid bit, a default ACL set on the host).
                 let host = if inode.is_dir() {
                     mapped::DIR_MODE
                 } else {
                     mapped::FILE_MODE
                 };
                 self.chmod(inode, host)?;
+                mapped::drop_host_acls(&sys::proc_path(inode.fd()), inode.is_dir())?;
                 let m = mapped::Mapped {
                     uid: Some(cred.uid),
                     gid: Some(cred.gid),
