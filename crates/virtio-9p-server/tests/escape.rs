@@ -1007,6 +1007,39 @@ fn test_escape_model_xattr_namespaces() {
             // and by the reserved name it tried.
             let a = c.getattr(1).unwrap();
             assert_eq!(a.mode, libc::S_IFREG | 0o644);
+            // Removal (Txattrcreate of size 0 with XATTR_REPLACE) takes
+            // the mapped name away; a missing ACL removes fine (as QEMU).
+            let replace = libc::XATTR_REPLACE as u32;
+            for (i, name) in [&b"security.capability"[..], b"system.posix_acl_access"]
+                .into_iter()
+                .enumerate()
+            {
+                c.set_xattr(1, 60 + i as u32, name, b"", replace).unwrap();
+                let mut mapped = b"user.virtfs.".to_vec();
+                mapped.extend_from_slice(name);
+                assert_eq!(host_xattr(&f, &mapped), None);
+                assert_eq!(
+                    errno(c.xattrwalk(1, 70 + i as u32, name).unwrap_err()),
+                    libc::ENODATA
+                );
+            }
+            c.set_xattr(1, 80, b"system.posix_acl_access", b"", replace)
+                .unwrap();
+            assert_eq!(
+                errno(
+                    c.set_xattr(1, 81, b"security.capability", b"", replace)
+                        .unwrap_err()
+                ),
+                libc::ENODATA
+            );
+            assert_eq!(
+                errno(
+                    c.set_xattr(1, 82, b"user.virtfs.uid", b"", replace)
+                        .unwrap_err()
+                ),
+                libc::EACCES
+            );
+            assert!(host_xattr(&f, b"user.virtfs.uid").is_some());
         } else if !chroot {
             assert_eq!(guest_list(c, 1, 90), {
                 let mut v = want_f.clone();
