@@ -30,7 +30,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{errno, host_xattr, host_xattr_names, server_with, setattr_base, MSIZE, ROOT};
+use common::{
+    errno, host_set_xattr, host_xattr, host_xattr_names, server_with, setattr_base, MSIZE, ROOT,
+};
 use sandbox_support::Daemon;
 use virtio_9p_server::client::{Client, InProcess, StreamTransport, Transport};
 use virtio_9p_server::protocol::{
@@ -1072,19 +1074,7 @@ fn test_escape_model_setid_devices_and_world_writable() {
         let x = |n: &str| e.export.join(n);
         // A default ACL the host set on the export root: mapped-xattr
         // files must not inherit it.
-        let root = std::ffi::CString::new(e.export.as_os_str().as_encoded_bytes()).unwrap();
-        let acl = acl_rwx_for_all();
-        // SAFETY: valid C strings and value buffer.
-        let r = unsafe {
-            libc::setxattr(
-                root.as_ptr(),
-                c"system.posix_acl_default".as_ptr(),
-                acl.as_ptr().cast(),
-                acl.len(),
-                0,
-            )
-        };
-        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        host_set_xattr(&e.export, b"system.posix_acl_default", &acl_rwx_for_all());
         // Tlcreate with set-id bits, world-writable; Tmkdir likewise.
         c.walk(ROOT, 1, &[]).unwrap();
         c.lcreate(1, b"suid", of::RDWR, 0o6777, 0).unwrap();

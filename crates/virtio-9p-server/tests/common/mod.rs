@@ -101,3 +101,27 @@ pub fn host_xattr_names(p: &std::path::Path) -> Vec<String> {
         .map(|n| String::from_utf8_lossy(n).into_owned())
         .collect()
 }
+
+/// Sets the host xattr `name` on `p` (following symlinks); panics on
+/// failure.
+pub fn host_set_xattr(p: &std::path::Path, name: &[u8], value: &[u8]) {
+    let path = cpath(p);
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid C strings; `value` is valid for its length.
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "setxattr {}: {}",
+        String::from_utf8_lossy(name),
+        std::io::Error::last_os_error()
+    );
+}
