@@ -1106,6 +1106,29 @@ fn test_escape_model_setid_devices_and_world_writable() {
             ..setattr_base(5)
         })
         .unwrap();
+        // A file the host put there (0644, root's).
+        c.walk(ROOT, 9, &[b"sub", b"inner"]).unwrap();
+        c.setattr(Tsetattr {
+            valid: setattr::MODE,
+            mode: 0o6777,
+            ..setattr_base(9)
+        })
+        .unwrap();
+        let inner = host_mode(&x("sub/inner")) & 0o7777;
+        let want_inner = match model {
+            SecurityModel::MappedXattr => 0o644,
+            SecurityModel::None => 0o777,
+            SecurityModel::Passthrough => 0o6777,
+        };
+        assert_eq!(inner, want_inner, "{model} {:?}: host-made file", e.target);
+        assert_eq!(
+            guest_mode(c, 9) & 0o7777,
+            if model == SecurityModel::None {
+                0o777
+            } else {
+                0o6777
+            }
+        );
         // Device nodes.
         let chr = c.mknod(ROOT, b"chr", libc::S_IFCHR | 0o666, 1, 3, 0);
         let blk = c.mknod(ROOT, b"blk", libc::S_IFBLK | 0o666, 7, 0, 0);
