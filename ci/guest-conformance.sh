@@ -10,8 +10,9 @@
 # Rows our daemon cannot run yet are reported as "not available" and skipped.
 #
 # Environment:
-#   GUEST_CONFORMANCE_SERVERS  default qemu,ours-socket,ours-vhost (add diod
-#                              for the second peer)
+#   GUEST_CONFORMANCE_SERVERS  default qemu,ours-socket,ours-vhost,
+#                              ours-vhost-mapped (add diod for the second
+#                              peer)
 #   GUEST_CONFORMANCE_KERNEL   default 6.12
 #   GUEST_CONFORMANCE_MIB      default 256
 #   GUEST_CONFORMANCE_SERVER_BIN  a prebuilt virtio-9p-server (default: build it)
@@ -28,7 +29,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 77
 fi
 
-servers=${GUEST_CONFORMANCE_SERVERS:-qemu,ours-socket,ours-vhost}
+servers=${GUEST_CONFORMANCE_SERVERS:-qemu,ours-socket,ours-vhost,ours-vhost-mapped}
 case ",$servers," in *,qemu,*) ;; *) servers=qemu,$servers ;; esac
 out=${GUEST_CONFORMANCE_OUT:-$(mktemp -d /tmp/guest-conformance.XXXXXX)}
 

@@ -3,8 +3,9 @@
 # pjdfstest and dd in each, and prints ONE comparison table.
 #
 # Usage: ci/guest/run.sh [options]
-#   --servers LIST   comma list from: qemu, diod, ours-socket, ours-vhost
-#                    (default: all four)
+#   --servers LIST   comma list from: qemu, diod, ours-socket, ours-vhost,
+#                    ours-vhost-mapped (ours-vhost with --security-model
+#                    mapped-xattr) (default: all five)
 #   --kernel K       6.12 (default) or 6.1
 #   --tests LIST     comma list from: posix, pjdfstest, dd (default: all)
 #   --mib N          size of the dd transfers and checksummed file (default 256)
@@ -27,7 +28,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
-servers=qemu,diod,ours-socket,ours-vhost
+servers=qemu,diod,ours-socket,ours-vhost,ours-vhost-mapped
 kernel=6.12
 tests=posix,pjdfstest,dd
 mib=256
@@ -63,7 +64,7 @@ if [ "$report_only" -eq 1 ]; then
 else
 # ---------------------------------------------------------------- preparation
 need_vhost_qemu=0
-case ",$servers," in *,ours-vhost,*) need_vhost_qemu=1 ;; esac
+case ",$servers," in *,ours-vhost,*|*,ours-vhost-mapped,*) need_vhost_qemu=1 ;; esac
 prep_args=(--kernel "$kernel")
 [ "$need_vhost_qemu" -eq 1 ] || prep_args+=(--no-vhost-qemu)
 vhost_qemu_err=
@@ -239,11 +240,21 @@ run_row() {
         opts="$opts,uname=root"
         extra=("${serial[@]}")
         ;;
-    ours-vhost)
+    ours-vhost|ours-vhost-mapped)
         if [ -z "$ours_bin" ]; then echo "not available: $ours_err" >"$dir/status"; return; fi
         if ! grep -q -- '--socket-path' <<<"$ours_help"; then
             echo "not available: virtio-9p-server has no --socket-path (vhost-user mode, issue 8) yet" >"$dir/status"
             return
+        fi
+        # ours-vhost-mapped: the same, in the model for untrusted guests
+        # (ownership, modes, devices and ACLs in user.virtfs.* xattrs).
+        local model=()
+        if [ "$name" = ours-vhost-mapped ]; then
+            if ! grep -q -- '--security-model' <<<"$ours_help"; then
+                echo "not available: virtio-9p-server has no --security-model yet" >"$dir/status"
+                return
+            fi
+            model=(--security-model mapped-xattr)
         fi
         if [ -n "$vhost_qemu_err" ] || [ ! -x "$VHOST_QEMU" ]; then
             echo "not available: ${vhost_qemu_err:-no rebuilt QEMU at $VHOST_QEMU}" >"$dir/status"
@@ -251,7 +262,7 @@ run_row() {
         fi
         qemu=$VHOST_QEMU
         RUST_LOG=${RUST_LOG:-debug} "$ours_bin" --socket-path "$sock" --shared-dir "$share" --tag share \
-            "${ours_log[@]}" >"$dir/server.log" 2>&1 &
+            "${model[@]}" "${ours_log[@]}" >"$dir/server.log" 2>&1 &
         server_pid=$!
         extra=(-object memory-backend-memfd,id=mem,size=512M,share=on
             -chardev "socket,id=vu,path=$sock"
@@ -272,7 +283,7 @@ run_row() {
         fi
     fi
     local machine=q35
-    [ "$name" = ours-vhost ] && machine=q35,memory-backend=mem
+    case $name in ours-vhost|ours-vhost-mapped) machine=q35,memory-backend=mem ;; esac
     local append="console=ttyS0 loglevel=4 panic=-1 CI_MODE=$mode CI_SRC=$src CI_OPTS=$opts CI_TESTS=$tests CI_DD_MIB=$mib"
     log "$name: booting guest ($(basename "$KERNEL"), timeout ${timeout_s}s)"
     local t0 rc

@@ -62,11 +62,7 @@ fn harden(
             .map_err(|e| e.to_string())
     })
     .map_err(|e| e.to_string())?;
-    let mut keep = caps::CapSet::of(if cli.readonly {
-        caps::READONLY_CAPS
-    } else {
-        caps::DEFAULT_CAPS
-    });
+    let mut keep = caps::CapSet::of(caps::for_model(cli.security_model, cli.readonly));
     if cli.listen.is_none() && cli.vhost.mlock != mlock_policy::MlockPolicy::Off {
         keep = caps::CapSet(keep.0 | 1 << caps::CAP_IPC_LOCK);
     }

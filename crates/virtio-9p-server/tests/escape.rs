@@ -12,6 +12,11 @@
 //!
 //! Namespace mode is skipped with a notice where namespaces cannot be
 //! created.
+//!
+//! The `test_escape_model_*` attacks (host privilege through xattrs, set-id
+//! bits, device nodes, ACLs and world-writable modes) run in every
+//! security model: passthrough, mapped-xattr and none, against every
+//! target, chroot mode included.
 
 mod common;
 mod sandbox_support;
@@ -24,13 +29,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{errno, server_with, MSIZE, ROOT};
+use common::{
+    errno, host_set_xattr, host_xattr, host_xattr_names, server_with, setattr_base, MSIZE, ROOT,
+};
 use sandbox_support::Daemon;
 use virtio_9p_server::client::{Client, InProcess, StreamTransport, Transport};
 use virtio_9p_server::protocol::{
     open_flags as of, setattr, Tattach, Tmessage, Tsetattr, QTSYMLINK,
 };
-use virtio_9p_server::{Config, PassthroughConfig};
+use virtio_9p_server::{Config, PassthroughConfig, SecurityModel};
 
 const SECRET: &[u8] = b"TOP SECRET";
 
@@ -93,20 +100,34 @@ fn env(target: Target) -> Env {
 /// target, and the daemon serving it (binary targets). `None` when the
 /// target cannot run here (namespaces unavailable; a notice is printed).
 fn connect(e: &Env, readonly: bool) -> Option<(AttackClient, Option<Daemon>)> {
+    connect_as(e, readonly, SecurityModel::Passthrough)
+}
+
+/// As [`connect`], serving in security model `model`.
+fn connect_as(
+    e: &Env,
+    readonly: bool,
+    model: SecurityModel,
+) -> Option<(AttackClient, Option<Daemon>)> {
     match e.target {
         Target::InProcess { openat2 } => {
             let mut cfg = PassthroughConfig::new(&e.export);
             cfg.readonly = readonly;
             cfg.use_openat2 = openat2;
+            cfg.security_model = model;
             let server = server_with(cfg, Config::default());
             let t = InProcess::new(server, MSIZE as usize);
             Some((attached(Box::new(t)), None))
         }
         Target::Binary { sandbox } => {
             let sock = e.tmp.path().join("9p.sock");
-            let extra: &[&str] = if readonly { &["--readonly"] } else { &[] };
+            let model = model.to_string();
+            let mut extra = vec!["--security-model", &model];
+            if readonly {
+                extra.push("--readonly");
+            }
             let log = e.tmp.path().join(format!("daemon-{sandbox}.log"));
-            let d = sandbox_support::socket_daemon(&e.export, &sock, log, sandbox, extra)?;
+            let d = sandbox_support::socket_daemon(&e.export, &sock, log, sandbox, &extra)?;
             let s = UnixStream::connect(&sock).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
             Some((attached(Box::new(StreamTransport(s))), Some(d)))
@@ -731,5 +752,458 @@ fn test_escape_readonly_export_refuses_changes_through_links() {
             libc::EROFS
         );
         outside_untouched(e);
+    });
+}
+
+/// Every security model.
+const MODELS: [SecurityModel; 3] = [
+    SecurityModel::Passthrough,
+    SecurityModel::MappedXattr,
+    SecurityModel::None,
+];
+
+/// Runs `f` in every security model against every target that serves it,
+/// then checks the outside directory and (binary targets) that the daemon
+/// survived.
+fn attack_models(f: impl Fn(&Env, &mut AttackClient, SecurityModel)) {
+    for model in MODELS {
+        for target in TARGETS {
+            let e = env(target);
+            let Some((mut c, daemon)) = connect_as(&e, false, model) else {
+                continue;
+            };
+            f(&e, &mut c, model);
+            drop(c);
+            outside_untouched(&e);
+            if let Some(d) = daemon {
+                d.assert_alive_then_stop(&format!("{model} {target:?}"));
+            }
+        }
+    }
+}
+
+/// Asserts the host state of a file the mapped model created: a regular
+/// file (directory when `dir`) of exactly 0600 (0700), owned by the
+/// daemon (root here), whose only xattrs are in `user.*`.
+fn assert_sealed(p: &Path, dir: bool) {
+    let m = std::fs::symlink_metadata(p).unwrap();
+    let (kind, perm) = if dir {
+        (libc::S_IFDIR, 0o700)
+    } else {
+        (libc::S_IFREG, 0o600)
+    };
+    assert_eq!(m.mode() & libc::S_IFMT, kind, "{}", p.display());
+    assert_eq!(m.mode() & 0o7777, perm, "{}: {:o}", p.display(), m.mode());
+    // SAFETY: plain getters.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    assert_eq!((m.uid(), m.gid()), (uid, gid), "{}", p.display());
+    for name in host_xattr_names(p) {
+        assert!(
+            name.starts_with("user."),
+            "{}: host xattr {name}",
+            p.display()
+        );
+    }
+}
+
+/// Asserts no host xattr a guest must not place: file capabilities and
+/// `trusted.*`.
+fn assert_no_privileged_xattrs(p: &Path) {
+    for name in host_xattr_names(p) {
+        assert!(
+            name != "security.capability" && !name.starts_with("trusted."),
+            "{}: host xattr {name}",
+            p.display()
+        );
+    }
+}
+
+/// A POSIX ACL (`posix_acl_xattr` layout, version 2) granting rwx to the
+/// owner, user 1234, the group, the mask and everyone else: an extended
+/// ACL, which the kernel stores (a minimal one would only become a mode).
+fn acl_rwx_for_all() -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for (tag, id) in [
+        (0x01u16, u32::MAX),
+        (0x02, 1234),
+        (0x04, u32::MAX),
+        (0x10, u32::MAX),
+        (0x20, u32::MAX),
+    ] {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&7u16.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+/// `security.capability` v2 with every capability permitted, effective.
+fn every_capability() -> Vec<u8> {
+    let mut v = 0x0200_0001u32.to_le_bytes().to_vec();
+    for w in [u32::MAX, 0, u32::MAX, 0] {
+        v.extend_from_slice(&w.to_le_bytes());
+    }
+    v
+}
+
+/// What a model does with one guest xattr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Lands on the host under the same name.
+    Host,
+    /// Lands on the host as `user.virtfs.<name>`.
+    Mapped,
+    /// Refused with this errno; nothing on the host.
+    Refused(i32),
+}
+
+fn fate(model: SecurityModel, name: &[u8]) -> Fate {
+    let security_or_trusted = name.starts_with(b"security.") || name.starts_with(b"trusted.");
+    match model {
+        SecurityModel::MappedXattr => match name {
+            b"user.t" => Fate::Host,
+            b"user.virtfs.mode" => Fate::Refused(libc::EACCES),
+            b"os2.evil" => Fate::Refused(libc::EOPNOTSUPP),
+            _ => Fate::Mapped,
+        },
+        // As QEMU: none stores no ACLs; neither stores security.* or trusted.*.
+        SecurityModel::None if security_or_trusted || name.starts_with(b"system.posix_acl_") => {
+            Fate::Refused(libc::EOPNOTSUPP)
+        }
+        SecurityModel::Passthrough if security_or_trusted => Fate::Refused(libc::EOPNOTSUPP),
+        _ if name == b"os2.evil" => Fate::Refused(libc::EOPNOTSUPP),
+        SecurityModel::None | SecurityModel::Passthrough => Fate::Host,
+    }
+}
+
+/// Sets each xattr of `names` on guest fid `fid` (host path `p`), checks
+/// the answer, the host state and the guest's read-back against [`fate`];
+/// returns the names the guest must list.
+fn xattr_round(
+    c: &mut AttackClient,
+    e: &Env,
+    model: SecurityModel,
+    fid: u32,
+    p: &Path,
+    names: &[(&[u8], Vec<u8>)],
+    next_fid: &mut u32,
+) -> Vec<Vec<u8>> {
+    let mut listed = Vec::new();
+    for (name, value) in names {
+        let f = fate(model, name);
+        let what = format!(
+            "{model} {:?} {} on {}",
+            e.target,
+            String::from_utf8_lossy(name),
+            p.display()
+        );
+        *next_fid += 2;
+        let set = c.set_xattr(fid, *next_fid, name, value, 0);
+        let mut mapped = b"user.virtfs.".to_vec();
+        mapped.extend_from_slice(name);
+        let on_host = host_xattr(p, name);
+        let guest_read = c.get_xattr(fid, *next_fid + 1, name);
+        match f {
+            Fate::Host | Fate::Mapped => {
+                set.unwrap_or_else(|err| panic!("{what}: {err}"));
+                let stored = if f == Fate::Host {
+                    on_host.clone()
+                } else {
+                    assert_eq!(on_host, None, "{what}: landed on the host");
+                    host_xattr(p, &mapped)
+                };
+                let stored = stored.unwrap_or_else(|| panic!("{what}: not stored"));
+                let guest = guest_read.unwrap_or_else(|err| panic!("{what}: read back: {err}"));
+                assert_eq!(guest, stored, "{what}");
+                if name.starts_with(b"user.") || f == Fate::Mapped {
+                    assert_eq!(&guest, value, "{what}");
+                }
+                listed.push(name.to_vec());
+            }
+            Fate::Refused(want) => {
+                let err = set.expect_err(&what);
+                assert_eq!(errno(err), want, "{what}");
+                // (user.virtfs.mode exists in mapped-xattr: the daemon's.)
+                assert_ne!(on_host.as_ref(), Some(value), "{what}: landed on the host");
+                assert_eq!(host_xattr(p, &mapped), None, "{what}: landed mapped");
+                assert!(guest_read.is_err(), "{what}: guest reads a refused xattr");
+            }
+        }
+    }
+    listed
+}
+
+fn guest_list(c: &mut AttackClient, fid: u32, tmp: u32) -> Vec<Vec<u8>> {
+    let mut v: Vec<Vec<u8>> = c
+        .get_xattr(fid, tmp, b"")
+        .unwrap()
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn test_escape_model_xattr_namespaces() {
+    attack_models(|e, c, model| {
+        c.walk(ROOT, 1, &[]).unwrap();
+        c.lcreate(1, b"f", of::RDWR, 0o644, 0).unwrap();
+        c.mkdir(ROOT, b"d", 0o755, 0).unwrap();
+        c.walk(ROOT, 2, &[b"d"]).unwrap();
+        let file_names: Vec<(&[u8], Vec<u8>)> = vec![
+            (b"user.t", b"guest value".to_vec()),
+            (b"user.virtfs.mode", 0o104777u32.to_le_bytes().to_vec()),
+            (b"system.posix_acl_access", acl_rwx_for_all()),
+            (b"security.capability", every_capability()),
+            (
+                b"security.selinux",
+                b"system_u:object_r:shadow_t:s0\0".to_vec(),
+            ),
+            (b"trusted.evil", b"x".to_vec()),
+            (b"os2.evil", b"x".to_vec()),
+        ];
+        let dir_names: Vec<(&[u8], Vec<u8>)> = vec![
+            (b"system.posix_acl_access", acl_rwx_for_all()),
+            (b"system.posix_acl_default", acl_rwx_for_all()),
+            (b"trusted.overlay.opaque", b"y".to_vec()),
+        ];
+        let mut next = 100;
+        let f = e.export.join("f");
+        let d = e.export.join("d");
+        let mut want_f = xattr_round(c, e, model, 1, &f, &file_names, &mut next);
+        let mut want_d = xattr_round(c, e, model, 2, &d, &dir_names, &mut next);
+        // Files created in a directory with a guest default ACL.
+        c.walk(ROOT, 3, &[b"d"]).unwrap();
+        c.lcreate(3, b"inner", of::RDWR, 0o600, 0).unwrap();
+        c.mkdir(2, b"sub", 0o700, 0).unwrap();
+        if model == SecurityModel::MappedXattr {
+            // The guest lists exactly what it set, in its own names.
+            want_f.sort();
+            want_d.sort();
+            assert_eq!(guest_list(c, 1, 90), want_f);
+            assert_eq!(guest_list(c, 2, 91), want_d);
+            for (p, dir) in [
+                (&f, false),
+                (&d, true),
+                (&d.join("inner"), false),
+                (&d.join("sub"), true),
+            ] {
+                assert_sealed(p, dir);
+            }
+            // Guest ownership and mode are untouched by the guest's ACLs
+            // and by the reserved name it tried.
+            let a = c.getattr(1).unwrap();
+            assert_eq!(a.mode, libc::S_IFREG | 0o644);
+            // Removal (Txattrcreate of size 0 with XATTR_REPLACE) takes
+            // the mapped name away; a missing ACL removes fine (as QEMU).
+            let replace = libc::XATTR_REPLACE as u32;
+            for (i, name) in [&b"security.capability"[..], b"system.posix_acl_access"]
+                .into_iter()
+                .enumerate()
+            {
+                c.set_xattr(1, 60 + i as u32, name, b"", replace).unwrap();
+                let mut mapped = b"user.virtfs.".to_vec();
+                mapped.extend_from_slice(name);
+                assert_eq!(host_xattr(&f, &mapped), None);
+                assert_eq!(
+                    errno(c.xattrwalk(1, 70 + i as u32, name).unwrap_err()),
+                    libc::ENODATA
+                );
+            }
+            c.set_xattr(1, 80, b"system.posix_acl_access", b"", replace)
+                .unwrap();
+            assert_eq!(
+                errno(
+                    c.set_xattr(1, 81, b"security.capability", b"", replace)
+                        .unwrap_err()
+                ),
+                libc::ENODATA
+            );
+            assert_eq!(
+                errno(
+                    c.set_xattr(1, 82, b"user.virtfs.uid", b"", replace)
+                        .unwrap_err()
+                ),
+                libc::EACCES
+            );
+            assert!(host_xattr(&f, b"user.virtfs.uid").is_some());
+        } else {
+            assert_eq!(guest_list(c, 1, 90), {
+                let mut v = want_f.clone();
+                v.sort();
+                v
+            });
+        }
+        for p in [&f, &d, &d.join("inner"), &d.join("sub")] {
+            if model != SecurityModel::Passthrough {
+                assert_no_privileged_xattrs(p);
+            }
+            // No model lets the guest label host files.
+            assert_eq!(host_xattr(p, b"security.selinux"), None, "{}", p.display());
+        }
+    });
+}
+
+/// Guest-visible mode of `fid`.
+fn guest_mode(c: &mut AttackClient, fid: u32) -> u32 {
+    c.getattr(fid).unwrap().mode
+}
+
+fn host_mode(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap().mode()
+}
+
+#[test]
+fn test_escape_model_setid_devices_and_world_writable() {
+    attack_models(|e, c, model| {
+        let x = |n: &str| e.export.join(n);
+        // A default ACL the host set on the export root: mapped-xattr
+        // files must not inherit it.
+        host_set_xattr(&e.export, b"system.posix_acl_default", &acl_rwx_for_all());
+        // Tlcreate with set-id bits, world-writable; Tmkdir likewise.
+        c.walk(ROOT, 1, &[]).unwrap();
+        c.lcreate(1, b"suid", of::RDWR, 0o6777, 0).unwrap();
+        c.walk(ROOT, 2, &[]).unwrap();
+        c.lcreate(2, b"ww", of::RDWR, 0o666, 0).unwrap();
+        c.mkdir(ROOT, b"wdir", 0o3777, 0).unwrap();
+        c.walk(ROOT, 3, &[b"wdir"]).unwrap();
+        // Tsetattr: ownership, then set-uid; a directory to set-gid.
+        c.walk(ROOT, 4, &[]).unwrap();
+        c.lcreate(4, b"plain", of::RDWR, 0o644, 0).unwrap();
+        c.setattr(Tsetattr {
+            valid: setattr::UID | setattr::GID,
+            uid: 1234,
+            gid: 1234,
+            ..setattr_base(4)
+        })
+        .unwrap();
+        c.setattr(Tsetattr {
+            valid: setattr::MODE,
+            mode: 0o4755,
+            ..setattr_base(4)
+        })
+        .unwrap();
+        c.mkdir(ROOT, b"gdir", 0o755, 0).unwrap();
+        c.walk(ROOT, 5, &[b"gdir"]).unwrap();
+        c.setattr(Tsetattr {
+            valid: setattr::MODE,
+            mode: 0o2777,
+            ..setattr_base(5)
+        })
+        .unwrap();
+        // A file the host put there (0644, root's).
+        c.walk(ROOT, 9, &[b"sub", b"inner"]).unwrap();
+        c.setattr(Tsetattr {
+            valid: setattr::MODE,
+            mode: 0o6777,
+            ..setattr_base(9)
+        })
+        .unwrap();
+        let inner = host_mode(&x("sub/inner")) & 0o7777;
+        let want_inner = match model {
+            SecurityModel::MappedXattr => 0o644,
+            SecurityModel::None => 0o777,
+            SecurityModel::Passthrough => 0o6777,
+        };
+        assert_eq!(inner, want_inner, "{model} {:?}: host-made file", e.target);
+        assert_eq!(
+            guest_mode(c, 9) & 0o7777,
+            if model == SecurityModel::None {
+                0o777
+            } else {
+                0o6777
+            }
+        );
+        // Device nodes.
+        let chr = c.mknod(ROOT, b"chr", libc::S_IFCHR | 0o666, 1, 3, 0);
+        let blk = c.mknod(ROOT, b"blk", libc::S_IFBLK | 0o666, 7, 0, 0);
+        // Tlink and Trenameat keep what the host has.
+        c.link(ROOT, 1, b"suid-link").unwrap();
+        c.renameat(ROOT, b"suid-link", ROOT, b"suid-moved").unwrap();
+        let what = format!("{model} {:?}", e.target);
+        match model {
+            SecurityModel::MappedXattr => {
+                chr.unwrap();
+                blk.unwrap();
+                for n in ["suid", "ww", "plain", "chr", "blk", "suid-moved"] {
+                    assert_sealed(&x(n), false);
+                }
+                for n in ["wdir", "gdir"] {
+                    assert_sealed(&x(n), true);
+                }
+                // The guest sees exactly what it set.
+                assert_eq!(guest_mode(c, 1), libc::S_IFREG | 0o6777, "{what}");
+                assert_eq!(guest_mode(c, 2), libc::S_IFREG | 0o666, "{what}");
+                assert_eq!(guest_mode(c, 3), libc::S_IFDIR | 0o3777, "{what}");
+                let a = c.getattr(4).unwrap();
+                assert_eq!((a.mode, a.uid, a.gid), (libc::S_IFREG | 0o4755, 1234, 1234));
+                assert_eq!(guest_mode(c, 5), libc::S_IFDIR | 0o2777, "{what}");
+                c.walk(ROOT, 6, &[b"chr"]).unwrap();
+                let a = c.getattr(6).unwrap();
+                assert_eq!(
+                    (a.mode, a.rdev),
+                    (libc::S_IFCHR | 0o666, libc::makedev(1, 3))
+                );
+                c.walk(ROOT, 7, &[b"blk"]).unwrap();
+                let a = c.getattr(7).unwrap();
+                assert_eq!(
+                    (a.mode, a.rdev),
+                    (libc::S_IFBLK | 0o666, libc::makedev(7, 0))
+                );
+                // A mapped device is never opened as a device or a file.
+                assert_eq!(errno(c.lopen(6, of::RDWR).unwrap_err()), libc::ENXIO);
+                // Symlinks: a sealed regular file; Treadlink round-trips.
+                c.symlink(ROOT, b"sl", b"/etc/shadow", 0).unwrap();
+                assert_sealed(&x("sl"), false);
+                c.walk(ROOT, 8, &[b"sl"]).unwrap();
+                assert_eq!(c.readlink(8).unwrap(), b"/etc/shadow");
+                assert_eq!(guest_mode(c, 8), libc::S_IFLNK | 0o777);
+            }
+            SecurityModel::None => {
+                assert_eq!(errno(chr.unwrap_err()), libc::EPERM, "{what}");
+                assert_eq!(errno(blk.unwrap_err()), libc::EPERM, "{what}");
+                assert!(!x("chr").exists() && !x("blk").exists(), "{what}");
+                // No set-id bit reaches the host; the guest sees the host.
+                assert_eq!(host_mode(&x("suid")) & 0o7777, 0o777, "{what}");
+                assert_eq!(host_mode(&x("wdir")) & 0o7777, 0o1777, "{what}");
+                assert_eq!(host_mode(&x("plain")) & 0o7777, 0o755, "{what}");
+                assert_eq!(host_mode(&x("gdir")) & 0o7777, 0o777, "{what}");
+                assert_eq!(guest_mode(c, 1), libc::S_IFREG | 0o777, "{what}");
+                if matches!(e.target, Target::Binary { .. }) {
+                    // No CAP_CHOWN: the failing chown was ignored.
+                    assert_eq!(std::fs::metadata(x("plain")).unwrap().uid(), 0, "{what}");
+                }
+            }
+            SecurityModel::Passthrough => {
+                chr.unwrap();
+                blk.unwrap();
+                let m = std::fs::symlink_metadata(x("chr")).unwrap();
+                assert_eq!(
+                    (m.mode() & libc::S_IFMT, m.rdev()),
+                    (libc::S_IFCHR, libc::makedev(1, 3))
+                );
+                let m = std::fs::symlink_metadata(x("blk")).unwrap();
+                assert_eq!(
+                    (m.mode() & libc::S_IFMT, m.rdev()),
+                    (libc::S_IFBLK, libc::makedev(7, 0))
+                );
+                assert_eq!(host_mode(&x("suid")) & 0o7777, 0o6777, "{what}");
+                assert_eq!(host_mode(&x("wdir")) & 0o7777, 0o3777, "{what}");
+                let m = std::fs::metadata(x("plain")).unwrap();
+                assert_eq!(
+                    (m.mode() & 0o7777, m.uid(), m.gid()),
+                    (0o4755, 1234, 1234),
+                    "{what}"
+                );
+                assert_eq!(host_mode(&x("gdir")) & 0o7777, 0o2777, "{what}");
+            }
+        }
+        for n in ["suid", "ww", "wdir", "plain", "gdir", "suid-moved"] {
+            if model != SecurityModel::Passthrough {
+                assert_no_privileged_xattrs(&x(n));
+            }
+        }
     });
 }

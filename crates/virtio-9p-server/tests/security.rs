@@ -12,28 +12,11 @@ use virtio_9p_server::protocol::{
 use virtio_9p_server::SecurityModel;
 
 fn xattr(path: &std::path::Path, name: &str) -> Option<Vec<u8>> {
-    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    let mut buf = vec![0u8; 64];
-    // SAFETY: valid C strings and buffer.
-    let len = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (len >= 0).then(|| buf[..len as usize].to_vec())
+    common::host_xattr(path, name.as_bytes())
 }
 
 fn set_xattr(path: &std::path::Path, name: &str, value: &[u8]) {
-    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    // SAFETY: valid C strings and buffer.
-    let r = unsafe {
-        libc::setxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(r, 0, "setxattr {name}: {}", std::io::Error::last_os_error());
+    common::host_set_xattr(path, name.as_bytes(), value);
 }
 
 #[test]

@@ -1,11 +1,28 @@
 //! Capability dropping (`--modcaps`).
 //!
-//! The daemon keeps only what the passthrough server needs to act for any
-//! guest user: [`DEFAULT_CAPS`] (fewer for a read-only export), plus
-//! `CAP_IPC_LOCK` when `--mlock` is on. Everything else leaves the
-//! effective, permitted, inheritable, ambient and bounding sets.
+//! The daemon keeps only what its security model needs ([`for_model`]),
+//! plus `CAP_IPC_LOCK` when `--mlock` is on, then `--modcaps`. Everything
+//! else leaves the effective, permitted, inheritable, ambient and bounding
+//! sets.
+//!
+//! | capability | passthrough | mapped-xattr, none | read-only | needed by |
+//! |---|---|---|---|---|
+//! | `chown` | yes | - | - | Tsetattr uid/gid, guest owner on Tlcreate, Tmkdir, Tmknod, Tsymlink |
+//! | `dac_override` | yes | yes | yes | any guest user's I/O on files the daemon does not own |
+//! | `dac_read_search` | yes | yes | yes | Tlink (`linkat(AT_EMPTY_PATH)`), walks into unreadable directories |
+//! | `fowner` | yes | yes | yes | Tsetattr times and mode, xattrs on files the daemon does not own |
+//! | `fsetid` | yes | - | - | guest set-group-ID bits on files of a group the daemon is not in |
+//! | `mknod` | yes | - | - | Tmknod of character and block devices |
+//!
+//! No model keeps `setfcap`: passthrough and none refuse
+//! `security.capability` (as QEMU does) and mapped-xattr stores it as
+//! `user.virtfs.security.capability`. Mapped-xattr keeps every guest
+//! attribute in `user.virtfs.*` on files the daemon owns, and none
+//! refuses device nodes and set-id bits itself, so neither needs
+//! `chown`, `fsetid` or `mknod` either.
 
 use super::{sys_err, Error, Result};
+use crate::SecurityModel;
 
 /// Capability names and numbers (linux/capability.h).
 pub const CAP_NAMES: &[(&str, u32)] = &[
@@ -55,16 +72,37 @@ pub const CAP_NAMES: &[(&str, u32)] = &[
 /// `CAP_IPC_LOCK`, added for `--mlock on|on-fault`.
 pub const CAP_IPC_LOCK: u32 = 14;
 
-/// What a writable export keeps: change ownership (`chown`), bypass file
-/// permissions for any guest user (`dac_override`, `dac_read_search`,
-/// which `linkat(AT_EMPTY_PATH)` needs), act as owner (`fowner`), keep
-/// set-id bits (`fsetid`), create device nodes (`mknod`) and set file
-/// capabilities (`setfcap`). The passthrough server never switches ids,
-/// so `setuid`/`setgid` are not kept.
-pub const DEFAULT_CAPS: &[u32] = &[0, 1, 2, 3, 4, 27, 31];
+/// What a writable passthrough export keeps: change ownership (`chown`),
+/// bypass file permissions for any guest user (`dac_override`,
+/// `dac_read_search`, which `linkat(AT_EMPTY_PATH)` needs), act as owner
+/// (`fowner`), keep set-id bits (`fsetid`) and create device nodes
+/// (`mknod`). The server never switches ids, so `setuid`/`setgid` are not
+/// kept, and it refuses `security.capability`, so `setfcap` is not either.
+pub const DEFAULT_CAPS: &[u32] = &[0, 1, 2, 3, 4, 27];
 
-/// What a read-only export keeps.
+/// What a writable mapped-xattr export keeps: `dac_override`,
+/// `dac_read_search` and `fowner`, for files in the export the daemon
+/// does not own (created on the host). Ownership, set-id bits, device
+/// nodes and capabilities are `user.virtfs.*` attributes.
+pub const MAPPED_CAPS: &[u32] = &[1, 2, 3];
+
+/// What a writable none export keeps: the same as [`MAPPED_CAPS`]; chown
+/// failures are ignored and set-id bits, device nodes, `security.*` and
+/// `trusted.*` are refused by the model.
+pub const NONE_CAPS: &[u32] = &[1, 2, 3];
+
+/// What a read-only export keeps, in every model.
 pub const READONLY_CAPS: &[u32] = &[1, 2, 3];
+
+/// The capabilities an export in `model` keeps (see the module table).
+pub fn for_model(model: SecurityModel, readonly: bool) -> &'static [u32] {
+    match model {
+        _ if readonly => READONLY_CAPS,
+        SecurityModel::Passthrough => DEFAULT_CAPS,
+        SecurityModel::MappedXattr => MAPPED_CAPS,
+        SecurityModel::None => NONE_CAPS,
+    }
+}
 
 /// The name of a capability number.
 pub fn cap_name(cap: u32) -> String {
@@ -101,14 +139,16 @@ impl CapSet {
         let mut m = self.0;
         for item in spec.split([',', ':']).filter(|s| !s.trim().is_empty()) {
             let item = item.trim();
-            let (add, name) = match item.split_at(1) {
-                ("+", n) => (true, n),
-                ("-", n) => (false, n),
-                _ => {
-                    return Err(Error::Invalid(format!(
-                        "--modcaps {item:?}: expected +name or -name"
-                    )))
-                }
+            // strip_prefix, not split_at(1): a multi-byte first character
+            // must be an error, not a panic.
+            let (add, name) = if let Some(n) = item.strip_prefix('+') {
+                (true, n)
+            } else if let Some(n) = item.strip_prefix('-') {
+                (false, n)
+            } else {
+                return Err(Error::Invalid(format!(
+                    "--modcaps {item:?}: expected +name or -name"
+                )));
             };
             let cap = cap_number(name)
                 .ok_or_else(|| Error::Invalid(format!("--modcaps: unknown capability {name:?}")))?;
@@ -147,12 +187,26 @@ struct CapData {
 
 const CAP_V3: u32 = 0x2008_0522;
 
-/// The highest capability the kernel knows.
-fn last_cap() -> u32 {
-    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(40)
+/// The highest capability the running kernel knows, probed with
+/// `PR_CAPBSET_READ` (which fails with `EINVAL` past it), as libcap does.
+/// It needs no `/proc`, so it is right after `pivot_root` too, where
+/// `/proc/sys` is not reachable.
+pub fn last_cap() -> u32 {
+    let known = |cap: u32| {
+        // SAFETY: prctl with integer arguments; it only reads.
+        unsafe { libc::prctl(libc::PR_CAPBSET_READ, libc::c_ulong::from(cap), 0, 0, 0) >= 0 }
+    };
+    // Binary search over 0..64 for the first unknown capability.
+    let (mut lo, mut hi) = (0u32, 64u32);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if known(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo.saturating_sub(1)
 }
 
 /// The calling thread's permitted set.
@@ -179,7 +233,9 @@ pub fn permitted() -> Result<CapSet> {
 pub fn drop_to(keep: CapSet) -> Result<CapSet> {
     let held = permitted()?;
     let keep = CapSet(keep.0 & held.0);
-    for cap in 0..=last_cap() {
+    let last = last_cap();
+    log::debug!("kernel capabilities 0..={last}");
+    for cap in 0..=last {
         if keep.contains(cap) {
             continue;
         }
@@ -239,14 +295,61 @@ mod tests {
     #[test]
     fn test_modcaps_parsing() {
         let base = CapSet::of(DEFAULT_CAPS);
-        let m = base.modify("+sys_admin,-mknod:-CAP_SETFCAP").unwrap();
+        let m = base
+            .modify("+sys_admin,-mknod:+CAP_SETFCAP,-setfcap")
+            .unwrap();
         assert!(m.contains(21) && !m.contains(27) && !m.contains(31) && m.contains(0));
         assert!(base.modify("sys_admin").is_err());
         assert!(base.modify("+nonsense").is_err());
         assert_eq!(base.modify("").unwrap(), base);
         assert_eq!(
             base.names(),
-            "chown,dac_override,dac_read_search,fowner,fsetid,mknod,setfcap"
+            "chown,dac_override,dac_read_search,fowner,fsetid,mknod"
         );
+    }
+
+    #[test]
+    fn test_modcaps_non_ascii_is_an_error() {
+        let base = CapSet::of(DEFAULT_CAPS);
+        for spec in ["é", "ésys_admin", "+sys_admin,€mknod", "\u{1F600}"] {
+            let e = base.modify(spec).unwrap_err();
+            assert!(
+                e.to_string().contains("expected +name or -name"),
+                "{spec}: {e}"
+            );
+        }
+        let e = base.modify("+é").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "sandbox: --modcaps: unknown capability \"é\""
+        );
+    }
+
+    #[test]
+    fn test_last_cap_matches_the_kernel() {
+        let want: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(last_cap(), want);
+    }
+
+    #[test]
+    fn test_caps_follow_the_model() {
+        let privileged = [0u32, 4, 27, 31];
+        for model in [SecurityModel::MappedXattr, SecurityModel::None] {
+            let set = CapSet::of(for_model(model, false));
+            assert!(privileged.iter().all(|c| !set.contains(*c)), "{model}");
+            assert_eq!(set.names(), "dac_override,dac_read_search,fowner");
+        }
+        assert_eq!(for_model(SecurityModel::Passthrough, false), DEFAULT_CAPS);
+        for model in [
+            SecurityModel::Passthrough,
+            SecurityModel::MappedXattr,
+            SecurityModel::None,
+        ] {
+            assert_eq!(for_model(model, true), READONLY_CAPS);
+        }
     }
 }

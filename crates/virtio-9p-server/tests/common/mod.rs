@@ -58,3 +58,70 @@ pub fn setattr_base(fid: u32) -> Tsetattr {
         mtime_nsec: 0,
     }
 }
+
+fn cpath(p: &std::path::Path) -> std::ffi::CString {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+}
+
+/// The host value of xattr `name` on `p` (not following symlinks).
+pub fn host_xattr(p: &std::path::Path, name: &[u8]) -> Option<Vec<u8>> {
+    let path = cpath(p);
+    let name = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: valid C strings; `buf` is valid for its length.
+    let n = unsafe {
+        libc::lgetxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    (n >= 0).then(|| {
+        buf.truncate(n as usize);
+        buf
+    })
+}
+
+/// The host xattr names of `p`.
+pub fn host_xattr_names(p: &std::path::Path) -> Vec<String> {
+    let path = cpath(p);
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: valid C string; `buf` is valid for its length.
+    let n = unsafe { libc::llistxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(
+        n >= 0,
+        "llistxattr {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
+    buf[..n as usize]
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect()
+}
+
+/// Sets the host xattr `name` on `p` (following symlinks); panics on
+/// failure.
+pub fn host_set_xattr(p: &std::path::Path, name: &[u8], value: &[u8]) {
+    let path = cpath(p);
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid C strings; `value` is valid for its length.
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "setxattr {}: {}",
+        String::from_utf8_lossy(name),
+        std::io::Error::last_os_error()
+    );
+}

@@ -13,6 +13,21 @@
 //! device nodes are regular host files whose mapped mode says what they
 //! are (a symlink's target is the file's content). Guests can neither see
 //! nor change `user.virtfs.*` attributes through the xattr messages.
+//!
+//! # Guest xattr names ([`host_name`], [`guest_name`])
+//!
+//! | guest name | host name |
+//! |---|---|
+//! | `user.*` (not `user.virtfs.*`) | the same |
+//! | `user.virtfs.*` | refused: `EACCES` to set or remove, `ENODATA` to get |
+//! | `system.posix_acl_access`, `system.posix_acl_default` | `user.virtfs.system.posix_acl_*` (QEMU's names) |
+//! | `security.*`, `trusted.*` | `user.virtfs.security.*`, `user.virtfs.trusted.*` |
+//! | anything else | refused with `EOPNOTSUPP` |
+//!
+//! So no guest xattr can reach a host namespace the kernel or an LSM gives
+//! meaning to (ACLs, file capabilities, SELinux labels, `trusted.*`); the
+//! guest still reads back, and lists, exactly what it set. Host xattrs
+//! outside `user.*` (a host SELinux label, a host ACL) are not shown.
 
 use std::ffi::CStr;
 use std::io;
@@ -88,17 +103,84 @@ pub fn write(path: &CStr, m: &Mapped) -> io::Result<()> {
     Ok(())
 }
 
+/// Removes the host ACLs a new file inherited from a default ACL on its
+/// host parent (the default ACL too for a directory, so it goes no
+/// further). Missing ACLs, or a filesystem without them, are fine.
+pub fn drop_host_acls(path: &CStr, dir: bool) -> io::Result<()> {
+    let names: &[&CStr] = if dir {
+        &[c"system.posix_acl_access", c"system.posix_acl_default"]
+    } else {
+        &[c"system.posix_acl_access"]
+    };
+    for name in names {
+        match sys::removexattr(path, name) {
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) => {
+                return Err(e)
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Whether a guest-supplied xattr name is reserved.
 pub fn is_reserved(name: &[u8]) -> bool {
     name.starts_with(PREFIX)
 }
 
-/// Removes reserved names from a NUL-separated list.
+/// The exact guest names stored under [`PREFIX`] (QEMU's ACL mapping).
+const MAPPED_NAMES: [&[u8]; 2] = [b"system.posix_acl_access", b"system.posix_acl_default"];
+/// The guest namespaces stored under [`PREFIX`].
+const MAPPED_PREFIXES: [&[u8]; 2] = [b"security.", b"trusted."];
+
+fn stored_mapped(guest: &[u8]) -> bool {
+    MAPPED_NAMES.contains(&guest)
+        || MAPPED_PREFIXES
+            .iter()
+            .any(|p| guest.len() > p.len() && guest.starts_with(p))
+}
+
+/// Whether `guest` is one of the ACL names.
+pub fn is_acl(guest: &[u8]) -> bool {
+    MAPPED_NAMES.contains(&guest)
+}
+
+/// The host name that stores the guest xattr `guest`, or the errno that
+/// refuses it: `EACCES` for the reserved `user.virtfs.*` (as QEMU answers
+/// a set; getters turn it into `ENODATA`), `EOPNOTSUPP` for a namespace
+/// this model does not store.
+pub fn host_name(guest: &[u8]) -> Result<Vec<u8>, i32> {
+    if is_reserved(guest) {
+        Err(libc::EACCES)
+    } else if guest.starts_with(b"user.") && guest.len() > 5 {
+        Ok(guest.to_vec())
+    } else if stored_mapped(guest) {
+        let mut v = PREFIX.to_vec();
+        v.extend_from_slice(guest);
+        Ok(v)
+    } else {
+        Err(libc::EOPNOTSUPP)
+    }
+}
+
+/// The guest name of the host xattr `host`, or `None` for what the guest
+/// must not see: the mapped ownership and mode, and host xattrs outside
+/// `user.*`.
+pub fn guest_name(host: &[u8]) -> Option<&[u8]> {
+    match host.strip_prefix(PREFIX) {
+        Some(rest) if stored_mapped(rest) => Some(rest),
+        Some(_) => None,
+        None if host.starts_with(b"user.") => Some(host),
+        None => None,
+    }
+}
+
+/// Turns a host NUL-separated name list into the guest's.
 pub fn filter_list(list: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(list.len());
     for name in list.split(|b| *b == 0).filter(|n| !n.is_empty()) {
-        if !is_reserved(name) {
-            out.extend_from_slice(name);
+        if let Some(g) = guest_name(name) {
+            out.extend_from_slice(g);
             out.push(0);
         }
     }
@@ -110,8 +192,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn test_filter_list_hides_reserved() {
-        let list = b"user.a\0user.virtfs.uid\0security.selinux\0";
-        assert_eq!(filter_list(list), b"user.a\0security.selinux\0".to_vec());
+    fn test_filter_list_hides_reserved_and_host_names() {
+        let list = b"user.a\0user.virtfs.uid\0security.selinux\0\
+            user.virtfs.system.posix_acl_access\0user.virtfs.security.capability\0\
+            user.virtfs.trusted.x\0system.posix_acl_default\0user.virtfs.mode\0";
+        assert_eq!(
+            filter_list(list),
+            b"user.a\0system.posix_acl_access\0security.capability\0trusted.x\0".to_vec()
+        );
+    }
+
+    #[test]
+    fn test_host_name_per_namespace() {
+        let ok = |g: &[u8], h: &[u8]| assert_eq!(host_name(g).unwrap(), h.to_vec());
+        ok(b"user.x", b"user.x");
+        ok(
+            b"system.posix_acl_access",
+            b"user.virtfs.system.posix_acl_access",
+        );
+        ok(
+            b"system.posix_acl_default",
+            b"user.virtfs.system.posix_acl_default",
+        );
+        ok(b"security.capability", b"user.virtfs.security.capability");
+        ok(b"security.selinux", b"user.virtfs.security.selinux");
+        ok(
+            b"trusted.overlay.opaque",
+            b"user.virtfs.trusted.overlay.opaque",
+        );
+        assert_eq!(host_name(b"user.virtfs.mode"), Err(libc::EACCES));
+        assert_eq!(host_name(b"user.virtfs.security.x"), Err(libc::EACCES));
+        for bad in [
+            &b"system.nfs4_acl"[..],
+            b"system.posix_acl_accessX",
+            b"security.",
+            b"user.",
+            b"os2.x",
+            b"x",
+        ] {
+            assert_eq!(host_name(bad), Err(libc::EOPNOTSUPP), "{bad:?}");
+        }
+        // Every stored name reads back as the guest wrote it.
+        for g in [&b"user.x"[..], b"system.posix_acl_access", b"trusted.t"] {
+            assert_eq!(guest_name(&host_name(g).unwrap()), Some(g));
+        }
     }
 }

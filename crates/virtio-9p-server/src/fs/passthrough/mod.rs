@@ -53,14 +53,20 @@ pub use qid::QidMap;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SecurityModel {
     /// Host ownership and modes are the guest's (the server usually runs as
-    /// root). Failing chown/chmod are errors.
+    /// root). Failing chown/chmod are errors. `security.*` and `trusted.*`
+    /// xattrs are refused (`EOPNOTSUPP`), as QEMU does.
     #[default]
     Passthrough,
     /// Ownership, mode and device numbers live in `user.virtfs.*` xattrs
-    /// (QEMU's layout); host files stay owned by the server.
+    /// (QEMU's layout), and so do the guest's ACLs, `security.*` and
+    /// `trusted.*` xattrs; host files stay owned by the server, 0600 (0700
+    /// for directories) with only `user.*` xattrs: nothing the guest does
+    /// creates host privilege. For untrusted guests.
     MappedXattr,
     /// Like `Passthrough`, but failing chown/chmod are ignored (for a
-    /// server without privileges).
+    /// server without privileges), set-id bits never reach the host, and
+    /// device nodes (`EPERM`), ACLs, `security.*` and `trusted.*`
+    /// (`EOPNOTSUPP`) are refused.
     None,
 }
 
@@ -223,6 +229,20 @@ pub fn host_open_flags(flags: u32) -> io::Result<libc::c_int> {
     Ok(out | libc::O_CLOEXEC | libc::O_NOCTTY)
 }
 
+/// Largest host xattr name list (Linux's `XATTR_LIST_MAX`).
+const XATTR_LIST_MAX: usize = 65536;
+
+/// The permission bits a guest mode gives a host file in the passthrough
+/// and none models. In none the daemon owns what it creates (it keeps no
+/// `CAP_CHOWN`), so set-user-ID and set-group-ID bits would make the
+/// daemon's own id runnable by anyone: they never reach the host.
+fn host_perm(model: SecurityModel, mode: u32) -> u32 {
+    match model {
+        SecurityModel::None => mode & 0o1777,
+        _ => mode & 0o7777,
+    }
+}
+
 fn writes(flags: u32) -> bool {
     flags & of::ACCMODE != of::RDONLY || flags & of::TRUNC != 0
 }
@@ -364,6 +384,15 @@ impl PassthroughFs {
     fn set_owner(&self, inode: &Inode, cred: Cred, mode: u32, rdev: u64) -> io::Result<()> {
         match self.cfg.security_model {
             SecurityModel::MappedXattr => {
+                // Exactly 0600/0700 with no ACL, whatever the host parent
+                // passed on (a set-gid bit, a default ACL set on the host).
+                let host = if inode.is_dir() {
+                    mapped::DIR_MODE
+                } else {
+                    mapped::FILE_MODE
+                };
+                self.chmod(inode, host)?;
+                mapped::drop_host_acls(&sys::proc_path(inode.fd()), inode.is_dir())?;
                 let m = mapped::Mapped {
                     uid: Some(cred.uid),
                     gid: Some(cred.gid),
@@ -380,7 +409,7 @@ impl PassthroughFs {
                     }
                 }
                 if inode.0.host_type != libc::S_IFLNK {
-                    self.chmod(inode, mode & 0o7777)?;
+                    self.chmod(inode, host_perm(model, mode))?;
                 }
                 Ok(())
             }
@@ -458,15 +487,31 @@ impl PassthroughFs {
         match self.cfg.security_model {
             SecurityModel::MappedXattr if dir => mapped::DIR_MODE,
             SecurityModel::MappedXattr => mapped::FILE_MODE,
-            _ => mode & 0o7777,
+            model => host_perm(model, mode),
         }
     }
 
+    /// The host name of the guest xattr `name` under the security model
+    /// (see SECURITY.md), or the errno that refuses it. Mapped-xattr
+    /// stores everything under `user.virtfs.*` ([`mapped::host_name`]).
+    /// Passthrough and none refuse `security.*` and `trusted.*` with
+    /// `EOPNOTSUPP`, and none the ACLs too, as QEMU's local backend does:
+    /// so file capabilities, labels and `trusted.*` never land whatever
+    /// capabilities the daemon was given (without an LSM the kernel lets
+    /// any owner set `security.selinux`). The rest goes to the host.
     fn xattr_name(&self, name: &[u8]) -> io::Result<CString> {
         if name.is_empty() {
             return Err(err(libc::EINVAL));
         }
-        sys::cstr(name)
+        let privileged = name.starts_with(b"security.") || name.starts_with(b"trusted.");
+        match self.cfg.security_model {
+            SecurityModel::MappedXattr => sys::cstr(&mapped::host_name(name).map_err(err)?),
+            SecurityModel::None if privileged || name.starts_with(b"system.posix_acl_") => {
+                Err(err(libc::EOPNOTSUPP))
+            }
+            SecurityModel::Passthrough if privileged => Err(err(libc::EOPNOTSUPP)),
+            _ => sys::cstr(name),
+        }
     }
 
     fn lock_struct(ty: u8, start: u64, length: u64) -> io::Result<libc::flock64> {
@@ -616,7 +661,7 @@ impl Filesystem for PassthroughFs {
                 };
                 mapped::write(&sys::proc_path(inode.fd()), &m)?;
             } else if inode.0.host_type != libc::S_IFLNK {
-                let res = self.chmod(inode, attr.mode & 0o7777);
+                let res = self.chmod(inode, host_perm(model, attr.mode));
                 if model == SecurityModel::Passthrough {
                     res?;
                 }
@@ -956,10 +1001,14 @@ impl Filesystem for PassthroughFs {
         ) {
             return Err(err(libc::EINVAL));
         }
-        let (host_mode, host_rdev) = if self.mapped() {
-            (libc::S_IFREG | mapped::FILE_MODE, 0)
-        } else {
-            (mode, rdev)
+        let (host_mode, host_rdev) = match self.cfg.security_model {
+            SecurityModel::MappedXattr => (libc::S_IFREG | mapped::FILE_MODE, 0),
+            // The none model creates no host device nodes, whatever
+            // capabilities it was given.
+            SecurityModel::None if matches!(kind, libc::S_IFCHR | libc::S_IFBLK) => {
+                return Err(err(libc::EPERM))
+            }
+            model => (kind | host_perm(model, mode), rdev),
         };
         // SAFETY: valid dirfd and C string.
         check!(unsafe { libc::mknodat(dir.fd().as_raw_fd(), c.as_ptr(), host_mode, host_rdev) })?;
@@ -1095,10 +1144,13 @@ impl Filesystem for PassthroughFs {
     fn getxattr(&self, inode: &Inode, name: &[u8], max: usize) -> io::Result<Vec<u8>> {
         // The path calls would follow a symlink fid's /proc entry to the
         // link's target: symlinks have no xattrs here.
-        if inode.0.host_type == libc::S_IFLNK || (self.mapped() && mapped::is_reserved(name)) {
+        if inode.0.host_type == libc::S_IFLNK {
             return Err(err(libc::ENODATA));
         }
-        let c = self.xattr_name(name)?;
+        let c = match self.xattr_name(name) {
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Err(err(libc::ENODATA)),
+            other => other?,
+        };
         sys::getxattr(&sys::proc_path(inode.fd()), &c, max)
     }
 
@@ -1108,8 +1160,9 @@ impl Filesystem for PassthroughFs {
         }
         let path = sys::proc_path(inode.fd());
         if self.mapped() {
-            // The reserved names may push the raw list over `max`.
-            let raw = sys::listxattr(&path, max + 1024)?;
+            // The hidden and the longer mapped names may push the host
+            // list over `max`: read all of it (the kernel's limit).
+            let raw = sys::listxattr(&path, XATTR_LIST_MAX)?;
             let list = mapped::filter_list(&raw);
             if list.len() > max {
                 return Err(err(libc::E2BIG));
@@ -1124,9 +1177,6 @@ impl Filesystem for PassthroughFs {
         if inode.0.host_type == libc::S_IFLNK {
             return Err(err(libc::EPERM));
         }
-        if self.mapped() && mapped::is_reserved(name) {
-            return Err(err(libc::EACCES));
-        }
         let c = self.xattr_name(name)?;
         sys::setxattr(&sys::proc_path(inode.fd()), &c, value, flags)
     }
@@ -1136,11 +1186,20 @@ impl Filesystem for PassthroughFs {
         if inode.0.host_type == libc::S_IFLNK {
             return Err(err(libc::EPERM));
         }
-        if self.mapped() && mapped::is_reserved(name) {
-            return Err(err(libc::EACCES));
-        }
         let c = self.xattr_name(name)?;
-        sys::removexattr(&sys::proc_path(inode.fd()), &c)
+        let res = sys::removexattr(&sys::proc_path(inode.fd()), &c);
+        match res {
+            // As QEMU: removing a mapped ACL that is not there succeeds
+            // (the guest kernel does so on chmod).
+            Err(e)
+                if self.mapped()
+                    && mapped::is_acl(name)
+                    && e.raw_os_error() == Some(libc::ENODATA) =>
+            {
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     fn try_lock(&self, file: &File, l: &Tlock) -> io::Result<u8> {
