@@ -78,12 +78,12 @@ mod stack;
 use std::io;
 
 pub use budget::{
-    BudgetOrigin, MapBudget, MaxMapCount, DEFAULT_VMA_RESERVE, FALLBACK_MAX_MAP_COUNT,
-    MAX_MAP_COUNT_PATH,
+    BudgetCheck, BudgetOrigin, BudgetStats, MapBudget, MaxMapCount, ProcessBudget,
+    DEFAULT_VMA_RESERVE, FALLBACK_MAX_MAP_COUNT, MAX_MAP_COUNT_PATH,
 };
 pub use config::{
     GuardMode, IdlePages, Policy, PoolConfig, DEFAULT_BATCH_SIZE, DEFAULT_STACK_SIZE,
-    MAX_BATCH_SIZE, MAX_GUARD_PAGES, MAX_STACK_SIZE,
+    DEFAULT_TRIM_INTERVAL, MAX_BATCH_SIZE, MAX_GUARD_PAGES, MAX_STACK_SIZE,
 };
 pub use corosensei::{CoroutineResult, Yielder};
 pub use coroutine::Coroutine;
@@ -111,17 +111,26 @@ pub enum Error {
         /// The OS error.
         source: io::Error,
     },
-    /// The pool already holds as many stacks as its mapping budget allows.
+    /// The pool already holds as many stacks as the process-wide mapping
+    /// budget (shared by every pool) or its own share allows.
     #[error(
         "coroutine stack budget exhausted: {held} stacks held, at most {max_stacks} allowed \
          (vm.max_map_count {max_map_count}, {reserved_vmas} VMAs reserved, \
-         {vmas_per_stack} per stack)"
+         {vmas_per_stack} per stack; all pools hold {pool_vmas} of {limit_vmas} VMAs, \
+         {foreign_vmas} other mappings)"
     )]
     BudgetExhausted {
-        /// Stacks held when the request came.
+        /// Stacks this pool held when the request came.
         held: usize,
-        /// The budget in stacks.
+        /// Stacks this pool could hold at that moment: its share, or what
+        /// it held plus what the shared budget had left.
         max_stacks: usize,
+        /// VMAs all pools of the budget held.
+        pool_vmas: u64,
+        /// VMAs all pools of the budget may hold together.
+        limit_vmas: u64,
+        /// Mappings of the process no pool holds, as last measured.
+        foreign_vmas: u64,
         /// VMAs per stack.
         vmas_per_stack: usize,
         /// The `vm.max_map_count` used.
