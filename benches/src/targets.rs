@@ -91,6 +91,14 @@ pub const TARGETS: &[Target] = &[
         ],
     },
     Target {
+        suite: "coro-pool",
+        claim: "overlapping bursts of two pools are refused by the budget, not the kernel",
+        figure: "burst_overlap_kernel_failures",
+        op: Op::AtMost,
+        bound: 0.0,
+        context: &["burst_overlap_budget_refusals", "burst_overlap_peak_vmas"],
+    },
+    Target {
         suite: "mem-prealloc",
         claim: "two threads vs one",
         figure: "speedup_2t",

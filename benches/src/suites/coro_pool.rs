@@ -264,6 +264,10 @@ fn idle_pages_cost(idle: IdlePages, live: usize, rounds: usize) -> BoxResult<(f6
 struct BurstOutcome {
     failed: bool,
     first_error: Option<String>,
+    /// Turns refused by the mapping budget.
+    budget_refusals: usize,
+    /// Turns that failed in the kernel (mmap or mprotect).
+    kernel_failures: usize,
     stacks_at_failure: usize,
     peak_process_vmas: usize,
     peak_pool_vmas: usize,
@@ -284,6 +288,9 @@ struct BurstOutcome {
 struct TurnReport {
     live_peak: usize,
     error: Option<String>,
+    /// The error was the budget's refusal (`BudgetExhausted`), not a
+    /// failed mmap or mprotect.
+    budget_refused: bool,
     pool_vmas: usize,
     process_vmas: usize,
     stacks_held: usize,
@@ -293,6 +300,8 @@ struct TurnReport {
 
 enum Cmd {
     Burst,
+    /// In hold mode: end the burst that is being held.
+    Release,
     Exit,
 }
 
@@ -306,7 +315,7 @@ fn burst_scenario(
     per_thread: usize,
 ) -> BoxResult<BurstOutcome> {
     let pool = Arc::new(StackPool::new(burst_config(policy, guard))?);
-    burst_pools(&[pool], policy, threads, per_thread)
+    burst_pools(&[pool], policy, threads, per_thread, false)
 }
 
 fn burst_config(policy: Policy, guard: GuardMode) -> PoolConfig {
@@ -323,12 +332,15 @@ fn all_pool_vmas(pool: &StackPool) -> usize {
 
 /// The burst scenario over several pools in one process: thread `i` uses
 /// `pools[i % pools.len()]`, so with two pools the turns alternate between
-/// their thread groups. Pool VMAs are those of all pools together.
+/// their thread groups. Pool VMAs are those of all pools together. With
+/// `hold`, each thread keeps its burst alive until every thread has burst
+/// (the bursts overlap), instead of ending it before the next turn.
 fn burst_pools(
     pools: &[Arc<StackPool>],
     policy: Policy,
     threads: usize,
     per_thread: usize,
+    hold: bool,
 ) -> BoxResult<BurstOutcome> {
     let first = Arc::clone(pools.first().ok_or("no pool")?);
     let start = Instant::now();
@@ -354,6 +366,7 @@ fn burst_pools(
             while let Ok(Cmd::Burst) = rx.recv() {
                 let reservation = (policy == Policy::Bounded).then(|| pool.reserve(per_thread));
                 let mut error = None;
+                let mut budget_refused = false;
                 vma_samples.clear();
                 for i in 0..per_thread {
                     match Coroutine::new_in(&pool, move |y, ()| {
@@ -370,6 +383,7 @@ fn burst_pools(
                             }
                         }
                         Err(e) => {
+                            budget_refused = matches!(e, coro_pool::Error::BudgetExhausted { .. });
                             error = Some(e.to_string());
                             break;
                         }
@@ -378,25 +392,46 @@ fn burst_pools(
                 let live_peak = live.len();
                 let stats = pool.stats();
                 let process_vmas = count_vmas();
+                let mut report = TurnReport {
+                    live_peak,
+                    error,
+                    budget_refused,
+                    pool_vmas: stats.process_pool_vmas as usize,
+                    process_vmas,
+                    stacks_held: stats.stacks_held,
+                    vma_samples: Vec::new(),
+                };
+                if hold {
+                    // Report at the peak, keep the burst until released.
+                    report.vma_samples = std::mem::take(&mut vma_samples);
+                    let _ = report_tx.send(report);
+                    let released = matches!(rx.recv(), Ok(Cmd::Release));
+                    for co in live.iter_mut() {
+                        co.resume(());
+                    }
+                    live.clear();
+                    drop(reservation);
+                    let _ = ready_tx.send(Ok(()));
+                    if released {
+                        continue;
+                    }
+                    break;
+                }
                 for co in live.iter_mut() {
                     co.resume(());
                 }
                 live.clear();
                 drop(reservation);
                 vma_samples.push(all_pool_vmas(&pool));
-                let _ = report_tx.send(TurnReport {
-                    live_peak,
-                    error,
-                    pool_vmas: stats.process_pool_vmas as usize,
-                    process_vmas,
-                    stacks_held: stats.stacks_held,
-                    // Moved out: no allocation near the mapping limit.
-                    vma_samples: std::mem::take(&mut vma_samples),
-                });
+                // Moved out: no allocation near the mapping limit.
+                report.vma_samples = std::mem::take(&mut vma_samples);
+                let _ = report_tx.send(report);
             }
         }));
     }
     drop(report_tx);
+    // Each thread keeps a clone of ready_tx: in hold mode it acknowledges
+    // each release on it.
     drop(ready_tx);
     for _ in 0..threads {
         ready_rx.recv()??;
@@ -410,6 +445,13 @@ fn burst_pools(
         let turn = report_rx.recv()?;
         out.peak_pool_vmas = out.peak_pool_vmas.max(turn.pool_vmas);
         out.peak_process_vmas = out.peak_process_vmas.max(turn.process_vmas);
+        if turn.error.is_some() {
+            if turn.budget_refused {
+                out.budget_refusals += 1;
+            } else {
+                out.kernel_failures += 1;
+            }
+        }
         if let Some(e) = turn.error {
             if !out.failed {
                 out.failed = true;
@@ -421,6 +463,12 @@ fn burst_pools(
         for v in turn.vma_samples {
             let step = out.vma_samples.len() as f64;
             out.vma_samples.push((step, v as f64));
+        }
+    }
+    if hold {
+        for tx in &senders {
+            tx.send(Cmd::Release)?;
+            ready_rx.recv()??;
         }
     }
     // Every thread is idle now (and still alive, holding its local pool),
@@ -616,7 +664,12 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     ];
     let budget = two_pools[0].budget();
     let vma_ceiling = budget.max_map_count - budget.reserved_vmas;
-    let two = burst_pools(&two_pools, Policy::Bounded, threads, per_thread)?;
+    let two = burst_pools(&two_pools, Policy::Bounded, threads, per_thread, false)?;
+    // The same two pools with overlapping bursts: four bursts of 15,000
+    // held at once want 120,000 VMAs, twice what the process may map. The
+    // shared budget must refuse them (BudgetExhausted) before the kernel
+    // does (ENOMEM from mmap or mprotect).
+    let overlap = burst_pools(&two_pools, Policy::Bounded, threads, per_thread, true)?;
     drop(two_pools);
     // Last, since it drives the process to its mapping limit.
     let unbounded = burst_scenario(
@@ -645,6 +698,10 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         ("default (mprotect)", &default_qemu_layout),
         ("default (auto: guard install if available)", &default_auto),
         ("default, two pools taking turns (mprotect)", &two),
+        (
+            "default, two pools, bursts held at once (mprotect)",
+            &overlap,
+        ),
     ] {
         burst.row(&[
             name.to_string(),
@@ -728,6 +785,15 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         .metric("burst_two_pools_peak_pool_vmas", two.peak_pool_vmas as f64)
         .metric("burst_vma_ceiling", vma_ceiling as f64)
         .metric(
+            "burst_overlap_budget_refusals",
+            overlap.budget_refusals as f64,
+        )
+        .metric(
+            "burst_overlap_kernel_failures",
+            overlap.kernel_failures as f64,
+        )
+        .metric("burst_overlap_peak_vmas", overlap.peak_process_vmas as f64)
+        .metric(
             "burst_two_pools_vmas_before_trim",
             two.pool_vmas_before_trim as f64,
         )
@@ -762,7 +828,9 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
          VMAs per stack); process VMAs are lines of /proc/self/maps. \
          Two pools: two pools in one process drawing on the one process-wide budget, threads \
          0 and 2 on the first, 1 and 3 on the second, so the turns alternate; burst_vma_ceiling \
-         is vm.max_map_count minus the reserve. {qemu_note} \
+         is vm.max_map_count minus the reserve. Held at once: every thread keeps its burst until \
+         all four have burst, so the bursts (120,000 VMAs wanted) overlap; the budget's refusals \
+         (BudgetExhausted) and kernel failures (ENOMEM) are counted separately. {qemu_note} \
          vm.max_map_count here: {}. Unbounded first error: {}.",
         ctx.reps(),
         std::fs::read_to_string("/proc/sys/vm/max_map_count")
