@@ -14,19 +14,27 @@
 //!   lock, batch moves in both directions (QEMU's 2024 design). The global
 //!   maximum is `min(base + reserved, budget)`: [`StackPool::reserve`]
 //!   returns a [`Reservation`] that raises it while it lives (and frees the
-//!   global stacks above the lowered maximum when it ends), and the budget
-//!   ([`MapBudget`]) comes from `/proc/sys/vm/max_map_count` (read lazily,
-//!   5000 VMAs kept for the rest of the process, 1 or 2 VMAs per stack, a
-//!   documented fallback when the file is unreadable). The budget also caps
-//!   the stacks in use, so creation fails cleanly before the kernel refuses.
+//!   global stacks above the lowered maximum when it ends).
+//! - [`ProcessBudget`]: one mapping budget for the whole process, shared by
+//!   every pool (the crate's one deliberate global, made lazily:
+//!   `vm.max_map_count` is a per-process limit). It comes from
+//!   `/proc/sys/vm/max_map_count` (read lazily, 5000 VMAs kept for the rest
+//!   of the process, a documented fallback when the file is unreadable),
+//!   counts what the pools actually map (1 or 2 VMAs per stack) and, from
+//!   `/proc/self/maps`, what the rest of the process maps. It caps the
+//!   stacks in use, so creation fails with [`Error::BudgetExhausted`] in
+//!   every pool before the kernel refuses; a pool may have a share of its
+//!   own ([`PoolConfig::budget_share`]); [`MapBudget`] is one pool's view.
 //! - [`StackPool::trim`] and an optional background trimmer
-//!   ([`PoolConfig::trim_interval`]) free idle stacks above the recent peak
-//!   of demand (the 2021 resize-to-demand idea); [`IdlePages::Release`]
+//!   ([`PoolConfig::trim_interval`]; [`DEFAULT_TRIM_INTERVAL`] for servers
+//!   with bursts) free idle stacks above the recent peak of demand (the
+//!   2021 resize-to-demand idea); [`IdlePages::Release`]
 //!   drops the pages of stacks parked in the global pool.
 //! - [`Coroutine`]: resume/yield with a return value, built on `corosensei`.
 //!   Its stack goes back to the pool when it returns or is dropped.
 //! - [`Stats`]: live coroutines, pooled stacks (local and global), stacks
-//!   created, reused and freed, VMAs held.
+//!   created, reused and freed, VMAs held by the pool and by all pools of
+//!   the process, the budget's limit, trim passes.
 //! - [`Policy::UnboundedPerThread`] (QEMU before 2024) and
 //!   [`Policy::NoPool`] (one `mmap` per coroutine) for comparison.
 //!
