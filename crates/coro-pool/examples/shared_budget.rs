@@ -13,7 +13,18 @@
 
 use std::sync::Arc;
 
-use coro_pool::{Error, GuardMode, MaxMapCount, PoolConfig, ProcessBudget, StackPool};
+use coro_pool::{Error, GuardMode, MaxMapCount, PoolConfig, PooledStack, ProcessBudget, StackPool};
+
+/// Takes stacks until the pool refuses one: the stacks and the refusal.
+fn fill(pool: &StackPool) -> (Vec<PooledStack>, Error) {
+    let mut stacks = Vec::new();
+    loop {
+        match pool.take_stack() {
+            Ok(stack) => stacks.push(stack),
+            Err(e) => return (stacks, e),
+        }
+    }
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // As if vm.max_map_count were 2000, with 1000 VMAs left to the rest of
@@ -27,25 +38,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let block = StackPool::new(config.clone().budget_share(Some(100)))?;
     let ninep = StackPool::new(config)?;
 
-    let mut block_stacks = Vec::new();
-    let share_error = loop {
-        match block.take_stack() {
-            Ok(stack) => block_stacks.push(stack),
-            Err(e) => break e,
-        }
-    };
+    let (block_stacks, share_error) = fill(&block);
     println!(
         "block device: {} stacks, then: {share_error}",
         block_stacks.len()
     );
 
-    let mut ninep_stacks = Vec::new();
-    let budget_error = loop {
-        match ninep.take_stack() {
-            Ok(stack) => ninep_stacks.push(stack),
-            Err(e) => break e,
-        }
-    };
+    let (ninep_stacks, budget_error) = fill(&ninep);
     println!(
         "9p device: {} stacks, then: {budget_error}",
         ninep_stacks.len()
