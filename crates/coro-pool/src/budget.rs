@@ -195,6 +195,8 @@ pub struct ProcessBudget {
     measurements: AtomicU64,
     drift_warnings: AtomicU64,
     over_reserve: AtomicBool,
+    /// `/proc/self/maps` could not be read at the last try (logged once).
+    maps_unreadable: AtomicBool,
     buf: Mutex<Box<[u8]>>,
 }
 
@@ -259,6 +261,7 @@ impl ProcessBudget {
             measurements: AtomicU64::new(0),
             drift_warnings: AtomicU64::new(0),
             over_reserve: AtomicBool::new(false),
+            maps_unreadable: AtomicBool::new(false),
             buf: Mutex::new(vec![0u8; MAPS_BUF].into_boxed_slice()),
         }
     }
@@ -374,7 +377,21 @@ impl ProcessBudget {
             let Ok(mut buf) = self.buf.try_lock() else {
                 return None;
             };
-            count_maps_lines(&mut buf)?
+            match count_maps_lines(&mut buf) {
+                Ok(lines) => {
+                    self.maps_unreadable.store(false, Ordering::Relaxed);
+                    lines
+                }
+                Err(e) => {
+                    if !self.maps_unreadable.swap(true, Ordering::Relaxed) {
+                        log::warn!(
+                            "coro-pool: cannot read /proc/self/maps ({e}); the mapping budget \
+                             counts only the coroutine stacks until it can"
+                        );
+                    }
+                    return None;
+                }
+            }
         };
         let exact = self.exact_vmas.load(Ordering::Relaxed);
         let pool_vmas = self.pool_vmas();
@@ -437,33 +454,30 @@ impl ProcessBudget {
 
 /// Lines of `/proc/self/maps`, read through `buf` with raw `open`/`read`
 /// (no allocation).
-fn count_maps_lines(buf: &mut [u8]) -> Option<u64> {
+fn count_maps_lines(buf: &mut [u8]) -> std::io::Result<u64> {
     const PATH: &[u8] = b"/proc/self/maps\0";
     // SAFETY: PATH is NUL-terminated; open has no other preconditions.
     let fd = unsafe { libc::open(PATH.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
-        log::debug!(
-            "coro-pool: cannot open /proc/self/maps: {}",
-            std::io::Error::last_os_error()
-        );
-        return None;
+        return Err(std::io::Error::last_os_error());
     }
     let mut lines = 0u64;
-    let ok = loop {
+    let result = loop {
         // SAFETY: reads at most buf.len() bytes into buf, which we own.
         let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
         if n == 0 {
-            break true;
+            break Ok(lines);
         }
         if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            break false;
+            break Err(e);
         }
         lines += buf[..n as usize].iter().filter(|b| **b == b'\n').count() as u64;
     };
     // SAFETY: fd was opened above and is closed once.
     unsafe { libc::close(fd) };
-    ok.then_some(lines)
+    result
 }
