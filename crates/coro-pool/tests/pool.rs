@@ -464,8 +464,10 @@ fn test_background_trimmer_frees_idle_stacks() {
     .unwrap();
     let live: Vec<_> = (0..100).map(|_| one_yield(&pool)).collect();
     drop(live);
+    // The trimmer unlinks the global batches first and unmaps them after,
+    // so wait for both: an empty global pool and this thread's 8 left.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while pool.stats().pooled_global > 0 {
+    while pool.stats().pooled_global > 0 || pool.stats().stacks_held > 8 {
         assert!(Instant::now() < deadline, "trimmer did not run");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -495,14 +497,19 @@ fn test_burst_of_1024_falls_back_within_two_trim_intervals() {
     let peak = pool.stats();
     assert_eq!(peak.live_coroutines, 1024);
     assert!(peak.vmas_held >= 1024 * vps);
+    let trims = peak.trims;
     for co in &mut live {
         co.resume(1);
     }
     drop(live);
-    // Idle: every stack is back, and the reservation keeps them pooled.
+    // Idle: every stack is back, and the reservation keeps them pooled
+    // (unless trim passes already ran while the burst ended, on a loaded
+    // machine).
     let idle = pool.stats();
     assert_eq!(idle.live_coroutines, 0);
-    assert!(idle.pooled_global > 0, "{idle:?}");
+    if idle.trims == trims {
+        assert!(idle.pooled_global > 0, "{idle:?}");
+    }
     // The first pass after the burst keeps its recent demand, the second
     // frees the global pool; this thread's local pool (two batches) stays.
     wait_for_trims(&pool, 2);
