@@ -34,16 +34,26 @@ pub const TARGETS: &[Target] = &[
         claim: "pooled lifecycle vs mmap per coroutine",
         figure: "speedup_vs_mmap",
         op: Op::AtLeast,
-        bound: 20.0,
+        bound: 500.0,
         context: &[],
     },
     Target {
         suite: "coro-pool",
-        claim: "pooled lifecycle vs bare corosensei",
+        // Issue 21 retired the 1.2 bound: it conflicts with unwinding on
+        // drop, exact stats and the per-thread lookup (crate README).
+        claim: "pooled lifecycle vs bare corosensei (borrowed stack)",
         figure: "overhead_vs_bare",
         op: Op::AtMost,
-        bound: 1.2,
+        bound: 1.7,
         context: &["overhead_vs_bare_moved"],
+    },
+    Target {
+        suite: "coro-pool",
+        claim: "pooled lifecycle vs QEMU's pooled lifecycle",
+        figure: "overhead_vs_qemu",
+        op: Op::AtMost,
+        bound: 0.25,
+        context: &["lifecycle_ns_qemu", "lifecycle_ns_pooled"],
     },
     Target {
         suite: "coro-pool",
@@ -60,6 +70,33 @@ pub const TARGETS: &[Target] = &[
         op: Op::AtMost,
         bound: 0.0,
         context: &[],
+    },
+    Target {
+        suite: "coro-pool",
+        claim: "two pools taking turns in one process never fail",
+        figure: "burst_two_pools_failed",
+        op: Op::AtMost,
+        bound: 0.0,
+        context: &[],
+    },
+    Target {
+        suite: "coro-pool",
+        claim: "two pools' peak process VMAs within vm.max_map_count minus the reserve",
+        figure: "burst_two_pools_peak_vmas - burst_vma_ceiling",
+        op: Op::AtMost,
+        bound: 0.0,
+        context: &[
+            "burst_two_pools_peak_vmas",
+            "burst_two_pools_vmas_after_trim",
+        ],
+    },
+    Target {
+        suite: "coro-pool",
+        claim: "overlapping bursts of two pools are refused by the budget, not the kernel",
+        figure: "burst_overlap_kernel_failures",
+        op: Op::AtMost,
+        bound: 0.0,
+        context: &["burst_overlap_budget_refusals", "burst_overlap_peak_vmas"],
     },
     Target {
         suite: "mem-prealloc",

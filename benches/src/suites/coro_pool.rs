@@ -264,6 +264,10 @@ fn idle_pages_cost(idle: IdlePages, live: usize, rounds: usize) -> BoxResult<(f6
 struct BurstOutcome {
     failed: bool,
     first_error: Option<String>,
+    /// Turns refused by the mapping budget.
+    budget_refusals: usize,
+    /// Turns that failed in the kernel (mmap or mprotect).
+    kernel_failures: usize,
     stacks_at_failure: usize,
     peak_process_vmas: usize,
     peak_pool_vmas: usize,
@@ -284,6 +288,9 @@ struct BurstOutcome {
 struct TurnReport {
     live_peak: usize,
     error: Option<String>,
+    /// The error was the budget's refusal (`BudgetExhausted`), not a
+    /// failed mmap or mprotect.
+    budget_refused: bool,
     pool_vmas: usize,
     process_vmas: usize,
     stacks_held: usize,
@@ -293,6 +300,8 @@ struct TurnReport {
 
 enum Cmd {
     Burst,
+    /// In hold mode: end the burst that is being held.
+    Release,
     Exit,
 }
 
@@ -305,12 +314,35 @@ fn burst_scenario(
     threads: usize,
     per_thread: usize,
 ) -> BoxResult<BurstOutcome> {
-    let pool = Arc::new(StackPool::new(
-        PoolConfig::default()
-            .stack_size(64 << 10)
-            .policy(policy)
-            .guard(guard),
-    )?);
+    let pool = Arc::new(StackPool::new(burst_config(policy, guard))?);
+    burst_pools(&[pool], policy, threads, per_thread, false)
+}
+
+fn burst_config(policy: Policy, guard: GuardMode) -> PoolConfig {
+    PoolConfig::default()
+        .stack_size(64 << 10)
+        .policy(policy)
+        .guard(guard)
+}
+
+/// VMAs held by every pool of the process (the shared budget's count).
+fn all_pool_vmas(pool: &StackPool) -> usize {
+    pool.stats().process_pool_vmas as usize
+}
+
+/// The burst scenario over several pools in one process: thread `i` uses
+/// `pools[i % pools.len()]`, so with two pools the turns alternate between
+/// their thread groups. Pool VMAs are those of all pools together. With
+/// `hold`, each thread keeps its burst alive until every thread has burst
+/// (the bursts overlap), instead of ending it before the next turn.
+fn burst_pools(
+    pools: &[Arc<StackPool>],
+    policy: Policy,
+    threads: usize,
+    per_thread: usize,
+    hold: bool,
+) -> BoxResult<BurstOutcome> {
+    let first = Arc::clone(pools.first().ok_or("no pool")?);
     let start = Instant::now();
     let mut senders = Vec::new();
     let (report_tx, report_rx) = mpsc::channel::<TurnReport>();
@@ -318,10 +350,10 @@ fn burst_scenario(
     let mut handles = Vec::new();
     // All threads and buffers exist before the first burst: nothing needs
     // a new mapping while the unbounded policy sits at the kernel's limit.
-    for _ in 0..threads {
+    for t in 0..threads {
         let (tx, rx) = mpsc::channel::<Cmd>();
         senders.push(tx);
-        let pool = Arc::clone(&pool);
+        let pool = Arc::clone(&pools[t % pools.len()]);
         let report_tx = report_tx.clone();
         let ready_tx = ready_tx.clone();
         handles.push(std::thread::spawn(move || {
@@ -334,6 +366,7 @@ fn burst_scenario(
             while let Ok(Cmd::Burst) = rx.recv() {
                 let reservation = (policy == Policy::Bounded).then(|| pool.reserve(per_thread));
                 let mut error = None;
+                let mut budget_refused = false;
                 vma_samples.clear();
                 for i in 0..per_thread {
                     match Coroutine::new_in(&pool, move |y, ()| {
@@ -346,10 +379,11 @@ fn burst_scenario(
                             co.resume(());
                             live.push(co);
                             if (i + 1) % 1000 == 0 {
-                                vma_samples.push(pool.stats().vmas_held);
+                                vma_samples.push(all_pool_vmas(&pool));
                             }
                         }
                         Err(e) => {
+                            budget_refused = matches!(e, coro_pool::Error::BudgetExhausted { .. });
                             error = Some(e.to_string());
                             break;
                         }
@@ -358,25 +392,46 @@ fn burst_scenario(
                 let live_peak = live.len();
                 let stats = pool.stats();
                 let process_vmas = count_vmas();
+                let mut report = TurnReport {
+                    live_peak,
+                    error,
+                    budget_refused,
+                    pool_vmas: stats.process_pool_vmas as usize,
+                    process_vmas,
+                    stacks_held: stats.stacks_held,
+                    vma_samples: Vec::new(),
+                };
+                if hold {
+                    // Report at the peak, keep the burst until released.
+                    report.vma_samples = std::mem::take(&mut vma_samples);
+                    let _ = report_tx.send(report);
+                    let released = matches!(rx.recv(), Ok(Cmd::Release));
+                    for co in live.iter_mut() {
+                        co.resume(());
+                    }
+                    live.clear();
+                    drop(reservation);
+                    let _ = ready_tx.send(Ok(()));
+                    if released {
+                        continue;
+                    }
+                    break;
+                }
                 for co in live.iter_mut() {
                     co.resume(());
                 }
                 live.clear();
                 drop(reservation);
-                vma_samples.push(pool.stats().vmas_held);
-                let _ = report_tx.send(TurnReport {
-                    live_peak,
-                    error,
-                    pool_vmas: stats.vmas_held,
-                    process_vmas,
-                    stacks_held: stats.stacks_held,
-                    // Moved out: no allocation near the mapping limit.
-                    vma_samples: std::mem::take(&mut vma_samples),
-                });
+                vma_samples.push(all_pool_vmas(&pool));
+                // Moved out: no allocation near the mapping limit.
+                report.vma_samples = std::mem::take(&mut vma_samples);
+                let _ = report_tx.send(report);
             }
         }));
     }
     drop(report_tx);
+    // Each thread keeps a clone of ready_tx: in hold mode it acknowledges
+    // each release on it.
     drop(ready_tx);
     for _ in 0..threads {
         ready_rx.recv()??;
@@ -384,12 +439,19 @@ fn burst_scenario(
     let mut out = BurstOutcome::default();
     out.vma_samples
         .reserve(threads * (per_thread / 1000 + 2) + 2);
-    out.vma_samples.push((0.0, pool.stats().vmas_held as f64));
+    out.vma_samples.push((0.0, all_pool_vmas(&first) as f64));
     for tx in &senders {
         tx.send(Cmd::Burst)?;
         let turn = report_rx.recv()?;
         out.peak_pool_vmas = out.peak_pool_vmas.max(turn.pool_vmas);
         out.peak_process_vmas = out.peak_process_vmas.max(turn.process_vmas);
+        if turn.error.is_some() {
+            if turn.budget_refused {
+                out.budget_refusals += 1;
+            } else {
+                out.kernel_failures += 1;
+            }
+        }
         if let Some(e) = turn.error {
             if !out.failed {
                 out.failed = true;
@@ -403,17 +465,25 @@ fn burst_scenario(
             out.vma_samples.push((step, v as f64));
         }
     }
+    if hold {
+        for tx in &senders {
+            tx.send(Cmd::Release)?;
+            ready_rx.recv()??;
+        }
+    }
     // Every thread is idle now (and still alive, holding its local pool),
     // and every reservation has been dropped.
-    out.pool_vmas_before_trim = pool.stats().vmas_held;
-    pool.trim();
-    let stats = pool.stats();
-    out.pool_vmas_after_trim = stats.vmas_held;
+    out.pool_vmas_before_trim = all_pool_vmas(&first);
+    for pool in pools {
+        pool.trim();
+    }
+    out.pool_vmas_after_trim = all_pool_vmas(&first);
     let step = out.vma_samples.len() as f64;
-    out.vma_samples.push((step, stats.vmas_held as f64));
+    out.vma_samples
+        .push((step, out.pool_vmas_after_trim as f64));
     out.process_vmas_after_trim = count_vmas();
     out.rss_mib_after_trim = rss_mib();
-    out.vmas_per_stack = pool.budget().vmas_per_stack;
+    out.vmas_per_stack = first.budget().vmas_per_stack;
     out.elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
     for tx in &senders {
         let _ = tx.send(Cmd::Exit);
@@ -445,13 +515,22 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     let mut run_mmap = || lifecycle_pooled::<1>(&mut &nopool, mmap_iters);
     let mut run_bare = || median_over_copies(&bare_copies, &mut bare_stack, copy_iters);
     let mut run_moved = || median_over_copies(&moved_copies, &mut moved_stack, copy_iters);
-    let [pooled_ns, mmap_ns, bare_ns, moved_ns] = alternate(
+    // QEMU's own pooled lifecycle, built from the QEMU build on this
+    // machine (see coro_pool_qemu.rs), timed in the same alternation.
+    let qemu = super::coro_pool_qemu::QemuLifecycle::build();
+    let mut run_qemu = || match &qemu {
+        Ok(q) => q.run(iters, 1),
+        // Not reported (see below): the alternation just skips this slot.
+        Err(_) => Ok(0.0),
+    };
+    let [pooled_ns, mmap_ns, bare_ns, moved_ns, qemu_ns] = alternate(
         ctx.reps(),
         &mut [
             &mut run_pooled,
             &mut run_mmap,
             &mut run_bare,
             &mut run_moved,
+            &mut run_qemu,
         ],
     )?;
     let mut lifecycle = Table::new(
@@ -479,6 +558,13 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
             &format_value(moved_ns),
             &iters.to_string(),
         ]);
+    if qemu.is_ok() {
+        lifecycle.row(&[
+            "QEMU 10 pooled coroutine (libqemuutil, ucontext backend)",
+            &format_value(qemu_ns),
+            &iters.to_string(),
+        ]);
+    }
     report
         .table(lifecycle)
         .metric("lifecycle_ns_pooled", pooled_ns)
@@ -488,6 +574,22 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         .metric("speedup_vs_mmap", mmap_ns / pooled_ns)
         .metric("overhead_vs_bare", pooled_ns / bare_ns)
         .metric("overhead_vs_bare_moved", pooled_ns / moved_ns);
+    let qemu_note = match &qemu {
+        Ok(q) => {
+            report
+                .metric("lifecycle_ns_qemu", qemu_ns)
+                .metric("overhead_vs_qemu", pooled_ns / qemu_ns);
+            format!(
+                "QEMU peer: tests/unit/test-coroutine.c's perf_lifecycle loop (benches/src/suites/\
+                 coro_pool_qemu.c) linked against {}/libqemuutil.a (util/qemu-coroutine.c with its \
+                 pools, util/coroutine-ucontext.c, -O2 as QEMU builds them), thread CPU time, \
+                 {iters} iterations per run.",
+                q.build.display()
+            )
+        }
+        Err(e) => format!("QEMU peer not measured: {e}."),
+    };
+    drop(qemu);
 
     let mut run_yield = || yield_roundtrip(&pooled, iters);
     let [yield_ns] = alternate(ctx.reps(), &mut [&mut run_yield])?;
@@ -548,6 +650,27 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     let default_qemu_layout =
         burst_scenario(Policy::Bounded, GuardMode::Mprotect, threads, per_thread)?;
     let default_auto = burst_scenario(Policy::Bounded, GuardMode::Auto, threads, per_thread)?;
+    // Two pools in one process, each with its own thread group (two
+    // threads each), taking turns: both draw on the one process budget.
+    let two_pools = [
+        Arc::new(StackPool::new(burst_config(
+            Policy::Bounded,
+            GuardMode::Mprotect,
+        ))?),
+        Arc::new(StackPool::new(burst_config(
+            Policy::Bounded,
+            GuardMode::Mprotect,
+        ))?),
+    ];
+    let budget = two_pools[0].budget();
+    let vma_ceiling = budget.max_map_count - budget.reserved_vmas;
+    let two = burst_pools(&two_pools, Policy::Bounded, threads, per_thread, false)?;
+    // The same two pools with overlapping bursts: four bursts of 15,000
+    // held at once want 120,000 VMAs, twice what the process may map. The
+    // shared budget must refuse them (BudgetExhausted) before the kernel
+    // does (ENOMEM from mmap or mprotect).
+    let overlap = burst_pools(&two_pools, Policy::Bounded, threads, per_thread, true)?;
+    drop(two_pools);
     // Last, since it drives the process to its mapping limit.
     let unbounded = burst_scenario(
         Policy::UnboundedPerThread,
@@ -574,6 +697,11 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         ("unbounded per thread (mprotect)", &unbounded),
         ("default (mprotect)", &default_qemu_layout),
         ("default (auto: guard install if available)", &default_auto),
+        ("default, two pools taking turns (mprotect)", &two),
+        (
+            "default, two pools, bursts held at once (mprotect)",
+            &overlap,
+        ),
     ] {
         burst.row(&[
             name.to_string(),
@@ -651,6 +779,31 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         .metric(
             "vmas_after_trim_auto",
             default_auto.pool_vmas_after_trim as f64,
+        )
+        .metric("burst_two_pools_failed", two.failed as u8 as f64)
+        .metric("burst_two_pools_peak_vmas", two.peak_process_vmas as f64)
+        .metric("burst_two_pools_peak_pool_vmas", two.peak_pool_vmas as f64)
+        .metric("burst_vma_ceiling", vma_ceiling as f64)
+        .metric(
+            "burst_overlap_budget_refusals",
+            overlap.budget_refusals as f64,
+        )
+        .metric(
+            "burst_overlap_kernel_failures",
+            overlap.kernel_failures as f64,
+        )
+        .metric("burst_overlap_peak_vmas", overlap.peak_process_vmas as f64)
+        .metric(
+            "burst_two_pools_vmas_before_trim",
+            two.pool_vmas_before_trim as f64,
+        )
+        .metric(
+            "burst_two_pools_vmas_after_trim",
+            two.pool_vmas_after_trim as f64,
+        )
+        .metric(
+            "burst_two_pools_process_vmas_after_trim",
+            two.process_vmas_after_trim as f64,
         );
 
     let guard_note = if coro_pool::guard_install_supported() {
@@ -671,7 +824,13 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
          layout (mprotect guards, 2 VMAs per stack) for both policies; the auto run uses {guard_note}. \
          vmas_before_trim: pool VMAs once every burst is over and its reservation dropped (the pool \
          frees global stacks above the lowered maximum at once), before the explicit trim. \
-         Pool VMAs count stacks x VMAs per stack; process VMAs are lines of /proc/self/maps. \
+         Pool VMAs are those of all pools of the process (the shared budget's count: stacks x \
+         VMAs per stack); process VMAs are lines of /proc/self/maps. \
+         Two pools: two pools in one process drawing on the one process-wide budget, threads \
+         0 and 2 on the first, 1 and 3 on the second, so the turns alternate; burst_vma_ceiling \
+         is vm.max_map_count minus the reserve. Held at once: every thread keeps its burst until \
+         all four have burst, so the bursts (120,000 VMAs wanted) overlap; the budget's refusals \
+         (BudgetExhausted) and kernel failures (ENOMEM) are counted separately. {qemu_note} \
          vm.max_map_count here: {}. Unbounded first error: {}.",
         ctx.reps(),
         std::fs::read_to_string("/proc/sys/vm/max_map_count")

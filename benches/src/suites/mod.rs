@@ -2,6 +2,7 @@
 //! `ABOUT`, `READY` and `run(&Ctx) -> SuiteResult`.
 
 mod coro_pool;
+mod coro_pool_qemu;
 mod mem_prealloc;
 mod mlock_policy;
 mod selftest;

@@ -1,8 +1,9 @@
 //! Pool configuration.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::budget::{MaxMapCount, DEFAULT_VMA_RESERVE};
+use crate::budget::{MaxMapCount, ProcessBudget, DEFAULT_VMA_RESERVE};
 
 /// Default usable stack size: 1 MiB, as QEMU.
 pub const DEFAULT_STACK_SIZE: usize = 1 << 20;
@@ -14,6 +15,12 @@ pub const MAX_STACK_SIZE: usize = 1 << 30;
 pub const MAX_BATCH_SIZE: usize = 1 << 16;
 /// Largest accepted guard region, in pages.
 pub const MAX_GUARD_PAGES: usize = 64;
+/// The trim interval for servers whose demand comes in bursts (what the
+/// 9p daemon uses): one second. A trim pass with nothing to free costs a
+/// few atomic loads and one count of `/proc/self/maps`, and a burst's idle
+/// stacks are gone two passes after it ends. [`PoolConfig`]'s own default is
+/// no trimmer thread: a library spawns no thread unless asked.
+pub const DEFAULT_TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How a pool keeps idle stacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -79,6 +86,8 @@ pub struct PoolConfig {
     pub(crate) max_map_count: MaxMapCount,
     pub(crate) vma_reserve: u64,
     pub(crate) trim_interval: Option<Duration>,
+    pub(crate) budget: Option<Arc<ProcessBudget>>,
+    pub(crate) budget_share: Option<usize>,
 }
 
 impl Default for PoolConfig {
@@ -94,6 +103,8 @@ impl Default for PoolConfig {
             max_map_count: MaxMapCount::Proc,
             vma_reserve: DEFAULT_VMA_RESERVE,
             trim_interval: None,
+            budget: None,
+            budget_share: None,
         }
     }
 }
@@ -147,20 +158,59 @@ impl PoolConfig {
         self
     }
 
+    /// The mapping budget the pool draws from (default: the process-wide
+    /// [`ProcessBudget::process`], shared by every pool that names no
+    /// other). Pass one `Arc` to several pools to make them share a budget
+    /// of their own.
+    pub fn budget(mut self, budget: Arc<ProcessBudget>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// A cap of the pool's own, in stacks, inside the shared budget
+    /// (default: none, the pool may take whatever the budget has left).
+    /// Creation beyond it fails with
+    /// [`Error::BudgetExhausted`](crate::Error::BudgetExhausted) even while
+    /// the budget has room for other pools.
+    pub fn budget_share(mut self, stacks: Option<usize>) -> Self {
+        self.budget_share = stacks;
+        self
+    }
+
     /// Where `vm.max_map_count` comes from (default: read `/proc` lazily).
+    /// Setting this or [`PoolConfig::vma_reserve`] (without
+    /// [`PoolConfig::budget`]) gives the pool a **private**
+    /// [`ProcessBudget`] of its own, not shared with other pools: meant for
+    /// tests and for simulating a limit.
     pub fn max_map_count(mut self, source: MaxMapCount) -> Self {
         self.max_map_count = source;
         self
     }
 
-    /// VMAs kept free for the rest of the process (default 5000).
+    /// VMAs kept free for the rest of the process (default 5000). Like
+    /// [`PoolConfig::max_map_count`], a value other than the default gives
+    /// the pool a private budget.
     pub fn vma_reserve(mut self, vmas: u64) -> Self {
         self.vma_reserve = vmas;
         self
     }
 
+    /// The budget a pool built from this configuration draws from.
+    pub(crate) fn resolve_budget(&self) -> Arc<ProcessBudget> {
+        match &self.budget {
+            Some(b) => Arc::clone(b),
+            None if self.max_map_count != MaxMapCount::Proc
+                || self.vma_reserve != DEFAULT_VMA_RESERVE =>
+            {
+                ProcessBudget::new(self.max_map_count.clone(), self.vma_reserve)
+            }
+            None => Arc::clone(ProcessBudget::process()),
+        }
+    }
+
     /// Runs a background thread that calls [`StackPool::trim`](crate::StackPool::trim)
-    /// at this interval (default: none).
+    /// at this interval (default: none; [`DEFAULT_TRIM_INTERVAL`] is the
+    /// recommended period for servers with bursts).
     pub fn trim_interval(mut self, interval: Option<Duration>) -> Self {
         self.trim_interval = interval;
         self

@@ -14,19 +14,27 @@
 //!   lock, batch moves in both directions (QEMU's 2024 design). The global
 //!   maximum is `min(base + reserved, budget)`: [`StackPool::reserve`]
 //!   returns a [`Reservation`] that raises it while it lives (and frees the
-//!   global stacks above the lowered maximum when it ends), and the budget
-//!   ([`MapBudget`]) comes from `/proc/sys/vm/max_map_count` (read lazily,
-//!   5000 VMAs kept for the rest of the process, 1 or 2 VMAs per stack, a
-//!   documented fallback when the file is unreadable). The budget also caps
-//!   the stacks in use, so creation fails cleanly before the kernel refuses.
+//!   global stacks above the lowered maximum when it ends).
+//! - [`ProcessBudget`]: one mapping budget for the whole process, shared by
+//!   every pool (the crate's one deliberate global, made lazily:
+//!   `vm.max_map_count` is a per-process limit). It comes from
+//!   `/proc/sys/vm/max_map_count` (read lazily, 5000 VMAs kept for the rest
+//!   of the process, a documented fallback when the file is unreadable),
+//!   counts what the pools actually map (1 or 2 VMAs per stack) and, from
+//!   `/proc/self/maps`, what the rest of the process maps. It caps the
+//!   stacks in use, so creation fails with [`Error::BudgetExhausted`] in
+//!   every pool before the kernel refuses; a pool may have a share of its
+//!   own ([`PoolConfig::budget_share`]); [`MapBudget`] is one pool's view.
 //! - [`StackPool::trim`] and an optional background trimmer
-//!   ([`PoolConfig::trim_interval`]) free idle stacks above the recent peak
-//!   of demand (the 2021 resize-to-demand idea); [`IdlePages::Release`]
+//!   ([`PoolConfig::trim_interval`]; [`DEFAULT_TRIM_INTERVAL`] for servers
+//!   with bursts) free idle stacks above the recent peak of demand (the
+//!   2021 resize-to-demand idea); [`IdlePages::Release`]
 //!   drops the pages of stacks parked in the global pool.
 //! - [`Coroutine`]: resume/yield with a return value, built on `corosensei`.
 //!   Its stack goes back to the pool when it returns or is dropped.
 //! - [`Stats`]: live coroutines, pooled stacks (local and global), stacks
-//!   created, reused and freed, VMAs held.
+//!   created, reused and freed, VMAs held by the pool and by all pools of
+//!   the process, the budget's limit, trim passes.
 //! - [`Policy::UnboundedPerThread`] (QEMU before 2024) and
 //!   [`Policy::NoPool`] (one `mmap` per coroutine) for comparison.
 //!
@@ -78,12 +86,12 @@ mod stack;
 use std::io;
 
 pub use budget::{
-    BudgetOrigin, MapBudget, MaxMapCount, DEFAULT_VMA_RESERVE, FALLBACK_MAX_MAP_COUNT,
-    MAX_MAP_COUNT_PATH,
+    BudgetCheck, BudgetOrigin, BudgetStats, MapBudget, MaxMapCount, ProcessBudget,
+    DEFAULT_VMA_RESERVE, FALLBACK_MAX_MAP_COUNT, MAX_MAP_COUNT_PATH,
 };
 pub use config::{
     GuardMode, IdlePages, Policy, PoolConfig, DEFAULT_BATCH_SIZE, DEFAULT_STACK_SIZE,
-    MAX_BATCH_SIZE, MAX_GUARD_PAGES, MAX_STACK_SIZE,
+    DEFAULT_TRIM_INTERVAL, MAX_BATCH_SIZE, MAX_GUARD_PAGES, MAX_STACK_SIZE,
 };
 pub use corosensei::{CoroutineResult, Yielder};
 pub use coroutine::Coroutine;
@@ -111,17 +119,26 @@ pub enum Error {
         /// The OS error.
         source: io::Error,
     },
-    /// The pool already holds as many stacks as its mapping budget allows.
+    /// The pool already holds as many stacks as the process-wide mapping
+    /// budget (shared by every pool) or its own share allows.
     #[error(
         "coroutine stack budget exhausted: {held} stacks held, at most {max_stacks} allowed \
          (vm.max_map_count {max_map_count}, {reserved_vmas} VMAs reserved, \
-         {vmas_per_stack} per stack)"
+         {vmas_per_stack} per stack; all pools hold {pool_vmas} of {limit_vmas} VMAs, \
+         {foreign_vmas} other mappings)"
     )]
     BudgetExhausted {
-        /// Stacks held when the request came.
+        /// Stacks this pool held when the request came.
         held: usize,
-        /// The budget in stacks.
+        /// Stacks this pool could hold at that moment: its share, or what
+        /// it held plus what the shared budget had left.
         max_stacks: usize,
+        /// VMAs all pools of the budget held.
+        pool_vmas: u64,
+        /// VMAs all pools of the budget may hold together.
+        limit_vmas: u64,
+        /// Mappings of the process no pool holds, as last measured.
+        foreign_vmas: u64,
         /// VMAs per stack.
         vmas_per_stack: usize,
         /// The `vm.max_map_count` used.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::budget::{self, BudgetOrigin, MapBudget, MaxMapCount};
+use crate::budget::{BudgetStats, MapBudget, ProcessBudget};
 use crate::config::{
     GuardMode, IdlePages, Policy, PoolConfig, MAX_BATCH_SIZE, MAX_GUARD_PAGES, MAX_STACK_SIZE,
 };
@@ -93,6 +93,10 @@ struct Hot {
     /// High-water mark of stacks outside the global pool (in use or in
     /// local pools) since the last trim; raised where that number grows.
     peak_outside: AtomicUsize,
+    /// VMAs this pool has charged to its budget for the stacks it holds.
+    vmas: AtomicU64,
+    /// Trim passes run (explicit and by the trimmer thread).
+    trims: AtomicU64,
     threads: Mutex<Vec<Arc<ThreadStats>>>,
 }
 
@@ -103,10 +107,13 @@ pub(crate) struct Shared {
     batch_size: usize,
     base_max: usize,
     idle_pages: IdlePages,
-    max_map_count: MaxMapCount,
-    vma_reserve: u64,
+    budget: Arc<ProcessBudget>,
+    share: Option<usize>,
+    /// Whether this pool's stacks are charged exactly (`mprotect` guards
+    /// from the start) or as an upper bound (guard install, which may
+    /// merge and may fall back later).
+    exact: bool,
     guard: AtomicU8,
-    mmc: OnceLock<Option<(u64, BudgetOrigin)>>,
     closed: AtomicBool,
     hot: Hot,
 }
@@ -117,10 +124,37 @@ impl Shared {
     }
 
     fn budget(&self) -> MapBudget {
-        let value = *self
-            .mmc
-            .get_or_init(|| budget::resolve(&self.max_map_count));
-        MapBudget::compute_with_origin(value, self.vma_reserve, self.guard_kind())
+        let (max_map_count, origin) = self.budget.max_map_count();
+        let vmas_per_stack = self.guard_kind().vmas_per_stack();
+        let limit_vmas = self.budget.limit_vmas();
+        let stacks = usize::try_from(limit_vmas / vmas_per_stack as u64).unwrap_or(usize::MAX);
+        MapBudget {
+            max_map_count,
+            origin,
+            reserved_vmas: self.budget.reserved_vmas(),
+            vmas_per_stack,
+            max_stacks: self.share.map_or(stacks, |share| share.min(stacks)),
+            limit_vmas,
+            share: self.share,
+        }
+    }
+
+    /// The error for a refused stack, with the figures of this moment.
+    fn exhausted(&self, held: usize) -> Error {
+        let budget = self.budget();
+        let stats = self.budget.stats();
+        let left = budget.limit_vmas.saturating_sub(stats.pool_vmas) / budget.vmas_per_stack as u64;
+        let room = held.saturating_add(usize::try_from(left).unwrap_or(usize::MAX));
+        Error::BudgetExhausted {
+            held,
+            max_stacks: self.share.map_or(room, |share| share.min(room)),
+            pool_vmas: stats.pool_vmas,
+            limit_vmas: budget.limit_vmas,
+            foreign_vmas: stats.foreign_vmas,
+            vmas_per_stack: budget.vmas_per_stack,
+            max_map_count: budget.max_map_count,
+            reserved_vmas: budget.reserved_vmas,
+        }
     }
 
     fn max_pooled(&self) -> usize {
@@ -136,45 +170,75 @@ impl Shared {
         }
     }
 
-    /// Maps a new stack, within the budget unless the policy is unbounded.
+    /// Maps a new stack, within the pool's share and the process-wide
+    /// budget (shared with every other pool of the budget). Under
+    /// [`Policy::UnboundedPerThread`] the stack is charged but never
+    /// refused: the kernel's limit is what stops that policy.
     fn create(&self) -> Result<NonNull<u8>> {
+        let enforce = self.policy != Policy::UnboundedPerThread;
         let held = self.hot.held.fetch_add(1, Ordering::Relaxed);
-        if self.policy != Policy::UnboundedPerThread {
-            let budget = self.budget();
-            if held >= budget.max_stacks {
-                self.hot.held.fetch_sub(1, Ordering::Relaxed);
-                return Err(Error::BudgetExhausted {
-                    held,
-                    max_stacks: budget.max_stacks,
-                    vmas_per_stack: budget.vmas_per_stack,
-                    max_map_count: budget.max_map_count,
-                    reserved_vmas: budget.reserved_vmas,
-                });
-            }
+        let kind = self.guard_kind();
+        let vmas = kind.vmas_per_stack() as u64;
+        let within_share = !enforce || self.share.is_none_or(|share| held < share);
+        if !within_share || !self.budget.charge(vmas, self.exact, enforce) {
+            self.hot.held.fetch_sub(1, Ordering::Relaxed);
+            return Err(self.exhausted(held));
         }
-        match stack::map_stack(&self.layout, self.guard_kind()) {
+        self.hot.vmas.fetch_add(vmas, Ordering::Relaxed);
+        match stack::map_stack(&self.layout, kind) {
             Ok((top, outcome)) => {
                 if let GuardOutcome::FellBack = outcome {
-                    if self
-                        .guard
-                        .swap(GuardKind::Mprotect.to_u8(), Ordering::Relaxed)
-                        != GuardKind::Mprotect.to_u8()
-                    {
-                        log::warn!(
-                            "coro-pool: MADV_GUARD_INSTALL refused on a stack (EINVAL, \
-                             mlock'd memory?); this pool now uses mprotect guards"
-                        );
-                    }
+                    self.fell_back();
                 }
                 self.hot.created.fetch_add(1, Ordering::Relaxed);
                 self.note_outside(held + 1, self.hot.global_len.load(Ordering::Relaxed));
                 Ok(top)
             }
             Err(e) => {
+                self.uncharge(vmas);
                 self.hot.held.fetch_sub(1, Ordering::Relaxed);
                 Err(e)
             }
         }
+    }
+
+    /// A guard install was refused and the stack got an `mprotect` guard:
+    /// from now on every stack of this pool counts 2 VMAs, the ones already
+    /// held included (they are charged the difference, so that what is
+    /// released later matches what was charged; an upper bound for them).
+    #[cold]
+    fn fell_back(&self) {
+        if self
+            .guard
+            .swap(GuardKind::Mprotect.to_u8(), Ordering::Relaxed)
+            != GuardKind::Mprotect.to_u8()
+        {
+            let extra = self.hot.held.load(Ordering::Relaxed) as u64;
+            self.budget.charge(extra, self.exact, false);
+            self.hot.vmas.fetch_add(extra, Ordering::Relaxed);
+            log::warn!(
+                "coro-pool: MADV_GUARD_INSTALL refused on a stack (EINVAL, \
+                 mlock'd memory?); this pool now uses mprotect guards"
+            );
+        } else {
+            // A stack created with guard install in mind while another
+            // thread switched the pool over: charge its second VMA.
+            self.budget.charge(1, self.exact, false);
+            self.hot.vmas.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Gives `vmas` back to the budget (never more than this pool holds).
+    fn uncharge(&self, vmas: u64) {
+        let mut released = 0;
+        let _ = self
+            .hot
+            .vmas
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                released = v.min(vmas);
+                Some(v - released)
+            });
+        self.budget.release(released, self.exact);
     }
 
     fn free_one(&self, top: NonNull<u8>) {
@@ -184,6 +248,7 @@ impl Shared {
             Ok(()) => {
                 self.hot.freed.fetch_add(1, Ordering::Relaxed);
                 self.hot.held.fetch_sub(1, Ordering::Relaxed);
+                self.uncharge(self.guard_kind().vmas_per_stack() as u64);
             }
             Err(e) => {
                 self.hot.unmap_failures.fetch_add(1, Ordering::Relaxed);
@@ -280,6 +345,15 @@ impl Shared {
     /// thread-local pools) and `peak` its high-water mark since the previous
     /// trim, then starts a new window. Returns the number freed.
     fn trim(&self) -> usize {
+        let freed = self.trim_global();
+        // Check the accounting against the kernel's list and refresh the
+        // count of mappings the pools do not own.
+        self.budget.check();
+        self.hot.trims.fetch_add(1, Ordering::Relaxed);
+        freed
+    }
+
+    fn trim_global(&self) -> usize {
         if self.policy != Policy::Bounded {
             return 0;
         }
@@ -1001,9 +1075,20 @@ pub struct Stats {
     pub stacks_freed: u64,
     /// Stacks currently mapped (in use or idle).
     pub stacks_held: usize,
-    /// VMAs those stacks hold at most (`stacks_held` × VMAs per stack;
-    /// adjacent guard-installed stacks may merge into fewer).
+    /// VMAs those stacks hold, as charged to the budget: exact for
+    /// `mprotect` guards (2 per stack), an upper bound for guard-installed
+    /// stacks (1 per stack; adjacent ones merge into fewer).
     pub vmas_held: usize,
+    /// VMAs all pools of this pool's budget hold (the process-wide total
+    /// for the default budget).
+    pub process_pool_vmas: u64,
+    /// VMAs all those pools may hold together now.
+    pub process_vmas_limit: u64,
+    /// Mappings of the process no pool holds, as last measured in
+    /// `/proc/self/maps`.
+    pub foreign_vmas: u64,
+    /// Trim passes run so far (explicit and by the trimmer thread).
+    pub trims: u64,
     /// The global pool's current maximum.
     pub max_pooled: usize,
     /// Stacks reserved by live [`Reservation`]s.
@@ -1022,6 +1107,7 @@ pub struct Stats {
 pub struct StackPool {
     shared: Arc<Shared>,
     trimmer: Option<Trimmer>,
+    trim_interval: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -1073,6 +1159,7 @@ impl StackPool {
         let mut pool = Self::from_parts(&config, guard, usable, page);
         if let Some(interval) = config.trim_interval {
             pool.trimmer = Some(Self::spawn_trimmer(&pool.shared, interval)?);
+            pool.trim_interval = Some(interval);
         }
         Ok(pool)
     }
@@ -1087,10 +1174,10 @@ impl StackPool {
             batch_size: config.batch_size,
             base_max: config.base_max,
             idle_pages: config.idle_pages,
-            max_map_count: config.max_map_count.clone(),
-            vma_reserve: config.vma_reserve,
+            budget: config.resolve_budget(),
+            share: config.budget_share,
+            exact: guard == GuardKind::Mprotect,
             guard: AtomicU8::new(guard.to_u8()),
-            mmc: OnceLock::new(),
             closed: AtomicBool::new(false),
             hot: Hot {
                 global: Mutex::new(Global::default()),
@@ -1103,12 +1190,18 @@ impl StackPool {
                 retired_takes: AtomicU64::new(0),
                 retired_puts: AtomicU64::new(0),
                 peak_outside: AtomicUsize::new(0),
+                vmas: AtomicU64::new(0),
+                trims: AtomicU64::new(0),
                 threads: Mutex::new(Vec::new()),
             },
         };
+        // Check the accounting against /proc/self/maps and count what the
+        // process maps besides the pools' stacks.
+        shared.budget.check();
         StackPool {
             shared: Arc::new(shared),
             trimmer: None,
+            trim_interval: None,
         }
     }
 
@@ -1237,6 +1330,7 @@ impl StackPool {
         let held = sh.hot.held.load(Ordering::Relaxed);
         let global = sh.hot.global_len.load(Ordering::Relaxed);
         let created = sh.hot.created.load(Ordering::Relaxed);
+        let budget = sh.budget.stats();
         let live = usize::try_from(takes.saturating_sub(puts)).unwrap_or(usize::MAX);
         let local = held.saturating_sub(global).saturating_sub(live);
         Stats {
@@ -1247,7 +1341,11 @@ impl StackPool {
             stacks_reused: takes.saturating_sub(created),
             stacks_freed: sh.hot.freed.load(Ordering::Relaxed),
             stacks_held: held,
-            vmas_held: held.saturating_mul(sh.guard_kind().vmas_per_stack()),
+            vmas_held: usize::try_from(sh.hot.vmas.load(Ordering::Relaxed)).unwrap_or(usize::MAX),
+            process_pool_vmas: budget.pool_vmas,
+            process_vmas_limit: budget.limit_vmas,
+            foreign_vmas: budget.foreign_vmas,
+            trims: sh.hot.trims.load(Ordering::Relaxed),
             max_pooled: sh.max_pooled(),
             reserved: sh.hot.reserved.load(Ordering::Relaxed),
             unmap_failures: sh.hot.unmap_failures.load(Ordering::Relaxed),
@@ -1261,9 +1359,26 @@ impl StackPool {
         self.shared.max_pooled()
     }
 
-    /// The mapping budget (reads `vm.max_map_count` on first use).
+    /// The mapping budget as this pool sees it (reads `vm.max_map_count`
+    /// on first use).
     pub fn budget(&self) -> MapBudget {
         self.shared.budget()
+    }
+
+    /// The process-wide budget this pool draws from, shared with every
+    /// other pool that uses it.
+    pub fn process_budget(&self) -> &Arc<ProcessBudget> {
+        &self.shared.budget
+    }
+
+    /// A snapshot of the shared budget's counters.
+    pub fn budget_stats(&self) -> BudgetStats {
+        self.shared.budget.stats()
+    }
+
+    /// The background trimmer's period, if the pool runs one.
+    pub fn trim_interval(&self) -> Option<Duration> {
+        self.trim_interval
     }
 
     /// The guard mechanism new stacks use.

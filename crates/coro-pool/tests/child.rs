@@ -245,3 +245,57 @@ fn test_stack_overflow_faults_on_installed_guard() {
     }
     expect_overflow_fault("guard-install", NAME);
 }
+
+#[test]
+fn test_second_pool_meets_exhausted_process_budget() {
+    const NAME: &str = "test_second_pool_meets_exhausted_process_budget";
+    if !in_child(NAME) {
+        expect_child_ok(&run_child(NAME, ""));
+        return;
+    }
+    // The real process budget: vm.max_map_count minus the default reserve.
+    // A pool of its own takes stacks until that budget refuses one.
+    let own = StackPool::new(
+        PoolConfig::default()
+            .stack_size(16 << 10)
+            .guard(GuardMode::Mprotect),
+    )
+    .unwrap();
+    let mut held = Vec::new();
+    let err = loop {
+        match own.take_stack() {
+            Ok(s) => held.push(s),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::BudgetExhausted { .. }), "{err}");
+    let budget = own.budget();
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let process_vmas = maps.lines().count() as u64;
+    assert!(
+        process_vmas <= budget.max_map_count - budget.reserved_vmas / 2,
+        "{process_vmas} VMAs, {budget:?}"
+    );
+    // The global pool (Coroutine::new) and a third pool meet the same
+    // exhausted budget: an error, not an abort.
+    let err = Coroutine::<(), (), ()>::new(|_, ()| ()).unwrap_err();
+    assert!(
+        matches!(err, Error::BudgetExhausted { held: 0, .. }),
+        "{err}"
+    );
+    let third = StackPool::new(PoolConfig::default().stack_size(16 << 10)).unwrap();
+    assert!(matches!(
+        third.take_stack(),
+        Err(Error::BudgetExhausted { .. })
+    ));
+    println!(
+        "{CHILD_OK}: {} stacks, {process_vmas} process VMAs, first error: {err}",
+        held.len()
+    );
+    // Freeing the first pool's stacks lets the others create again.
+    drop(held);
+    drop(own);
+    let mut co = Coroutine::<(), (), u32>::new(|_, ()| 7).unwrap();
+    assert!(matches!(co.resume(()), CoroutineResult::Return(7)));
+    assert!(third.take_stack().is_ok());
+}

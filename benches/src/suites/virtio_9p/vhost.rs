@@ -80,6 +80,7 @@ fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<R
             },
         },
         stack_policy: policy,
+        stack_trim_interval: Some(coro_pool::DEFAULT_TRIM_INTERVAL),
     };
     let mut daemon = Daemon::new(server, config)?;
     let stop = daemon.stop_handle();

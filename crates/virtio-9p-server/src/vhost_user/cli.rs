@@ -52,6 +52,11 @@ pub struct VhostUserArgs {
     #[arg(long, value_name = "POLICY", default_value = "off")]
     pub mlock: MlockPolicy,
 
+    /// How often, in milliseconds, the coroutine stack pool frees idle
+    /// stacks above the recent high-water mark of requests (0: never).
+    #[arg(long, value_name = "MS", default_value_t = coro_pool::DEFAULT_TRIM_INTERVAL.as_millis() as u64)]
+    pub stack_trim_interval_ms: u64,
+
     /// Print the backend's capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,
@@ -101,6 +106,8 @@ pub fn run_daemon<F: Filesystem + 'static>(
             },
         },
         stack_policy: coro_pool::Policy::Bounded,
+        stack_trim_interval: (args.stack_trim_interval_ms > 0)
+            .then(|| std::time::Duration::from_millis(args.stack_trim_interval_ms)),
     };
     args.mlock
         .apply_process()

@@ -39,6 +39,10 @@ pub struct DaemonConfig {
     pub backend: BackendConfig,
     /// The coroutine stack pool policy (`NoPool` maps a stack per request).
     pub stack_policy: coro_pool::Policy,
+    /// How often the stack pool frees idle stacks above recent demand
+    /// (`--stack-trim-interval-ms`; default
+    /// [`coro_pool::DEFAULT_TRIM_INTERVAL`], `None` for never).
+    pub stack_trim_interval: Option<std::time::Duration>,
 }
 
 /// Errors of the daemon.
@@ -150,7 +154,8 @@ impl<F: Filesystem + 'static> Daemon<F> {
         let pool = Arc::new(StackPool::new(
             PoolConfig::default()
                 .stack_size(DEFAULT_STACK_SIZE)
-                .policy(config.stack_policy),
+                .policy(config.stack_policy)
+                .trim_interval(config.stack_trim_interval),
         )?);
         drop(Virtio9pBackend::new(
             Arc::clone(&server),

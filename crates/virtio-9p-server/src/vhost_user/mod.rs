@@ -37,6 +37,7 @@
 //!         engine: EngineConfig::default(),
 //!     },
 //!     stack_policy: coro_pool::Policy::Bounded,
+//!     stack_trim_interval: Some(coro_pool::DEFAULT_TRIM_INTERVAL),
 //! };
 //! install_signal_handlers().unwrap();
 //! Daemon::new(server, config).unwrap().run().unwrap();

@@ -46,6 +46,7 @@ impl TestDaemon {
                 },
             },
             stack_policy: coro_pool::Policy::Bounded,
+            stack_trim_interval: Some(coro_pool::DEFAULT_TRIM_INTERVAL),
         };
         let mut daemon = Daemon::new(Arc::clone(&server), config).unwrap();
         let stop = daemon.stop_handle();

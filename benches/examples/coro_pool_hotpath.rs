@@ -1,8 +1,11 @@
-//! A driver for instruction counting of the hot paths with callgrind:
+//! A profiling driver for coro-pool (moved here from the crate's
+//! `examples/`, which now show how to use the crate): instruction counting
+//! of the hot paths with callgrind, after
+//! `cargo build --release -p vmm-benches --example coro_pool_hotpath`:
 //!
 //! ```text
-//! valgrind --tool=callgrind target/release/examples/hotpath pooled 1000
-//! valgrind --tool=callgrind target/release/examples/hotpath pooled 101000
+//! valgrind --tool=callgrind target/release/examples/coro_pool_hotpath pooled 1000
+//! valgrind --tool=callgrind target/release/examples/coro_pool_hotpath pooled 101000
 //! ```
 //!
 //! The difference of the two totals divided by 100,000 is the cost of one
@@ -19,6 +22,7 @@
 //! - `scale`: wall-clock get/put rate of `burst` cycles on one thread and on
 //!   two (run it under `chrt -f` on a busy machine so that both threads get
 //!   a core).
+#[path = "coro_pool_lifecycle/mod.rs"]
 mod lifecycle;
 
 use std::hint::black_box;

@@ -1,4 +1,4 @@
-//! The lifecycle loops the examples time or count: create a coroutine, run
+//! The lifecycle loops the coro-pool profiling examples time or count: create a coroutine, run
 //! it to completion, recycle its stack. Each returns wall-clock ns per
 //! lifecycle. `K` is the closure's constant: every value is separate
 //! machine code at its own address, so a caller can time several copies of

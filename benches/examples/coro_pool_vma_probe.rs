@@ -1,4 +1,5 @@
-//! Prints how many VMAs 1000 pooled stacks take with each guard kind.
+//! Prints how many VMAs 1000 pooled stacks take with each guard kind
+//! (`cargo run --release -p vmm-benches --example coro_pool_vma_probe`).
 use coro_pool::{GuardMode, PoolConfig, StackPool};
 
 fn maps() -> usize {

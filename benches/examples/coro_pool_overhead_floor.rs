@@ -15,14 +15,15 @@
 //! 4. `coro-pool`: `Coroutine::new_in`.
 //!
 //! ```text
-//! cargo run --release -p coro-pool --example overhead_floor
+//! cargo run --release -p vmm-benches --example coro_pool_overhead_floor
 //! ```
 //!
 //! Each timing is the median over 8 copies of its loop (separate machine
 //! code; see the `coro-pool` suite of `vmm-benches`), 1M iterations each,
 //! after an untimed pass; each step's ratio is the median over 5 rounds.
-// Shared with examples/hotpath.rs, which also times the moved-stack peer.
+// Shared with coro_pool_hotpath.rs, which also times the moved-stack peer.
 #[allow(dead_code)]
+#[path = "coro_pool_lifecycle/mod.rs"]
 mod lifecycle;
 
 use std::cell::Cell;
