@@ -77,6 +77,7 @@ fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<R
                 workers: 4,
                 max_in_flight: 1024,
                 offload,
+                ..EngineConfig::default()
             },
         },
         stack_policy: policy,
