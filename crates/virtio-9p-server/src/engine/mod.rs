@@ -1023,6 +1023,19 @@ mod tests {
         }
     }
 
+    /// Starts a Tflush of `oldtag` (its task returns 7) and returns what
+    /// completed by the time it yielded or finished.
+    fn flush_now(e: &mut Engine, token: u16, oldtag: u16) -> Vec<(u16, u32)> {
+        e.spawn(token, None, Cancel::new(), move || {
+            flush(oldtag);
+            7
+        })
+        .unwrap();
+        let mut out = Vec::new();
+        e.take_completed(&mut out);
+        out
+    }
+
     /// Counts drops: proves a cancelled request's locals are dropped.
     struct Dropped(Arc<AtomicUsize>);
 
@@ -1110,14 +1123,7 @@ mod tests {
         })
         .unwrap();
         // Tflush of tag 2: the old request returns (EINTR) before Rflush.
-        e.spawn(30, None, Cancel::new(), || {
-            flush(2);
-            7
-        })
-        .unwrap();
-        let mut out = Vec::new();
-        e.take_completed(&mut out);
-        assert_eq!(out, vec![(20, 5), (30, 7)]);
+        assert_eq!(flush_now(&mut e, 30, 2), vec![(20, 5), (30, 7)]);
         assert_eq!(
             ran.load(Ordering::SeqCst),
             0,
@@ -1146,13 +1152,7 @@ mod tests {
         })
         .unwrap();
         started_rx.recv().unwrap();
-        e.spawn(2, None, Cancel::new(), || {
-            flush(5);
-            7
-        })
-        .unwrap();
-        let mut out = Vec::new();
-        e.take_completed(&mut out);
+        let out = flush_now(&mut e, 2, 5);
         assert!(out.is_empty(), "Rflush must wait for the running request");
         tx.send(()).unwrap();
         assert_eq!(drive(&mut e, 2), vec![(1, 0), (2, 7)]);
@@ -1161,14 +1161,7 @@ mod tests {
     #[test]
     fn test_flush_of_unknown_tag_answers_at_once() {
         let mut e = engine(1);
-        e.spawn(1, None, Cancel::new(), || {
-            flush(1234);
-            7
-        })
-        .unwrap();
-        let mut out = Vec::new();
-        e.take_completed(&mut out);
-        assert_eq!(out, vec![(1, 7)]);
+        assert_eq!(flush_now(&mut e, 1, 1234), vec![(1, 7)]);
     }
 
     #[test]
@@ -1185,14 +1178,7 @@ mod tests {
             len_of(again) + 3
         })
         .unwrap();
-        e.spawn(2, None, Cancel::new(), || {
-            flush(9);
-            7
-        })
-        .unwrap();
-        let mut out = Vec::new();
-        e.take_completed(&mut out);
-        assert_eq!(out, vec![(1, 3), (2, 7)]);
+        assert_eq!(flush_now(&mut e, 2, 9), vec![(1, 3), (2, 7)]);
         assert_eq!(dropped.load(Ordering::SeqCst), 1);
         assert_eq!(e.stats().offloaded, 0);
         assert_eq!(e.stats().unwound, 0);

@@ -38,10 +38,12 @@ pub type StartHook = Arc<dyn Fn() + Send + Sync>;
 /// Runs the engine's blocking jobs on threads the embedder owns.
 ///
 /// [`EngineConfig::executor`](super::EngineConfig::executor) replaces the
-/// engine's own worker threads with it. `execute` must not run the job on
-/// the calling thread (the engine's thread): hand it to another thread and
-/// return. Dropping a job instead of running it is allowed; the request
-/// then finishes as cancelled.
+/// engine's own worker threads with it. `execute` should hand the job to
+/// another thread and return: running it right there works, but blocks
+/// the engine's thread (and every request of the queue) for the call.
+/// Dropping a job instead of running it is allowed; the request then
+/// finishes as cancelled. The engine's fds tell it when results are in, so
+/// the executor needs no way back.
 pub trait Executor: Send + Sync {
     /// Queues `job`; some thread calls [`Job::run`] later.
     fn execute(&self, job: Job);
