@@ -135,7 +135,11 @@ pub const TARGETS: &[Target] = &[
         figure: "getattr_vs_floor",
         op: Op::AtMost,
         bound: 1.5,
-        context: &["roundtrip_floor_us", "getattr_vhost_us"],
+        context: &[
+            "roundtrip_floor_us",
+            "getattr_vhost_us",
+            "getattr_inline_vs_floor",
+        ],
     },
     Target {
         suite: "virtio-9p",

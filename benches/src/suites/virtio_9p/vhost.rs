@@ -712,12 +712,18 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
 
     // The floor of one vhost-user round trip, in the same rounds as a
     // Tgetattr and an inline 4 KiB Tread over vhost-user (alternating).
+    // For where the time goes, Tgetattr also runs inline on the vring
+    // thread (OffloadPolicy::Never) in the same rounds: the difference to
+    // the default is the worker hop.
+    let never = start(dir.path(), coro_pool::Policy::Bounded, OffloadPolicy::Never)?;
     let mut floor = Vec::new();
     let mut getattr = Vec::new();
+    let mut getattr_inline = Vec::new();
     let mut read4k = Vec::new();
     let n = ctx.pick(5000, 300);
     {
         let mut vmm = session(&pooled, 64 << 10, "big", 0)?;
+        let mut inline_vmm = session(&never, 64 << 10, "big", 0)?;
         let getattr_frame = Tmessage::Getattr(Tgetattr {
             fid: 1,
             request_mask: GETATTR_BASIC,
@@ -732,15 +738,21 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         // Warm up the ring, the engine and the page cache.
         per_request_us(&mut vmm, &getattr_frame, 256, n / 10)?;
         per_request_us(&mut vmm, &read_frame, 4096 + IOHDRSZ, n / 10)?;
+        per_request_us(&mut inline_vmm, &getattr_frame, 256, n / 10)?;
         for _ in 0..reps {
             floor.push(eventfd_round_trip_us(n)?);
             getattr.push(per_request_us(&mut vmm, &getattr_frame, 256, n)?);
             read4k.push(per_request_us(&mut vmm, &read_frame, 4096 + IOHDRSZ, n)?);
+            getattr_inline.push(per_request_us(&mut inline_vmm, &getattr_frame, 256, n)?);
         }
     }
+    drop(never);
     let (floor, getattr, read4k) = (median(&floor), median(&getattr), median(&read4k));
+    let getattr_inline = median(&getattr_inline);
     report.metric("roundtrip_floor_us", floor);
     report.metric("getattr_vhost_us", getattr);
+    report.metric("getattr_inline_vhost_us", getattr_inline);
+    report.metric("getattr_inline_vs_floor", getattr_inline / floor);
     report.metric("read_4k_vhost_us", read4k);
     report.metric("getattr_vs_floor", getattr / floor);
     report.metric("read_4k_vs_floor", read4k / floor);
@@ -757,6 +769,11 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         "Tgetattr".to_string(),
         format_value(getattr),
         format_value(getattr / floor),
+    ])
+    .row(&[
+        "Tgetattr inline on the vring thread (OffloadPolicy::Never)".to_string(),
+        format_value(getattr_inline),
+        format_value(getattr_inline / floor),
     ])
     .row(&[
         "Tread 4 KiB, cached, inline".to_string(),
