@@ -7,13 +7,15 @@
 //! Each round:
 //!
 //! 1. **Tflush flood**: 128 blocking Tlocks on a file whose lock the host
-//!    holds (they wait between attempts) and 128 Treads (some queued behind
-//!    busy workers, some running), then a Tflush for every one of them.
+//!    holds (given time to fail their first attempts and sleep between
+//!    attempts), then 128 Treads (some queued behind busy workers, some
+//!    running), then at once a Tflush for every one of them.
 //!    Every Tflush must get its Rflush, and every chain must come back.
-//! 2. **Reset with 1024 in flight**: 512 blocking Tlocks and 512 Treads,
-//!    then the device reset ([`RequestQueue::cancel_all`]): the queue must be
+//! 2. **Reset with 1024 in flight**: 512 blocked Tlocks (sleeping) and 512
+//!    Treads just queued, then the device reset ([`RequestQueue::cancel_all`]): the queue must be
 //!    empty afterwards, nothing leaked.
-//! 3. **Disconnect**: 256 requests in flight, then the device is dropped
+//! 3. **Disconnect**: 128 blocked Tlocks and 128 Treads in flight, then the
+//!    device is dropped
 //!    (the engine's `Drop`), and a new one is built for the next round.
 //!
 //! The engine's counters must show no suspended coroutine dropped
@@ -46,6 +48,8 @@ use virtqueue_large::mock::{guest_memory, Buf, ChainLayout, Layout, MockDriver};
 use vm_memory::{Bytes, GuestMemoryMmap};
 
 const ROUNDS: usize = 100;
+/// How long the blocked Tlocks get to reach their sleep before the flood.
+const SETTLE: Duration = Duration::from_millis(20);
 const TIME_LIMIT: Duration = Duration::from_secs(120);
 const QUEUE_SIZE: u16 = 2048;
 const MSIZE: u32 = 64 << 10;
@@ -193,6 +197,17 @@ impl<'a> Guest<'a> {
         }
     }
 
+    /// Lets the device run for a while (the Tlocks try, find the lock
+    /// held and go to sleep between attempts); nothing is expected back.
+    fn settle(&mut self, rq: &mut RequestQueue<Fs>) {
+        let until = Instant::now() + SETTLE;
+        while Instant::now() < until {
+            let back = self.collect(rq, usize::MAX);
+            check!(back.is_empty(), "blocked requests came back: {back:?}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Publishes `locks` blocking Tlocks and `reads` Treads, tags from
     /// `first`.
     fn flood(&mut self, first: u16, locks: u16, reads: u16) {
@@ -298,6 +313,8 @@ fn main() -> ExitCode {
     let start = Instant::now();
     let mut rounds = 0;
     let (mut flushes, mut reset_requests, mut dropped_requests) = (0usize, 0usize, 0usize);
+    // Suspended requests resumed with "cancelled" (before each disconnect).
+    let mut cancel_resumes = 0u64;
     let mut rq = new_device(&server, &pool);
     while rounds < ROUNDS && start.elapsed() < TIME_LIMIT {
         let mem = Arc::new(guest_memory(MEMORY));
@@ -306,7 +323,10 @@ fn main() -> ExitCode {
         {
             let mut g = Guest::new(&mem);
             g.attach(&mut rq);
-            g.flood(1, 128, 128);
+            g.flood(1, 128, 0);
+            g.kick(&mut rq);
+            g.settle(&mut rq);
+            g.flood(129, 0, 128);
             g.kick(&mut rq);
             for old in 1..=256u16 {
                 g.publish(1000 + old, &Tmessage::Flush(Tflush { oldtag: old }), 64);
@@ -340,7 +360,10 @@ fn main() -> ExitCode {
         {
             let mut g = Guest::new(&mem);
             g.attach(&mut rq);
-            g.flood(1, 512, 512);
+            g.flood(1, 512, 0);
+            g.kick(&mut rq);
+            g.settle(&mut rq);
+            g.flood(513, 0, 512);
             g.kick(&mut rq);
             // Finished reads stay in flight until the device polls.
             let running = rq.in_flight();
@@ -366,10 +389,14 @@ fn main() -> ExitCode {
         {
             let mut g = Guest::new(&mem);
             g.attach(&mut rq);
-            g.flood(1, 128, 128);
+            g.flood(1, 128, 0);
+            g.kick(&mut rq);
+            g.settle(&mut rq);
+            g.flood(129, 0, 128);
             g.kick(&mut rq);
             dropped_requests += rq.in_flight();
             let st = rq.engine_stats();
+            cancel_resumes += st.cancel_resumes;
             check!(st.unwound == 0 && st.leaked == 0, "engine counters {st:?}");
             drop(rq);
             rq = new_device(&server, &pool);
@@ -382,7 +409,7 @@ fn main() -> ExitCode {
     let _ = std::fs::remove_dir_all(&dir);
     check!(rounds > 0, "no round ran");
     println!(
-        "embed_abort: ok: {rounds} rounds in {:.1} s: {flushes} Rflush, {reset_requests} requests reset, {dropped_requests} dropped by disconnect, panic = {}",
+        "embed_abort: ok: {rounds} rounds in {:.1} s: {flushes} Rflush, {reset_requests} requests reset, {dropped_requests} dropped by disconnect, {cancel_resumes} resumed cancelled, panic = {}",
         start.elapsed().as_secs_f64(),
         if cfg!(panic = "abort") { "abort" } else { "unwind" }
     );
