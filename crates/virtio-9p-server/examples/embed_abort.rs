@@ -208,6 +208,16 @@ impl<'a> Guest<'a> {
         }
     }
 
+    /// Starts `locks` blocking Tlocks (tags from 1) and lets them block,
+    /// then starts `reads` Treads (the next tags) without waiting.
+    fn blocked_then_reads(&mut self, rq: &mut RequestQueue<Fs>, locks: u16, reads: u16) {
+        self.flood(1, locks, 0);
+        self.kick(rq);
+        self.settle(rq);
+        self.flood(1 + locks, 0, reads);
+        self.kick(rq);
+    }
+
     /// Publishes `locks` blocking Tlocks and `reads` Treads, tags from
     /// `first`.
     fn flood(&mut self, first: u16, locks: u16, reads: u16) {
@@ -323,11 +333,7 @@ fn main() -> ExitCode {
         {
             let mut g = Guest::new(&mem);
             g.attach(&mut rq);
-            g.flood(1, 128, 0);
-            g.kick(&mut rq);
-            g.settle(&mut rq);
-            g.flood(129, 0, 128);
-            g.kick(&mut rq);
+            g.blocked_then_reads(&mut rq, 128, 128);
             for old in 1..=256u16 {
                 g.publish(1000 + old, &Tmessage::Flush(Tflush { oldtag: old }), 64);
             }
@@ -360,11 +366,7 @@ fn main() -> ExitCode {
         {
             let mut g = Guest::new(&mem);
             g.attach(&mut rq);
-            g.flood(1, 512, 0);
-            g.kick(&mut rq);
-            g.settle(&mut rq);
-            g.flood(513, 0, 512);
-            g.kick(&mut rq);
+            g.blocked_then_reads(&mut rq, 512, 512);
             // Finished reads stay in flight until the device polls.
             let running = rq.in_flight();
             check!(
@@ -389,11 +391,7 @@ fn main() -> ExitCode {
         {
             let mut g = Guest::new(&mem);
             g.attach(&mut rq);
-            g.flood(1, 128, 0);
-            g.kick(&mut rq);
-            g.settle(&mut rq);
-            g.flood(129, 0, 128);
-            g.kick(&mut rq);
+            g.blocked_then_reads(&mut rq, 128, 128);
             dropped_requests += rq.in_flight();
             let st = rq.engine_stats();
             cancel_resumes += st.cancel_resumes;

@@ -1382,17 +1382,26 @@ mod tests {
         started_rx.recv().unwrap();
     }
 
-    #[test]
-    fn test_reset_leaks_a_stuck_call_within_the_bound() {
-        let timeout = Duration::from_millis(300);
+    /// How long the teardown tests let a reset wait.
+    const STUCK_TIMEOUT: Duration = Duration::from_millis(300);
+
+    /// An engine with one worker whose request 1 is stuck in a call until
+    /// the returned sender is dropped.
+    fn stuck_engine() -> (Engine, std::sync::mpsc::Sender<()>) {
         let mut e = engine_with(&EngineConfig {
             workers: 1,
-            quiesce_timeout: timeout,
+            quiesce_timeout: STUCK_TIMEOUT,
             ..EngineConfig::default()
         });
         let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let gate = Arc::new(Mutex::new(rx));
-        spawn_stuck(&mut e, 1, &gate);
+        spawn_stuck(&mut e, 1, &Arc::new(Mutex::new(rx)));
+        (e, tx)
+    }
+
+    #[test]
+    fn test_reset_leaks_a_stuck_call_within_the_bound() {
+        let timeout = STUCK_TIMEOUT;
+        let (mut e, tx) = stuck_engine();
         // A sleeper and a queued call behind the stuck one are cancelled.
         e.spawn(2, Some(2), Cancel::new(), || {
             sleep(Duration::from_secs(3600));
@@ -1428,17 +1437,10 @@ mod tests {
 
     #[test]
     fn test_drop_with_a_call_that_never_returns_is_bounded() {
-        let timeout = Duration::from_millis(300);
-        let mut e = engine_with(&EngineConfig {
-            workers: 1,
-            quiesce_timeout: timeout,
-            ..EngineConfig::default()
-        });
+        let timeout = STUCK_TIMEOUT;
+        let (mut e, tx) = stuck_engine();
         // Never answered: the sender lives past the test (leaked).
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
         std::mem::forget(tx);
-        let gate = Arc::new(Mutex::new(rx));
-        spawn_stuck(&mut e, 1, &gate);
         let t0 = Instant::now();
         let stats = e.shutdown();
         drop(e);
