@@ -293,3 +293,74 @@ fn test_drop_with_a_filesystem_call_that_never_returns_is_bounded() {
         "drop returned before the quiesce bound: {took:?}"
     );
 }
+
+#[test]
+fn test_disconnect_with_a_stuck_call_is_bounded_and_the_daemon_serves_on() {
+    use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout as VmmLayout, VmmOptions};
+    use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen};
+
+    let gate = Arc::new(Gate::default());
+    let sock_dir = tempfile::tempdir().unwrap();
+    let socket = sock_dir.path().join("vu.sock");
+    let server = Arc::new(Server::new(StuckFs(Arc::clone(&gate)), Config::default()).unwrap());
+    let config = DaemonConfig {
+        listen: Listen::Path(socket.clone()),
+        backend: BackendConfig {
+            tag: "stuck".into(),
+            queue_size: 64,
+            engine: EngineConfig {
+                workers: 1,
+                max_in_flight: 64,
+                quiesce_timeout: QUIESCE,
+                ..EngineConfig::default()
+            },
+        },
+        stack_policy: coro_pool::Policy::Bounded,
+    };
+    let mut daemon = Daemon::new(server, config).unwrap();
+    let stop = daemon.stop_handle();
+    let thread = std::thread::spawn(move || daemon.run());
+    let opts = || VmmOptions {
+        queue_size: 64,
+        ..VmmOptions::default()
+    };
+    let version = Tmessage::Version(Tversion {
+        msize: 8192,
+        version: VERSION_9P2000_L.to_vec(),
+    })
+    .encode_frame(0);
+
+    let mut vmm = FakeVmm::connect(&socket, opts()).unwrap();
+    vmm.call(&version, 64, VmmLayout::Direct).unwrap();
+    let attach = Tmessage::Attach(Tattach {
+        fid: 0,
+        afid: NOFID,
+        uname: b"root".to_vec(),
+        aname: Vec::new(),
+        n_uname: 0,
+    });
+    vmm.call(&attach.encode_frame(1), 64, VmmLayout::Direct)
+        .unwrap();
+    vmm.submit(&getattr().encode_frame(2), 256, VmmLayout::Direct)
+        .unwrap();
+    vmm.kick().unwrap();
+    gate.wait_entered(1);
+
+    // The frontend goes away while the call is stuck; the next one is
+    // served once the daemon has torn the first session down, within the
+    // engine's bound (plus slack for the handshake).
+    let t0 = Instant::now();
+    drop(vmm);
+    let mut vmm = FakeVmm::connect(&socket, opts()).unwrap();
+    let reply = vmm.call(&version, 64, VmmLayout::Direct).unwrap();
+    let took = t0.elapsed();
+    assert_eq!(reply[4], TVERSION + 1);
+    assert!(
+        took < QUIESCE + WORKER_JOIN_TIMEOUT + Duration::from_secs(3),
+        "reconnect took {took:?}"
+    );
+    drop(vmm);
+    stop.stop();
+    thread.join().unwrap().unwrap();
+    gate.open();
+}
