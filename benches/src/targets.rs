@@ -168,6 +168,26 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
+        claim: "Tgetattr over vhost-user vs the eventfd round-trip floor",
+        figure: "getattr_vs_floor",
+        op: Op::AtMost,
+        bound: 1.5,
+        context: &[
+            "roundtrip_floor_us",
+            "getattr_vhost_us",
+            "getattr_inline_vs_floor",
+        ],
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "inline 4 KiB Tread over vhost-user vs the round-trip floor",
+        figure: "read_4k_vs_floor",
+        op: Op::AtMost,
+        bound: 1.5,
+        context: &["roundtrip_floor_us", "read_4k_vhost_us"],
+    },
+    Target {
+        suite: "virtio-9p",
         claim: "128 MiB msize read vs memcpy",
         figure: "read_128m_vs_memcpy",
         op: Op::AtLeast,

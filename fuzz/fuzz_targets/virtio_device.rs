@@ -75,6 +75,7 @@ fn new_queue(state: &State, input: &DeviceInput) -> RequestQueue<PassthroughFs> 
         workers: 1,
         max_in_flight: MAX_QUEUE,
         offload: OffloadPolicy::Never,
+        ..EngineConfig::default()
     };
     RequestQueue::new(
         server,

@@ -55,6 +55,6 @@ pub use error::{Error, Result};
 pub use fs::passthrough::{PassthroughConfig, PassthroughFs, SecurityModel};
 pub use io::{ReplyWriter, RequestReader};
 pub use server::{
-    Blocking, Cancel, Config, Inline, Reply, Server, Session, DEFAULT_LOCK_WAIT, DEFAULT_MAX_FIDS,
-    MAX_XATTR_NAME, MAX_XATTR_SIZE,
+    Blocking, Cancel, Config, Inline, Interrupted, Reply, Server, Session, DEFAULT_LOCK_WAIT,
+    DEFAULT_MAX_FIDS, MAX_XATTR_NAME, MAX_XATTR_SIZE,
 };

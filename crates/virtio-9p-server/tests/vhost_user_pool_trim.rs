@@ -44,6 +44,7 @@ fn test_daemon_pool_falls_back_within_two_trim_intervals() {
                 workers: 2,
                 max_in_flight: 1024,
                 offload: OffloadPolicy::Auto,
+                ..EngineConfig::default()
             },
         },
         stack_policy: coro_pool::Policy::Bounded,

@@ -20,6 +20,7 @@
 
 use std::error::Error;
 use std::hint::black_box;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -29,7 +30,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use virtio_9p_server::engine::{EngineConfig, OffloadPolicy};
 use virtio_9p_server::protocol::{
-    Tattach, Tlopen, Tmessage, Tread, Tversion, Twalk, IOHDRSZ, NOFID,
+    getattr::BASIC as GETATTR_BASIC, Tattach, Tgetattr, Tlopen, Tmessage, Tread, Tversion, Twalk,
+    IOHDRSZ, NOFID,
 };
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen, StopHandle};
@@ -77,6 +79,7 @@ fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<R
                 workers: 4,
                 max_in_flight: 1024,
                 offload,
+                ..EngineConfig::default()
             },
         },
         stack_policy: policy,
@@ -157,6 +160,95 @@ fn wait_one(vmm: &mut FakeVmm) -> Res<(u16, u32)> {
         [] => Err("no completion within 30 s".into()),
         _ => Err("more completions than requests".into()),
     }
+}
+
+/// µs per request of `frame`, one at a time: submit, kick, wait for the
+/// used entry (the fake VMM polls its call eventfd).
+fn per_request_us(vmm: &mut FakeVmm, frame: &[u8], reply_len: u32, n: usize) -> Res<f64> {
+    let t0 = Instant::now();
+    for _ in 0..n {
+        vmm.submit(frame, reply_len, Layout::Direct)?;
+        vmm.kick()?;
+        let (_, len) = wait_one(vmm)?;
+        if len < 11 {
+            return Err(format!("short reply ({len} bytes)").into());
+        }
+    }
+    Ok(t0.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+/// The floor of one vhost-user round trip, µs: an eventfd kick to a
+/// thread waiting in `epoll_wait`, which reads it and writes a second
+/// eventfd back, which the caller waits for with `poll` (as the fake
+/// VMM does) and reads. No ring, no request.
+fn eventfd_round_trip_us(n: usize) -> Res<f64> {
+    use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+    let kick = EventFd::new(EFD_NONBLOCK)?;
+    let call = EventFd::new(EFD_NONBLOCK)?;
+    let stop = EventFd::new(EFD_NONBLOCK)?;
+    let (k, c, st) = (kick.try_clone()?, call.try_clone()?, stop.try_clone()?);
+    let epoll = Epoll::new()?;
+    epoll.ctl(
+        ControlOperation::Add,
+        k.as_raw_fd(),
+        EpollEvent::new(EventSet::IN, 0),
+    )?;
+    epoll.ctl(
+        ControlOperation::Add,
+        st.as_raw_fd(),
+        EpollEvent::new(EventSet::IN, 1),
+    )?;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut events = [EpollEvent::default(); 4];
+        loop {
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            for ev in &events[..n] {
+                if ev.data() == 1 {
+                    return Ok(());
+                }
+                let _ = k.read();
+                c.write(1)?;
+            }
+        }
+    });
+    let wait_call = |call: &EventFd| -> Res<()> {
+        loop {
+            let mut pfd = libc::pollfd {
+                fd: call.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll on one valid pollfd.
+            let r = unsafe { libc::poll(&mut pfd, 1, 30_000) };
+            if r == 0 {
+                return Err("no eventfd call back within 30 s".into());
+            }
+            if call.read().is_ok() {
+                return Ok(());
+            }
+        }
+    };
+    for _ in 0..n / 10 {
+        kick.write(1)?;
+        wait_call(&call)?;
+    }
+    let t0 = Instant::now();
+    for _ in 0..n {
+        kick.write(1)?;
+        wait_call(&call)?;
+    }
+    let us = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
+    stop.write(1)?;
+    server
+        .join()
+        .map_err(|_| "floor thread panicked")?
+        .map_err(|e| format!("floor thread: {e}"))?;
+    Ok(us)
 }
 
 /// Sequential Tread (or Twrite) of `total` bytes at `msize`, one request
@@ -618,6 +710,78 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
     }
     report.table(line);
     drop(always);
+
+    // The floor of one vhost-user round trip, in the same rounds as a
+    // Tgetattr and an inline 4 KiB Tread over vhost-user (alternating).
+    // For where the time goes, Tgetattr also runs inline on the vring
+    // thread (OffloadPolicy::Never) in the same rounds: the difference to
+    // the default is the worker hop.
+    let never = start(dir.path(), coro_pool::Policy::Bounded, OffloadPolicy::Never)?;
+    let mut floor = Vec::new();
+    let mut getattr = Vec::new();
+    let mut getattr_inline = Vec::new();
+    let mut read4k = Vec::new();
+    let n = ctx.pick(5000, 300);
+    {
+        let mut vmm = session(&pooled, 64 << 10, "big", 0)?;
+        let mut inline_vmm = session(&never, 64 << 10, "big", 0)?;
+        let getattr_frame = Tmessage::Getattr(Tgetattr {
+            fid: 1,
+            request_mask: GETATTR_BASIC,
+        })
+        .encode_frame(10);
+        let read_frame = Tmessage::Read(Tread {
+            fid: 1,
+            offset: 0,
+            count: 4096,
+        })
+        .encode_frame(11);
+        // Warm up the ring, the engine and the page cache.
+        per_request_us(&mut vmm, &getattr_frame, 256, n / 10)?;
+        per_request_us(&mut vmm, &read_frame, 4096 + IOHDRSZ, n / 10)?;
+        per_request_us(&mut inline_vmm, &getattr_frame, 256, n / 10)?;
+        for _ in 0..reps {
+            floor.push(eventfd_round_trip_us(n)?);
+            getattr.push(per_request_us(&mut vmm, &getattr_frame, 256, n)?);
+            read4k.push(per_request_us(&mut vmm, &read_frame, 4096 + IOHDRSZ, n)?);
+            getattr_inline.push(per_request_us(&mut inline_vmm, &getattr_frame, 256, n)?);
+        }
+    }
+    drop(never);
+    let (floor, getattr, read4k) = (median(&floor), median(&getattr), median(&read4k));
+    let getattr_inline = median(&getattr_inline);
+    report.metric("roundtrip_floor_us", floor);
+    report.metric("getattr_vhost_us", getattr);
+    report.metric("getattr_inline_vhost_us", getattr_inline);
+    report.metric("getattr_inline_vs_floor", getattr_inline / floor);
+    report.metric("read_4k_vhost_us", read4k);
+    report.metric("getattr_vs_floor", getattr / floor);
+    report.metric("read_4k_vs_floor", read4k / floor);
+    let mut ft = Table::new(
+        "per-request cost over vhost-user against the round-trip floor (one request at a time)",
+        &["what", "µs", "vs floor"],
+    );
+    ft.row(&[
+        "floor: eventfd kick to a thread in epoll_wait, eventfd back".to_string(),
+        format_value(floor),
+        "1".to_string(),
+    ])
+    .row(&[
+        "Tgetattr".to_string(),
+        format_value(getattr),
+        format_value(getattr / floor),
+    ])
+    .row(&[
+        "Tgetattr inline on the vring thread (OffloadPolicy::Never)".to_string(),
+        format_value(getattr_inline),
+        format_value(getattr_inline / floor),
+    ])
+    .row(&[
+        "Tread 4 KiB, cached, inline".to_string(),
+        format_value(read4k),
+        format_value(read4k / floor),
+    ]);
+    report.table(ft);
     report.note(format!(
         "vhost-user part: in-process fake VMM over a real vhost-user socket and memfd guest memory, \
          {} MiB file in the page cache, 4 workers, queue size 1024; reads use 4 KiB indirect descriptors \

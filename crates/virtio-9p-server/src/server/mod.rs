@@ -114,14 +114,36 @@ impl Default for Config {
 /// borrows the filesystem, the fid and, for Tread/Twrite, the request
 /// reader or reply writer; hence [`Server::handle`] needs them to be `Send`.
 pub trait Blocking {
-    /// Runs `f` to completion and returns its result.
-    fn run<R: Send>(&self, op: u8, f: impl FnOnce() -> R + Send) -> R;
+    /// Runs `f` to completion and returns its result. An executor that
+    /// cancels the request before `f` started returns
+    /// [`Interrupted::interrupted`] instead (the request then answers
+    /// EINTR and finishes normally; nothing is unwound).
+    fn run<R: Interrupted + Send>(&self, op: u8, f: impl FnOnce() -> R + Send) -> R;
 
     /// Waits `d` between the attempts of a blocking Tlock. The default
     /// sleeps the thread; a coroutine engine yields to a timer instead, so
     /// a waiting lock holds no thread.
     fn sleep(&self, d: Duration) {
         std::thread::sleep(d);
+    }
+}
+
+/// The result of a call that was cancelled before it ran (Tflush, reset):
+/// an EINTR error.
+pub trait Interrupted {
+    /// The value standing in for the call's result.
+    fn interrupted() -> Self;
+}
+
+impl<T> Interrupted for std::io::Result<T> {
+    fn interrupted() -> Self {
+        Err(std::io::Error::from_raw_os_error(libc::EINTR))
+    }
+}
+
+impl<T> Interrupted for std::result::Result<T, u32> {
+    fn interrupted() -> Self {
+        Err(errno::EINTR)
     }
 }
 

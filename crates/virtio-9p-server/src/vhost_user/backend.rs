@@ -18,7 +18,7 @@ use vmm_sys_util::event::{
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::engine::{EngineConfig, QUIESCE_TIMEOUT};
+use crate::engine::{EngineConfig, WORKER_JOIN_TIMEOUT};
 use crate::fs::Filesystem;
 use crate::server::{Server, Session};
 use crate::virtio::{
@@ -122,6 +122,8 @@ pub struct Virtio9pBackend<F: Filesystem> {
     control: Mutex<Control>,
     control_cv: Condvar,
     exit_fds: Mutex<Vec<RawFd>>,
+    /// Requests leaked by resets and shutdowns (calls that never returned).
+    leaked: AtomicU64,
 }
 
 impl<F: Filesystem> std::fmt::Debug for Virtio9pBackend<F> {
@@ -179,6 +181,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             }),
             control_cv: Condvar::new(),
             exit_fds: Mutex::new(Vec::new()),
+            leaked: AtomicU64::new(0),
         })
     }
 
@@ -237,6 +240,13 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         self.control_request(ControlOp::Shutdown);
     }
 
+    /// Requests given up on by resets, disconnects and shutdowns because
+    /// their filesystem call did not return within the engine's
+    /// `quiesce_timeout` (they are leaked, never freed under the worker).
+    pub fn leaked_requests(&self) -> u64 {
+        self.leaked.load(Ordering::Acquire)
+    }
+
     fn lock_control(&self) -> MutexGuard<'_, Control> {
         self.control.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -255,7 +265,9 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             error!("virtio-9p: cannot signal the vring thread: {e}");
             return;
         }
-        let timeout = QUIESCE_TIMEOUT + Duration::from_secs(2);
+        // The vring thread's bound (quiesce, then the worker join) plus
+        // slack for the thread to get to the request.
+        let timeout = self.engine.quiesce_timeout + WORKER_JOIN_TIMEOUT + Duration::from_secs(2);
         let (c, res) = self
             .control_cv
             .wait_timeout_while(c, timeout, |c| c.done < ticket)
@@ -313,12 +325,13 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 (op, c.requested)
             };
             if let Some(q) = cell.queue.as_mut() {
-                let left = q.quiesce(QUIESCE_TIMEOUT);
-                if left > 0 {
-                    error!("virtio-9p: {left} requests still running after quiesce");
+                // Bounded: requests whose call never returns are leaked.
+                let leaked = q.cancel_all();
+                if leaked > 0 {
+                    self.leaked.fetch_add(leaked as u64, Ordering::AcqRel);
                 }
                 Self::complete(q, vrings, self.memory().as_ref())?;
-                if op == ControlOp::Shutdown && left == 0 {
+                if op == ControlOp::Shutdown {
                     cell.queue = None;
                 } else if op == ControlOp::Quiesce {
                     q.reset(self.indirect()).map_err(std::io::Error::other)?;

@@ -103,6 +103,14 @@ pub fn run_daemon<F: Filesystem + 'static>(
                 workers: args.thread_pool_size,
                 max_in_flight: usize::from(args.queue_size),
                 offload: OffloadPolicy::Auto,
+                // Each worker narrows its own seccomp filter (a no-op
+                // unless the sandbox installed one).
+                on_worker_start: Some(std::sync::Arc::new(|| {
+                    crate::sandbox::seccomp::enter_thread(
+                        crate::sandbox::seccomp::ThreadKind::Worker,
+                    )
+                })),
+                ..EngineConfig::default()
             },
         },
         stack_policy: coro_pool::Policy::Bounded,

@@ -90,14 +90,14 @@ where
         count: usize,
         off: u64,
     ) -> io::Result<usize> {
-        // An inline Tread on the engine's thread: a range already in the
-        // page cache is copied right here (cheaper than a thread hop);
-        // anything else goes to a worker while the coroutine yields.
-        if engine::read_runs_inline() && !range_cached(file, count, off) {
-            let w = &mut self.0;
-            return engine::offload(move || w.read_from_file_at(&file, count, off));
-        }
-        self.0.read_from_file_at(&file, count, off)
+        // The engine decides where the read runs; the hint is whether the
+        // range is in the page cache (then a copy right here is cheaper
+        // than a thread hop).
+        let w = &mut self.0;
+        engine::offload_read(
+            || range_cached(file, count, off),
+            move || w.read_from_file_at(&file, count, off),
+        )
     }
 }
 

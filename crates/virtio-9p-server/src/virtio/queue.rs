@@ -193,6 +193,14 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         self.engine.quiesce(timeout)
     }
 
+    /// Cancels every request and waits for running calls up to the
+    /// engine's `quiesce_timeout`; a call that has not returned by then is
+    /// leaked ([`Engine::reset`]). Returns the number leaked; the queue is
+    /// empty afterwards.
+    pub fn cancel_all(&mut self) -> usize {
+        self.engine.reset()
+    }
+
     fn start<M>(&mut self, chain: virtqueue_large::Chain<M>)
     where
         M: Deref + Clone + Send + 'static,

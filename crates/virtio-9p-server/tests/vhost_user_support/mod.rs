@@ -43,6 +43,7 @@ impl TestDaemon {
                     workers,
                     max_in_flight: usize::from(queue_size),
                     offload,
+                    ..EngineConfig::default()
                 },
             },
             stack_policy: coro_pool::Policy::Bounded,

@@ -1,0 +1,367 @@
+//! Bounded teardown (issue 18, item 5): a reset or a drop of the device
+//! returns within the engine's bound even when a `Filesystem` call never
+//! returns; the stuck request is leaked and counted, never freed under the
+//! worker, and the device keeps serving.
+
+use std::io;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use coro_pool::{PoolConfig, StackPool};
+use virtio_9p_server::engine::{EngineConfig, OffloadPolicy, WORKER_JOIN_TIMEOUT};
+use virtio_9p_server::fs::{Cred, Filesystem};
+use virtio_9p_server::io::{ReplyWriter, RequestReader};
+use virtio_9p_server::protocol::*;
+use virtio_9p_server::virtio::RequestQueue;
+use virtio_9p_server::{Config, Server, Session};
+use virtqueue_large::mock::{guest_memory, Buf, ChainLayout, Layout, MockDriver};
+use vm_memory::{Bytes, GuestMemoryMmap};
+
+/// How long the tests let a reset wait for a running call.
+const QUIESCE: Duration = Duration::from_millis(400);
+
+/// A gate the stuck call waits on; `open` lets it go.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+    entered: Mutex<usize>,
+    entered_cv: Condvar,
+}
+
+impl Gate {
+    fn wait(&self) {
+        *self.entered.lock().unwrap() += 1;
+        self.entered_cv.notify_all();
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+    }
+
+    fn wait_entered(&self, n: usize) {
+        let mut e = self.entered.lock().unwrap();
+        while *e < n {
+            e = self.entered_cv.wait(e).unwrap();
+        }
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+/// A filesystem of one directory whose Tgetattr blocks until the gate
+/// opens (for ever, in the drop test); everything else is ENOSYS.
+struct StuckFs(Arc<Gate>);
+
+fn enosys<T>() -> io::Result<T> {
+    Err(io::Error::from_raw_os_error(libc::ENOSYS))
+}
+
+impl Filesystem for StuckFs {
+    type Inode = ();
+    type File = ();
+
+    fn attach(&self, _: &[u8], _: Cred) -> io::Result<((), Qid)> {
+        Ok(((), Qid::default()))
+    }
+    fn walk(&self, _: &(), _: &[u8]) -> io::Result<((), Qid)> {
+        enosys()
+    }
+    fn getattr(&self, _: &(), _: u64) -> io::Result<Rgetattr> {
+        self.0.wait();
+        Ok(Rgetattr::default())
+    }
+    fn setattr(&self, _: &(), _: Option<&()>, _: &Tsetattr) -> io::Result<()> {
+        enosys()
+    }
+    fn statfs(&self, _: &()) -> io::Result<Rstatfs> {
+        enosys()
+    }
+    fn open(&self, _: &(), _: u32) -> io::Result<((), Qid)> {
+        enosys()
+    }
+    fn create(&self, _: &(), _: &[u8], _: u32, _: u32, _: Cred) -> io::Result<((), (), Qid)> {
+        enosys()
+    }
+    fn read<W: ReplyWriter>(&self, _: &(), _: &mut W, _: usize, _: u64) -> io::Result<usize> {
+        enosys()
+    }
+    fn write<R: RequestReader>(&self, _: &(), _: &mut R, _: usize, _: u64) -> io::Result<usize> {
+        enosys()
+    }
+    fn readdir(&self, _: &(), _: u64, _: &mut dyn FnMut(DirEntry) -> bool) -> io::Result<()> {
+        enosys()
+    }
+    fn fsync(&self, _: &(), _: bool) -> io::Result<()> {
+        enosys()
+    }
+    fn mkdir(&self, _: &(), _: &[u8], _: u32, _: Cred) -> io::Result<Qid> {
+        enosys()
+    }
+    fn symlink(&self, _: &(), _: &[u8], _: &[u8], _: Cred) -> io::Result<Qid> {
+        enosys()
+    }
+    fn mknod(&self, _: &(), _: &[u8], _: u32, _: u64, _: Cred) -> io::Result<Qid> {
+        enosys()
+    }
+    fn link(&self, _: &(), _: &(), _: &[u8]) -> io::Result<()> {
+        enosys()
+    }
+    fn readlink(&self, _: &()) -> io::Result<Vec<u8>> {
+        enosys()
+    }
+    fn rename(&self, _: &(), _: &(), _: &[u8]) -> io::Result<()> {
+        enosys()
+    }
+    fn renameat(&self, _: &(), _: &[u8], _: &(), _: &[u8]) -> io::Result<()> {
+        enosys()
+    }
+    fn unlinkat(&self, _: &(), _: &[u8], _: u32) -> io::Result<()> {
+        enosys()
+    }
+    fn remove(&self, _: &()) -> io::Result<()> {
+        enosys()
+    }
+    fn getxattr(&self, _: &(), _: &[u8], _: usize) -> io::Result<Vec<u8>> {
+        enosys()
+    }
+    fn listxattr(&self, _: &(), _: usize) -> io::Result<Vec<u8>> {
+        enosys()
+    }
+    fn setxattr(&self, _: &(), _: &[u8], _: &[u8], _: u32) -> io::Result<()> {
+        enosys()
+    }
+    fn removexattr(&self, _: &(), _: &[u8]) -> io::Result<()> {
+        enosys()
+    }
+    fn try_lock(&self, _: &(), _: &Tlock) -> io::Result<u8> {
+        enosys()
+    }
+    fn getlock(&self, _: &(), _: &Tgetlock) -> io::Result<Rgetlock> {
+        enosys()
+    }
+}
+
+struct Device {
+    mem: Arc<GuestMemoryMmap<()>>,
+    queue: virtio_queue::Queue,
+    rq: RequestQueue<StuckFs>,
+}
+
+fn device(gate: &Arc<Gate>) -> (Device, MockDriver<'static, GuestMemoryMmap<()>>) {
+    let mem = Arc::new(guest_memory(4 << 20));
+    // The driver borrows the memory for the test's life.
+    let leaked: &'static GuestMemoryMmap<()> = Box::leak(Box::new((*mem).clone()));
+    let driver = MockDriver::new(leaked, 64);
+    let queue = driver.create_queue();
+    let server = Arc::new(Server::new(StuckFs(Arc::clone(gate)), Config::default()).unwrap());
+    let pool = Arc::new(StackPool::new(PoolConfig::default()).unwrap());
+    let config = EngineConfig {
+        workers: 1,
+        max_in_flight: 64,
+        offload: OffloadPolicy::Auto,
+        quiesce_timeout: QUIESCE,
+        ..EngineConfig::default()
+    };
+    let rq = RequestQueue::new(server, Arc::new(Session::new()), pool, &config, false).unwrap();
+    (Device { mem, queue, rq }, driver)
+}
+
+impl Device {
+    fn send(
+        &mut self,
+        d: &mut MockDriver<'_, GuestMemoryMmap<()>>,
+        tag: u16,
+        m: &Tmessage,
+    ) -> ChainLayout {
+        let frame = m.encode_frame(tag);
+        let chain = d
+            .add_chain(Layout::Direct, &[Buf::r(frame.len() as u32), Buf::w(512)])
+            .unwrap();
+        d.fill_readable(&chain, &frame).unwrap();
+        self.rq
+            .process(&mut self.queue, Arc::clone(&self.mem))
+            .unwrap();
+        chain
+    }
+
+    /// Polls until `n` used entries arrived (10 s at most).
+    fn used(&mut self, d: &mut MockDriver<'_, GuestMemoryMmap<()>>, n: usize) -> Vec<(u32, u32)> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut out = Vec::new();
+        while out.len() < n && Instant::now() < deadline {
+            self.rq.poll();
+            self.rq.complete(&mut self.queue, &*self.mem).unwrap();
+            out.extend(d.take_used());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        out
+    }
+
+    fn reply_type(&self, chain: &ChainLayout) -> u8 {
+        let (addr, _, _) = *chain.buffers.iter().find(|b| b.2).unwrap();
+        let mut hdr = [0u8; HEADER_SIZE];
+        self.mem.read_slice(&mut hdr, addr).unwrap();
+        hdr[4]
+    }
+
+    fn attach(&mut self, d: &mut MockDriver<'_, GuestMemoryMmap<()>>) {
+        let version = Tmessage::Version(Tversion {
+            msize: 8192,
+            version: VERSION_9P2000_L.to_vec(),
+        });
+        let attach = Tmessage::Attach(Tattach {
+            fid: 0,
+            afid: NOFID,
+            uname: b"root".to_vec(),
+            aname: Vec::new(),
+            n_uname: 0,
+        });
+        for m in [version, attach] {
+            let c = self.send(d, 0, &m);
+            assert_eq!(self.used(d, 1).len(), 1);
+            assert_ne!(self.reply_type(&c), RLERROR, "{m:?}");
+        }
+    }
+}
+
+fn getattr() -> Tmessage {
+    Tmessage::Getattr(Tgetattr {
+        fid: 0,
+        request_mask: getattr::BASIC,
+    })
+}
+
+#[test]
+fn test_reset_with_a_stuck_filesystem_call_is_bounded_and_counted() {
+    let gate = Arc::new(Gate::default());
+    let (mut dev, mut d) = device(&gate);
+    dev.attach(&mut d);
+    // Tag 1 is stuck on the only worker; tag 2 waits behind it.
+    dev.send(&mut d, 1, &getattr());
+    gate.wait_entered(1);
+    dev.send(&mut d, 2, &getattr());
+    assert_eq!(dev.rq.in_flight(), 2);
+
+    let t0 = Instant::now();
+    assert_eq!(dev.rq.cancel_all(), 1, "the stuck call is leaked");
+    let took = t0.elapsed();
+    assert!(
+        took >= QUIESCE && took < QUIESCE + Duration::from_secs(3),
+        "reset took {took:?}"
+    );
+    assert_eq!(dev.rq.in_flight(), 0);
+    let st = dev.rq.engine_stats();
+    assert_eq!((st.leaked, st.unwound), (1, 0));
+    // Both chains go back empty: the queued one was cancelled (EINTR, no
+    // reply), the stuck one given up.
+    let mut used = dev.used(&mut d, 2);
+    used.sort_unstable();
+    assert_eq!(used.iter().map(|u| u.1).collect::<Vec<_>>(), vec![0, 0]);
+
+    // The call returns late: its completion is ignored, and the device
+    // keeps serving on the freed worker.
+    gate.open();
+    let c = dev.send(&mut d, 3, &getattr());
+    let used = dev.used(&mut d, 1);
+    assert_eq!(used.len(), 1);
+    assert!(used[0].1 > 0);
+    assert_eq!(dev.reply_type(&c), TGETATTR + 1);
+    assert_eq!(dev.rq.engine_stats().leaked, 1);
+}
+
+#[test]
+fn test_drop_with_a_filesystem_call_that_never_returns_is_bounded() {
+    // The gate never opens: the worker stays stuck after the test.
+    let gate = Arc::new(Gate::default());
+    let (mut dev, mut d) = device(&gate);
+    dev.attach(&mut d);
+    dev.send(&mut d, 1, &getattr());
+    gate.wait_entered(1);
+    let t0 = Instant::now();
+    drop(dev);
+    let took = t0.elapsed();
+    assert!(
+        took < QUIESCE + WORKER_JOIN_TIMEOUT + Duration::from_secs(2),
+        "drop took {took:?}"
+    );
+    assert!(
+        took >= QUIESCE,
+        "drop returned before the quiesce bound: {took:?}"
+    );
+}
+
+#[test]
+fn test_disconnect_with_a_stuck_call_is_bounded_and_the_daemon_serves_on() {
+    use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout as VmmLayout, VmmOptions};
+    use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen};
+
+    let gate = Arc::new(Gate::default());
+    let sock_dir = tempfile::tempdir().unwrap();
+    let socket = sock_dir.path().join("vu.sock");
+    let server = Arc::new(Server::new(StuckFs(Arc::clone(&gate)), Config::default()).unwrap());
+    let config = DaemonConfig {
+        listen: Listen::Path(socket.clone()),
+        backend: BackendConfig {
+            tag: "stuck".into(),
+            queue_size: 64,
+            engine: EngineConfig {
+                workers: 1,
+                max_in_flight: 64,
+                quiesce_timeout: QUIESCE,
+                ..EngineConfig::default()
+            },
+        },
+        stack_policy: coro_pool::Policy::Bounded,
+        stack_trim_interval: None,
+    };
+    let mut daemon = Daemon::new(server, config).unwrap();
+    let stop = daemon.stop_handle();
+    let thread = std::thread::spawn(move || daemon.run());
+    let opts = || VmmOptions {
+        queue_size: 64,
+        ..VmmOptions::default()
+    };
+    let version = Tmessage::Version(Tversion {
+        msize: 8192,
+        version: VERSION_9P2000_L.to_vec(),
+    })
+    .encode_frame(0);
+
+    let mut vmm = FakeVmm::connect(&socket, opts()).unwrap();
+    vmm.call(&version, 64, VmmLayout::Direct).unwrap();
+    let attach = Tmessage::Attach(Tattach {
+        fid: 0,
+        afid: NOFID,
+        uname: b"root".to_vec(),
+        aname: Vec::new(),
+        n_uname: 0,
+    });
+    vmm.call(&attach.encode_frame(1), 64, VmmLayout::Direct)
+        .unwrap();
+    vmm.submit(&getattr().encode_frame(2), 256, VmmLayout::Direct)
+        .unwrap();
+    vmm.kick().unwrap();
+    gate.wait_entered(1);
+
+    // The frontend goes away while the call is stuck; the next one is
+    // served once the daemon has torn the first session down, within the
+    // engine's bound (plus slack for the handshake).
+    let t0 = Instant::now();
+    drop(vmm);
+    let mut vmm = FakeVmm::connect(&socket, opts()).unwrap();
+    let reply = vmm.call(&version, 64, VmmLayout::Direct).unwrap();
+    let took = t0.elapsed();
+    assert_eq!(reply[4], TVERSION + 1);
+    assert!(
+        took < QUIESCE + WORKER_JOIN_TIMEOUT + Duration::from_secs(3),
+        "reconnect took {took:?}"
+    );
+    drop(vmm);
+    stop.stop();
+    thread.join().unwrap().unwrap();
+    gate.open();
+}
