@@ -56,5 +56,6 @@ pub use fs::passthrough::{PassthroughConfig, PassthroughFs, SecurityModel};
 pub use io::{ReplyWriter, RequestReader};
 pub use server::{
     Blocking, Cancel, Config, Inline, Reply, Server, Session, DEFAULT_LOCK_WAIT, DEFAULT_MAX_FIDS,
-    MAX_XATTR_NAME, MAX_XATTR_SIZE,
+    DEFAULT_MAX_TOTAL_FIDS, DEFAULT_MAX_TOTAL_XATTR_BYTES, DEFAULT_MAX_XATTR_BYTES, MAX_XATTR_NAME,
+    MAX_XATTR_SIZE,
 };
