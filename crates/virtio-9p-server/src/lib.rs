@@ -35,6 +35,7 @@
 //! assert_eq!(msg, Rmessage::Version(Tversion { msize: 65536, version: b"9P2000.L".to_vec() }));
 //! ```
 
+pub mod bound;
 pub mod error;
 pub mod fs;
 pub mod io;

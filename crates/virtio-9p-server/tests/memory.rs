@@ -98,12 +98,12 @@ impl FidCount for TestClient {
     }
 }
 
-/// A file in `dir` with a 60,000-byte `user.big` xattr.
-fn big_xattr_file(dir: &Path) -> std::path::PathBuf {
+/// A file `x` in `dir` with a `user.big` xattr of `len` bytes of 7.
+fn big_xattr_file(dir: &Path, len: usize) {
     let p = dir.join("x");
     std::fs::write(&p, b"data").unwrap();
     let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-    let v = vec![7u8; 60_000];
+    let v = vec![7u8; len];
     // SAFETY: valid NUL-terminated path and name, value buffer of v.len().
     let r = unsafe {
         libc::setxattr(
@@ -115,14 +115,13 @@ fn big_xattr_file(dir: &Path) -> std::path::PathBuf {
         )
     };
     assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
-    p
 }
 
 #[test]
 fn test_xattr_fids_bounded_per_session_and_in_total() {
     // tmpfs takes 60,000-byte user xattrs (ext4 does not).
     let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
-    big_xattr_file(tmp.path());
+    big_xattr_file(tmp.path(), 60_000);
     let server = server_with(
         PassthroughConfig::new(tmp.path()),
         config(|c| {
@@ -434,4 +433,155 @@ fn test_kick_budget_leaves_nothing_on_the_ring() {
     }
     drop(vmm);
     d.stop();
+}
+
+/// VmRSS or VmHWM of `pid`, in bytes.
+fn status_bytes(pid: i32, key: &str) -> u64 {
+    vhost_user_support::status_kib(&pid.to_string(), key) << 10
+}
+
+/// One hostile client: every allocation it can make, then it stays
+/// connected and idle. Returns what it was refused, for the log.
+fn hostile(sock: &Path, id: u32, payload: &[u8]) -> Vec<String> {
+    let mut c = socket_client(sock, MAX_MSIZE);
+    let mut seen = Vec::new();
+    let note = |seen: &mut Vec<String>, what: &str, r: std::io::Result<()>| {
+        if let Err(e) = r {
+            seen.push(format!("{what}: errno {}", errno(e)));
+        }
+    };
+    let name = format!("h{id}");
+    c.walk(ROOT, 1, &[]).unwrap();
+    c.lcreate(1, name.as_bytes(), open_flags::RDWR, 0o600, 0)
+        .unwrap();
+    // Xattr fids of 64 KiB until refused.
+    c.walk(ROOT, 2, &[b"x"]).unwrap();
+    let mut f = 10;
+    loop {
+        match c.xattrwalk(2, f, b"user.big") {
+            Ok(_) => f += 1,
+            Err(e) => {
+                assert_eq!(errno(e), libc::ENOMEM, "xattr fids");
+                break;
+            }
+        }
+        assert!(f < 10_000, "xattr fids not bounded");
+    }
+    seen.push(format!("{} xattr fids", f - 10));
+    // Clone walks until refused.
+    let mut n = 20_000;
+    loop {
+        match c.walk(ROOT, n, &[]) {
+            Ok(_) => n += 1,
+            Err(e) => {
+                let e = errno(e);
+                assert!(e == libc::EMFILE || e == libc::ENFILE, "clone walks: {e}");
+                break;
+            }
+        }
+        assert!(n < 200_000, "clone walks not bounded");
+    }
+    seen.push(format!("{} clone walks", n - 20_000));
+    // Free two fids for what follows.
+    c.clunk(20_000).unwrap();
+    c.clunk(20_001).unwrap();
+    // A 128 MiB Twrite and a 128 MiB Tread (within the shared budget:
+    // ENOMEM or a short read otherwise, never a dropped connection).
+    note(&mut seen, "twrite", c.write(1, 0, payload).map(|_| ()));
+    match c.read(1, 0, MAX_MSIZE - 11) {
+        Ok(d) => seen.push(format!("tread of {} bytes", d.len())),
+        Err(e) => note(&mut seen, "tread", Err(e)),
+    }
+    // Big Twalks: 16 names of 4,000 bytes.
+    let walk = Tmessage::Walk(Twalk {
+        fid: ROOT,
+        newfid: 20_000,
+        wnames: vec![vec![b'w'; 4000]; 16],
+    });
+    assert_eq!(errno(c.rpc(&walk).unwrap_err()), libc::ENAMETOOLONG);
+    // Still served.
+    c.getattr(1).unwrap();
+    // Stay connected (and idle) until the test ends.
+    std::mem::forget(c);
+    seen
+}
+
+#[test]
+fn test_hostile_socket_clients_stay_within_the_memory_bound() {
+    use sandbox_support::socket_daemon;
+    // tmpfs for 64 KiB xattrs.
+    let tmp = tempfile::tempdir_in("/dev/shm").unwrap();
+    let export = tmp.path().join("export");
+    std::fs::create_dir(&export).unwrap();
+    // 65,536 bytes: the largest value.
+    big_xattr_file(&export, 65_536);
+    std::fs::write(export.join("good"), vec![1u8; 8192]).unwrap();
+    let sock = tmp.path().join("9p.sock");
+    let d = socket_daemon(&export, &sock, tmp.path().join("daemon.log"), "none", &[])
+        .expect("sandbox none always starts");
+    let pid = d.server_pid("none");
+    let log = d.stderr();
+    let max_fids: usize = log
+        .split(" fids per session")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("fid budget in the log");
+    let cfg = config(|c| c.max_fids = max_fids);
+    let limits = SocketLimits::default();
+
+    // The well-behaved client works throughout.
+    let stop = Arc::new(AtomicBool::new(false));
+    let good = {
+        let (sock, stop) = (sock.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut c = socket_client(&sock, 65_536);
+            c.walk(ROOT, 1, &[b"good"]).unwrap();
+            c.lopen(1, open_flags::RDONLY).unwrap();
+            let mut rounds = 0u32;
+            while !stop.load(Ordering::Acquire) || rounds == 0 {
+                assert_eq!(c.getattr(1).unwrap().size, 8192);
+                assert_eq!(c.read(1, 0, 8192).unwrap(), vec![1u8; 8192]);
+                rounds += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            rounds
+        })
+    };
+    const HOSTILE: u32 = 6;
+    let payload = Arc::new(vec![0xa5u8; MAX_MSIZE as usize - 24]);
+    let hostile: Vec<_> = (0..HOSTILE)
+        .map(|id| {
+            let (sock, payload) = (sock.clone(), payload.clone());
+            std::thread::spawn(move || hostile(&sock, id, &payload))
+        })
+        .collect();
+    for (i, h) in hostile.into_iter().enumerate() {
+        eprintln!("hostile client {i}: {:?}", h.join().unwrap());
+    }
+    drop(payload);
+    // Idle: every buffer above 64 KiB goes back within IDLE_RELEASE.
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Release);
+    let rounds = good.join().unwrap();
+    let clients = HOSTILE as usize + 1;
+    let hwm = status_bytes(pid, "VmHWM:");
+    let rss = status_bytes(pid, "VmRSS:");
+    let bound = virtio_9p_server::bound::socket(&cfg, &limits, MAX_MSIZE, clients);
+    let idle = virtio_9p_server::bound::socket_idle(&cfg, &limits, clients);
+    eprintln!(
+        "{clients} clients: VmHWM {} MiB (bound {} MiB), idle VmRSS {} MiB (idle bound {} MiB), {rounds} good rounds",
+        hwm >> 20,
+        bound >> 20,
+        rss >> 20,
+        idle >> 20
+    );
+    assert!(hwm <= bound, "VmHWM {hwm} over the bound {bound}");
+    assert!(rss <= idle, "idle VmRSS {rss} over the idle bound {idle}");
+    // Without the limits 6 clients would have held 6 x 4 GiB of xattr
+    // fids; the daemon still serves a new client.
+    let mut late = socket_client(&sock, 65_536);
+    late.walk(ROOT, 1, &[b"good"]).unwrap();
+    late.getattr(1).unwrap();
+    d.assert_alive_then_stop("hostile clients");
 }

@@ -24,7 +24,7 @@
 //!   validated name, so they cannot reach outside either.
 
 mod mapped;
-mod qid;
+pub mod qid;
 pub mod sys;
 
 use std::ffi::CString;
