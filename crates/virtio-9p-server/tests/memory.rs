@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use virtio_9p_server::client::{Client, InProcess, StreamTransport};
+use virtio_9p_server::client::{Client, InProcess, StreamTransport, Transport};
 use virtio_9p_server::io::{SliceReader, SliceWriter};
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::transport::socket::{ListenAddr, Listener, SocketLimits};
@@ -190,24 +190,11 @@ fn test_fids_bounded_per_session_and_in_total() {
     );
     // Zero-name clone walks cost no fd, so only the fid limits stop them.
     let mut a = in_process(&server);
-    let mut n = 1;
-    let e = loop {
-        match a.walk(ROOT, n, &[]) {
-            Ok(_) => n += 1,
-            Err(e) => break e,
-        }
-    };
-    assert_eq!(errno(e), libc::EMFILE);
+    assert_eq!(clone_walks_until_refused(&mut a, 1), (100, libc::EMFILE));
     assert_eq!(a.fid_count_hint(), 100);
     let mut b = in_process(&server);
-    let mut m = 1;
-    let e = loop {
-        match b.walk(ROOT, m, &[]) {
-            Ok(_) => m += 1,
-            Err(e) => break e,
-        }
-    };
-    assert_eq!(errno(e), libc::ENFILE);
+    let (m, e) = clone_walks_until_refused(&mut b, 1);
+    assert_eq!(e, libc::ENFILE);
     assert_eq!(server.total_fids(), 150);
     assert_eq!(b.fid_count_hint(), 50);
     // A walk onto itself and Tgetattr still work at the limit.
@@ -223,6 +210,30 @@ fn test_fids_bounded_per_session_and_in_total() {
     assert_eq!(server.total_fids(), 60);
     b.version(MSIZE).unwrap();
     assert_eq!(server.total_fids(), 0);
+}
+
+/// Zero-name clone walks of the root into fids `first..` until one is
+/// refused; returns the refused fid and the errno.
+fn clone_walks_until_refused<T: Transport>(c: &mut Client<T>, first: u32) -> (u32, i32) {
+    let mut n = first;
+    loop {
+        match c.walk(ROOT, n, &[]) {
+            Ok(_) => n += 1,
+            Err(e) => return (n, errno(e)),
+        }
+        assert!(n - first < 200_000, "clone walks not bounded");
+    }
+}
+
+/// Tattach of fid ROOT as uid 0.
+fn attach_root() -> Tmessage {
+    Tmessage::Attach(Tattach {
+        fid: ROOT,
+        afid: NOFID,
+        uname: Vec::new(),
+        aname: Vec::new(),
+        n_uname: 0,
+    })
 }
 
 /// Runs one request on `session` and returns the decoded reply.
@@ -304,14 +315,7 @@ fn test_concurrent_bad_tversion_never_breaks_a_request() {
         if i % 8 != 0 {
             continue;
         }
-        let attach = Tmessage::Attach(Tattach {
-            fid: ROOT,
-            afid: NOFID,
-            uname: Vec::new(),
-            aname: Vec::new(),
-            n_uname: 0,
-        });
-        handle(&server, &session, 3, attach, &mut reply);
+        handle(&server, &session, 3, attach_root(), &mut reply);
         let name: &[u8] = if i % 16 == 0 { b"f" } else { b"." };
         let walk = Tmessage::Walk(Twalk {
             fid: ROOT,
@@ -391,14 +395,8 @@ fn test_kick_budget_leaves_nothing_on_the_ring() {
         ..VmmOptions::default()
     });
     assert_eq!(version(&mut vmm, 65_536), 65_536);
-    let attach = Tmessage::Attach(Tattach {
-        fid: ROOT,
-        afid: NOFID,
-        uname: Vec::new(),
-        aname: Vec::new(),
-        n_uname: 0,
-    });
-    vmm.call(&frame(1, attach), 64, Layout::Direct).unwrap();
+    vmm.call(&frame(1, attach_root()), 64, Layout::Direct)
+        .unwrap();
     // 12 chains of 32,769 descriptors: more than one kick's budget and
     // more segments than may be in flight at once.
     let chains = 12u32;
@@ -469,18 +467,8 @@ fn hostile(sock: &Path, id: u32, payload: &[u8]) -> Vec<String> {
     }
     seen.push(format!("{} xattr fids", f - 10));
     // Clone walks until refused.
-    let mut n = 20_000;
-    loop {
-        match c.walk(ROOT, n, &[]) {
-            Ok(_) => n += 1,
-            Err(e) => {
-                let e = errno(e);
-                assert!(e == libc::EMFILE || e == libc::ENFILE, "clone walks: {e}");
-                break;
-            }
-        }
-        assert!(n < 200_000, "clone walks not bounded");
-    }
+    let (n, e) = clone_walks_until_refused(&mut c, 20_000);
+    assert!(e == libc::EMFILE || e == libc::ENFILE, "clone walks: {e}");
     seen.push(format!("{} clone walks", n - 20_000));
     // Free two fids for what follows.
     c.clunk(20_000).unwrap();
