@@ -9,6 +9,13 @@
 //! up mid-message only ends its own connection. This is the transport the
 //! Linux kernel client uses with `mount -t 9p -o trans=unix` (or
 //! `trans=tcp`).
+//!
+//! Memory: a connection keeps a request and a reply buffer of
+//! [`KEEP_BUFFER`]; anything larger is charged to the listener's shared
+//! budget ([`SocketLimits::buffer_bytes`]) and freed once the connection
+//! has been idle for [`IDLE_RELEASE`]. A frame over the budget is read,
+//! dropped and answered with `ENOMEM`; a Tread or Treaddir gets a shorter
+//! reply. See [`crate::bound`] for the whole daemon's bound.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, ToSocketAddrs};
