@@ -19,7 +19,6 @@
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, ToSocketAddrs};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -204,8 +203,8 @@ fn accept_failed(e: &io::Error) {
 }
 
 /// A byte stream a connection runs on.
-pub trait Stream: Read + Write + Send + AsFd {}
-impl<T: Read + Write + Send + AsFd> Stream for T {}
+pub trait Stream: Read + Write + Send + std::os::fd::AsFd {}
+impl<T: Read + Write + Send + std::os::fd::AsFd> Stream for T {}
 
 /// Request and reply buffers a connection keeps between requests. A
 /// larger request or reply gets its own buffer, kept only while the client
@@ -239,7 +238,8 @@ fn reply_room(frame: &[u8], limit: u32) -> usize {
 }
 
 /// Waits up to `timeout` for `fd` to become readable (or hung up).
-fn readable_within(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+fn readable_within(fd: std::os::fd::BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
     let mut p = libc::pollfd {
         fd: fd.as_raw_fd(),
         events: libc::POLLIN,
@@ -423,7 +423,7 @@ fn discard<S: Read>(stream: &mut S, mut n: u64, scratch: &mut [u8]) -> io::Resul
 pub fn serve_connection<F, S>(server: &Server<F>, stream: S) -> io::Result<()>
 where
     F: Filesystem,
-    S: Read + Write + AsFd,
+    S: Read + Write + std::os::fd::AsFd,
 {
     let budget = BufferBudget::new(SocketLimits::default().buffer_bytes);
     serve_budgeted(server, stream, budget)
@@ -443,7 +443,7 @@ fn serve_budgeted<F, S>(
 ) -> io::Result<()>
 where
     F: Filesystem,
-    S: Read + Write + AsFd,
+    S: Read + Write + std::os::fd::AsFd,
 {
     let session = Session::new();
     let cancel = Cancel::new();
