@@ -359,12 +359,33 @@ fn test_socket_buffers_within_the_shared_budget() {
     let mut c = socket_client(&sock, 8 << 20);
     c.walk(ROOT, 1, &[b"f"]).unwrap();
     c.lopen(1, open_flags::RDWR).unwrap();
-    // A 2 MiB frame does not fit the 1 MiB budget: read, dropped, ENOMEM.
-    let e = c.write(1, 0, &vec![9u8; 2 << 20]).unwrap_err();
-    assert_eq!(errno(e), libc::ENOMEM);
-    assert_eq!(std::fs::read(export.join("f")).unwrap()[0], 3);
-    // 512 KiB fits; a 2 MiB read is cut to what the budget leaves.
-    assert_eq!(c.write(1, 0, &vec![9u8; 512 << 10]).unwrap(), 512 << 10);
+    // A 2 MiB Twrite is streamed to the file: no buffer, no budget.
+    assert_eq!(c.write(1, 0, &vec![9u8; 2 << 20]).unwrap(), 2 << 20);
+    assert_eq!(
+        std::fs::read(export.join("f")).unwrap()[..2 << 20],
+        vec![9u8; 2 << 20]
+    );
+    // Also when it fails before its data: the rest is skipped, not parsed.
+    let bad = Tmessage::Write(Twrite {
+        fid: 77,
+        offset: 0,
+        data: vec![b'x'; 1 << 20],
+    });
+    assert_eq!(errno(c.rpc(&bad).unwrap_err()), libc::EBADF);
+    // Any other 2 MiB frame does not fit the 1 MiB budget: read, dropped,
+    // ENOMEM.
+    let mut big = Tmessage::Getattr(Tgetattr {
+        fid: 1,
+        request_mask: getattr::BASIC,
+    })
+    .encode_frame(9);
+    big.resize(2 << 20, 0);
+    big[..4].copy_from_slice(&(2u32 << 20).to_le_bytes());
+    assert_eq!(
+        c.raw(&big).unwrap(),
+        (9, Rmessage::Lerror(libc::ENOMEM as u32))
+    );
+    // A 2 MiB read is cut to what the budget leaves.
     let d = c.read(1, 0, 2 << 20).unwrap();
     assert!(!d.is_empty() && d.len() < 2 << 20, "{} bytes", d.len());
     assert!(d.iter().all(|b| *b == 9));

@@ -11,7 +11,10 @@
 //! `trans=tcp`).
 //!
 //! Memory: a connection keeps a request and a reply buffer of
-//! [`KEEP_BUFFER`]; anything larger is charged to the listener's shared
+//! [`KEEP_BUFFER`]. A Twrite larger than that is not buffered: its data
+//! goes from the socket to the file through a 64 KiB copy buffer. A larger
+//! reply (Tread, Treaddir) or any other larger frame (none is valid: names
+//! and strings are bounded at decode) is charged to the listener's shared
 //! budget ([`SocketLimits::buffer_bytes`]) and freed once the connection
 //! has been idle for [`IDLE_RELEASE`]. A frame over the budget is read,
 //! dropped and answered with `ENOMEM`; a Tread or Treaddir gets a shorter
@@ -31,8 +34,8 @@ use log::{error, info, warn};
 
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
-use crate::io::{SliceReader, SliceWriter};
-use crate::protocol::{Header, Rmessage, HEADER_SIZE, TREAD, TREADDIR};
+use crate::io::{RequestReader, SliceReader, SliceWriter};
+use crate::protocol::{Header, Rmessage, HEADER_SIZE, TREAD, TREADDIR, TWRITE};
 use crate::server::{Cancel, Inline, Server, Session};
 
 /// Most client connections served at once; further ones are closed at
@@ -270,9 +273,10 @@ pub struct SocketLimits {
     /// accept.
     pub max_connections: usize,
     /// Bytes all connections together may hold in request and reply
-    /// buffers above [`KEEP_BUFFER`]. A request frame that does not fit is
-    /// read and dropped and answered with `ENOMEM`; a Tread or Treaddir
-    /// whose reply does not fit gets a shorter reply (as POSIX allows).
+    /// buffers above [`KEEP_BUFFER`] (Twrite data is streamed and never
+    /// counts). A request frame that does not fit is read and dropped and
+    /// answered with `ENOMEM`; a Tread or Treaddir whose reply does not fit
+    /// gets a shorter reply (as POSIX allows).
     pub buffer_bytes: usize,
 }
 
@@ -408,6 +412,49 @@ impl Drop for Buffers {
     }
 }
 
+/// A Twrite frame read straight from the stream as the server consumes
+/// it: the header already read, then at most the rest of the frame.
+struct StreamRequest<'a, S> {
+    hdr: [u8; HEADER_SIZE],
+    pos: usize,
+    stream: &'a mut S,
+    /// Bytes of the frame not consumed yet, header included.
+    left: usize,
+}
+
+impl<S: Read> Read for StreamRequest<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = if self.pos < HEADER_SIZE {
+            let n = buf.len().min(HEADER_SIZE - self.pos);
+            buf[..n].copy_from_slice(&self.hdr[self.pos..self.pos + n]);
+            self.pos += n;
+            n
+        } else {
+            let want = buf.len().min(self.left);
+            match self.stream.read(&mut buf[..want])? {
+                0 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "client hung up mid-message",
+                    ))
+                }
+                n => n,
+            }
+        };
+        self.left -= n;
+        Ok(n)
+    }
+}
+
+impl<S: Read + Send> RequestReader for StreamRequest<'_, S> {
+    fn available_bytes(&self) -> usize {
+        self.left
+    }
+}
+
 /// Reads and drops `n` bytes of `stream` through `scratch`.
 fn discard<S: Read>(stream: &mut S, mut n: u64, scratch: &mut [u8]) -> io::Result<()> {
     while n > 0 {
@@ -423,7 +470,7 @@ fn discard<S: Read>(stream: &mut S, mut n: u64, scratch: &mut [u8]) -> io::Resul
 pub fn serve_connection<F, S>(server: &Server<F>, stream: S) -> io::Result<()>
 where
     F: Filesystem,
-    S: Read + Write + std::os::fd::AsFd,
+    S: Read + Write + Send + std::os::fd::AsFd,
 {
     let budget = BufferBudget::new(SocketLimits::default().buffer_bytes);
     serve_budgeted(server, stream, budget)
@@ -443,7 +490,7 @@ fn serve_budgeted<F, S>(
 ) -> io::Result<()>
 where
     F: Filesystem,
-    S: Read + Write + std::os::fd::AsFd,
+    S: Read + Write + Send + std::os::fd::AsFd,
 {
     let session = Session::new();
     let cancel = Cancel::new();
@@ -468,28 +515,61 @@ where
                 format!("frame size {size} outside 7..={limit}"),
             ));
         }
-        if !bufs.request.ensure(size as usize, false, &bufs.budget) {
-            // Over the shared budget: drop the frame, answer ENOMEM, go on.
+        if size as usize > KEEP_BUFFER {
             stream.read_exact(&mut hdr[4..])?;
-            let h = Header::from_bytes(&hdr);
-            error!(
-                "9p: request of {size} bytes (tag {}) refused: connection buffers are at their limit",
-                h.tag
-            );
-            bufs.reply.ensure(SMALL_REPLY, true, &bufs.budget);
-            discard(
-                &mut stream,
-                (size as usize - HEADER_SIZE) as u64,
-                &mut bufs.reply.data,
-            )?;
-            let frame = Rmessage::Lerror(libc::ENOMEM as u32).encode_frame(h.tag);
-            stream.write_all(&frame)?;
-            continue;
+            if hdr[4] == TWRITE {
+                // The data goes from the socket to the file through a
+                // bounded copy buffer: no frame-sized request buffer.
+                bufs.reply.ensure(SMALL_REPLY, true, &bufs.budget);
+                let mut req = StreamRequest {
+                    hdr,
+                    pos: 0,
+                    stream: &mut stream,
+                    left: size as usize,
+                };
+                let out = server
+                    .handle(
+                        &session,
+                        &mut req,
+                        &mut SliceWriter::new(&mut bufs.reply.data[..SMALL_REPLY]),
+                        &Inline,
+                        &cancel,
+                    )
+                    .map_err(io::Error::other)?;
+                // What the server did not take (an error before the data).
+                let rest = req.left as u64;
+                discard(&mut stream, rest, &mut [0u8; 8192])?;
+                stream.write_all(&bufs.reply.data[..out.size as usize])?;
+                continue;
+            }
+            if !bufs.request.ensure(size as usize, false, &bufs.budget) {
+                // Over the shared budget: drop the frame, answer ENOMEM.
+                let h = Header::from_bytes(&hdr);
+                error!(
+                    "9p: request of {size} bytes (tag {}) refused: connection buffers are at their limit",
+                    h.tag
+                );
+                discard(
+                    &mut stream,
+                    (size as usize - HEADER_SIZE) as u64,
+                    &mut [0u8; 8192],
+                )?;
+                let frame = Rmessage::Lerror(libc::ENOMEM as u32).encode_frame(h.tag);
+                stream.write_all(&frame)?;
+                continue;
+            }
+        } else {
+            bufs.request.ensure(size as usize, false, &bufs.budget);
         }
         let request = &mut bufs.request.data;
         request.clear();
-        request.extend_from_slice(&hdr[..4]);
-        let body = (size - 4) as u64;
+        let have = if size as usize > KEEP_BUFFER {
+            HEADER_SIZE
+        } else {
+            4
+        };
+        request.extend_from_slice(&hdr[..have]);
+        let body = (size as usize - have) as u64;
         let got = (&mut stream).take(body).read_to_end(request)?;
         if got as u64 != body {
             return Err(io::Error::new(
