@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! socket:     BASE + C x PER_CONNECTION
-//!                  + min(buffer_bytes, C x 2 x msize)          request + reply buffers
+//!                  + min(buffer_bytes, C x 2 x msize)          reply (and oversized request) buffers
 //!                  + min(C x max_xattr_bytes, max_total_xattr_bytes)
 //!                  + min(C x max_fids, max_total_fids) x FID_COST
 //!                  + QID_TABLE
