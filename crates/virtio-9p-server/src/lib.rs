@@ -35,6 +35,7 @@
 //! assert_eq!(msg, Rmessage::Version(Tversion { msize: 65536, version: b"9P2000.L".to_vec() }));
 //! ```
 
+pub mod bound;
 pub mod error;
 pub mod fs;
 pub mod io;
@@ -56,5 +57,6 @@ pub use fs::passthrough::{PassthroughConfig, PassthroughFs, SecurityModel};
 pub use io::{ReplyWriter, RequestReader};
 pub use server::{
     Blocking, Cancel, Config, Inline, Interrupted, Reply, Server, Session, DEFAULT_LOCK_WAIT,
-    DEFAULT_MAX_FIDS, MAX_XATTR_NAME, MAX_XATTR_SIZE,
+    DEFAULT_MAX_FIDS, DEFAULT_MAX_TOTAL_FIDS, DEFAULT_MAX_TOTAL_XATTR_BYTES,
+    DEFAULT_MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTR_SIZE,
 };

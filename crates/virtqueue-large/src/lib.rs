@@ -124,5 +124,5 @@ pub use crate::limits::{
     ChainLimits, DescriptorLimit, LARGE_MAX_BYTES, LARGE_MAX_DESCRIPTORS, MAX_DESCRIPTORS,
     MAX_TABLE_ENTRIES,
 };
-pub use crate::segments::Segment;
+pub use crate::segments::{Segment, MAX_POOLED_SEGMENTS};
 pub use crate::walk::{Chain, ChainWalker, WalkerStats, DEFAULT_POOL_SIZE, LOG_BURST, LOG_WINDOW};

@@ -41,6 +41,11 @@ pub(crate) struct SegBuf {
     pub(crate) segs: Vec<Segment>,
 }
 
+/// Largest segment buffer (in segments, 16 bytes each) the pool keeps: a
+/// buffer that grew beyond it for one huge chain is freed, not kept, so the
+/// pool holds at most `max_pooled` x 16 KiB.
+pub const MAX_POOLED_SEGMENTS: usize = 1024;
+
 /// Recycles segment buffers so that steady-state chains allocate nothing.
 #[derive(Debug)]
 pub(crate) struct Pool {
@@ -120,8 +125,10 @@ impl Drop for Shared {
         // at the same time on two threads both may fail, and the buffer is
         // simply freed instead of recycled.
         if let Some(inner) = Arc::get_mut(&mut buf) {
-            inner.segs.clear();
-            pool.put(buf);
+            if inner.segs.capacity() <= MAX_POOLED_SEGMENTS {
+                inner.segs.clear();
+                pool.put(buf);
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use virtio_queue::{Queue, QueueT};
 use virtqueue_large::mock::{guest_memory, Buf, Layout, MockDriver};
-use virtqueue_large::{ChainLimits, ChainWalker, Error, ErrorKind};
+use virtqueue_large::{ChainLimits, ChainWalker, Error, ErrorKind, MAX_POOLED_SEGMENTS};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
@@ -284,6 +284,27 @@ fn test_segment_buffers_are_recycled() {
     assert_eq!(walker.pooled_buffers(), 0, "readers still hold the buffers");
     drop(readers);
     assert_eq!(walker.pooled_buffers(), 2, "capped at the pool size");
+}
+
+#[test]
+fn test_huge_segment_buffers_are_not_pooled() {
+    let mem = guest_memory(8 << 20);
+    let mut driver = MockDriver::new(&mem, 16);
+    let mut queue = driver.create_queue();
+    let mut walker = ChainWalker::new(ChainLimits::large()).unwrap();
+    let big = MAX_POOLED_SEGMENTS + 1;
+    driver
+        .add_chain(Layout::Indirect, &vec![Buf::w(16); big])
+        .unwrap();
+    driver.add_chain(Layout::Direct, &[Buf::w(16)]).unwrap();
+    let chain = walker.pop(&mut queue, &mem).unwrap().unwrap();
+    assert_eq!(chain.writable_segments().len(), big);
+    drop(chain);
+    // 16 KiB of segments per pooled buffer at most: the big one is freed.
+    assert_eq!(walker.pooled_buffers(), 0);
+    let small = walker.pop(&mut queue, &mem).unwrap().unwrap();
+    drop(small);
+    assert_eq!(walker.pooled_buffers(), 1);
 }
 
 #[test]

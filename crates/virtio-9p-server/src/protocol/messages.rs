@@ -756,19 +756,19 @@ impl Tmessage {
         let msg = match ty {
             TVERSION => Tmessage::Version(Tversion {
                 msize: d.u32()?,
-                version: d.string()?,
+                version: d.path()?,
             }),
             TAUTH => Tmessage::Auth(Tauth {
                 afid: d.u32()?,
-                uname: d.string()?,
-                aname: d.string()?,
+                uname: d.path()?,
+                aname: d.path()?,
                 n_uname: d.u32()?,
             }),
             TATTACH => Tmessage::Attach(Tattach {
                 fid: d.u32()?,
                 afid: d.u32()?,
-                uname: d.string()?,
-                aname: d.string()?,
+                uname: d.path()?,
+                aname: d.path()?,
                 n_uname: d.u32()?,
             }),
             TFLUSH => Tmessage::Flush(Tflush { oldtag: d.u16()? }),
@@ -781,7 +781,7 @@ impl Tmessage {
                 }
                 let mut wnames = Vec::with_capacity(n as usize);
                 for _ in 0..n {
-                    wnames.push(d.string()?);
+                    wnames.push(d.name()?);
                 }
                 Tmessage::Walk(Twalk {
                     fid,
@@ -820,20 +820,20 @@ impl Tmessage {
             }),
             TLCREATE => Tmessage::Lcreate(Tlcreate {
                 fid: d.u32()?,
-                name: d.string()?,
+                name: d.name()?,
                 flags: d.u32()?,
                 mode: d.u32()?,
                 gid: d.u32()?,
             }),
             TSYMLINK => Tmessage::Symlink(Tsymlink {
                 fid: d.u32()?,
-                name: d.string()?,
-                symtgt: d.string()?,
+                name: d.name()?,
+                symtgt: d.path()?,
                 gid: d.u32()?,
             }),
             TMKNOD => Tmessage::Mknod(Tmknod {
                 dfid: d.u32()?,
-                name: d.string()?,
+                name: d.name()?,
                 mode: d.u32()?,
                 major: d.u32()?,
                 minor: d.u32()?,
@@ -842,7 +842,7 @@ impl Tmessage {
             TRENAME => Tmessage::Rename(Trename {
                 fid: d.u32()?,
                 dfid: d.u32()?,
-                name: d.string()?,
+                name: d.name()?,
             }),
             TGETATTR => Tmessage::Getattr(Tgetattr {
                 fid: d.u32()?,
@@ -863,11 +863,11 @@ impl Tmessage {
             TXATTRWALK => Tmessage::Xattrwalk(Txattrwalk {
                 fid: d.u32()?,
                 newfid: d.u32()?,
-                name: d.string()?,
+                name: d.xattr_name()?,
             }),
             TXATTRCREATE => Tmessage::Xattrcreate(Txattrcreate {
                 fid: d.u32()?,
-                name: d.string()?,
+                name: d.xattr_name()?,
                 attr_size: d.u64()?,
                 flags: d.u32()?,
             }),
@@ -887,7 +887,7 @@ impl Tmessage {
                 start: d.u64()?,
                 length: d.u64()?,
                 proc_id: d.u32()?,
-                client_id: d.string()?,
+                client_id: d.path()?,
             }),
             TGETLOCK => Tmessage::Getlock(Tgetlock {
                 fid: d.u32()?,
@@ -895,28 +895,28 @@ impl Tmessage {
                 start: d.u64()?,
                 length: d.u64()?,
                 proc_id: d.u32()?,
-                client_id: d.string()?,
+                client_id: d.path()?,
             }),
             TLINK => Tmessage::Link(Tlink {
                 dfid: d.u32()?,
                 fid: d.u32()?,
-                name: d.string()?,
+                name: d.name()?,
             }),
             TMKDIR => Tmessage::Mkdir(Tmkdir {
                 dfid: d.u32()?,
-                name: d.string()?,
+                name: d.name()?,
                 mode: d.u32()?,
                 gid: d.u32()?,
             }),
             TRENAMEAT => Tmessage::Renameat(Trenameat {
                 olddirfid: d.u32()?,
-                oldname: d.string()?,
+                oldname: d.name()?,
                 newdirfid: d.u32()?,
-                newname: d.string()?,
+                newname: d.name()?,
             }),
             TUNLINKAT => Tmessage::Unlinkat(Tunlinkat {
                 dirfid: d.u32()?,
-                name: d.string()?,
+                name: d.name()?,
                 flags: d.u32()?,
             }),
             TERROR | TOPEN | TCREATE | TSTAT | TWSTAT => return Err(DecodeError::NotDotL(ty)),

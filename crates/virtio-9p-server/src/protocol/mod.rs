@@ -35,6 +35,12 @@ pub const MAX_MSIZE: u32 = 128 << 20;
 pub const MAXWELEM: usize = 16;
 /// Longest string the encoder writes: the 16-bit length field.
 pub const MAX_STRING_LEN: usize = u16::MAX as usize;
+/// Longest file or xattr name a request may carry (Linux `NAME_MAX` and
+/// `XATTR_NAME_MAX`); longer ones are refused at decode.
+pub const MAX_NAME_LEN: usize = 255;
+/// Longest path-like string a request may carry (symlink target, uname,
+/// aname, lock client id, version): Linux `PATH_MAX`.
+pub const MAX_PATH_LEN: usize = 4096;
 /// Size of an encoded qid.
 pub const QID_SIZE: usize = 13;
 /// The tag of a Tversion, which has no tag.
@@ -307,6 +313,15 @@ pub enum DecodeError {
     /// A Twalk with more than [`MAXWELEM`] names (or Rwalk qids).
     #[error("walk of {0} elements exceeds the limit of 16")]
     TooManyWalkElements(u16),
+    /// A file name longer than [`MAX_NAME_LEN`].
+    #[error("name of {0} bytes exceeds the limit of 255")]
+    NameTooLong(usize),
+    /// An xattr name longer than [`MAX_NAME_LEN`].
+    #[error("xattr name of {0} bytes exceeds the limit of 255")]
+    XattrNameTooLong(usize),
+    /// A path-like string longer than [`MAX_PATH_LEN`].
+    #[error("string of {0} bytes exceeds the path limit of 4096")]
+    PathTooLong(usize),
     /// A data count that disagrees with the payload.
     #[error("count {count} does not match the {left} data bytes")]
     CountMismatch {
@@ -323,6 +338,8 @@ impl DecodeError {
         match self {
             DecodeError::SizeOverMsize { .. } => libc::EMSGSIZE as u32,
             DecodeError::UnknownType(_) | DecodeError::NotDotL(_) => libc::EOPNOTSUPP as u32,
+            DecodeError::NameTooLong(_) | DecodeError::PathTooLong(_) => libc::ENAMETOOLONG as u32,
+            DecodeError::XattrNameTooLong(_) => libc::ERANGE as u32,
             _ => libc::EPROTO as u32,
         }
     }

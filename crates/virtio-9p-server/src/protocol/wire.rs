@@ -4,7 +4,7 @@
 //! the bytes left and reports [`DecodeError::Truncated`]. [`Encoder`] appends
 //! to a `Vec<u8>`.
 
-use super::{DecodeError, Qid, QID_SIZE};
+use super::{DecodeError, Qid, MAX_NAME_LEN, MAX_PATH_LEN, QID_SIZE};
 
 /// A strict reader over the body of one message.
 #[derive(Debug)]
@@ -73,6 +73,47 @@ impl<'a> Decoder<'a> {
             return Err(DecodeError::NulInString);
         }
         Ok(bytes.to_vec())
+    }
+
+    /// A file name (a Twalk element or the name of a new entry): a 9P
+    /// string of at most [`MAX_NAME_LEN`] bytes, checked before anything is
+    /// copied, so a request cannot make the server hold 64 KiB names.
+    pub fn name(&mut self) -> Result<Vec<u8>, DecodeError> {
+        self.bounded(MAX_NAME_LEN, DecodeError::NameTooLong)
+    }
+
+    /// An xattr name: at most [`MAX_NAME_LEN`] bytes (Linux's
+    /// `XATTR_NAME_MAX`).
+    pub fn xattr_name(&mut self) -> Result<Vec<u8>, DecodeError> {
+        self.bounded(MAX_NAME_LEN, DecodeError::XattrNameTooLong)
+    }
+
+    /// A path-like string (symlink target, uname, aname, lock client id,
+    /// version): at most [`MAX_PATH_LEN`] bytes.
+    pub fn path(&mut self) -> Result<Vec<u8>, DecodeError> {
+        self.bounded(MAX_PATH_LEN, DecodeError::PathTooLong)
+    }
+
+    fn bounded(
+        &mut self,
+        max: usize,
+        err: fn(usize) -> DecodeError,
+    ) -> Result<Vec<u8>, DecodeError> {
+        let len = self.peek_u16()? as usize;
+        if len > max {
+            return Err(err(len));
+        }
+        self.string()
+    }
+
+    fn peek_u16(&self) -> Result<u16, DecodeError> {
+        match self.buf.get(self.pos..self.pos + 2) {
+            Some(b) => Ok(u16::from_le_bytes([b[0], b[1]])),
+            None => Err(DecodeError::Truncated {
+                needed: 2,
+                left: self.remaining(),
+            }),
+        }
     }
 
     /// A qid: `type[1] version[4] path[8]`.
@@ -164,6 +205,30 @@ mod tests {
     fn test_decoder_string_refuses_nul() {
         let mut d = Decoder::new(&[2, 0, b'a', 0]);
         assert_eq!(d.string().unwrap_err(), DecodeError::NulInString);
+    }
+
+    #[test]
+    fn test_decoder_name_limit_checked_before_copy() {
+        let mut ok = vec![255, 0];
+        ok.extend(std::iter::repeat_n(b'a', 255));
+        assert_eq!(Decoder::new(&ok).name().unwrap().len(), 255);
+        // Only the length field is there: the limit is checked first.
+        assert_eq!(
+            Decoder::new(&[0, 1]).name().unwrap_err(),
+            DecodeError::NameTooLong(256)
+        );
+        assert_eq!(
+            Decoder::new(&[0, 1]).xattr_name().unwrap_err(),
+            DecodeError::XattrNameTooLong(256)
+        );
+        assert_eq!(
+            Decoder::new(&[1, 16]).path().unwrap_err(),
+            DecodeError::PathTooLong(4097)
+        );
+        assert_eq!(
+            Decoder::new(&[1]).name().unwrap_err(),
+            DecodeError::Truncated { needed: 2, left: 1 }
+        );
     }
 
     #[test]

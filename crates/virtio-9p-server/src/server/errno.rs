@@ -8,6 +8,10 @@ pub const EBADF: u32 = libc::EBADF as u32;
 pub const EINVAL: u32 = libc::EINVAL as u32;
 /// Too many open files (fid table full).
 pub const EMFILE: u32 = libc::EMFILE as u32;
+/// Too many open files in the system (the server-wide fid limit).
+pub const ENFILE: u32 = libc::ENFILE as u32;
+/// Out of memory (the xattr byte limits).
+pub const ENOMEM: u32 = libc::ENOMEM as u32;
 /// Protocol error (request before Tversion, malformed message).
 pub const EPROTO: u32 = libc::EPROTO as u32;
 /// Value too large (xattr beyond the limit).

@@ -37,11 +37,18 @@ use crate::fs::{validate_name, validate_walk_name, Cred, Filesystem};
 use crate::io::{ReplyWriter, RequestReader};
 use crate::protocol::*;
 
+pub(crate) use session::try_add;
 pub use session::Session;
-use session::{Fid, FidKind, XattrWrite};
+use session::{Fid, FidKind, Limits, Usage, XattrWrite};
 
 /// Default limit on fids per session.
 pub const DEFAULT_MAX_FIDS: usize = 65_536;
+/// Default limit on fids of all sessions of one server together.
+pub const DEFAULT_MAX_TOTAL_FIDS: usize = 262_144;
+/// Default limit on bytes held by the xattr fids of one session.
+pub const DEFAULT_MAX_XATTR_BYTES: usize = 4 << 20;
+/// Default limit on bytes held by the xattr fids of all sessions.
+pub const DEFAULT_MAX_TOTAL_XATTR_BYTES: usize = 64 << 20;
 /// Largest xattr value or name list served or accepted (Linux's
 /// `XATTR_SIZE_MAX`).
 pub const MAX_XATTR_SIZE: usize = 65_536;
@@ -86,6 +93,15 @@ pub struct Config {
     pub msize_max: u32,
     /// Most fids one session may hold; more fail with `EMFILE`.
     pub max_fids: usize,
+    /// Most fids all sessions of this server may hold together; more fail
+    /// with `ENFILE`.
+    pub max_total_fids: usize,
+    /// Most bytes the xattr fids (Txattrwalk values, Txattrcreate buffers)
+    /// of one session may hold; more fail with `ENOMEM`.
+    pub max_xattr_bytes: usize,
+    /// Most bytes the xattr fids of all sessions may hold together; more
+    /// fail with `ENOMEM`.
+    pub max_total_xattr_bytes: usize,
     /// Largest xattr value or list, at most [`MAX_XATTR_SIZE`]; larger
     /// ones fail with `E2BIG`.
     pub max_xattr_size: usize,
@@ -99,6 +115,9 @@ impl Default for Config {
         Config {
             msize_max: MAX_MSIZE,
             max_fids: DEFAULT_MAX_FIDS,
+            max_total_fids: DEFAULT_MAX_TOTAL_FIDS,
+            max_xattr_bytes: DEFAULT_MAX_XATTR_BYTES,
+            max_total_xattr_bytes: DEFAULT_MAX_TOTAL_XATTR_BYTES,
             max_xattr_size: MAX_XATTR_SIZE,
             lock_wait: Some(DEFAULT_LOCK_WAIT),
         }
@@ -196,6 +215,7 @@ pub struct Reply {
 pub struct Server<F> {
     fs: F,
     config: Config,
+    usage: Usage,
 }
 
 type OpResult = std::result::Result<Rmessage, u32>;
@@ -207,7 +227,31 @@ impl<F: Filesystem> Server<F> {
             return Err(Error::InvalidMsize(config.msize_max));
         }
         config.max_xattr_size = config.max_xattr_size.min(MAX_XATTR_SIZE);
-        Ok(Server { fs, config })
+        Ok(Server {
+            fs,
+            config,
+            usage: Usage::default(),
+        })
+    }
+
+    /// Fids held by all sessions of this server.
+    pub fn total_fids(&self) -> usize {
+        self.usage.fids.load(Ordering::Acquire)
+    }
+
+    /// Bytes held by the xattr fids of all sessions of this server.
+    pub fn total_xattr_bytes(&self) -> usize {
+        self.usage.xattr_bytes.load(Ordering::Acquire)
+    }
+
+    fn limits(&self) -> Limits<'_> {
+        Limits {
+            usage: &self.usage,
+            max_fids: self.config.max_fids,
+            max_total_fids: self.config.max_total_fids,
+            max_xattr_bytes: self.config.max_xattr_bytes,
+            max_total_xattr_bytes: self.config.max_total_xattr_bytes,
+        }
     }
 
     /// The filesystem.
@@ -249,14 +293,19 @@ impl<F: Filesystem> Server<F> {
         let mut hdr = [0u8; HEADER_SIZE];
         req.read_exact(&mut hdr).map_err(Error::Transport)?;
         let h = Header::from_bytes(&hdr);
+        // One msize snapshot per request, used for every check and every
+        // use below: a concurrent Tversion of the same session may change
+        // the session's msize at any time (even to 0).
+        let msize = session.msize();
+        let frame_limit = if msize == 0 { MIN_MSIZE } else { msize };
         let fail = |reply: &mut W, e: DecodeError| {
             error!("9p: malformed request (type {}, tag {}): {e}", h.ty, h.tag);
-            self.send(reply, &h, Err(e.errno()), session.frame_limit())
+            self.send(reply, &h, Err(e.errno()), frame_limit)
         };
         let limit = if h.ty == TVERSION {
             self.config.msize_max
         } else {
-            session.frame_limit()
+            frame_limit
         };
         if let Err(e) = h.check_size(limit) {
             return fail(reply, e);
@@ -271,12 +320,12 @@ impl<F: Filesystem> Server<F> {
                 },
             );
         }
-        if session.msize() == 0 && h.ty != TVERSION {
+        if msize == 0 && h.ty != TVERSION {
             error!("9p: request type {} before Tversion", h.ty);
             return self.send(reply, &h, Err(errno::EPROTO), MIN_MSIZE);
         }
         if h.ty == TWRITE {
-            return self.write(session, &h, req, reply, exec);
+            return self.write(session, &h, req, reply, exec, msize);
         }
         // Most bodies are small: read them onto the stack.
         let mut small = [0u8; SMALL_BODY];
@@ -292,14 +341,17 @@ impl<F: Filesystem> Server<F> {
             Ok(m) => m,
             Err(e) => return fail(reply, e),
         };
+        // The decoded message owns what it needs (names are at most
+        // MAX_NAME_LEN bytes): free the raw body before the request waits
+        // for a worker.
+        drop(large);
         debug!("9p: tag {} {:?}", h.tag, msg);
-        let msize = session.msize();
         let result = match msg {
             Tmessage::Version(m) => {
                 let out = self.version(session, &m);
                 return self.send(reply, &h, Ok(out), MAX_MSIZE);
             }
-            Tmessage::Read(m) => return self.read(session, &h, &m, reply, exec),
+            Tmessage::Read(m) => return self.read(session, &h, &m, reply, exec, msize),
             Tmessage::Auth(_) => Err(errno::EOPNOTSUPP),
             Tmessage::Flush(_) => Ok(Rmessage::Flush),
             Tmessage::Attach(m) => self.attach(session, &m, exec),
@@ -468,13 +520,13 @@ impl<F: Filesystem> Server<F> {
             uid,
             kind: FidKind::Path,
         };
-        session.insert_new(m.fid, fid, self.config.max_fids)?;
+        session.insert_new(m.fid, fid, &self.limits())?;
         Ok(Rmessage::Attach(qid))
     }
 
     fn walk<B: Blocking>(&self, session: &Session<F>, m: Twalk, exec: &B) -> OpResult {
         let fid = session.get(m.fid)?;
-        if matches!(fid.kind, FidKind::XattrRead(_) | FidKind::XattrWrite(_)) {
+        if matches!(fid.kind, FidKind::XattrRead(..) | FidKind::XattrWrite(_)) {
             return Err(errno::EINVAL);
         }
         if m.newfid != m.fid && session.get(m.newfid).is_ok() {
@@ -508,9 +560,9 @@ impl<F: Filesystem> Server<F> {
                 kind: FidKind::Path,
             };
             if m.newfid == m.fid {
-                session.replace(m.newfid, entry);
+                session.replace(m.newfid, entry, &self.limits())?;
             } else {
-                session.insert_new(m.newfid, entry, self.config.max_fids)?;
+                session.insert_new(m.newfid, entry, &self.limits())?;
             }
         }
         Ok(Rmessage::Walk(qids))
@@ -669,6 +721,9 @@ impl<F: Filesystem> Server<F> {
             return Err(errno::EBADF);
         }
         let max = self.config.max_xattr_size;
+        // Reserve the largest value before reading it, so concurrent walks
+        // cannot overshoot the limits; keep only what the value needs.
+        let mut charge = session.charge_xattr(max, &self.limits())?;
         let value = exec
             .run(TXATTRWALK, || {
                 if m.name.is_empty() {
@@ -678,16 +733,18 @@ impl<F: Filesystem> Server<F> {
                 }
             })
             .map_err(|e| errno::from_io(&e))?;
+        let value = value.into_boxed_slice().into_vec();
+        charge.shrink_to(value.len());
         let size = value.len() as u64;
         let entry = Fid {
             inode: fid.inode.clone(),
             uid: fid.uid,
-            kind: FidKind::XattrRead(value),
+            kind: FidKind::XattrRead(value, charge),
         };
         if m.newfid == m.fid {
-            session.replace(m.newfid, entry);
+            session.replace(m.newfid, entry, &self.limits())?;
         } else {
-            session.insert_new(m.newfid, entry, self.config.max_fids)?;
+            session.insert_new(m.newfid, entry, &self.limits())?;
         }
         Ok(Rmessage::Xattrwalk(size))
     }
@@ -706,14 +763,17 @@ impl<F: Filesystem> Server<F> {
         if !matches!(fid.kind, FidKind::Path) {
             return Err(errno::EBADF);
         }
+        let size = m.attr_size as usize;
+        let charge = session.charge_xattr(size, &self.limits())?;
         let entry = Fid {
             inode: fid.inode.clone(),
             uid: fid.uid,
             kind: FidKind::XattrWrite(std::sync::Mutex::new(XattrWrite {
                 name: m.name,
-                size: m.attr_size as usize,
+                size,
                 flags: m.flags,
                 data: Vec::new(),
+                _charge: charge,
             })),
         };
         session.replace_if(m.fid, &fid, entry)?;
@@ -789,8 +849,8 @@ impl<F: Filesystem> Server<F> {
         m: &Tread,
         reply: &mut W,
         exec: &B,
+        msize: u32,
     ) -> Result<Reply> {
-        let msize = session.msize();
         let fid = match session.get(m.fid) {
             Ok(f) => f,
             Err(e) => return self.send(reply, h, Err(e), msize),
@@ -804,7 +864,7 @@ impl<F: Filesystem> Server<F> {
                 exec.run(TREAD, || self.fs.read(file, &mut data, count, m.offset))
                     .map_err(|e| errno::from_io(&e))
             }
-            FidKind::XattrRead(value) => {
+            FidKind::XattrRead(value, _) => {
                 let start = (m.offset.min(value.len() as u64)) as usize;
                 let end = value.len().min(start + count);
                 let mut frame = Rmessage::Read(value[start..end].to_vec()).encode_frame(h.tag);
@@ -851,8 +911,8 @@ impl<F: Filesystem> Server<F> {
         req: &mut R,
         reply: &mut W,
         exec: &B,
+        msize: u32,
     ) -> Result<Reply> {
-        let msize = session.msize();
         let body_len = h.size as usize - HEADER_SIZE;
         if body_len < TwriteHeader::SIZE {
             let e = DecodeError::Truncated {
@@ -886,6 +946,9 @@ impl<F: Filesystem> Server<F> {
                         Err(errno::EINVAL)
                     } else {
                         let old = w.data.len();
+                        // Exactly the declared size: what the charge covers.
+                        let want = w.size - old;
+                        w.data.reserve_exact(want);
                         w.data.resize(old + count, 0);
                         match req.read_exact(&mut w.data[old..]) {
                             Ok(()) => Ok(Rmessage::Write(m.count)),

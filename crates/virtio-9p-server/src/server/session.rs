@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::fs::Filesystem;
 use crate::protocol::MIN_MSIZE;
@@ -50,8 +50,10 @@ pub(crate) enum FidKind<F: Filesystem> {
         /// The open file.
         file: F::File,
     },
-    /// Created by Txattrwalk: the value (or name list) to read.
-    XattrRead(Vec<u8>),
+    /// Created by Txattrwalk: the value (or name list) to read, and its
+    /// charge against the xattr byte limits.
+    // The charge is held, never read: dropping it gives the bytes back.
+    XattrRead(Vec<u8>, #[allow(dead_code)] Charge),
     /// Turned into an xattr writer by Txattrcreate; committed on Tclunk.
     XattrWrite(Mutex<XattrWrite>),
 }
@@ -62,6 +64,65 @@ pub(crate) struct XattrWrite {
     pub size: usize,
     pub flags: u32,
     pub data: Vec<u8>,
+    /// `size` bytes charged against the xattr byte limits (held, never
+    /// read: dropping it gives them back).
+    pub _charge: Charge,
+}
+
+/// Tries to add `n` to `counter` without passing `max`.
+pub(crate) fn try_add(counter: &AtomicUsize, n: usize, max: usize) -> bool {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+            cur.checked_add(n).filter(|&v| v <= max)
+        })
+        .is_ok()
+}
+
+/// Bytes held against a session's and the server's xattr limits; given
+/// back when dropped (the fid is clunked, the session reset or closed).
+#[derive(Debug)]
+pub(crate) struct Charge {
+    session: Arc<AtomicUsize>,
+    total: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Charge {
+    /// Shrinks the charge to `bytes` (after the real size is known).
+    pub fn shrink_to(&mut self, bytes: usize) {
+        if bytes < self.bytes {
+            let give = self.bytes - bytes;
+            self.session.fetch_sub(give, Ordering::AcqRel);
+            self.total.fetch_sub(give, Ordering::AcqRel);
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.shrink_to(0);
+    }
+}
+
+/// Server-wide usage shared by every session of one server: what
+/// [`Limits`] bounds in total.
+#[derive(Debug, Default)]
+pub(crate) struct Usage {
+    /// Fids held by all sessions.
+    pub fids: Arc<AtomicUsize>,
+    /// Bytes held by xattr fids of all sessions.
+    pub xattr_bytes: Arc<AtomicUsize>,
+}
+
+/// The limits a session checks, from the server's `Config`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits<'a> {
+    pub usage: &'a Usage,
+    pub max_fids: usize,
+    pub max_total_fids: usize,
+    pub max_xattr_bytes: usize,
+    pub max_total_xattr_bytes: usize,
 }
 
 /// One fid. Shared through an `Arc`, so a Tclunk while a Tread of the same
@@ -81,6 +142,11 @@ pub(crate) struct Fid<F: Filesystem> {
 pub struct Session<F: Filesystem> {
     msize: AtomicU32,
     fids: Mutex<FidTable<F>>,
+    /// The server-wide fid counter this session's fids are counted in
+    /// (set by the first fid).
+    total_fids: OnceLock<Arc<AtomicUsize>>,
+    /// Bytes held by this session's xattr fids.
+    xattr_bytes: Arc<AtomicUsize>,
 }
 
 impl<F: Filesystem> Default for Session<F> {
@@ -88,7 +154,16 @@ impl<F: Filesystem> Default for Session<F> {
         Session {
             msize: AtomicU32::new(0),
             fids: Mutex::new(FidTable::default()),
+            total_fids: OnceLock::new(),
+            xattr_bytes: Arc::new(AtomicUsize::new(0)),
         }
+    }
+}
+
+impl<F: Filesystem> Drop for Session<F> {
+    fn drop(&mut self) {
+        let n = self.table().len();
+        self.uncount(n);
     }
 }
 
@@ -126,6 +201,48 @@ impl<F: Filesystem> Session<F> {
         self.table().len()
     }
 
+    /// Bytes held by this session's xattr fids.
+    pub fn xattr_bytes(&self) -> usize {
+        self.xattr_bytes.load(Ordering::Acquire)
+    }
+
+    /// Takes `n` fids off the server-wide count.
+    fn uncount(&self, n: usize) {
+        if let Some(total) = self.total_fids.get() {
+            total.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    /// Counts one more fid in this session (at most `max_fids`) and in the
+    /// server (at most `max_total_fids`); the caller holds the table lock.
+    fn count_new(&self, len: usize, l: &Limits<'_>) -> Result<(), u32> {
+        if len >= l.max_fids {
+            return Err(errno::EMFILE);
+        }
+        let total = self.total_fids.get_or_init(|| Arc::clone(&l.usage.fids));
+        if !try_add(total, 1, l.max_total_fids) {
+            return Err(errno::ENFILE);
+        }
+        Ok(())
+    }
+
+    /// Reserves `bytes` for an xattr fid: `ENOMEM` past the session's or
+    /// the server's limit.
+    pub(crate) fn charge_xattr(&self, bytes: usize, l: &Limits<'_>) -> Result<Charge, u32> {
+        if !try_add(&self.xattr_bytes, bytes, l.max_xattr_bytes) {
+            return Err(errno::ENOMEM);
+        }
+        if !try_add(&l.usage.xattr_bytes, bytes, l.max_total_xattr_bytes) {
+            self.xattr_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            return Err(errno::ENOMEM);
+        }
+        Ok(Charge {
+            session: Arc::clone(&self.xattr_bytes),
+            total: Arc::clone(&l.usage.xattr_bytes),
+            bytes,
+        })
+    }
+
     fn table(&self) -> MutexGuard<'_, FidTable<F>> {
         // A panic while holding the lock cannot leave the map inconsistent
         // (every update is a single insert/remove), so recover from poison.
@@ -135,6 +252,7 @@ impl<F: Filesystem> Session<F> {
     /// Tversion: forget every fid and set the msize.
     pub(crate) fn reset(&self, msize: u32) {
         let old = std::mem::take(&mut *self.table());
+        self.uncount(old.len());
         self.msize.store(msize, Ordering::Release);
         drop(old);
     }
@@ -143,23 +261,27 @@ impl<F: Filesystem> Session<F> {
         self.table().get(&fid).cloned().ok_or(errno::EBADF)
     }
 
-    /// Adds a new fid; fails if it is in use or the table is full.
-    pub(crate) fn insert_new(&self, fid: u32, entry: Fid<F>, max_fids: usize) -> Result<(), u32> {
+    /// Adds a new fid; fails if it is in use (`EBADF`), the session's
+    /// table is full (`EMFILE`) or the server's is (`ENFILE`).
+    pub(crate) fn insert_new(&self, fid: u32, entry: Fid<F>, l: &Limits<'_>) -> Result<(), u32> {
         let mut t = self.table();
         if t.contains_key(&fid) {
             return Err(errno::EBADF);
         }
-        if t.len() >= max_fids {
-            return Err(errno::EMFILE);
-        }
+        self.count_new(t.len(), l)?;
         t.insert(fid, Arc::new(entry));
         Ok(())
     }
 
-    /// Replaces (or adds) a fid; `replaces` is the walk source when
-    /// `newfid == fid`, so the table size does not grow.
-    pub(crate) fn replace(&self, fid: u32, entry: Fid<F>) {
-        self.table().insert(fid, Arc::new(entry));
+    /// Replaces (or adds, within the limits) a fid; used when the walk
+    /// source is the target (`newfid == fid`).
+    pub(crate) fn replace(&self, fid: u32, entry: Fid<F>, l: &Limits<'_>) -> Result<(), u32> {
+        let mut t = self.table();
+        if !t.contains_key(&fid) {
+            self.count_new(t.len(), l)?;
+        }
+        t.insert(fid, Arc::new(entry));
+        Ok(())
     }
 
     /// Replaces `fid` only if it still refers to `expected` (guards
@@ -181,6 +303,8 @@ impl<F: Filesystem> Session<F> {
     }
 
     pub(crate) fn remove(&self, fid: u32) -> Result<Arc<Fid<F>>, u32> {
-        self.table().remove(&fid).ok_or(errno::EBADF)
+        let out = self.table().remove(&fid).ok_or(errno::EBADF)?;
+        self.uncount(1);
+        Ok(out)
     }
 }

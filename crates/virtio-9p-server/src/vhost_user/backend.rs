@@ -35,6 +35,9 @@ pub const WAKE_EVENT: u16 = 2;
 pub const TIMER_EVENT: u16 = 3;
 /// Epoll data of the control eventfd (quiesce and shutdown requests).
 pub const CONTROL_EVENT: u16 = 4;
+/// Epoll data of the queue's resume eventfd: chains were left on the ring
+/// when a round's work budget was spent; handled like a kick.
+pub const MORE_EVENT: u16 = 5;
 
 /// The vhost-user protocol features offered: CONFIG (the mount tag is read
 /// from the backend), MQ, REPLY_ACK and CONFIGURE_MEM_SLOTS.
@@ -346,7 +349,12 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         let Some(mem) = self.memory() else {
             return Ok(());
         };
-        if device_event == QUEUE_EVENT {
+        if device_event == MORE_EVENT {
+            if let Some(q) = cell.queue.as_ref() {
+                q.clear_more();
+            }
+        }
+        if device_event == QUEUE_EVENT || device_event == MORE_EVENT {
             if cell.queue.is_none() {
                 let q = RequestQueue::new(
                     Arc::clone(&self.server),
@@ -358,6 +366,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 .map_err(std::io::Error::other)?;
                 self.register_fd(q.engine().wake_fd(), WAKE_EVENT)?;
                 self.register_fd(q.engine().timer_fd(), TIMER_EVENT)?;
+                self.register_fd(q.more_fd(), MORE_EVENT)?;
                 cell.queue = Some(q);
             }
             let Some(q) = cell.queue.as_mut() else {

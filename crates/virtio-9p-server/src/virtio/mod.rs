@@ -18,7 +18,7 @@ mod io;
 mod queue;
 
 pub use io::{ChainReader, ChainWriter};
-pub use queue::{QueueError, RequestQueue};
+pub use queue::{QueueError, RequestQueue, KICK_BUDGET, MAX_IN_FLIGHT_SEGMENTS};
 
 use virtqueue_large::ChainLimits;
 

@@ -10,12 +10,25 @@ use log::{debug, error};
 use virtio_queue::QueueT;
 use virtqueue_large::{ChainWalker, WalkerStats};
 use vm_memory::GuestMemoryBackend;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::io::{ChainReader, ChainWriter};
 use crate::engine::{self, Engine, EngineConfig, EngineError, EngineExec, EngineStats};
 use crate::fs::Filesystem;
 use crate::protocol::{Header, HEADER_SIZE, RLERROR, TFLUSH};
 use crate::server::{Cancel, Server, Session};
+
+/// Descriptors one [`RequestQueue::process`] call walks at most (a chain
+/// fault counts as [`MAX_CHAIN_DESCRIPTORS`](super::MAX_CHAIN_DESCRIPTORS)).
+/// The rest of the ring waits for the next round of the event loop, which
+/// [`RequestQueue::more_fd`] triggers: one kick cannot make the device walk
+/// queue size x 32768 descriptors before it serves anything else.
+pub const KICK_BUDGET: u32 = 65_536;
+
+/// Segments (16 bytes each) the chains in flight may hold together: 4 MiB.
+/// While they hold more, no further chain is popped; completions resume
+/// the queue through [`RequestQueue::more_fd`].
+pub const MAX_IN_FLIGHT_SEGMENTS: usize = 1 << 18;
 
 /// Errors of a request queue.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +46,9 @@ pub enum QueueError {
     /// Writing the used ring failed.
     #[error("cannot add to the used ring: {0}")]
     Used(#[source] virtio_queue::Error),
+    /// The eventfd that resumes a queue left with work could not be made.
+    #[error("cannot create the queue's resume eventfd: {0}")]
+    ResumeFd(#[source] std::io::Error),
 }
 
 /// The request queue of one virtio-9p device: chain walker, engine and the
@@ -49,6 +65,13 @@ pub struct RequestQueue<F: Filesystem> {
     exec: EngineExec,
     done: Vec<(u16, u32)>,
     broken: bool,
+    /// Signalled when chains were left on the ring (see [`KICK_BUDGET`]).
+    more: EventFd,
+    /// Chains were left on the ring because of the in-flight segment limit.
+    stalled: bool,
+    /// Segments of the chains in flight, and of each one by head index.
+    segments: usize,
+    segments_of: Vec<u32>,
 }
 
 impl<F: Filesystem> std::fmt::Debug for RequestQueue<F> {
@@ -87,7 +110,49 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
             exec: EngineExec::new(config.offload),
             done: Vec::new(),
             broken: false,
+            more: EventFd::new(EFD_NONBLOCK).map_err(QueueError::ResumeFd)?,
+            stalled: false,
+            segments: 0,
+            segments_of: Vec::new(),
         })
+    }
+
+    /// An eventfd that becomes readable when the queue left chains on the
+    /// ring and wants [`RequestQueue::process`] called again. Poll it
+    /// beside the kick; when readable, read it and process as for a kick.
+    pub fn more_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.more.as_raw_fd()
+    }
+
+    /// Reads [`RequestQueue::more_fd`] (call before processing for it).
+    pub fn clear_more(&self) {
+        let _ = self.more.read();
+    }
+
+    /// Segments held by the chains in flight.
+    pub fn segments_in_flight(&self) -> usize {
+        self.segments
+    }
+
+    /// Asks for another round of the event loop.
+    fn resume_later(&self) {
+        if let Err(e) = self.more.write(1) {
+            error!("9p: cannot signal the queue's resume eventfd: {e}");
+        }
+    }
+
+    /// Accounts the chains in `done` as finished.
+    fn finish_done(&mut self) {
+        for (head, _) in &self.done {
+            if let Some(n) = self.segments_of.get_mut(usize::from(*head)) {
+                self.segments -= std::mem::take(n) as usize;
+            }
+        }
+        if self.stalled && self.segments < MAX_IN_FLIGHT_SEGMENTS {
+            self.stalled = false;
+            self.resume_later();
+        }
     }
 
     /// The engine (its fds must be polled: [`Engine::wake_fd`],
@@ -114,6 +179,11 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
     /// Forgets a ring-level error (the driver reset the queue).
     pub fn reset(&mut self, indirect: bool) -> Result<(), QueueError> {
         self.broken = false;
+        if self.engine.in_flight() == 0 {
+            self.segments = 0;
+            self.segments_of.clear();
+            self.stalled = false;
+        }
         if indirect != self.indirect {
             self.walker =
                 ChainWalker::new(super::chain_limits(indirect)).map_err(QueueError::Limits)?;
@@ -134,16 +204,33 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         if self.broken {
             return Ok(());
         }
+        let mut budget = KICK_BUDGET;
         loop {
             if let Err(e) = queue.disable_notification(mem.deref()) {
                 return Err(QueueError::Used(e));
             }
             loop {
+                // Notifications stay disabled when chains are left: the
+                // queue resumes itself through `more`.
+                if self.segments >= MAX_IN_FLIGHT_SEGMENTS {
+                    self.stalled = true;
+                    return Ok(());
+                }
+                if budget == 0 {
+                    self.resume_later();
+                    return Ok(());
+                }
                 match self.walker.pop(queue, mem.clone()) {
-                    Ok(Some(chain)) => self.start(chain),
+                    Ok(Some(chain)) => {
+                        budget = budget.saturating_sub(chain.descriptor_count());
+                        self.start(chain);
+                    }
                     Ok(None) => break,
                     // Logged and consumed by the walker (length-0 used entry).
-                    Err(e) if e.is_chain_fault() => continue,
+                    Err(e) if e.is_chain_fault() => {
+                        budget = budget.saturating_sub(super::MAX_CHAIN_DESCRIPTORS);
+                        continue;
+                    }
                     Err(e) => {
                         self.broken = true;
                         return Err(QueueError::Ring(e));
@@ -173,6 +260,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         G: GuestMemoryBackend,
     {
         self.engine.take_completed(&mut self.done);
+        self.finish_done();
         let any = !self.done.is_empty();
         for (head, len) in self.done.drain(..) {
             queue.add_used(mem, head, len).map_err(QueueError::Used)?;
@@ -184,6 +272,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
     /// was stopped).
     pub fn discard_completed(&mut self) {
         self.engine.take_completed(&mut self.done);
+        self.finish_done();
         self.done.clear();
     }
 
@@ -207,6 +296,13 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         M::Target: GuestMemoryBackend + Sized,
     {
         let head = chain.head_index();
+        let segs = chain.readable_segments().len() + chain.writable_segments().len();
+        let slot = usize::from(head);
+        if self.segments_of.len() <= slot {
+            self.segments_of.resize(slot + 1, 0);
+        }
+        self.segments_of[slot] = segs as u32;
+        self.segments += segs;
         let reader = chain.reader();
         let writer = chain.writer();
         drop(chain);

@@ -24,7 +24,7 @@
 //!   validated name, so they cannot reach outside either.
 
 mod mapped;
-mod qid;
+pub mod qid;
 pub mod sys;
 
 use std::ffi::CString;
@@ -300,12 +300,12 @@ impl PassthroughFs {
         dev == self.root.0.dev && ino == self.root.0.ino
     }
 
-    fn make_qid(&self, st: &libc::stat64, mapped_mode: Option<u32>) -> Qid {
-        Qid {
+    fn make_qid(&self, st: &libc::stat64, mapped_mode: Option<u32>) -> io::Result<Qid> {
+        Ok(Qid {
             ty: qid_type(mapped_mode.unwrap_or(st.st_mode)),
             version: qid_version(st.st_mtime, st.st_size),
-            path: self.qids.path(st.st_dev, st.st_ino),
-        }
+            path: self.qids.path(st.st_dev, st.st_ino)?,
+        })
     }
 
     /// The mapped mode of a host regular file, in the mapped model.
@@ -320,10 +320,10 @@ impl PassthroughFs {
     fn new_inode(&self, fd: OwnedFd, link: Option<(Inode, Vec<u8>)>) -> io::Result<(Inode, Qid)> {
         let st = sys::fstat(fd.as_fd())?;
         if self.is_root(st.st_dev, st.st_ino) {
-            return Ok((self.root.clone(), self.make_qid(&st, None)));
+            return Ok((self.root.clone(), self.make_qid(&st, None)?));
         }
         let mm = self.mapped_mode(fd.as_fd(), st.st_mode);
-        let qid = self.make_qid(&st, mm);
+        let qid = self.make_qid(&st, mm)?;
         let inode = Inode(Arc::new(InodeData {
             fd,
             host_type: st.st_mode & libc::S_IFMT,
@@ -377,7 +377,7 @@ impl PassthroughFs {
         }
         // Qid after the mapped attributes exist.
         let st = sys::fstat(inode.fd())?;
-        let qid = self.make_qid(&st, self.mapped_mode(inode.fd(), st.st_mode));
+        let qid = self.make_qid(&st, self.mapped_mode(inode.fd(), st.st_mode))?;
         Ok((inode, qid))
     }
 
@@ -553,25 +553,25 @@ impl Filesystem for PassthroughFs {
             return Err(err(libc::ENOENT));
         }
         let st = sys::fstat(self.root.fd())?;
-        Ok((self.root.clone(), self.make_qid(&st, None)))
+        Ok((self.root.clone(), self.make_qid(&st, None)?))
     }
 
     fn walk(&self, dir: &Inode, name: &[u8]) -> io::Result<(Inode, Qid)> {
         match name {
             b"." => {
                 let st = sys::fstat(dir.fd())?;
-                Ok((dir.clone(), self.make_qid(&st, None)))
+                Ok((dir.clone(), self.make_qid(&st, None)?))
             }
             b".." => {
                 if self.is_root(dir.0.dev, dir.0.ino) {
                     let st = sys::fstat(dir.fd())?;
-                    return Ok((self.root.clone(), self.make_qid(&st, None)));
+                    return Ok((self.root.clone(), self.make_qid(&st, None)?));
                 }
                 let fd = sys::open_parent(dir.fd())?;
                 let st = sys::fstat(fd.as_fd())?;
                 if let Some((parent, _)) = dir.link() {
                     if parent.0.dev == st.st_dev && parent.0.ino == st.st_ino {
-                        return Ok((parent, self.make_qid(&st, None)));
+                        return Ok((parent, self.make_qid(&st, None)?));
                     }
                 }
                 self.new_inode(fd, None)
@@ -586,7 +586,7 @@ impl Filesystem for PassthroughFs {
             let st = sys::fstat(inode.fd())?;
             let a = Rgetattr {
                 valid: getattr::BASIC,
-                qid: self.make_qid(&st, None),
+                qid: self.make_qid(&st, None)?,
                 mode: st.st_mode,
                 uid: st.st_uid,
                 gid: st.st_gid,
@@ -614,7 +614,7 @@ impl Filesystem for PassthroughFs {
                 path: self.qids.path(
                     libc::makedev(st.stx_dev_major, st.stx_dev_minor),
                     st.stx_ino,
-                ),
+                )?,
             },
             mode: st.stx_mode as u32,
             uid: st.stx_uid,
@@ -797,7 +797,7 @@ impl Filesystem for PassthroughFs {
         self.check_openable(inode)?;
         let fd = self.open_fd(inode, host_open_flags(flags)?)?;
         let st = sys::fstat(fd.as_fd())?;
-        let qid = self.make_qid(&st, self.mapped_mode(inode.fd(), st.st_mode));
+        let qid = self.make_qid(&st, self.mapped_mode(inode.fd(), st.st_mode))?;
         Ok((
             File {
                 fd,
@@ -917,7 +917,7 @@ impl Filesystem for PassthroughFs {
                     qid: Qid {
                         ty,
                         version: 0,
-                        path: self.qids.path(dev, ino),
+                        path: self.qids.path(dev, ino)?,
                     },
                     offset: off,
                     ty: d_type,

@@ -1,85 +1,126 @@
 //! Qid paths unique across the host devices under one export (the idea of
-//! QEMU's `multidevs=remap`).
+//! QEMU's `multidevs=remap`, with its suffix map and full map).
 //!
 //! Inode numbers repeat across filesystems, so `(dev, ino)` is folded into
-//! 64 bits: files on the export's own device keep their inode number; each
-//! further device gets a 15-bit prefix placed in bits 48..63, so its inodes
-//! become `prefix << 48 | ino`. An inode number that does not fit 48 bits,
-//! or a device beyond the 32767 prefixes, gets a sequential path with bit 63
-//! set from an exact `(dev, ino)` table. Paths therefore never collide.
+//! 64 bits: files on the export's own device whose inode number fits 48
+//! bits keep it. Every other `(dev, ino >> 48)` pair gets a 15-bit prefix
+//! placed in bits 48..63, so its inodes become `prefix << 48 | (ino & mask)`
+//! (QEMU's `qid_path_suffixmap`: the high bits of large inode numbers
+//! cluster, so few prefixes are needed). Once the 32767 prefixes are gone,
+//! `(dev, ino)` gets a sequential path with bit 63 set from an exact table
+//! (QEMU's `qid_path_fullmap`). Paths therefore never collide.
+//!
+//! Memory is bounded: at most [`MAX_PREFIX`] prefixes and
+//! [`DEFAULT_MAX_EXACT`] exact entries. A file that needs an exact entry
+//! when the table is full gets `ENFILE` (as QEMU does when its maps run
+//! out) and everything already mapped keeps its path.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
+
+use log::error;
 
 const INO_BITS: u32 = 48;
 const INO_MASK: u64 = (1 << INO_BITS) - 1;
-const MAX_PREFIX: u64 = 0x7fff;
+/// Prefixes available for `(dev, ino >> 48)` pairs other than the root
+/// device's low inodes.
+pub const MAX_PREFIX: u64 = 0x7fff;
 const EXACT_BIT: u64 = 1 << 63;
+/// Default cap on exact `(dev, ino)` entries (about 12 MiB of table).
+pub const DEFAULT_MAX_EXACT: usize = 1 << 18;
 
 /// Maps `(dev, ino)` to qid paths.
 #[derive(Debug)]
 pub struct QidMap {
     root_dev: u64,
-    prefixes: RwLock<HashMap<u64, u64>>,
+    prefixes: RwLock<HashMap<(u64, u64), u64>>,
     exact: Mutex<HashMap<(u64, u64), u64>>,
-    next_exact: AtomicU64,
+    max_exact: usize,
+    other_device: AtomicBool,
+    warned: AtomicBool,
 }
 
 impl QidMap {
-    /// A map whose unprefixed device is `root_dev`.
+    /// A map whose unprefixed device is `root_dev`, with the default cap.
     pub fn new(root_dev: u64) -> Self {
+        Self::with_max_exact(root_dev, DEFAULT_MAX_EXACT)
+    }
+
+    /// A map holding at most `max_exact` exact entries.
+    pub fn with_max_exact(root_dev: u64, max_exact: usize) -> Self {
         QidMap {
             root_dev,
             prefixes: RwLock::new(HashMap::new()),
             exact: Mutex::new(HashMap::new()),
-            next_exact: AtomicU64::new(1),
+            max_exact,
+            other_device: AtomicBool::new(false),
+            warned: AtomicBool::new(false),
         }
     }
 
     /// Whether more than one device has been seen.
     pub fn multi_device(&self) -> bool {
-        !self
-            .prefixes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+        self.other_device.load(Ordering::Acquire)
     }
 
-    /// The qid path of `(dev, ino)`.
-    pub fn path(&self, dev: u64, ino: u64) -> u64 {
-        if ino <= INO_MASK {
-            if dev == self.root_dev {
-                return ino;
-            }
-            if let Some(p) = self.prefix(dev) {
-                return (p << INO_BITS) | ino;
-            }
+    /// Entries in the exact table.
+    pub fn exact_entries(&self) -> usize {
+        self.exact.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// The qid path of `(dev, ino)`; `ENFILE` when it needs an exact entry
+    /// and the exact table is full.
+    pub fn path(&self, dev: u64, ino: u64) -> io::Result<u64> {
+        if dev != self.root_dev && !self.other_device.load(Ordering::Relaxed) {
+            self.other_device.store(true, Ordering::Release);
+        }
+        let hi = ino >> INO_BITS;
+        if dev == self.root_dev && hi == 0 {
+            return Ok(ino);
+        }
+        if let Some(p) = self.prefix(dev, hi) {
+            return Ok((p << INO_BITS) | (ino & INO_MASK));
         }
         let mut exact = self.exact.lock().unwrap_or_else(|e| e.into_inner());
-        *exact
-            .entry((dev, ino))
-            .or_insert_with(|| EXACT_BIT | self.next_exact.fetch_add(1, Ordering::Relaxed))
+        if let Some(p) = exact.get(&(dev, ino)) {
+            return Ok(*p);
+        }
+        if exact.len() >= self.max_exact {
+            if !self.warned.swap(true, Ordering::Relaxed) {
+                error!(
+                    "9p: qid table full ({} exact entries): new files with large inode numbers get ENFILE",
+                    self.max_exact
+                );
+            }
+            return Err(io::Error::from_raw_os_error(libc::ENFILE));
+        }
+        // Sequential from 1: never reused, so never a collision.
+        let p = EXACT_BIT | (exact.len() as u64 + 1);
+        exact.insert((dev, ino), p);
+        Ok(p)
     }
 
-    fn prefix(&self, dev: u64) -> Option<u64> {
+    fn prefix(&self, dev: u64, hi: u64) -> Option<u64> {
+        let key = (dev, hi);
         if let Some(p) = self
             .prefixes
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&dev)
+            .get(&key)
         {
             return Some(*p);
         }
         let mut map = self.prefixes.write().unwrap_or_else(|e| e.into_inner());
-        let next = map.len() as u64 + 1;
-        if let Some(p) = map.get(&dev) {
+        if let Some(p) = map.get(&key) {
             return Some(*p);
         }
+        let next = map.len() as u64 + 1;
         if next > MAX_PREFIX {
             return None;
         }
-        map.insert(dev, next);
+        map.insert(key, next);
         Some(next)
     }
 }
@@ -91,15 +132,28 @@ mod tests {
     #[test]
     fn test_qid_paths_unique_across_devices() {
         let m = QidMap::new(1);
-        assert_eq!(m.path(1, 42), 42);
-        let other = m.path(2, 42);
+        assert_eq!(m.path(1, 42).unwrap(), 42);
+        let other = m.path(2, 42).unwrap();
         assert_ne!(other, 42);
-        assert_eq!(m.path(2, 42), other);
+        assert_eq!(m.path(2, 42).unwrap(), other);
         assert!(m.multi_device());
-        let big = m.path(1, 1 << 50);
-        assert_ne!(big & EXACT_BIT, 0);
-        assert_eq!(m.path(1, 1 << 50), big);
-        assert_ne!(m.path(3, 1 << 50), big);
+        let big = m.path(1, 1 << 50).unwrap();
+        assert_ne!(big, 1 << 50);
+        assert_eq!(m.path(1, 1 << 50).unwrap(), big);
+        assert_ne!(m.path(3, 1 << 50).unwrap(), big);
+    }
+
+    #[test]
+    fn test_qid_large_inodes_share_prefixes() {
+        // Inode numbers above 2^48 with the same high bits cost one prefix,
+        // not one table entry each.
+        let m = QidMap::with_max_exact(1, 0);
+        let mut seen = std::collections::HashSet::new();
+        for ino in 0..10_000u64 {
+            assert!(seen.insert(m.path(1, (7 << 48) | ino).unwrap()));
+        }
+        assert_eq!(m.exact_entries(), 0);
+        assert!(!m.multi_device());
     }
 
     #[test]
@@ -107,7 +161,32 @@ mod tests {
         let m = QidMap::new(0);
         let mut seen = std::collections::HashSet::new();
         for dev in 1..=(MAX_PREFIX + 10) {
-            assert!(seen.insert(m.path(dev, 7)), "collision at dev {dev}");
+            assert!(
+                seen.insert(m.path(dev, 7).unwrap()),
+                "collision at dev {dev}"
+            );
         }
+        assert_eq!(m.exact_entries(), 10);
+    }
+
+    #[test]
+    fn test_qid_exact_table_is_bounded() {
+        let m = QidMap::with_max_exact(0, 4);
+        for dev in 1..=MAX_PREFIX {
+            m.path(dev, 1).unwrap();
+        }
+        // Random-looking 64-bit inodes on yet another device: exact entries.
+        let inos: Vec<u64> = (1..=4u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let paths: Vec<u64> = inos.iter().map(|&i| m.path(99_999, i).unwrap()).collect();
+        let e = m.path(99_999, 12345).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENFILE));
+        assert_eq!(m.exact_entries(), 4);
+        // What is mapped keeps its path.
+        for (i, p) in inos.iter().zip(&paths) {
+            assert_eq!(m.path(99_999, *i).unwrap(), *p);
+        }
+        assert_eq!(m.path(0, 5).unwrap(), 5);
     }
 }
