@@ -222,6 +222,7 @@ fn test_vhost_user_default_hardening_serves_every_mode() {
             t.export.to_str().unwrap(),
             "--socket-path",
             sock.to_str().unwrap(),
+            "--keep-serving",
         ];
         match mode {
             Some(m) => args.extend(["--sandbox", m]),
@@ -386,6 +387,7 @@ fn test_worker_threads_stack_their_own_filter() {
                 mode,
                 "--thread-pool-size",
                 "2",
+                "--keep-serving",
             ],
             t.tmp.path().join("workers.log"),
         );

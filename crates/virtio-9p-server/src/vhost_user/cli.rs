@@ -14,8 +14,11 @@ use crate::fs::Filesystem;
 use crate::server::Server;
 use crate::virtio::{DEFAULT_QUEUE_SIZE, MAX_QUEUE_SIZE};
 
-/// What `--print-capabilities` prints (the vhost-user backend program
-/// convention; 9p has no registered type name, so it says "9p").
+/// What `--print-capabilities` prints: a `VHostUserBackendCapabilities`
+/// of QEMU's `docs/interop/vhost-user.json`. `9p` is a member of its
+/// `VHostUserBackendType` enum, and the schema defines no features for
+/// it, so the object holds the type alone. It matches the `type` of the
+/// descriptor shipped as `50-virtio-9p-server.json`.
 pub const CAPABILITIES_JSON: &str = "{\n  \"type\": \"9p\"\n}";
 
 /// Options of the vhost-user daemon (used when `--listen` is not given).
@@ -42,10 +45,16 @@ pub struct VhostUserArgs {
     pub queue_size: u16,
 
     /// Worker threads that run blocking filesystem calls while request
-    /// coroutines wait.
+    /// coroutines wait. 0, as in virtiofsd, runs every request on the
+    /// vring thread.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_WORKERS,
           value_parser = parse_workers)]
     pub thread_pool_size: usize,
+
+    /// Serve the next frontend after one disconnects. Default: exit when
+    /// the frontend disconnects, as virtiofsd does.
+    #[arg(long)]
+    pub keep_serving: bool,
 
     /// Lock the daemon's memory: off, on or on-fault (mlockall before
     /// serving; on-fault locks pages as they are touched).
@@ -59,8 +68,10 @@ pub struct VhostUserArgs {
 
 fn parse_workers(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
-        Ok(n) if (1..=MAX_WORKERS).contains(&n) => Ok(n),
-        _ => Err(format!("expected a number from 1 to {MAX_WORKERS}")),
+        Ok(n) if n <= MAX_WORKERS => Ok(n),
+        _ => Err(format!(
+            "expected 0 (requests run on the vring thread) or a number up to {MAX_WORKERS}"
+        )),
     }
 }
 
@@ -94,11 +105,7 @@ pub fn run_daemon<F: Filesystem + 'static>(
         backend: BackendConfig {
             tag: args.tag.clone(),
             queue_size: args.queue_size,
-            engine: EngineConfig {
-                workers: args.thread_pool_size,
-                max_in_flight: usize::from(args.queue_size),
-                offload: OffloadPolicy::Auto,
-            },
+            engine: engine_config(args.thread_pool_size, args.queue_size),
         },
         stack_policy: coro_pool::Policy::Bounded,
     };
@@ -107,6 +114,7 @@ pub fn run_daemon<F: Filesystem + 'static>(
         .map_err(|e| format!("--mlock {}: {e}", args.mlock))?;
     install_signal_handlers().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let mut daemon = Daemon::new(server, config).map_err(|e| e.to_string())?;
+    daemon.set_exit_on_disconnect(!args.keep_serving);
     let msize = daemon_msize(&daemon);
     match &listen {
         Listen::Path(p) => {
@@ -129,6 +137,23 @@ pub fn run_daemon<F: Filesystem + 'static>(
         ),
     }
     daemon.run().map_err(|e| e.to_string())
+}
+
+/// The engine for `--thread-pool-size`. 0 is virtiofsd's "no thread
+/// pool": every request runs on the vring thread. The engine has no
+/// zero-worker mode yet, so 0 maps to [`OffloadPolicy::Never`] (every
+/// filesystem call inline on the vring thread) with one idle worker per
+/// lane kept for the engine's own bookkeeping.
+pub fn engine_config(thread_pool_size: usize, queue_size: u16) -> EngineConfig {
+    EngineConfig {
+        workers: thread_pool_size.max(1),
+        max_in_flight: usize::from(queue_size),
+        offload: if thread_pool_size == 0 {
+            OffloadPolicy::Never
+        } else {
+            OffloadPolicy::Auto
+        },
+    }
 }
 
 fn daemon_msize<F: Filesystem + 'static>(d: &Daemon<F>) -> u32 {
@@ -177,10 +202,24 @@ mod tests {
     fn test_bad_values_are_refused() {
         assert!(T::try_parse_from(["x", "--mlock", "sometimes"]).is_err());
         assert!(T::try_parse_from(["x", "--queue-size", "0"]).is_err());
-        assert!(T::try_parse_from(["x", "--thread-pool-size", "0"]).is_err());
+        assert!(T::try_parse_from(["x", "--thread-pool-size", "-1"]).is_err());
+        let big = (MAX_WORKERS + 1).to_string();
+        assert!(T::try_parse_from(["x", "--thread-pool-size", big.as_str()]).is_err());
         assert!(T::try_parse_from(["x", "--socket-path", "a", "--fd", "3"]).is_err());
         let t = T::try_parse_from(["x", "--mlock", "on-fault", "--queue-size", "32768"]).unwrap();
         assert_eq!(t.v.mlock, MlockPolicy::OnFault);
+    }
+
+    #[test]
+    fn test_zero_thread_pool_runs_inline() {
+        let t = T::try_parse_from(["x", "--thread-pool-size", "0"]).unwrap();
+        assert_eq!(t.v.thread_pool_size, 0);
+        let e = engine_config(0, 256);
+        assert_eq!((e.workers, e.offload), (1, OffloadPolicy::Never));
+        let e = engine_config(4, 256);
+        assert_eq!((e.workers, e.offload), (4, OffloadPolicy::Auto));
+        assert_eq!(e.max_in_flight, 256);
+        assert!(!t.v.keep_serving);
     }
 
     #[test]
