@@ -282,7 +282,7 @@ pub struct IdRules(Vec<IdRule>);
 
 impl IdRules {
     /// Checks that no two rules translate the same id in the same
-    /// direction (virtiofsd refuses such a set too).
+    /// direction: which of two rules would apply would depend on their order.
     pub fn new(rules: Vec<IdRule>) -> Result<IdRules, String> {
         for (i, a) in rules.iter().enumerate() {
             for b in &rules[..i] {
