@@ -130,17 +130,20 @@ fn parse_nofile(s: &str) -> Result<u64, String> {
     }
 }
 
-/// Options of the vhost-user daemon that do nothing in socket mode
-/// (`--listen`): clap id and flag.
-pub const VHOST_USER_ONLY: &[(&str, &str)] = &[
-    ("socket_path", "--socket-path"),
-    ("fd", "--fd"),
-    ("tag", "--tag"),
-    ("queue_size", "--queue-size"),
-    ("thread_pool_size", "--thread-pool-size"),
-    ("mlock", "--mlock"),
-    ("keep_serving", "--keep-serving"),
-];
+/// The options of the vhost-user daemon, which do nothing in socket mode
+/// (`--listen`): every option of [`VhostUserArgs`] (clap id and flag) but
+/// `--print-capabilities`, which runs before anything else. An option
+/// added there is refused in socket mode without a change here.
+///
+/// [`VhostUserArgs`]: virtio_9p_server::vhost_user::VhostUserArgs
+pub fn vhost_user_only() -> Vec<(String, String)> {
+    use clap::Args;
+    virtio_9p_server::vhost_user::VhostUserArgs::augment_args(clap::Command::new("vhost-user"))
+        .get_arguments()
+        .filter(|a| a.get_id() != "print_capabilities")
+        .filter_map(|a| Some((a.get_id().to_string(), format!("--{}", a.get_long()?))))
+        .collect()
+}
 
 /// Options of socket mode that do nothing in the vhost-user daemon.
 pub const SOCKET_ONLY: &[(&str, &str)] = &[(
@@ -158,9 +161,15 @@ pub fn check_mode(cli: &Cli, matches: &clap::ArgMatches) -> Result<(), String> {
             Some(clap::parser::ValueSource::CommandLine)
         )
     };
-    let (wrong, mode) = match cli.listen {
-        Some(_) => (VHOST_USER_ONLY, "socket mode (--listen)"),
-        None => (SOCKET_ONLY, "the vhost-user daemon (no --listen)"),
+    let (wrong, mode): (Vec<(String, String)>, _) = match cli.listen {
+        Some(_) => (vhost_user_only(), "socket mode (--listen)"),
+        None => (
+            SOCKET_ONLY
+                .iter()
+                .map(|(id, flag)| (id.to_string(), flag.to_string()))
+                .collect(),
+            "the vhost-user daemon (no --listen)",
+        ),
     };
     match wrong.iter().find(|(id, _)| given(id)) {
         Some((_, flag)) => Err(format!("{flag} does not apply to {mode}")),
@@ -219,6 +228,30 @@ mod tests {
             e,
             "--allow-unauthenticated-tcp-passthrough does not apply to the vhost-user daemon (no --listen)"
         );
+    }
+
+    #[test]
+    fn test_every_vhost_user_option_is_listed() {
+        let flags: Vec<String> = vhost_user_only().into_iter().map(|(_, f)| f).collect();
+        for f in [
+            "--socket-path",
+            "--fd",
+            "--tag",
+            "--queue-size",
+            "--thread-pool-size",
+            "--mlock",
+            "--keep-serving",
+        ] {
+            assert!(flags.iter().any(|x| x == f), "{f} missing from {flags:?}");
+        }
+        assert!(!flags.iter().any(|x| x == "--print-capabilities"));
+        // Each listed id is a real argument (clap panics on unknown ids).
+        let m = Cli::command()
+            .try_get_matches_from(["x", "--shared-dir", "/d"])
+            .unwrap();
+        for (id, _) in vhost_user_only() {
+            assert_eq!(m.value_source(&id).is_some(), m.contains_id(&id));
+        }
     }
 
     #[test]

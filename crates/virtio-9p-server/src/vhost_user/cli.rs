@@ -100,18 +100,23 @@ pub fn run_daemon<F: Filesystem + 'static>(
         (Some(p), None) => (Listen::Path(p.clone()), false),
         (None, None) => (Listen::Path(PathBuf::from(DEFAULT_SOCKET_PATH)), true),
     };
-    let config = DaemonConfig {
+    let mut config = DaemonConfig {
         listen: listen.clone(),
         backend: BackendConfig {
             tag: args.tag.clone(),
             queue_size: args.queue_size,
-            engine: engine_config(args.thread_pool_size, args.queue_size),
+            engine: EngineConfig {
+                workers: args.thread_pool_size,
+                max_in_flight: usize::from(args.queue_size),
+                offload: OffloadPolicy::Auto,
+            },
         },
         stack_policy: coro_pool::Policy::Bounded,
     };
     args.mlock
         .apply_process()
         .map_err(|e| format!("--mlock {}: {e}", args.mlock))?;
+    inline_without_pool(&mut config.backend.engine);
     install_signal_handlers().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let mut daemon = Daemon::new(server, config).map_err(|e| e.to_string())?;
     daemon.set_exit_on_disconnect(!args.keep_serving);
@@ -139,20 +144,15 @@ pub fn run_daemon<F: Filesystem + 'static>(
     daemon.run().map_err(|e| e.to_string())
 }
 
-/// The engine for `--thread-pool-size`. 0 is virtiofsd's "no thread
-/// pool": every request runs on the vring thread. The engine has no
-/// zero-worker mode yet, so 0 maps to [`OffloadPolicy::Never`] (every
-/// filesystem call inline on the vring thread) with one idle worker per
-/// lane kept for the engine's own bookkeeping.
-pub fn engine_config(thread_pool_size: usize, queue_size: u16) -> EngineConfig {
-    EngineConfig {
-        workers: thread_pool_size.max(1),
-        max_in_flight: usize::from(queue_size),
-        offload: if thread_pool_size == 0 {
-            OffloadPolicy::Never
-        } else {
-            OffloadPolicy::Auto
-        },
+/// `--thread-pool-size 0` is virtiofsd's "no thread pool": every request
+/// runs on the vring thread. This engine has no zero-worker mode, so 0
+/// becomes [`OffloadPolicy::Never`] (every filesystem call inline on the
+/// vring thread) with one idle worker per lane, which the engine needs to
+/// start.
+pub fn inline_without_pool(engine: &mut EngineConfig) {
+    if engine.workers == 0 {
+        engine.workers = 1;
+        engine.offload = OffloadPolicy::Never;
     }
 }
 
@@ -214,11 +214,18 @@ mod tests {
     fn test_zero_thread_pool_runs_inline() {
         let t = T::try_parse_from(["x", "--thread-pool-size", "0"]).unwrap();
         assert_eq!(t.v.thread_pool_size, 0);
-        let e = engine_config(0, 256);
+        let mut e = EngineConfig {
+            workers: 0,
+            ..EngineConfig::default()
+        };
+        inline_without_pool(&mut e);
         assert_eq!((e.workers, e.offload), (1, OffloadPolicy::Never));
-        let e = engine_config(4, 256);
+        let mut e = EngineConfig {
+            workers: 4,
+            ..EngineConfig::default()
+        };
+        inline_without_pool(&mut e);
         assert_eq!((e.workers, e.offload), (4, OffloadPolicy::Auto));
-        assert_eq!(e.max_in_flight, 256);
         assert!(!t.v.keep_serving);
     }
 
