@@ -6,7 +6,7 @@ use clap::Parser;
 
 use virtio_9p_server::protocol::MAX_MSIZE;
 use virtio_9p_server::sandbox::seccomp::SeccompMode;
-use virtio_9p_server::sandbox::{IdMap, IdSquash, SandboxMode};
+use virtio_9p_server::sandbox::{IdMap, IdRule, SandboxMode};
 use virtio_9p_server::transport::socket::ListenAddr;
 use virtio_9p_server::SecurityModel;
 
@@ -58,6 +58,10 @@ pub struct Cli {
     #[arg(long, value_name = "LEVEL", default_value = "info")]
     pub log_level: log::LevelFilter,
 
+    /// Log to syslog (/dev/log, facility daemon) instead of stderr.
+    #[arg(long)]
+    pub syslog: bool,
+
     /// vhost-user daemon options (used when --listen is not given).
     #[command(flatten)]
     pub vhost: virtio_9p_server::vhost_user::VhostUserArgs,
@@ -84,32 +88,222 @@ pub struct Hardening {
     #[arg(long, value_name = "CAPS")]
     pub modcaps: Option<String>,
 
-    /// RLIMIT_NOFILE (soft and hard) for the daemon; the fid limit is set
-    /// from it. Default: raise the soft limit to the hard one.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(64..))]
+    /// RLIMIT_NOFILE (soft and hard) for the daemon, 0 or at least 64;
+    /// the fid limit is set from it. 0 leaves the limit as inherited.
+    /// Default: raise the soft limit to the hard one.
+    #[arg(long, value_name = "N", value_parser = parse_nofile)]
     pub rlimit_nofile: Option<u64>,
 
-    /// User-namespace uid map `inside:outside:count` (unprivileged
-    /// namespace sandbox; repeatable). Default: the current uid to itself.
+    /// User-namespace uid map `:inside:outside:count:` (virtiofsd's
+    /// syntax; `inside:outside:count` also works) for the unprivileged
+    /// namespace sandbox; repeatable. Default: the current uid to itself.
     #[arg(long, value_name = "MAP")]
     pub uid_map: Vec<IdMap>,
 
-    /// User-namespace gid map `inside:outside:count` (repeatable).
+    /// User-namespace gid map `:inside:outside:count:` (repeatable).
     #[arg(long, value_name = "MAP")]
     pub gid_map: Vec<IdMap>,
 
-    /// uid squashing: `squash-guest:HOSTUID` (every uid the guest sets
-    /// becomes HOSTUID) or `squash-host:GUESTUID` (every file reads as
-    /// owned by GUESTUID).
+    /// uid translation, virtiofsd's grammar (repeatable):
+    /// `guest:GUEST:HOST:COUNT`, `host:HOST:GUEST:COUNT`,
+    /// `squash-guest:GUEST:HOST:COUNT`, `squash-host:HOST:GUEST:COUNT`,
+    /// `forbid-guest:GUEST:COUNT` or `map:GUEST:HOST:COUNT`.
+    /// `squash-guest:HOST` and `squash-host:GUEST` squash every id.
     #[arg(long, value_name = "RULE")]
-    pub translate_uid: Option<IdSquash>,
+    pub translate_uid: Vec<IdRule>,
 
-    /// gid squashing, as --translate-uid.
+    /// gid translation, as --translate-uid (repeatable).
     #[arg(long, value_name = "RULE")]
-    pub translate_gid: Option<IdSquash>,
+    pub translate_gid: Vec<IdRule>,
 
     /// Test-only hooks run right after the sandbox is set up
     /// (`forbidden-syscall`, `probe:PATH`); never use them in production.
     #[arg(long, value_name = "HOOK", hide = true)]
     pub test_hook: Vec<String>,
+}
+
+/// `--rlimit-nofile`: 0 (leave it alone, as virtiofsd) or at least 64.
+fn parse_nofile(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n == 0 || n >= 64 => Ok(n),
+        _ => Err("expected 0 (leave the limit alone) or a number of at least 64".into()),
+    }
+}
+
+/// The options of the vhost-user daemon, which do nothing in socket mode
+/// (`--listen`): every option of [`VhostUserArgs`] (clap id and flag) but
+/// `--print-capabilities`, which runs before anything else. An option
+/// added there is refused in socket mode without a change here.
+///
+/// [`VhostUserArgs`]: virtio_9p_server::vhost_user::VhostUserArgs
+pub fn vhost_user_only() -> Vec<(String, String)> {
+    use clap::Args;
+    virtio_9p_server::vhost_user::VhostUserArgs::augment_args(clap::Command::new("vhost-user"))
+        .get_arguments()
+        .filter(|a| a.get_id() != "print_capabilities")
+        .filter_map(|a| Some((a.get_id().to_string(), format!("--{}", a.get_long()?))))
+        .collect()
+}
+
+/// Options of socket mode that do nothing in the vhost-user daemon.
+pub const SOCKET_ONLY: &[(&str, &str)] = &[(
+    "allow_unauthenticated_tcp_passthrough",
+    "--allow-unauthenticated-tcp-passthrough",
+)];
+
+/// Refuses an option given on the command line that the chosen mode
+/// would ignore, so that nobody believes, say, memory is locked when it is
+/// not.
+pub fn check_mode(cli: &Cli, matches: &clap::ArgMatches) -> Result<(), String> {
+    let given = |id: &str| {
+        matches!(
+            matches.value_source(id),
+            Some(clap::parser::ValueSource::CommandLine)
+        )
+    };
+    let (wrong, mode): (Vec<(String, String)>, _) = match cli.listen {
+        Some(_) => (vhost_user_only(), "socket mode (--listen)"),
+        None => (
+            SOCKET_ONLY
+                .iter()
+                .map(|(id, flag)| (id.to_string(), flag.to_string()))
+                .collect(),
+            "the vhost-user daemon (no --listen)",
+        ),
+    };
+    match wrong.iter().find(|(id, _)| given(id)) {
+        Some((_, flag)) => Err(format!("{flag} does not apply to {mode}")),
+        None => Ok(()),
+    }
+}
+
+/// Parses the command line (clap prints its own errors and exits).
+pub fn parse() -> (Cli, clap::ArgMatches) {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    match Cli::from_arg_matches(&matches) {
+        Ok(cli) => (cli, matches),
+        Err(e) => e.exit(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches};
+
+    fn check(args: &[&str]) -> Result<(), String> {
+        let m = Cli::command()
+            .try_get_matches_from(std::iter::once("virtio-9p-server").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        let cli = Cli::from_arg_matches(&m).map_err(|e| e.to_string())?;
+        check_mode(&cli, &m)
+    }
+
+    #[test]
+    fn test_options_of_the_other_mode_are_refused() {
+        let sock = ["--shared-dir", "/d", "--listen", "unix:/s"];
+        for (opt, value) in [
+            ("--tag", Some("t")),
+            ("--queue-size", Some("256")),
+            ("--thread-pool-size", Some("4")),
+            ("--mlock", Some("on")),
+            ("--socket-path", Some("/v")),
+            ("--fd", Some("3")),
+            ("--keep-serving", None),
+        ] {
+            let mut args = sock.to_vec();
+            args.push(opt);
+            args.extend(value);
+            let e = check(&args).unwrap_err();
+            assert_eq!(e, format!("{opt} does not apply to socket mode (--listen)"));
+        }
+        let e = check(&[
+            "--shared-dir",
+            "/d",
+            "--allow-unauthenticated-tcp-passthrough",
+        ])
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "--allow-unauthenticated-tcp-passthrough does not apply to the vhost-user daemon (no --listen)"
+        );
+    }
+
+    #[test]
+    fn test_every_vhost_user_option_is_listed() {
+        let flags: Vec<String> = vhost_user_only().into_iter().map(|(_, f)| f).collect();
+        for f in [
+            "--socket-path",
+            "--fd",
+            "--tag",
+            "--queue-size",
+            "--thread-pool-size",
+            "--mlock",
+            "--keep-serving",
+        ] {
+            assert!(flags.iter().any(|x| x == f), "{f} missing from {flags:?}");
+        }
+        assert!(!flags.iter().any(|x| x == "--print-capabilities"));
+        // Each listed id is a real argument (clap panics on unknown ids).
+        let m = Cli::command()
+            .try_get_matches_from(["x", "--shared-dir", "/d"])
+            .unwrap();
+        for (id, _) in vhost_user_only() {
+            assert_eq!(m.value_source(&id).is_some(), m.contains_id(&id));
+        }
+    }
+
+    #[test]
+    fn test_options_of_both_modes_are_accepted() {
+        let common = [
+            "--readonly",
+            "--syslog",
+            "--msize-max",
+            "65536",
+            "--rlimit-nofile",
+            "0",
+            "--uid-map",
+            ":0:1000:1:",
+            "--translate-uid",
+            "map:0:1000:1",
+            "--translate-uid",
+            "forbid-guest:1:10",
+        ];
+        let mut a = vec!["--shared-dir", "/d", "--listen", "unix:/s"];
+        a.extend(common);
+        check(&a).unwrap();
+        let mut a = vec![
+            "--shared-dir",
+            "/d",
+            "--tag",
+            "t",
+            "--thread-pool-size",
+            "0",
+            "--keep-serving",
+        ];
+        a.extend(common);
+        check(&a).unwrap();
+        check(&[
+            "--shared-dir",
+            "/d",
+            "--listen",
+            "tcp:127.0.0.1:1",
+            "--allow-unauthenticated-tcp-passthrough",
+        ])
+        .unwrap();
+    }
+
+    #[test]
+    fn test_rlimit_nofile_values() {
+        for ok in ["0", "64", "1048576"] {
+            assert!(parse_nofile(ok).is_ok(), "{ok}");
+        }
+        for bad in ["1", "63", "-1", "x", ""] {
+            assert!(
+                parse_nofile(bad).unwrap_err().starts_with("expected 0"),
+                "{bad}"
+            );
+        }
+    }
 }

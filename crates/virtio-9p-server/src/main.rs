@@ -1,23 +1,26 @@
 //! The `virtio-9p-server` binary: serves a directory over 9P2000.L.
 
 mod cli;
+mod pidfile;
+mod syslog;
 
+use std::ffi::CString;
 use std::os::fd::IntoRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use clap::Parser;
 use log::{info, warn};
 
 use virtio_9p_server::fs::Filesystem;
-use virtio_9p_server::sandbox::ids::{IdTranslation, Translated};
+use virtio_9p_server::sandbox::ids::{IdRules, IdTranslation, Translated};
 use virtio_9p_server::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
 use virtio_9p_server::transport::socket::{ListenAddr, Listener};
 use virtio_9p_server::transport::unix;
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, Server};
 
 use cli::Cli;
+use pidfile::PidFile;
 
 /// The filesystem the binary serves: passthrough behind the id squashing.
 type Fs = Translated<PassthroughFs>;
@@ -30,6 +33,7 @@ fn harden(
     cli: &Cli,
     sessions: usize,
     cleanup_socket: Option<PathBuf>,
+    cleanup_files: Vec<PathBuf>,
 ) -> Result<Arc<Server<Fs>>, String> {
     let h = &cli.hardening;
     let nofile = limits::set_nofile(h.rlimit_nofile).map_err(|e| e.to_string())?;
@@ -48,14 +52,12 @@ fn harden(
     let mut pcfg = PassthroughConfig::new(&shared_dir);
     pcfg.readonly = cli.readonly;
     pcfg.security_model = cli.security_model;
-    let ids = IdTranslation {
-        uid: h.translate_uid,
-        gid: h.translate_gid,
-    };
+    let ids = id_translation(cli)?;
     let mut scfg = SandboxConfig::new(h.sandbox, &shared_dir);
     scfg.uid_map = h.uid_map.clone();
     scfg.gid_map = h.gid_map.clone();
     scfg.cleanup_socket = cleanup_socket;
+    scfg.cleanup_files = cleanup_files;
     let fs = sb::enter(&scfg, || {
         PassthroughFs::new(pcfg)
             .map(|fs| Translated::new(fs, ids))
@@ -88,6 +90,40 @@ fn harden(
     Ok(Arc::new(
         Server::new(fs, config).map_err(|e| e.to_string())?,
     ))
+}
+
+/// The `--translate-uid` / `--translate-gid` rules, checked for overlaps.
+fn id_translation(cli: &Cli) -> Result<IdTranslation, String> {
+    let h = &cli.hardening;
+    Ok(IdTranslation {
+        uid: IdRules::new(h.translate_uid.clone()).map_err(|e| format!("--translate-uid: {e}"))?,
+        gid: IdRules::new(h.translate_gid.clone()).map_err(|e| format!("--translate-gid: {e}"))?,
+    })
+}
+
+/// Files the signal handler of socket mode removes before it exits
+/// (`--sandbox none` only: elsewhere the paths do not lead to them).
+static CLEANUP: OnceLock<Vec<CString>> = OnceLock::new();
+
+/// Removes `files` with unlinkat(2), which is async-signal-safe and on the
+/// seccomp list (std's remove_file uses unlink(2), which is not).
+fn remove_files(files: &[CString]) {
+    for f in files {
+        // SAFETY: a valid C string; unlinkat only reads it.
+        unsafe { libc::unlinkat(libc::AT_FDCWD, f.as_ptr(), 0) };
+    }
+}
+
+fn c_paths(paths: &[&Path]) -> Vec<CString> {
+    paths
+        .iter()
+        .filter_map(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
+        .collect()
+}
+
+/// An absolute form of `p` (the namespace supervisor removes it later).
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
 /// Test-only hooks (hidden `--test-hook`), run once the process is confined.
@@ -130,14 +166,19 @@ fn close_inherited_fds(keep: Option<i32>) {
     }
 }
 
-/// Exits on SIGTERM/SIGINT in socket mode: as pid 1 of its namespace the
-/// daemon would otherwise ignore them.
+/// Exits with status 0 on SIGTERM, SIGINT and SIGHUP in socket mode,
+/// removing the [`CLEANUP`] files: as pid 1 of its namespace the daemon
+/// would otherwise ignore them, and outside one SIGHUP would kill it
+/// without cleanup.
 fn exit_on_signals() {
     extern "C" fn on_signal(_: libc::c_int) {
+        if let Some(files) = CLEANUP.get() {
+            remove_files(files);
+        }
         // SAFETY: _exit(2) is async-signal-safe.
         unsafe { libc::_exit(0) };
     }
-    for sig in [libc::SIGTERM, libc::SIGINT] {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
         // SAFETY: a zeroed sigaction is valid; the handler only calls _exit.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
@@ -186,11 +227,23 @@ fn check_tcp_exposure(cli: &Cli) -> Result<(), String> {
 
 /// Socket mode: bind, then serve every client on its own thread.
 fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
-    // Bind first: the socket lives outside the export.
+    // Lock the pid file, then bind: both live outside the export.
+    let mut pid_file = None;
     let listener = match addr {
-        ListenAddr::Unix(p) => unix::bind(p, socket_perms(cli)?)
-            .map(Listener::Unix)
-            .map_err(|e| format!("cannot listen on {addr}: {e}"))?,
+        ListenAddr::Unix(p) => {
+            let perms = socket_perms(cli)?;
+            let pid = PidFile::acquire(p, std::process::id())?;
+            match unix::bind(p, perms) {
+                Ok(l) => {
+                    pid_file = Some(pid);
+                    Listener::Unix(l)
+                }
+                Err(e) => {
+                    pid.remove();
+                    return Err(format!("cannot listen on {addr}: {e}"));
+                }
+            }
+        }
         ListenAddr::Tcp(_) => {
             if cli.socket_group.is_some() {
                 return Err("--socket-group applies to unix sockets only".into());
@@ -201,10 +254,17 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
     };
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     let cleanup = match addr {
-        ListenAddr::Unix(p) => Some(p.clone()),
+        ListenAddr::Unix(p) => Some(absolute(p)),
         ListenAddr::Tcp(_) => None,
     };
-    let server = harden(cli, limits::BUDGETED_CLIENTS, cleanup)?;
+    let pid_path: Vec<PathBuf> = pid_file.iter().map(|f| absolute(f.path())).collect();
+    let sandbox = cli.hardening.sandbox;
+    if sandbox == SandboxMode::None {
+        let mut files: Vec<&Path> = cleanup.iter().map(PathBuf::as_path).collect();
+        files.extend(pid_path.iter().map(PathBuf::as_path));
+        let _ = CLEANUP.set(c_paths(&files));
+    }
+    let server = harden(cli, limits::BUDGETED_CLIENTS, cleanup, pid_path)?;
     exit_on_signals();
     info!(
         "serving {} on {bound} (security model {}, {}msize up to {})",
@@ -213,13 +273,19 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
         if cli.readonly { "read-only, " } else { "" },
         cli.msize_max
     );
-    listener.serve(server).map_err(|e| e.to_string())
+    let result = listener.serve(server).map_err(|e| e.to_string());
+    if let Some(files) = CLEANUP.get() {
+        remove_files(files);
+    }
+    drop(pid_file);
+    result
 }
 
 /// vhost-user mode (no --listen): the daemon of `virtio_9p_server::vhost_user`.
 fn run_vhost_user(cli: &Cli) -> Result<(), String> {
     let mut args = cli.vhost.clone();
     let mut cleanup = None;
+    let mut pid_file = None;
     if args.fd.is_none() {
         // Bind the socket before the sandbox hides its directory (and
         // before seccomp forbids bind), and hand it over as an inherited fd.
@@ -228,8 +294,18 @@ fn run_vhost_user(cli: &Cli) -> Result<(), String> {
             .socket_path
             .take()
             .unwrap_or_else(|| PathBuf::from(virtio_9p_server::vhost_user::DEFAULT_SOCKET_PATH));
-        let listener = unix::bind(&path, socket_perms(cli)?)
-            .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+        let perms = socket_perms(cli)?;
+        // The lock comes first: a second instance must leave the socket of
+        // the running one alone.
+        let pid = PidFile::acquire(&path, std::process::id())?;
+        let listener = match unix::bind(&path, perms) {
+            Ok(l) => l,
+            Err(e) => {
+                pid.remove();
+                return Err(format!("cannot listen on {}: {e}", path.display()));
+            }
+        };
+        pid_file = Some(pid);
         info!("vhost-user socket {}", path.display());
         if defaulted {
             println!(
@@ -241,24 +317,28 @@ fn run_vhost_user(cli: &Cli) -> Result<(), String> {
         cleanup = Some(std::fs::canonicalize(&path).unwrap_or(path));
     }
     let sandbox = cli.hardening.sandbox;
-    // The namespace supervisor removes the socket; chroot cannot reach it
-    // (a stale socket is replaced at the next start).
+    let pid_path: Vec<PathBuf> = pid_file.iter().map(|f| absolute(f.path())).collect();
+    // The namespace supervisor removes the socket and the pid file; chroot
+    // cannot reach them (a stale socket is replaced and a stale pid file,
+    // whose lock died with its daemon, is reused at the next start).
+    let namespaced = sandbox == SandboxMode::Namespace;
     let server = harden(
         cli,
         1,
-        cleanup
-            .clone()
-            .filter(|_| sandbox == SandboxMode::Namespace),
+        cleanup.clone().filter(|_| namespaced),
+        if namespaced {
+            pid_path.clone()
+        } else {
+            Vec::new()
+        },
     )?;
     let result = run_daemon(&args, server, cli.readonly);
-    if let (SandboxMode::None, Some(sock)) = (sandbox, cleanup) {
-        if let Ok(c) = std::ffi::CString::new(sock.as_os_str().as_encoded_bytes()) {
-            // unlinkat: std's remove_file uses unlink(2), which the
-            // seccomp list leaves out.
-            // SAFETY: valid C string.
-            unsafe { libc::unlinkat(libc::AT_FDCWD, c.as_ptr(), 0) };
-        }
+    if sandbox == SandboxMode::None {
+        let mut files: Vec<&Path> = cleanup.iter().map(PathBuf::as_path).collect();
+        files.extend(pid_path.iter().map(PathBuf::as_path));
+        remove_files(&c_paths(&files));
     }
+    drop(pid_file);
     result
 }
 
@@ -275,12 +355,30 @@ fn main() -> ExitCode {
         println!("{}", virtio_9p_server::vhost_user::CAPABILITIES_JSON);
         return ExitCode::SUCCESS;
     }
-    let cli = Cli::parse();
+    let (cli, matches) = cli::parse();
     close_inherited_fds(cli.vhost.fd);
-    env_logger::Builder::new()
-        .filter_level(cli.log_level)
-        .format_timestamp_millis()
-        .init();
+    if let Err(e) = cli::check_mode(&cli, &matches).and_then(|()| id_translation(&cli).map(drop)) {
+        eprintln!("virtio-9p-server: {e}");
+        return ExitCode::FAILURE;
+    }
+    if cli.syslog {
+        let logger = syslog::Syslog::connect(
+            Path::new(syslog::DEV_LOG),
+            "virtio-9p-server",
+            cli.log_level,
+        )
+        .map_err(|e| format!("--syslog: cannot connect to {}: {e}", syslog::DEV_LOG))
+        .and_then(|l| l.install().map_err(|e| format!("--syslog: {e}")));
+        if let Err(e) = logger {
+            eprintln!("virtio-9p-server: {e}");
+            return ExitCode::FAILURE;
+        }
+    } else {
+        env_logger::Builder::new()
+            .filter_level(cli.log_level)
+            .format_timestamp_millis()
+            .init();
+    }
     let result = match &cli.listen {
         Some(addr) => run_socket(&cli, addr),
         None => run_vhost_user(&cli),

@@ -152,6 +152,10 @@ fn unix_args<'a>(export: &'a Path, flag: &'a str, path: &'a str) -> Vec<&'a str>
         "none",
     ];
     v.extend([flag, path]);
+    if flag == "--socket-path" {
+        // These tests check the daemon after the frontend has left.
+        v.push("--keep-serving");
+    }
     v
 }
 

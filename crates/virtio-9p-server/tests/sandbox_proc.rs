@@ -274,6 +274,7 @@ fn test_proc_knobs_unreachable_from_the_vhost_user_daemon() {
             sock.to_str().unwrap(),
             "--sandbox",
             mode,
+            "--keep-serving",
         ]);
         let Some(d) = start(&mut cmd, &sock, tmp.path().join("vu.log")) else {
             continue;

@@ -38,6 +38,8 @@ impl BinDaemon {
             .arg("--socket-path")
             .arg(tmp.path().join("vu.sock"))
             .args(["--thread-pool-size", &workers.to_string()])
+            // Several frontends connect one after another.
+            .arg("--keep-serving")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -115,6 +115,7 @@ fn test_binary_mlock_on_fault_reconnect_and_sigterm() {
             "on-fault",
             "--thread-pool-size",
             "2",
+            "--keep-serving",
             "--log-level",
             "warn",
             // VmLck is read from this process: the namespace sandbox would

@@ -12,6 +12,8 @@
 //! - `p9_session`: [`p9::SessionInput`].
 //! - `virtio_device`: [`device::DeviceInput`].
 //! - `p9_decode`: takes raw bytes; seeds from [`p9::decode_seeds`].
+//! - `id_options`: takes text; [`ids::check`] parses it, seeds from
+//!   [`ids::SEEDS`].
 //! - [`sandbox::Sandbox`]: the export (and the canary beside it) that
 //!   `p9_session` and `virtio_device` serve.
 //! - `virtqueue_chain`: `virtqueue_large::fuzzing::run` decodes the bytes;
@@ -30,6 +32,7 @@
 pub mod bytes;
 pub mod corpus;
 pub mod device;
+pub mod ids;
 pub mod p9;
 pub mod sandbox;
 

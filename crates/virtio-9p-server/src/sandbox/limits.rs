@@ -17,7 +17,8 @@ pub const BUDGETED_CLIENTS: usize = 16;
 pub const MIN_FIDS: usize = 64;
 
 /// Sets `RLIMIT_NOFILE` to `want` (soft and hard), or, with `None`, raises
-/// the soft limit to the hard one. Returns the soft limit in force.
+/// the soft limit to the hard one; `Some(0)` leaves the limit alone (as
+/// virtiofsd's `--rlimit-nofile 0`). Returns the soft limit in force.
 pub fn set_nofile(want: Option<u64>) -> Result<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -28,6 +29,7 @@ pub fn set_nofile(want: Option<u64>) -> Result<u64> {
         return Err(sys_err("getrlimit(RLIMIT_NOFILE)"));
     }
     let new = match want {
+        Some(0) => return Ok(lim.rlim_cur),
         Some(n) => libc::rlimit {
             rlim_cur: n,
             rlim_max: n,
@@ -61,6 +63,25 @@ pub fn fid_budget(nofile: u64, sessions: usize, max_fids: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_zero_leaves_the_limit_alone() {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `lim` is a valid out pointer.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!(set_nofile(Some(0)).unwrap(), lim.rlim_cur);
+        let mut after = lim;
+        // SAFETY: `after` is a valid out pointer.
+        let r = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut after) };
+        assert_eq!(r, 0);
+        assert_eq!(
+            (after.rlim_cur, after.rlim_max),
+            (lim.rlim_cur, lim.rlim_max)
+        );
+    }
 
     #[test]
     fn test_fid_budget() {

@@ -48,7 +48,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub use ids::{IdMap, IdSquash};
+pub use ids::{IdMap, IdRule, IdSquash};
 
 /// Errors of the sandbox setup. Each names the step that failed.
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +148,9 @@ pub struct SandboxConfig {
     /// A socket file outside the export that the supervising parent (in
     /// namespace mode) removes when the daemon exits.
     pub cleanup_socket: Option<PathBuf>,
+    /// Further files outside the export (the locked pid file) that the
+    /// supervising parent removes when the daemon exits.
+    pub cleanup_files: Vec<PathBuf>,
 }
 
 impl SandboxConfig {
@@ -159,6 +162,7 @@ impl SandboxConfig {
             uid_map: Vec::new(),
             gid_map: Vec::new(),
             cleanup_socket: None,
+            cleanup_files: Vec::new(),
         }
     }
 }

@@ -118,8 +118,8 @@ fn supervise(pid: libc::pid_t, cfg: &SandboxConfig) -> ! {
             break 1;
         }
     };
-    if let Some(sock) = &cfg.cleanup_socket {
-        let _ = std::fs::remove_file(sock);
+    for file in cfg.cleanup_socket.iter().chain(&cfg.cleanup_files) {
+        let _ = std::fs::remove_file(file);
     }
     std::process::exit(code)
 }

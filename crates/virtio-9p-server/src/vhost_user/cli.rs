@@ -14,8 +14,11 @@ use crate::fs::Filesystem;
 use crate::server::Server;
 use crate::virtio::{DEFAULT_QUEUE_SIZE, MAX_QUEUE_SIZE};
 
-/// What `--print-capabilities` prints (the vhost-user backend program
-/// convention; 9p has no registered type name, so it says "9p").
+/// What `--print-capabilities` prints: a `VHostUserBackendCapabilities`
+/// of QEMU's `docs/interop/vhost-user.json`. `9p` is a member of its
+/// `VHostUserBackendType` enum, and the schema defines no features for
+/// it, so the object holds the type alone. It matches the `type` of the
+/// descriptor shipped as `50-virtio-9p-server.json`.
 pub const CAPABILITIES_JSON: &str = "{\n  \"type\": \"9p\"\n}";
 
 /// Options of the vhost-user daemon (used when `--listen` is not given).
@@ -42,10 +45,16 @@ pub struct VhostUserArgs {
     pub queue_size: u16,
 
     /// Worker threads that run blocking filesystem calls while request
-    /// coroutines wait.
+    /// coroutines wait. 0, as in virtiofsd, runs every request on the
+    /// vring thread.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_WORKERS,
           value_parser = parse_workers)]
     pub thread_pool_size: usize,
+
+    /// Serve the next frontend after one disconnects. Default: exit when
+    /// the frontend disconnects, as virtiofsd does.
+    #[arg(long)]
+    pub keep_serving: bool,
 
     /// Lock the daemon's memory: off, on or on-fault (mlockall before
     /// serving; on-fault locks pages as they are touched).
@@ -64,8 +73,10 @@ pub struct VhostUserArgs {
 
 fn parse_workers(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
-        Ok(n) if (1..=MAX_WORKERS).contains(&n) => Ok(n),
-        _ => Err(format!("expected a number from 1 to {MAX_WORKERS}")),
+        Ok(n) if n <= MAX_WORKERS => Ok(n),
+        _ => Err(format!(
+            "expected 0 (requests run on the vring thread) or a number up to {MAX_WORKERS}"
+        )),
     }
 }
 
@@ -122,6 +133,7 @@ pub fn run_daemon<F: Filesystem + 'static>(
         .map_err(|e| format!("--mlock {}: {e}", args.mlock))?;
     install_signal_handlers().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let mut daemon = Daemon::new(server, config).map_err(|e| e.to_string())?;
+    daemon.set_exit_on_disconnect(!args.keep_serving);
     let msize = daemon_msize(&daemon);
     match &listen {
         Listen::Path(p) => {
@@ -192,10 +204,21 @@ mod tests {
     fn test_bad_values_are_refused() {
         assert!(T::try_parse_from(["x", "--mlock", "sometimes"]).is_err());
         assert!(T::try_parse_from(["x", "--queue-size", "0"]).is_err());
-        assert!(T::try_parse_from(["x", "--thread-pool-size", "0"]).is_err());
+        assert!(T::try_parse_from(["x", "--thread-pool-size", "-1"]).is_err());
+        let big = (MAX_WORKERS + 1).to_string();
+        assert!(T::try_parse_from(["x", "--thread-pool-size", big.as_str()]).is_err());
         assert!(T::try_parse_from(["x", "--socket-path", "a", "--fd", "3"]).is_err());
         let t = T::try_parse_from(["x", "--mlock", "on-fault", "--queue-size", "32768"]).unwrap();
         assert_eq!(t.v.mlock, MlockPolicy::OnFault);
+    }
+
+    #[test]
+    fn test_zero_thread_pool_runs_inline() {
+        // virtiofsd's "no thread pool": the engine's zero-worker mode runs
+        // every call on the vring thread.
+        let t = T::try_parse_from(["x", "--thread-pool-size", "0"]).unwrap();
+        assert_eq!(t.v.thread_pool_size, 0);
+        assert!(!t.v.keep_serving);
     }
 
     #[test]

@@ -124,6 +124,8 @@ pub struct Daemon<F: Filesystem> {
     listener: Listener,
     stop: StopHandle,
     connections: AtomicU64,
+    /// Whether [`Daemon::run`] returns when the first frontend leaves.
+    exit_on_disconnect: bool,
     /// The socket file [`Listen::Path`] created, removed on drop.
     _socket_file: Option<SocketFile>,
 }
@@ -200,6 +202,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
                 conn: Mutex::new(None),
             })),
             connections: AtomicU64::new(0),
+            exit_on_disconnect: false,
             _socket_file: socket_file,
         })
     }
@@ -207,6 +210,13 @@ impl<F: Filesystem + 'static> Daemon<F> {
     /// A handle that stops [`Daemon::run`].
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
+    }
+
+    /// Makes [`Daemon::run`] return `Ok` once a frontend has connected and
+    /// disconnected (what the binary does unless `--keep-serving`), rather
+    /// than wait for the next one (the default of the library).
+    pub fn set_exit_on_disconnect(&mut self, exit: bool) {
+        self.exit_on_disconnect = exit;
     }
 
     /// Frontend connections served so far.
@@ -228,6 +238,10 @@ impl<F: Filesystem + 'static> Daemon<F> {
     /// normal end of one connection; the daemon then waits for the next.
     pub fn run(&mut self) -> Result<(), DaemonError> {
         SIGNAL_FD.store(self.stop.0.wake.as_raw_fd(), Ordering::Release);
+        // A signal that came before the eventfd was published.
+        if SIGNALLED.load(Ordering::Acquire) {
+            self.stop.stop();
+        }
         let watcher = {
             let stop = self.stop.clone();
             std::thread::Builder::new()
@@ -292,6 +306,10 @@ impl<F: Filesystem + 'static> Daemon<F> {
                 Ok(()) => info!("virtio-9p: frontend {n} disconnected"),
                 Err(e) => warn!("virtio-9p: frontend {n} ended: {e}"),
             }
+            if self.exit_on_disconnect {
+                info!("virtio-9p: the frontend left; exiting");
+                return Ok(());
+            }
         }
     }
 
@@ -339,7 +357,12 @@ impl<F: Filesystem + 'static> Daemon<F> {
 /// The stop eventfd that the signal handler writes to.
 static SIGNAL_FD: AtomicI32 = AtomicI32::new(-1);
 
+/// Set by the signal handler, for a signal that comes before
+/// [`Daemon::run`] has published [`SIGNAL_FD`].
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
 extern "C" fn on_signal(_sig: libc::c_int) {
+    SIGNALLED.store(true, Ordering::Release);
     let fd = SIGNAL_FD.load(Ordering::Acquire);
     if fd >= 0 {
         let one: u64 = 1;
@@ -350,9 +373,10 @@ extern "C" fn on_signal(_sig: libc::c_int) {
     }
 }
 
-/// Makes SIGTERM and SIGINT stop the running [`Daemon`] cleanly (exit 0).
+/// Makes SIGTERM, SIGINT and SIGHUP stop the running [`Daemon`] cleanly
+/// (exit 0).
 pub fn install_signal_handlers() -> std::io::Result<()> {
-    for sig in [libc::SIGTERM, libc::SIGINT] {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
         // SAFETY: a zeroed sigaction is a valid starting point.
         let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
         sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;

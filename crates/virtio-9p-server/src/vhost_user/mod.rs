@@ -3,12 +3,14 @@
 //!
 //! # Disconnects
 //!
-//! The daemon **waits for a new connection** when the frontend hangs up:
-//! each connection gets a fresh device (new vring thread, engine and 9P
+//! By default [`Daemon::run`] **waits for a new connection** when the
+//! frontend hangs up (the binary instead exits, as virtiofsd does, unless
+//! `--keep-serving`; see [`Daemon::set_exit_on_disconnect`]): each
+//! connection gets a fresh device (new vring thread, engine and 9P
 //! session, so no state of the old guest leaks into the next), while the
 //! listening socket, the filesystem and the coroutine stack pool stay. A
 //! restarted or reconnecting VMM (QEMU's `reconnect=` chardev option) finds
-//! the daemon ready. It exits 0 on SIGTERM or SIGINT (or
+//! the daemon ready. It exits 0 on SIGTERM, SIGINT or SIGHUP (or
 //! [`StopHandle::stop`]), removing the socket it created. A stale socket
 //! left by a killed daemon (nothing listens on it) is replaced at start,
 //! so `--socket-path` can be reused; anything else at the path is refused
