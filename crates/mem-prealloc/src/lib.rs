@@ -142,10 +142,13 @@ mod options;
 mod sys;
 
 pub use error::{Error, Result};
-pub use job::{preallocate, start, PreallocJob, PreallocReport, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
+pub use job::{
+    preallocate, preallocate_regions, start, start_regions, PreallocJob, PreallocJobs,
+    PreallocReport, Region, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES,
+};
 pub use options::{
-    page_size_of, thread_count, CancelToken, Method, PreallocOptions, MAX_CPU,
-    MIN_BYTES_PER_THREAD, QEMU_MAX_THREADS,
+    page_size_of, thread_count, CancelToken, Method, NumaPolicy, PreallocOptions, MAX_CPU,
+    MAX_NODE, MIN_BYTES_PER_THREAD, QEMU_MAX_THREADS,
 };
 
 /// The base page size of the machine (`sysconf(_SC_PAGESIZE)`).
