@@ -103,7 +103,7 @@ pub const TARGETS: &[Target] = &[
         figure: "huge_speedup_2t",
         op: Op::AtLeast,
         bound: 1.8,
-        context: &["huge_qemu_speedup_2t"],
+        context: &["huge_qemu_speedup_2t", "huge_cpu_utilisation_2t"],
     },
     Target {
         suite: "mem-prealloc",

@@ -498,13 +498,22 @@ fn huge_mapping(mount: &HugetlbfsMount, len: usize) -> BoxResult<(File, Mapping)
     Ok((file, map))
 }
 
-/// Wall seconds for this crate to preallocate a fresh hugetlbfs file.
-fn ours_huge(mount: &HugetlbfsMount, len: usize, page: usize, threads: usize) -> BoxResult<f64> {
+/// Wall seconds for this crate to preallocate a fresh hugetlbfs file; the
+/// CPU seconds it took are pushed to `cpu`.
+fn ours_huge(
+    mount: &HugetlbfsMount,
+    len: usize,
+    page: usize,
+    threads: usize,
+    cpu: &mut Vec<f64>,
+) -> BoxResult<f64> {
     let (_file, map) = huge_mapping(mount, len)?;
     let opts = PreallocOptions::new().threads(threads).page_size(page);
+    let cpu_start = cpu_seconds();
     let start = Instant::now();
     let report = preallocate(map.addr.cast(), len, &opts)?;
     let secs = start.elapsed().as_secs_f64();
+    cpu.push(cpu_seconds() - cpu_start);
     if report.threads != threads || report.bytes != len as u64 || report.page_size != page {
         return Err(format!("unexpected report {report:?}").into());
     }
@@ -541,6 +550,8 @@ struct HugeMetrics {
     qemu_1t: &'static str,
     qemu_2t: &'static str,
     first_run: &'static str,
+    cpu_1t: &'static str,
+    cpu_2t: &'static str,
 }
 
 const HUGE_2M: HugeMetrics = HugeMetrics {
@@ -559,6 +570,8 @@ const HUGE_2M: HugeMetrics = HugeMetrics {
     qemu_1t: "huge_ratio_vs_qemu_1t",
     qemu_2t: "huge_ratio_vs_qemu_2t",
     first_run: "huge_first_run_s",
+    cpu_1t: "huge_cpu_utilisation_1t",
+    cpu_2t: "huge_cpu_utilisation_2t",
 };
 
 const HUGE_1G: HugeMetrics = HugeMetrics {
@@ -577,6 +590,8 @@ const HUGE_1G: HugeMetrics = HugeMetrics {
     qemu_1t: "huge1g_ratio_vs_qemu_1t",
     qemu_2t: "huge1g_ratio_vs_qemu_2t",
     first_run: "huge1g_first_run_s",
+    cpu_1t: "huge1g_cpu_utilisation_1t",
+    cpu_2t: "huge1g_cpu_utilisation_2t",
 };
 
 /// The hugetlbfs rows for one page size: this crate with 1 and 2 threads,
@@ -594,13 +609,15 @@ fn hugetlbfs_rows(
     let page = page_kib << 10;
     let want = max_len / page;
     let pool = match HugepageReservation::grow(page_kib, want) {
-        Ok(pool) if pool.usable > 0 => pool,
-        Ok(_) => {
+        // Two pages at least, so that two threads have one each.
+        Ok(pool) if pool.usable >= 2 => pool,
+        Ok(pool) => {
             report.note(format!(
-                "hugetlbfs {label}: no hugepage could be reserved here; the {prefix}* rows are \
-                 skipped (as root: echo N > /sys/kernel/mm/hugepages/hugepages-{page_kib}kB/\
+                "hugetlbfs {label}: {} of the {want} hugepages wanted could be reserved here (two \
+                 are needed, one per thread); the {prefix}* rows are skipped (as root: echo N > /sys/kernel/mm/hugepages/hugepages-{page_kib}kB/\
                  nr_hugepages, early after boot for 1 GiB pages, or boot with \
-                 hugepagesz=1G hugepages=N)."
+                 hugepagesz=1G hugepages=N).",
+                pool.usable
             ));
             return Ok(());
         }
@@ -621,7 +638,7 @@ fn hugetlbfs_rows(
     // of guest-physical memory the hypervisor has not backed yet also pays
     // the host's faults, which would land on whichever contender runs
     // first. Reported as {prefix}first_run_s.
-    let first_run = ours_huge(&mount, len, page, threads2)?;
+    let first_run = ours_huge(&mount, len, page, threads2, &mut Vec::new())?;
     report.metric(names.first_run, first_run);
     let backend = format!(
         "memory-backend-file,id=m,size={len},mem-path={},share=on",
@@ -631,8 +648,9 @@ fn hugetlbfs_rows(
         Some(path) => qemu_backend(path, backend.clone(), threads, &mut Vec::new()),
         None => Ok(f64::NAN),
     };
-    let mut ours_1t = || ours_huge(&mount, len, page, 1);
-    let mut ours_2t = || ours_huge(&mount, len, page, threads2);
+    let (mut cpu1, mut cpu2) = (Vec::new(), Vec::new());
+    let mut ours_1t = || ours_huge(&mount, len, page, 1, &mut cpu1);
+    let mut ours_2t = || ours_huge(&mount, len, page, threads2, &mut cpu2);
     let mut zero_1t = || zero_huge(&mount, len, page, 1);
     let mut zero_2t = || zero_huge(&mount, len, page, threads2);
     let mut q0 = || run_qemu(0);
@@ -668,7 +686,9 @@ fn hugetlbfs_rows(
         .metric(names.zero_1t, t1 / z1)
         .metric(names.zero_2t, t2 / z2)
         .metric(names.zero_gib_2t, gib / z2)
-        .metric(names.hugepages, pool.usable as f64);
+        .metric(names.hugepages, pool.usable as f64)
+        .metric(names.cpu_1t, median(&cpu1) / t1)
+        .metric(names.cpu_2t, median(&cpu2) / t2);
     if qemu_path.is_some() {
         let floor = 1e-3;
         let (p1, p2) = ((s1 - s0).max(floor), (s2 - s0).max(floor));
