@@ -111,7 +111,11 @@ pub const TARGETS: &[Target] = &[
         figure: "huge_ratio_vs_zeroing_2t",
         op: Op::AtMost,
         bound: 1.3,
-        context: &["huge_zeroing_gib_per_s_2t", "huge_hugepages"],
+        context: &[
+            "huge_cpu_ratio_vs_zeroing_2t",
+            "huge_zeroing_gib_per_s_2t",
+            "huge_hugepages",
+        ],
     },
     Target {
         suite: "mlock-policy",

@@ -522,14 +522,24 @@ fn ours_huge(
 
 /// Wall seconds for `threads` threads to zero a fresh hugetlbfs file once
 /// it is resident (preallocated first, untimed): the floor of page clearing.
-fn zero_huge(mount: &HugetlbfsMount, len: usize, page: usize, threads: usize) -> BoxResult<f64> {
+/// The CPU seconds of the zeroing are pushed to `cpu`.
+fn zero_huge(
+    mount: &HugetlbfsMount,
+    len: usize,
+    page: usize,
+    threads: usize,
+    cpu: &mut Vec<f64>,
+) -> BoxResult<f64> {
     let (_file, map) = huge_mapping(mount, len)?;
     preallocate(
         map.addr.cast(),
         len,
         &PreallocOptions::new().page_size(page),
     )?;
-    Ok(zero_resident(&map, threads))
+    let cpu_start = cpu_seconds();
+    let secs = zero_resident(&map, threads);
+    cpu.push(cpu_seconds() - cpu_start);
+    Ok(secs)
 }
 
 /// The metric names of the hugetlbfs rows of one page size (spelled out,
@@ -552,6 +562,8 @@ struct HugeMetrics {
     first_run: &'static str,
     cpu_1t: &'static str,
     cpu_2t: &'static str,
+    cpu_zero_1t: &'static str,
+    cpu_zero_2t: &'static str,
 }
 
 const HUGE_2M: HugeMetrics = HugeMetrics {
@@ -572,6 +584,8 @@ const HUGE_2M: HugeMetrics = HugeMetrics {
     first_run: "huge_first_run_s",
     cpu_1t: "huge_cpu_utilisation_1t",
     cpu_2t: "huge_cpu_utilisation_2t",
+    cpu_zero_1t: "huge_cpu_ratio_vs_zeroing_1t",
+    cpu_zero_2t: "huge_cpu_ratio_vs_zeroing_2t",
 };
 
 const HUGE_1G: HugeMetrics = HugeMetrics {
@@ -592,6 +606,8 @@ const HUGE_1G: HugeMetrics = HugeMetrics {
     first_run: "huge1g_first_run_s",
     cpu_1t: "huge1g_cpu_utilisation_1t",
     cpu_2t: "huge1g_cpu_utilisation_2t",
+    cpu_zero_1t: "huge1g_cpu_ratio_vs_zeroing_1t",
+    cpu_zero_2t: "huge1g_cpu_ratio_vs_zeroing_2t",
 };
 
 /// The hugetlbfs rows for one page size: this crate with 1 and 2 threads,
@@ -651,8 +667,9 @@ fn hugetlbfs_rows(
     let (mut cpu1, mut cpu2) = (Vec::new(), Vec::new());
     let mut ours_1t = || ours_huge(&mount, len, page, 1, &mut cpu1);
     let mut ours_2t = || ours_huge(&mount, len, page, threads2, &mut cpu2);
-    let mut zero_1t = || zero_huge(&mount, len, page, 1);
-    let mut zero_2t = || zero_huge(&mount, len, page, threads2);
+    let (mut zcpu1, mut zcpu2) = (Vec::new(), Vec::new());
+    let mut zero_1t = || zero_huge(&mount, len, page, 1, &mut zcpu1);
+    let mut zero_2t = || zero_huge(&mount, len, page, threads2, &mut zcpu2);
     let mut q0 = || run_qemu(0);
     let mut q1 = || run_qemu(1);
     let mut q2 = || run_qemu(threads2);
@@ -688,7 +705,9 @@ fn hugetlbfs_rows(
         .metric(names.zero_gib_2t, gib / z2)
         .metric(names.hugepages, pool.usable as f64)
         .metric(names.cpu_1t, median(&cpu1) / t1)
-        .metric(names.cpu_2t, median(&cpu2) / t2);
+        .metric(names.cpu_2t, median(&cpu2) / t2)
+        .metric(names.cpu_zero_1t, median(&cpu1) / median(&zcpu1))
+        .metric(names.cpu_zero_2t, median(&cpu2) / median(&zcpu2));
     if qemu_path.is_some() {
         let floor = 1e-3;
         let (p1, p2) = ((s1 - s0).max(floor), (s2 - s0).max(floor));
