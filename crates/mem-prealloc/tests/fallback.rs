@@ -106,13 +106,7 @@ fn test_vm_io_mapping_keeps_the_error() {
 
 #[test]
 fn test_read_only_mapping_is_not_touched() {
-    let map = Mapping::new(
-        None,
-        4 * MIB,
-        libc::PROT_READ,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-    )
-    .unwrap();
+    let map = Mapping::anonymous(4 * MIB, libc::PROT_READ);
     assert_eq!(raw_populate_write(map.addr, map.len), Err(libc::EINVAL));
     let err = preallocate(map.addr, map.len, &PreallocOptions::new()).unwrap_err();
     assert!(

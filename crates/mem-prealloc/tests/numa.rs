@@ -70,13 +70,7 @@ fn test_every_policy_is_applied() {
         (NumaPolicy::Preferred, MPOL_PREFERRED),
         (NumaPolicy::Interleave, MPOL_INTERLEAVE),
     ] {
-        let map = Mapping::new(
-            None,
-            4 * MIB,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-        )
-        .unwrap();
+        let map = Mapping::anonymous(4 * MIB, libc::PROT_READ | libc::PROT_WRITE);
         preallocate(map.addr, map.len, &PreallocOptions::new().numa(policy, [0])).unwrap();
         assert_eq!(policy_at(map.addr), (mode, 1), "{policy}");
         assert!(map.fully_resident());
@@ -129,13 +123,7 @@ fn test_workers_run_on_the_node_cpus() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&seen);
     let len = 256 * MIB;
-    let map = Mapping::new(
-        None,
-        len,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-    )
-    .unwrap();
+    let map = Mapping::anonymous(len, libc::PROT_READ | libc::PROT_WRITE);
     let opts = PreallocOptions::new()
         .numa(NumaPolicy::Bind, [0])
         .progress(move |_| {

@@ -8,7 +8,7 @@ mod common;
 use std::io;
 use std::sync::{Arc, Mutex};
 
-use common::{memfd, meminfo, skip, HugepagePool, Mapping, MIB};
+use common::{memfd, skip, HugepagePool, Mapping, MIB};
 use mem_prealloc::{
     preallocate, preallocate_regions, start_regions, thread_count, Error, Method, PreallocOptions,
     Region,
@@ -17,13 +17,7 @@ use mem_prealloc::{
 const HUGE: usize = 2 * MIB;
 
 fn rw_anon(len: usize) -> Mapping {
-    Mapping::new(
-        None,
-        len,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-    )
-    .unwrap()
+    Mapping::anonymous(len, libc::PROT_READ | libc::PROT_WRITE)
 }
 
 #[test]
@@ -87,13 +81,7 @@ fn test_regions_share_one_thread_budget() {
 #[test]
 fn test_a_failing_region_does_not_stop_the_others() {
     let good_a = rw_anon(32 * MIB);
-    let bad = Mapping::new(
-        None,
-        8 * MIB,
-        libc::PROT_READ,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-    )
-    .unwrap();
+    let bad = Mapping::anonymous(8 * MIB, libc::PROT_READ);
     let good_b = rw_anon(32 * MIB);
     for method in [Method::Auto, Method::PopulateWrite, Method::Touch] {
         let results = preallocate_regions(
@@ -119,25 +107,11 @@ fn test_a_failing_region_does_not_stop_the_others() {
 #[test]
 fn test_hugetlbfs_exhaustion_in_a_concurrent_job_fails_only_that_region() {
     const TEST: &str = "test_hugetlbfs_exhaustion_in_a_concurrent_job_fails_only_that_region";
-    if std::fs::read_to_string("/proc/sys/vm/nr_overcommit_hugepages")
-        .map(|s| s.trim() != "0")
-        .unwrap_or(true)
-        || meminfo("HugePages_Surp:").is_none()
-    {
-        return skip(TEST, "hugepage overcommit is enabled or unknown");
-    }
     for method in [Method::Auto, Method::Touch] {
-        let pool = match HugepagePool::grow(4) {
-            Ok(pool) => pool,
+        let (pool, available) = match HugepagePool::for_exhaustion(4) {
+            Ok(found) => found,
             Err(why) => return skip(TEST, &why),
         };
-        let available = HugepagePool::available();
-        if available > 64 {
-            return skip(
-                TEST,
-                &format!("{available} hugepages are free; exhausting them would disturb others"),
-            );
-        }
         // The hugetlbfs region wants 4 pages more than the pool has
         // (MAP_NORESERVE: the shortage shows at fault time).
         let huge_len = (available + 4) * HUGE;
@@ -284,13 +258,7 @@ fn test_round_down_length_reports_the_tail() {
 
 #[test]
 fn test_errors_convert_to_io_errors() {
-    let bad = Mapping::new(
-        None,
-        MIB,
-        libc::PROT_READ,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-    )
-    .unwrap();
+    let bad = Mapping::anonymous(MIB, libc::PROT_READ);
     let err = preallocate(bad.addr, bad.len, &PreallocOptions::new()).unwrap_err();
     let errno = err.raw_os_error();
     let message = err.to_string();

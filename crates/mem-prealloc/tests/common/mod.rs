@@ -50,6 +50,11 @@ impl Mapping {
         })
     }
 
+    /// A private anonymous mapping with protection `prot`.
+    pub fn anonymous(len: usize, prot: i32) -> Self {
+        Self::new(None, len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS).unwrap()
+    }
+
     /// A shared read-write mapping of `file`.
     pub fn shared(file: &File, len: usize) -> Self {
         Self::new(
@@ -188,6 +193,28 @@ impl HugepagePool {
             ));
         }
         Ok(pool)
+    }
+
+    /// For the exhaustion tests: grows the pool by `extra` pages and returns
+    /// it with the number of hugepages free, or why the test cannot run
+    /// here (overcommit on, no root, or too many free pages to exhaust
+    /// without disturbing others).
+    pub fn for_exhaustion(extra: usize) -> Result<(Self, usize), String> {
+        if meminfo("HugePages_Surp:").is_none()
+            || std::fs::read_to_string("/proc/sys/vm/nr_overcommit_hugepages")
+                .map(|s| s.trim() != "0")
+                .unwrap_or(true)
+        {
+            return Err("hugepage overcommit is enabled or unknown".into());
+        }
+        let pool = Self::grow(extra)?;
+        let available = Self::available();
+        if available > 64 {
+            return Err(format!(
+                "{available} hugepages are free; exhausting them would disturb others"
+            ));
+        }
+        Ok((pool, available))
     }
 
     /// Hugepages free and not reserved by anyone.
