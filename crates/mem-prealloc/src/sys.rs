@@ -292,12 +292,7 @@ pub(crate) fn touch_is_correct(addr: usize) -> bool {
     };
     vm_flags_in(&smaps, addr).is_some_and(|flags| {
         let mut flags = flags.split_ascii_whitespace();
-        let (mut writable, mut io) = (false, false);
-        for flag in flags.by_ref() {
-            writable |= flag == "wr";
-            io |= flag == "io";
-        }
-        writable && !io
+        flags.clone().any(|flag| flag == "wr") && !flags.any(|flag| flag == "io")
     })
 }
 

@@ -181,3 +181,59 @@ fn test_policy_survives_the_touch_fallback() {
     // SAFETY: an address inside the mapping.
     assert_eq!(node_of_page(unsafe { map.addr.add(len - 4096) }), Ok(0));
 }
+
+#[test]
+fn test_refused_mbind_is_an_error_before_population() {
+    if !has_numa() {
+        return skip(
+            "test_refused_mbind_is_an_error_before_population",
+            "no NUMA support in this kernel",
+        );
+    }
+    // A range with nothing mapped: mbind fails with EFAULT.
+    let map = Mapping::anonymous(4 * MIB, libc::PROT_READ | libc::PROT_WRITE);
+    let (addr, len) = (map.addr, map.len);
+    drop(map);
+    let err = preallocate(
+        addr,
+        len,
+        &PreallocOptions::new().numa(NumaPolicy::Bind, [0]),
+    )
+    .unwrap_err();
+    let Error::NumaBind { len: bound, .. } = &err else {
+        panic!("expected NumaBind, got {err}");
+    };
+    assert_eq!(*bound, len as u64);
+    assert_eq!(err.raw_os_error(), Some(libc::EFAULT));
+    assert!(err.to_string().contains("cannot bind"), "{err}");
+}
+
+#[test]
+fn test_hugetlbfs_pages_are_bound_to_the_node() {
+    const TEST: &str = "test_hugetlbfs_pages_are_bound_to_the_node";
+    if !has_numa() {
+        return skip(TEST, "no NUMA support in this kernel");
+    }
+    let pool = match common::HugepagePool::grow(4) {
+        Ok(pool) => pool,
+        Err(why) => return skip(TEST, &why),
+    };
+    let len = 4 * 2 * MIB;
+    let file = memfd("numa-huge", len, libc::MFD_HUGETLB).unwrap();
+    let map = Mapping::shared(&file, len);
+    for method in [Method::Auto, Method::Touch] {
+        let opts = PreallocOptions::new()
+            .method(method)
+            .page_size_from_fd(&file)
+            .unwrap()
+            .numa(NumaPolicy::Bind, [0]);
+        let report = preallocate(map.addr, len, &opts).unwrap();
+        assert_eq!(report.page_size, 2 * MIB);
+        assert_eq!(policy_at(map.addr), (MPOL_BIND, 1), "{method}");
+        // SAFETY: an address inside the mapping.
+        assert_eq!(node_of_page(unsafe { map.addr.add(len - 4096) }), Ok(0));
+    }
+    drop(map);
+    drop(file);
+    drop(pool);
+}
