@@ -26,7 +26,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use mem_prealloc::{preallocate, start, Method, PreallocOptions};
+use mem_prealloc::{
+    preallocate, preallocate_regions, start, thread_count, Method, PreallocOptions, Region,
+};
 
 use crate::harness::{alternate, format_value, median, Ctx, SuiteReport, SuiteResult, Table};
 
@@ -202,7 +204,13 @@ unsafe fn zero_pages(addr: usize, len: usize) {
 /// that bounds any page clearing, with no page fault involved.
 fn memset(len: usize, threads: usize) -> BoxResult<f64> {
     let map = Mapping::anonymous(len, libc::MAP_POPULATE)?;
-    let base = map.addr as usize;
+    Ok(zero_resident(&map, threads))
+}
+
+/// Wall seconds for `threads` threads to zero all of the resident `map`,
+/// each its own contiguous part, page by page.
+fn zero_resident(map: &Mapping, threads: usize) -> f64 {
+    let (base, len) = (map.addr as usize, map.len);
     let per_thread = (len / threads).div_ceil(4096) * 4096;
     let start = Instant::now();
     std::thread::scope(|scope| {
@@ -210,13 +218,11 @@ fn memset(len: usize, threads: usize) -> BoxResult<f64> {
             let from = (i * per_thread).min(len);
             let to = ((i + 1) * per_thread).min(len);
             // SAFETY: each thread zeroes its own disjoint part of a mapping
-            // this function owns and nothing else reads meanwhile.
+            // the caller owns and nothing else reads meanwhile.
             scope.spawn(move || unsafe { zero_pages(base + from, to - from) });
         }
     });
-    let secs = start.elapsed().as_secs_f64();
-    drop(map);
-    Ok(secs)
+    start.elapsed().as_secs_f64()
 }
 
 /// Seconds for `mmap(MAP_POPULATE)` of a fresh memfd of `len` bytes; the CPU
@@ -270,7 +276,18 @@ fn process_cpu_seconds(pid: u32) -> BoxResult<f64> {
 /// QMP monitor answers; `threads == 0` means without prealloc. The CPU
 /// seconds QEMU used up to that point are pushed to `cpu`.
 fn qemu(qemu: &PathBuf, len: usize, threads: usize, cpu: &mut Vec<f64>) -> BoxResult<f64> {
-    let mut backend = format!("memory-backend-memfd,id=m,size={len}");
+    let backend = format!("memory-backend-memfd,id=m,size={len}");
+    qemu_backend(qemu, backend, threads, cpu)
+}
+
+/// [`qemu`] with any `-object` backend; `,prealloc=on,prealloc-threads=T`
+/// is appended when `threads > 0`.
+fn qemu_backend(
+    qemu: &PathBuf,
+    mut backend: String,
+    threads: usize,
+    cpu: &mut Vec<f64>,
+) -> BoxResult<f64> {
     if threads > 0 {
         backend.push_str(&format!(",prealloc=on,prealloc-threads={threads}"));
     }
@@ -330,6 +347,438 @@ fn load_average() -> String {
         .ok()
         .and_then(|s| s.split_whitespace().next().map(str::to_string))
         .unwrap_or_else(|| "?".into())
+}
+
+/// The hugepage pool of one page size, grown for the suite and shrunk back
+/// on drop (also when a contender fails or panics).
+struct HugepageReservation {
+    dir: String,
+    /// Pages this guard added to `nr_hugepages`.
+    added: usize,
+    /// `nr_hugepages` before.
+    before: usize,
+    /// Pages free for the suite.
+    usable: usize,
+}
+
+impl HugepageReservation {
+    /// Grows the pool of `page_kib` pages so that up to `want` pages are
+    /// free and unreserved; `usable` says how many the kernel gave.
+    fn grow(page_kib: usize, want: usize) -> BoxResult<Self> {
+        let dir = format!("/sys/kernel/mm/hugepages/hugepages-{page_kib}kB");
+        let read = |name: &str| -> BoxResult<usize> {
+            let dir = format!("/sys/kernel/mm/hugepages/hugepages-{page_kib}kB");
+            Ok(std::fs::read_to_string(format!("{dir}/{name}"))?
+                .trim()
+                .parse()?)
+        };
+        let before = read("nr_hugepages")?;
+        let free = read("free_hugepages")?.saturating_sub(read("resv_hugepages")?);
+        let mut guard = HugepageReservation {
+            dir,
+            added: 0,
+            before,
+            usable: free.min(want),
+        };
+        if free < want {
+            std::fs::write(
+                format!("{}/nr_hugepages", guard.dir),
+                format!("{}\n", before + want - free),
+            )
+            .map_err(|e| format!("cannot grow the pool: {e} (needs root)"))?;
+            guard.added = read("nr_hugepages")?.saturating_sub(before);
+            guard.usable = read("free_hugepages")?
+                .saturating_sub(read("resv_hugepages")?)
+                .min(want);
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for HugepageReservation {
+    fn drop(&mut self) {
+        if self.added == 0 {
+            return;
+        }
+        // Take back what was added (so that a concurrent change by someone
+        // else is kept); without one that is the old value.
+        let path = format!("{}/nr_hugepages", self.dir);
+        let now = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(self.before + self.added);
+        let _ = std::fs::write(&path, format!("{}\n", now.saturating_sub(self.added)));
+    }
+}
+
+/// A hugetlbfs mount for one page size: an existing one, or a private one
+/// in a temporary directory, unmounted on drop.
+struct HugetlbfsMount {
+    path: PathBuf,
+    private: Option<tempfile::TempDir>,
+}
+
+impl HugetlbfsMount {
+    fn new(page_kib: usize) -> BoxResult<Self> {
+        let default_kib = std::fs::read_to_string("/proc/meminfo")?
+            .lines()
+            .find_map(|l| l.strip_prefix("Hugepagesize:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<usize>().ok());
+        let mounts = std::fs::read_to_string("/proc/mounts")?;
+        for line in mounts.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 4 || fields[2] != "hugetlbfs" {
+                continue;
+            }
+            let size = fields[3]
+                .split(',')
+                .find_map(|o| o.strip_prefix("pagesize="))
+                .and_then(parse_page_size_kib)
+                .or(default_kib);
+            if size == Some(page_kib) {
+                return Ok(HugetlbfsMount {
+                    path: PathBuf::from(fields[1]),
+                    private: None,
+                });
+            }
+        }
+        let dir = tempfile::tempdir()?;
+        let target = CString::new(dir.path().as_os_str().as_encoded_bytes())?;
+        let options = CString::new(format!("pagesize={page_kib}K"))?;
+        // SAFETY: NUL-terminated strings that outlive the call; mounts a
+        // new hugetlbfs on our own empty temporary directory.
+        let ret = unsafe {
+            libc::mount(
+                c"vmm-benches".as_ptr(),
+                target.as_ptr(),
+                c"hugetlbfs".as_ptr(),
+                0,
+                options.as_ptr().cast(),
+            )
+        };
+        if ret != 0 {
+            return Err(format!("mount -t hugetlbfs: {}", std::io::Error::last_os_error()).into());
+        }
+        Ok(HugetlbfsMount {
+            path: dir.path().to_path_buf(),
+            private: Some(dir),
+        })
+    }
+}
+
+impl Drop for HugetlbfsMount {
+    fn drop(&mut self) {
+        if self.private.is_some() {
+            if let Ok(target) = CString::new(self.path.as_os_str().as_encoded_bytes()) {
+                // SAFETY: unmounts the hugetlbfs this guard mounted.
+                unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+            }
+        }
+    }
+}
+
+/// `2M`, `2048k`, `1G` (hugetlbfs mount options) in KiB.
+fn parse_page_size_kib(text: &str) -> Option<usize> {
+    let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit())?);
+    let n: usize = digits.parse().ok()?;
+    match unit.to_ascii_lowercase().as_str() {
+        "k" => Some(n),
+        "m" => Some(n << 10),
+        "g" => Some(n << 20),
+        _ => None,
+    }
+}
+
+/// A fresh, unlinked file of `len` bytes on the hugetlbfs mount, mapped
+/// shared (as a vhost-user guest's RAM).
+fn huge_mapping(mount: &HugetlbfsMount, len: usize) -> BoxResult<(File, Mapping)> {
+    let file = tempfile::tempfile_in(&mount.path)?;
+    file.set_len(len as u64)?;
+    let map = Mapping::new(&file, len, 0)?;
+    Ok((file, map))
+}
+
+/// Wall seconds for this crate to preallocate a fresh hugetlbfs file; the
+/// CPU seconds it took are pushed to `cpu`.
+fn ours_huge(
+    mount: &HugetlbfsMount,
+    len: usize,
+    page: usize,
+    threads: usize,
+    cpu: &mut Vec<f64>,
+) -> BoxResult<f64> {
+    let (_file, map) = huge_mapping(mount, len)?;
+    let opts = PreallocOptions::new().threads(threads).page_size(page);
+    let cpu_start = cpu_seconds();
+    let start = Instant::now();
+    let report = preallocate(map.addr.cast(), len, &opts)?;
+    let secs = start.elapsed().as_secs_f64();
+    cpu.push(cpu_seconds() - cpu_start);
+    if report.threads != threads || report.bytes != len as u64 || report.page_size != page {
+        return Err(format!("unexpected report {report:?}").into());
+    }
+    Ok(secs)
+}
+
+/// Wall seconds for `threads` threads to zero a fresh hugetlbfs file once
+/// it is resident (preallocated first, untimed): the floor of page clearing.
+/// The CPU seconds of the zeroing are pushed to `cpu`.
+fn zero_huge(
+    mount: &HugetlbfsMount,
+    len: usize,
+    page: usize,
+    threads: usize,
+    cpu: &mut Vec<f64>,
+) -> BoxResult<f64> {
+    let (_file, map) = huge_mapping(mount, len)?;
+    preallocate(
+        map.addr.cast(),
+        len,
+        &PreallocOptions::new().page_size(page),
+    )?;
+    let cpu_start = cpu_seconds();
+    let secs = zero_resident(&map, threads);
+    cpu.push(cpu_seconds() - cpu_start);
+    Ok(secs)
+}
+
+/// The metric names of the hugetlbfs rows of one page size (spelled out,
+/// so that the targets can find them in this file).
+struct HugeMetrics {
+    page_kib: usize,
+    label: &'static str,
+    prefix: &'static str,
+    gib_1t: &'static str,
+    gib_2t: &'static str,
+    speedup: &'static str,
+    zero_1t: &'static str,
+    zero_2t: &'static str,
+    zero_gib_2t: &'static str,
+    hugepages: &'static str,
+    qemu_gib_2t: &'static str,
+    qemu_speedup: &'static str,
+    qemu_1t: &'static str,
+    qemu_2t: &'static str,
+    first_run: &'static str,
+    cpu_1t: &'static str,
+    cpu_2t: &'static str,
+    cpu_zero_1t: &'static str,
+    cpu_zero_2t: &'static str,
+}
+
+const HUGE_2M: HugeMetrics = HugeMetrics {
+    page_kib: 2048,
+    label: "2 MiB",
+    prefix: "huge_",
+    gib_1t: "huge_gib_per_s_1t",
+    gib_2t: "huge_gib_per_s_2t",
+    speedup: "huge_speedup_2t",
+    zero_1t: "huge_ratio_vs_zeroing_1t",
+    zero_2t: "huge_ratio_vs_zeroing_2t",
+    zero_gib_2t: "huge_zeroing_gib_per_s_2t",
+    hugepages: "huge_hugepages",
+    qemu_gib_2t: "huge_qemu_gib_per_s_2t",
+    qemu_speedup: "huge_qemu_speedup_2t",
+    qemu_1t: "huge_ratio_vs_qemu_1t",
+    qemu_2t: "huge_ratio_vs_qemu_2t",
+    first_run: "huge_first_run_s",
+    cpu_1t: "huge_cpu_utilisation_1t",
+    cpu_2t: "huge_cpu_utilisation_2t",
+    cpu_zero_1t: "huge_cpu_ratio_vs_zeroing_1t",
+    cpu_zero_2t: "huge_cpu_ratio_vs_zeroing_2t",
+};
+
+const HUGE_1G: HugeMetrics = HugeMetrics {
+    page_kib: 1 << 20,
+    label: "1 GiB",
+    prefix: "huge1g_",
+    gib_1t: "huge1g_gib_per_s_1t",
+    gib_2t: "huge1g_gib_per_s_2t",
+    speedup: "huge1g_speedup_2t",
+    zero_1t: "huge1g_ratio_vs_zeroing_1t",
+    zero_2t: "huge1g_ratio_vs_zeroing_2t",
+    zero_gib_2t: "huge1g_zeroing_gib_per_s_2t",
+    hugepages: "huge1g_hugepages",
+    qemu_gib_2t: "huge1g_qemu_gib_per_s_2t",
+    qemu_speedup: "huge1g_qemu_speedup_2t",
+    qemu_1t: "huge1g_ratio_vs_qemu_1t",
+    qemu_2t: "huge1g_ratio_vs_qemu_2t",
+    first_run: "huge1g_first_run_s",
+    cpu_1t: "huge1g_cpu_utilisation_1t",
+    cpu_2t: "huge1g_cpu_utilisation_2t",
+    cpu_zero_1t: "huge1g_cpu_ratio_vs_zeroing_1t",
+    cpu_zero_2t: "huge1g_cpu_ratio_vs_zeroing_2t",
+};
+
+/// The hugetlbfs rows for one page size: this crate with 1 and 2 threads,
+/// QEMU's `memory-backend-file` on the same mount, and the zeroing floor.
+/// Metrics are named `{prefix}gib_per_s_1t` and so on. Without hugepages
+/// the suite says so and skips the rows.
+fn hugetlbfs_rows(
+    ctx: &Ctx,
+    report: &mut SuiteReport,
+    qemu_path: Option<&PathBuf>,
+    names: &HugeMetrics,
+    max_len: usize,
+) -> BoxResult<()> {
+    let (page_kib, label, prefix) = (names.page_kib, names.label, names.prefix);
+    let page = page_kib << 10;
+    let want = max_len / page;
+    let pool = match HugepageReservation::grow(page_kib, want) {
+        // Two pages at least, so that two threads have one each.
+        Ok(pool) if pool.usable >= 2 => pool,
+        Ok(pool) => {
+            report.note(format!(
+                "hugetlbfs {label}: {} of the {want} hugepages wanted could be reserved here (two \
+                 are needed, one per thread); the {prefix}* rows are skipped (as root: echo N > /sys/kernel/mm/hugepages/hugepages-{page_kib}kB/\
+                 nr_hugepages, early after boot for 1 GiB pages, or boot with \
+                 hugepagesz=1G hugepages=N).",
+                pool.usable
+            ));
+            return Ok(());
+        }
+        Err(err) => {
+            report.note(format!(
+                "hugetlbfs {label}: cannot reserve hugepages ({err}); the {prefix}* rows are \
+                 skipped."
+            ));
+            return Ok(());
+        }
+    };
+    let mount = HugetlbfsMount::new(page_kib)?;
+    let len = pool.usable * page;
+    // Two threads only where QEMU's formula gives both contenders two.
+    let threads2 = thread_count(len, page, 2, Some(2), None);
+    let gib = len as f64 / GIB;
+    // One untimed run over the whole pool first: in a VM, the first touch
+    // of guest-physical memory the hypervisor has not backed yet also pays
+    // the host's faults, which would land on whichever contender runs
+    // first. Reported as {prefix}first_run_s.
+    let first_run = ours_huge(&mount, len, page, threads2, &mut Vec::new())?;
+    report.metric(names.first_run, first_run);
+    let backend = format!(
+        "memory-backend-file,id=m,size={len},mem-path={},share=on",
+        mount.path.display()
+    );
+    let run_qemu = |threads| match qemu_path {
+        Some(path) => qemu_backend(path, backend.clone(), threads, &mut Vec::new()),
+        None => Ok(f64::NAN),
+    };
+    let (mut cpu1, mut cpu2) = (Vec::new(), Vec::new());
+    let mut ours_1t = || ours_huge(&mount, len, page, 1, &mut cpu1);
+    let mut ours_2t = || ours_huge(&mount, len, page, threads2, &mut cpu2);
+    let (mut zcpu1, mut zcpu2) = (Vec::new(), Vec::new());
+    let mut zero_1t = || zero_huge(&mount, len, page, 1, &mut zcpu1);
+    let mut zero_2t = || zero_huge(&mount, len, page, threads2, &mut zcpu2);
+    let mut q0 = || run_qemu(0);
+    let mut q1 = || run_qemu(1);
+    let mut q2 = || run_qemu(threads2);
+    let [t1, t2, z1, z2, s0, s1, s2] = alternate(
+        ctx.reps(),
+        &mut [
+            &mut ours_1t,
+            &mut ours_2t,
+            &mut zero_1t,
+            &mut zero_2t,
+            &mut q0,
+            &mut q1,
+            &mut q2,
+        ],
+    )?;
+    let mut table = Table::new(
+        &format!("hugetlbfs, {label} pages"),
+        &["contender", "seconds", "GiB/s"],
+    );
+    let mut row = |name: &str, secs: f64| {
+        table.row(&[name, &format_value(secs), &format_value(gib / secs)]);
+    };
+    row("mem-prealloc, 1 thread", t1);
+    row(&format!("mem-prealloc, {threads2} threads"), t2);
+    row("zeroing it once resident, 1 thread", z1);
+    row(&format!("zeroing it once resident, {threads2} threads"), z2);
+    report
+        .metric(names.gib_1t, gib / t1)
+        .metric(names.gib_2t, gib / t2)
+        .metric(names.speedup, t1 / t2)
+        .metric(names.zero_1t, t1 / z1)
+        .metric(names.zero_2t, t2 / z2)
+        .metric(names.zero_gib_2t, gib / z2)
+        .metric(names.hugepages, pool.usable as f64)
+        .metric(names.cpu_1t, median(&cpu1) / t1)
+        .metric(names.cpu_2t, median(&cpu2) / t2)
+        .metric(names.cpu_zero_1t, median(&cpu1) / median(&zcpu1))
+        .metric(names.cpu_zero_2t, median(&cpu2) / median(&zcpu2));
+    if qemu_path.is_some() {
+        let floor = 1e-3;
+        let (p1, p2) = ((s1 - s0).max(floor), (s2 - s0).max(floor));
+        row("QEMU memory-backend-file prealloc-threads=1", p1);
+        row(
+            &format!("QEMU memory-backend-file prealloc-threads={threads2}"),
+            p2,
+        );
+        report
+            .metric(names.qemu_gib_2t, gib / p2)
+            .metric(names.qemu_speedup, p1 / p2)
+            .metric(names.qemu_1t, t1 / p1)
+            .metric(names.qemu_2t, t2 / p2);
+    }
+    report.table(table).note(format!(
+        "hugetlbfs {label}: {} hugepages reserved ({} MiB, nr_hugepages {} -> {} and back), \
+         {} file on {} mapped MAP_SHARED, {threads2} threads for the 2t rows, median of {} \
+         alternating runs, each on a fresh file freed before the next; QEMU \
+         `-object {backend},prealloc=on,prealloc-threads=T`, timed as for the memfd. The \
+         zeroing floor zeroes the same kind of file once it is resident, page by page, with \
+         the same thread count. Before the timed runs one untimed {threads2}-thread run \
+         touches the whole pool ({prefix}first_run_s = {} s): in a VM the first touch of \
+         fresh guest-physical memory also pays the hypervisor's faults.",
+        pool.usable,
+        len >> 20,
+        pool.before,
+        pool.before + pool.added,
+        if mount.private.is_some() {
+            "a private mount"
+        } else {
+            "the existing mount"
+        },
+        mount.path.display(),
+        ctx.reps(),
+        format_value(first_run),
+    ));
+    drop(mount);
+    drop(pool);
+    Ok(())
+}
+
+/// Sequential against concurrent preallocation of four memfds of unequal
+/// size (as a guest below and above the PCI hole plus hotplug slots),
+/// totalling `len`, with the same two-thread budget.
+fn four_regions(len: usize, concurrent: bool) -> BoxResult<f64> {
+    let sizes = [len / 2, len / 4, len / 4 - len / 64, len / 64];
+    let files = sizes
+        .iter()
+        .map(|&l| memfd(l))
+        .collect::<BoxResult<Vec<_>>>()?;
+    let maps = files
+        .iter()
+        .zip(sizes)
+        .map(|(f, l)| Mapping::new(f, l, 0))
+        .collect::<BoxResult<Vec<_>>>()?;
+    let opts = PreallocOptions::new().threads(2);
+    let start_time = Instant::now();
+    if concurrent {
+        let regions: Vec<Region> = maps
+            .iter()
+            .map(|m| Region::new(m.addr.cast(), m.len))
+            .collect();
+        for result in preallocate_regions(&regions, &opts)? {
+            result?;
+        }
+    } else {
+        for map in &maps {
+            preallocate(map.addr.cast(), map.len, &opts)?;
+        }
+    }
+    Ok(start_time.elapsed().as_secs_f64())
 }
 
 /// Measures every contender alternately and reports GiB/s and ratios.
@@ -498,7 +947,24 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
          bandwidth only). cpu_s_2t_vs_1t above 1 is CPU time the second thread adds per byte; \
          with a fully used second CPU, speedup_2t cannot exceed 2 / cpu_s_2t_vs_1t.",
     );
-    report.table(contenders).note(format!(
+    report.table(contenders);
+    let mut seq = || four_regions(len, false);
+    let mut conc = || four_regions(len, true);
+    let [t_seq, t_conc] = alternate(ctx.reps(), &mut [&mut seq, &mut conc])?;
+    report
+        .metric("regions4_sequential_s", t_seq)
+        .metric("regions4_concurrent_s", t_conc)
+        .metric("regions4_concurrent_vs_sequential", t_conc / t_seq)
+        .note(
+            "regions4_*: four memfds of 1/2, 1/4, 1/4 - 1/64 and 1/64 of the size, two \
+             threads, one preallocate per region in turn (sequential) against one \
+             preallocate_regions job (concurrent).",
+        );
+    let qemu_bin = qemu_path.as_ref().map(|(path, _)| path);
+    hugetlbfs_rows(ctx, &mut report, qemu_bin, &HUGE_2M, len)?;
+    // At least two gigantic pages, so that two threads have one each.
+    hugetlbfs_rows(ctx, &mut report, qemu_bin, &HUGE_1G, len.max(2 << 30))?;
+    report.note(format!(
         "memfd of {} MiB, 4 KiB pages, median of {} alternating runs; load average {} at the \
          start, {} at the end. cpu_utilisation_* is CPU seconds per wall second (2.0 = two \
          threads ran all the time); well below that, the scheduler gave this process less than \
@@ -526,6 +992,22 @@ mod tests {
         assert_eq!(buf[0], 0xa5);
         assert!(buf[1..=2 * 4096 + 10].iter().all(|&b| b == 0));
         assert!(buf[2 * 4096 + 11..].iter().all(|&b| b == 0xa5));
+    }
+
+    #[test]
+    fn test_hugetlbfs_page_sizes_parse() {
+        assert_eq!(parse_page_size_kib("2M"), Some(2048));
+        assert_eq!(parse_page_size_kib("2048k"), Some(2048));
+        assert_eq!(parse_page_size_kib("1G"), Some(1 << 20));
+        assert_eq!(parse_page_size_kib("1T"), None);
+        assert_eq!(parse_page_size_kib("12"), None);
+    }
+
+    #[test]
+    fn test_four_regions_run_both_ways() {
+        for concurrent in [false, true] {
+            assert!(four_regions(64 << 20, concurrent).unwrap() > 0.0);
+        }
     }
 
     #[test]

@@ -119,6 +119,27 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A NUMA node of [`PreallocOptions::numa`](crate::PreallocOptions::numa)
+    /// does not exist on this host (no `/sys/devices/system/node/nodeN`).
+    /// Nothing was populated.
+    #[error("NUMA node {node} does not exist on this host")]
+    NumaNode {
+        /// The node number.
+        node: usize,
+    },
+    /// `mbind(2)` refused the NUMA placement of a region (for example a
+    /// node without memory under `bind`, or a kernel without NUMA support).
+    /// Nothing was populated.
+    #[error("cannot bind {len:#x} bytes at {addr:#x} to the NUMA nodes: {source}")]
+    NumaBind {
+        /// Start address of the region.
+        addr: u64,
+        /// Length of the region.
+        len: u64,
+        /// The errno from `mbind`.
+        #[source]
+        source: io::Error,
+    },
     /// A worker thread could not be spawned.
     #[error("cannot spawn a preallocation thread: {0}")]
     Spawn(#[source] io::Error),
@@ -138,9 +159,32 @@ impl Error {
             | Error::Fault { source, .. }
             | Error::OutOfMemory { source, .. }
             | Error::Os { source, .. }
-            | Error::Affinity { source, .. } => source.raw_os_error(),
+            | Error::Affinity { source, .. }
+            | Error::NumaBind { source, .. } => source.raw_os_error(),
             _ => None,
         }
+    }
+}
+
+impl From<Error> for io::Error {
+    /// The kind follows the errno where the kernel gave one (`EFAULT`,
+    /// `ENOMEM`, ...), else the nature of the error; the crate error stays
+    /// the message and is reachable with `get_ref()`/`into_inner()`
+    /// (and its errno with [`Error::raw_os_error`]).
+    fn from(err: Error) -> Self {
+        let kind = match &err {
+            Error::InvalidOption(_)
+            | Error::Misaligned { .. }
+            | Error::InvalidRange { .. }
+            | Error::NumaNode { .. } => io::ErrorKind::InvalidInput,
+            Error::Cancelled { .. } => io::ErrorKind::Interrupted,
+            Error::WorkerPanicked => io::ErrorKind::Other,
+            other => match other.raw_os_error() {
+                Some(errno) => io::Error::from_raw_os_error(errno).kind(),
+                None => io::ErrorKind::Other,
+            },
+        };
+        io::Error::new(kind, err)
     }
 }
 

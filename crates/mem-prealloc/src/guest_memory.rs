@@ -1,13 +1,18 @@
 //! Preallocation of vm-memory regions (feature `vm-memory`).
-
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+//!
+//! - [`preallocate_guest_memory`] / [`start_guest_memory`]: every region of
+//!   a `GuestMemoryMmap` at once, with one pool of workers.
+//! - [`preallocate_region`] / [`start_region`]: one `GuestRegionMmap`.
+//! - [`preallocate_mmap_region`] / [`start_mmap_region`]: a raw
+//!   `MmapRegion`, for VMMs (cloud-hypervisor) that prefault a region before
+//!   they wrap it in a `GuestRegionMmap`.
 
 use vm_memory::bitmap::Bitmap;
-use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap};
+use vm_memory::mmap::MmapRegion;
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestRegionMmap};
 
 use crate::error::Result;
-use crate::job::{start, PreallocJob, PreallocReport};
+use crate::job::{start, start_regions, PreallocJob, PreallocJobs, PreallocReport, Region};
 use crate::options::{page_size_of, PreallocOptions};
 use crate::sys;
 
@@ -26,15 +31,12 @@ fn default_hugepage_size() -> Option<usize> {
 /// The page size of a region: the explicit option, else the hugetlbfs page
 /// size of its file (`fstatfs`), else the `MAP_HUGE_*` size of an anonymous
 /// `MAP_HUGETLB` mapping, else the base page size.
-fn region_options<B: Bitmap>(
-    region: &GuestRegionMmap<B>,
-    options: &PreallocOptions,
-) -> Result<PreallocOptions> {
-    if options.page_size.is_some() {
-        return Ok(options.clone());
+fn region_page_size<B: Bitmap>(region: &MmapRegion<B>, options: &PreallocOptions) -> Result<usize> {
+    if let Some(size) = options.page_size {
+        return Ok(size);
     }
     if let Some(file_offset) = region.file_offset() {
-        return Ok(options.clone().page_size(page_size_of(file_offset.file())?));
+        return page_size_of(file_offset.file());
     }
     let flags = region.flags();
     if flags & libc::MAP_HUGETLB != 0 {
@@ -45,27 +47,52 @@ fn region_options<B: Bitmap>(
             default_hugepage_size()
         };
         if let Some(size) = size {
-            return Ok(options.clone().page_size(size));
+            return Ok(size);
         }
     }
-    Ok(options.clone().page_size(sys::base_page_size()))
+    Ok(sys::base_page_size())
 }
 
-/// Starts preallocating one region in the background; the page size is
-/// detected from the region unless the options give one.
+/// The [`Region`] of an `MmapRegion`, with its detected page size.
+fn region_of<B: Bitmap>(region: &MmapRegion<B>, options: &PreallocOptions) -> Result<Region> {
+    Ok(Region::new(region.as_ptr(), region.size()).page_size(region_page_size(region, options)?))
+}
+
+/// Starts preallocating a raw `MmapRegion` in the background; the page size
+/// is detected from the region unless the options give one.
 ///
-/// The job does not borrow the region: keep the region mapped until the job
-/// is joined (if it is unmapped early the job fails with
+/// The job does not borrow the region: keep it mapped until the job is
+/// joined (if it is unmapped early the job fails with
 /// [`Error::NotMapped`](crate::Error::NotMapped); nothing unsound happens).
+pub fn start_mmap_region<B: Bitmap>(
+    region: &MmapRegion<B>,
+    options: &PreallocOptions,
+) -> Result<PreallocJob> {
+    let options = options
+        .clone()
+        .page_size(region_page_size(region, options)?);
+    start(region.as_ptr(), region.size(), &options)
+}
+
+/// Preallocates a raw `MmapRegion` and waits for it: what a VMM that
+/// prefaults its regions before building the guest memory calls.
+pub fn preallocate_mmap_region<B: Bitmap>(
+    region: &MmapRegion<B>,
+    options: &PreallocOptions,
+) -> Result<PreallocReport> {
+    start_mmap_region(region, options)?.join()
+}
+
+/// Starts preallocating one guest region in the background; see
+/// [`start_mmap_region`].
 pub fn start_region<B: Bitmap>(
     region: &GuestRegionMmap<B>,
     options: &PreallocOptions,
 ) -> Result<PreallocJob> {
-    let options = region_options(region, options)?;
-    start(region.as_ptr(), region.size(), &options)
+    start_mmap_region(region, options)
 }
 
-/// Preallocates one region and waits for it.
+/// Preallocates one guest region and waits for it.
 pub fn preallocate_region<B: Bitmap>(
     region: &GuestRegionMmap<B>,
     options: &PreallocOptions,
@@ -73,28 +100,35 @@ pub fn preallocate_region<B: Bitmap>(
     start_region(region, options)?.join()
 }
 
-/// Preallocates every region of `memory`, one after the other (each region
-/// uses all the workers), and returns one report per region in region order.
+/// Starts preallocating every region of `memory` at once with one pool of
+/// workers (see [`start_regions`]); joining gives one result per region, in
+/// region order. The progress callback sees the bytes done over all regions.
+pub fn start_guest_memory<B: Bitmap>(
+    memory: &GuestMemoryMmap<B>,
+    options: &PreallocOptions,
+) -> Result<PreallocJobs> {
+    let regions = memory
+        .iter()
+        .map(|region| region_of(region, options))
+        .collect::<Result<Vec<_>>>()?;
+    start_regions(&regions, options)
+}
+
+/// Preallocates every region of `memory` at once (the thread budget of the
+/// options is spread over all regions, which fill up side by side) and
+/// returns one report per region in region order.
 ///
 /// The progress callback, if any, sees the bytes done across all regions, so
-/// it stays monotonic and ends at the total size of the guest memory. The
-/// first error stops the remaining regions.
+/// it stays monotonic and ends at the total size of the guest memory. A
+/// failing region does not stop the others: every region is finished (or
+/// failed) before the first error, in region order, is returned. Use
+/// [`start_guest_memory`] for every region's own result.
 pub fn preallocate_guest_memory<B: Bitmap>(
     memory: &GuestMemoryMmap<B>,
     options: &PreallocOptions,
 ) -> Result<Vec<PreallocReport>> {
-    let base = Arc::new(AtomicU64::new(0));
-    let mut reports = Vec::with_capacity(memory.num_regions());
-    for region in memory.iter() {
-        let mut region_opts = options.clone();
-        if let Some(callback) = options.progress.clone() {
-            let base = Arc::clone(&base);
-            region_opts =
-                region_opts.progress(move |done| callback(base.load(Ordering::Acquire) + done));
-        }
-        let report = preallocate_region(region, &region_opts)?;
-        base.fetch_add(report.bytes, Ordering::AcqRel);
-        reports.push(report);
-    }
-    Ok(reports)
+    start_guest_memory(memory, options)?
+        .join()
+        .into_iter()
+        .collect()
 }

@@ -1,5 +1,6 @@
-//! The workers: spawning, the start gate, chunk distribution, progress,
-//! cancellation and the background job handle.
+//! The workers: spawning, the start gate, chunk distribution over one or
+//! several regions, the per-mapping touch fallback, progress, cancellation
+//! and the background job handles.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -7,11 +8,38 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use log::debug;
+use log::{debug, info};
 
 use crate::error::{Error, Result};
 use crate::options::{thread_count, CancelToken, Method, PreallocOptions, ProgressFn};
 use crate::sys::{self, MappingState};
+
+/// One region of a multi-region job ([`start_regions`]): a range and,
+/// optionally, its own page size (otherwise the options' page size is used).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    addr: usize,
+    len: usize,
+    page_size: Option<usize>,
+}
+
+impl Region {
+    /// `[addr, addr + len)`.
+    pub fn new(addr: *mut u8, len: usize) -> Self {
+        Region {
+            addr: addr as usize,
+            len,
+            page_size: None,
+        }
+    }
+
+    /// The page size of this region's mapping (the hugepage size on
+    /// hugetlbfs); see [`PreallocOptions::page_size`].
+    pub fn page_size(mut self, page_size: usize) -> Self {
+        self.page_size = Some(page_size);
+        self
+    }
+}
 
 /// Smallest chunk a worker claims at a time (rounded up to one page).
 pub const MIN_CHUNK_BYTES: usize = 2 << 20;
@@ -28,11 +56,18 @@ pub struct PreallocReport {
     /// Worker threads used.
     pub threads: usize,
     /// The method used ([`Method::Auto`] resolved to a concrete one).
+    /// [`Method::Touch`] when `MADV_POPULATE_WRITE` was refused with
+    /// `EINVAL` on (part of) this mapping and the job fell back to touching.
     pub method: Method,
     /// The page size used.
     pub page_size: usize,
-    /// From the call to [`start`] until the last worker finished.
+    /// From the call to [`start`] until the last page of this region was
+    /// resident.
     pub elapsed: Duration,
+    /// Bytes at the end of the range that were left out because the length
+    /// was not a whole number of pages and
+    /// [`PreallocOptions::round_down_length`] was set; 0 otherwise.
+    pub tail: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -91,29 +126,30 @@ struct Progress {
     callback: ProgressFn,
 }
 
-/// State shared by the workers of one job.
-struct Shared {
+/// The state of one region of a job.
+struct RegionState {
     addr: usize,
     len: usize,
     page_size: usize,
     chunk: usize,
+    /// The resolved method the job started with.
     method: Method,
+    /// `Method::Auto` was asked for: `EINVAL` from `MADV_POPULATE_WRITE`
+    /// may switch the region to touching.
+    may_fall_back: bool,
+    /// Set once the region fell back to touching.
+    touching: AtomicBool,
     hugetlb: bool,
+    tail: u64,
     next_chunk: AtomicUsize,
     done: AtomicU64,
-    /// Set on the first error and by [`PreallocJob::cancel`].
+    /// Set on the first error in this region; the other regions go on.
     stop: AtomicBool,
-    cancel: CancelToken,
-    progress: Option<Mutex<Progress>>,
     failure: Mutex<Option<Error>>,
-    gate: Gate,
+    finished: Mutex<Option<Instant>>,
 }
 
-impl Shared {
-    fn should_stop(&self) -> bool {
-        self.stop.load(Ordering::Relaxed) || self.cancel.is_cancelled()
-    }
-
+impl RegionState {
     fn fail(&self, err: Error) {
         let mut failure = lock(&self.failure);
         if failure.is_none() {
@@ -122,25 +158,11 @@ impl Shared {
         self.stop.store(true, Ordering::Relaxed);
     }
 
-    /// Counts `bytes` as done and reports progress.
-    fn advance(&self, bytes: usize) {
-        if bytes == 0 {
-            return;
-        }
-        let now = self.done.fetch_add(bytes as u64, Ordering::AcqRel) + bytes as u64;
-        if let Some(progress) = &self.progress {
-            // A poisoned lock means the callback panicked in another worker,
-            // which fails the job; stop rather than call it again.
-            let Ok(mut p) = progress.lock() else {
-                self.stop.store(true, Ordering::Relaxed);
-                return;
-            };
-            // Serialised and strictly increasing: a worker whose count was
-            // overtaken while it waited for the lock skips its call.
-            if now > p.last {
-                p.last = now;
-                (p.callback)(now);
-            }
+    fn method_in_use(&self) -> Method {
+        if self.touching.load(Ordering::Relaxed) {
+            Method::Touch
+        } else {
+            self.method
         }
     }
 
@@ -154,8 +176,11 @@ impl Shared {
                 reason: if self.method == Method::PopulateWrite && !sys::kernel_has_populate_write()
                 {
                     "the kernel has no MADV_POPULATE_WRITE; use Method::Auto or Method::Touch"
+                } else if self.may_fall_back {
+                    "not writable, or an I/O mapping (VM_IO) that touching could disturb"
                 } else {
-                    "not writable, or an I/O or PFN mapping"
+                    "not writable, or an I/O or PFN mapping (Method::Auto would touch a \
+                     writable non-I/O one)"
                 },
                 source,
             },
@@ -200,52 +225,142 @@ impl Shared {
             },
         }
     }
+}
 
-    /// `MADV_POPULATE_WRITE` on `[start, end)`; on failure, page by page to
+/// State shared by the workers of one job.
+struct Shared {
+    regions: Vec<RegionState>,
+    /// Round-robin ticket: which region a worker tries first for its next
+    /// chunk, so that chunks of all regions are interleaved.
+    ticket: AtomicUsize,
+    /// Bytes done over all regions (what progress reports).
+    total_done: AtomicU64,
+    /// Set by [`PreallocJobs::cancel`] and when the progress callback panics.
+    stop: AtomicBool,
+    cancel: CancelToken,
+    progress: Option<Mutex<Progress>>,
+    gate: Gate,
+}
+
+impl Shared {
+    fn should_stop(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || self.cancel.is_cancelled()
+    }
+
+    /// Counts `bytes` of `region` as done and reports progress.
+    fn advance(&self, region: &RegionState, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        let mine = region.done.fetch_add(bytes as u64, Ordering::AcqRel) + bytes as u64;
+        if mine == region.len as u64 {
+            *lock(&region.finished) = Some(Instant::now());
+        }
+        let now = self.total_done.fetch_add(bytes as u64, Ordering::AcqRel) + bytes as u64;
+        if let Some(progress) = &self.progress {
+            // A poisoned lock means the callback panicked in another worker,
+            // which fails the job; stop rather than call it again.
+            let Ok(mut p) = progress.lock() else {
+                self.stop.store(true, Ordering::Relaxed);
+                return;
+            };
+            // Serialised and strictly increasing: a worker whose count was
+            // overtaken while it waited for the lock skips its call.
+            if now > p.last {
+                p.last = now;
+                (p.callback)(now);
+            }
+        }
+    }
+
+    /// `MADV_POPULATE_WRITE` on `[start, end)` of `region`; on `EINVAL` the
+    /// touch fallback where it is correct, on other failures page by page to
     /// find the first page that fails.
-    fn populate(&self, start: usize, end: usize) -> Result<()> {
-        if sys::populate_write(self.addr + start, end - start).is_ok() {
-            self.advance(end - start);
-            return Ok(());
-        }
-        for offset in (start..end).step_by(self.page_size) {
-            if let Err(errno) = sys::populate_write(self.addr + offset, self.page_size) {
-                return Err(self.classify("madvise(MADV_POPULATE_WRITE)", errno, offset));
+    fn populate(&self, region: &RegionState, start: usize, end: usize) -> Result<()> {
+        let errno = match sys::populate_write(region.addr + start, end - start) {
+            Ok(()) => {
+                self.advance(region, end - start);
+                return Ok(());
             }
-            self.advance(self.page_size);
+            Err(errno) => errno,
+        };
+        if errno == libc::EINVAL
+            && region.may_fall_back
+            && sys::kernel_has_populate_write()
+            && sys::touch_is_correct(region.addr + start)
+        {
+            if !region.touching.swap(true, Ordering::Relaxed) {
+                info!(
+                    "MADV_POPULATE_WRITE refused (EINVAL) at {:#x}: a writable mapping \
+                     without VM_IO, falling back to touching",
+                    region.addr + start
+                );
+            }
+            return self.touch(region, start, end);
+        }
+        for offset in (start..end).step_by(region.page_size) {
+            if let Err(errno) = sys::populate_write(region.addr + offset, region.page_size) {
+                return Err(region.classify("madvise(MADV_POPULATE_WRITE)", errno, offset));
+            }
+            self.advance(region, region.page_size);
         }
         Ok(())
     }
 
-    /// One kernel-side write fault per page of `[start, end)`.
-    fn touch(&self, start: usize, end: usize) -> Result<()> {
-        for offset in (start..end).step_by(self.page_size) {
-            if let Err(errno) = sys::touch_page(self.addr + offset) {
-                self.advance(offset - start);
-                return Err(self.classify("futex(FUTEX_WAKE_OP)", errno, offset));
+    /// One kernel-side write fault per page of `[start, end)` of `region`.
+    fn touch(&self, region: &RegionState, start: usize, end: usize) -> Result<()> {
+        for offset in (start..end).step_by(region.page_size) {
+            if let Err(errno) = sys::touch_page(region.addr + offset) {
+                self.advance(region, offset - start);
+                return Err(region.classify("futex(FUTEX_WAKE_OP)", errno, offset));
             }
         }
-        self.advance(end - start);
+        self.advance(region, end - start);
         Ok(())
     }
 
-    /// Claims chunks until the region is done, an error occurs or the job is
+    /// The next chunk to do: the regions are tried round-robin from a shared
+    /// ticket, skipping finished and failed ones.
+    fn claim(&self) -> Option<(&RegionState, usize, usize)> {
+        let n = self.regions.len();
+        let first = self.ticket.fetch_add(1, Ordering::Relaxed);
+        for k in 0..n {
+            let region = &self.regions[(first.wrapping_add(k)) % n];
+            if region.stop.load(Ordering::Relaxed)
+                || region
+                    .next_chunk
+                    .load(Ordering::Relaxed)
+                    .saturating_mul(region.chunk)
+                    >= region.len
+            {
+                continue;
+            }
+            let index = region.next_chunk.fetch_add(1, Ordering::Relaxed);
+            let start = index.saturating_mul(region.chunk);
+            if start < region.len {
+                return Some((
+                    region,
+                    start,
+                    start.saturating_add(region.chunk).min(region.len),
+                ));
+            }
+        }
+        None
+    }
+
+    /// Claims chunks until every region is done or failed, or the job is
     /// cancelled.
     fn run(&self) {
         while !self.should_stop() {
-            let index = self.next_chunk.fetch_add(1, Ordering::Relaxed);
-            let start = index.saturating_mul(self.chunk);
-            if start >= self.len {
+            let Some((region, start, end)) = self.claim() else {
                 break;
-            }
-            let end = start.saturating_add(self.chunk).min(self.len);
-            let result = match self.method {
-                Method::Touch => self.touch(start, end),
-                _ => self.populate(start, end),
+            };
+            let result = match region.method_in_use() {
+                Method::Touch => self.touch(region, start, end),
+                _ => self.populate(region, start, end),
             };
             if let Err(err) = result {
-                self.fail(err);
-                break;
+                region.fail(err);
             }
         }
     }
@@ -278,70 +393,72 @@ fn resolve_method(method: Method) -> Method {
     }
 }
 
-/// A preallocation running in the background. [`join`](Self::join) waits for
-/// it and returns its result; dropping the job cancels and joins it.
-pub struct PreallocJob {
+/// Preallocation of several regions running in the background with one pool
+/// of workers ([`start_regions`]). [`join`](Self::join) returns one result
+/// per region; dropping the job cancels and joins it.
+pub struct PreallocJobs {
     shared: Arc<Shared>,
     handles: Vec<JoinHandle<Instant>>,
     started: Instant,
     threads: usize,
 }
 
-impl std::fmt::Debug for PreallocJob {
+impl std::fmt::Debug for PreallocJobs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PreallocJob")
-            .field("addr", &format_args!("{:#x}", self.shared.addr))
-            .field("len", &self.shared.len)
+        f.debug_struct("PreallocJobs")
+            .field("regions", &self.shared.regions.len())
             .field("threads", &self.threads)
-            .field("method", &self.shared.method)
             .field("done", &self.bytes_done())
+            .field("total", &self.total_bytes())
             .finish()
     }
 }
 
-impl PreallocJob {
-    /// Waits for the workers and returns the outcome. An error of a worker
-    /// wins over a cancellation; a cancelled job that had already finished
-    /// every page still succeeds.
-    pub fn join(mut self) -> Result<PreallocReport> {
+impl PreallocJobs {
+    /// Waits for the workers and returns one outcome per region, in the
+    /// order the regions were given. A failed region does not stop the
+    /// others. An error wins over a cancellation; a region that was complete
+    /// when the job was cancelled still succeeds.
+    pub fn join(mut self) -> Vec<Result<PreallocReport>> {
         self.wait()
     }
 
-    fn wait(&mut self) -> Result<PreallocReport> {
-        let mut last = self.started;
+    fn wait(&mut self) -> Vec<Result<PreallocReport>> {
         let mut panicked = false;
         for handle in self.handles.drain(..) {
-            match handle.join() {
-                Ok(finished) => last = last.max(finished),
-                Err(_) => panicked = true,
-            }
+            panicked |= handle.join().is_err();
         }
-        if self.threads == 0 {
-            last = Instant::now();
-        }
-        if panicked {
-            return Err(Error::WorkerPanicked);
-        }
-        if let Some(err) = lock(&self.shared.failure).take() {
-            return Err(err);
-        }
-        let done = self.shared.done.load(Ordering::Acquire);
-        let total = self.shared.len as u64;
-        if done < total {
-            return Err(Error::Cancelled { done, total });
-        }
-        Ok(PreallocReport {
-            bytes: done,
-            threads: self.threads,
-            method: self.shared.method,
-            page_size: self.shared.page_size,
-            elapsed: last.duration_since(self.started),
-        })
+        self.shared
+            .regions
+            .iter()
+            .map(|region| {
+                if panicked {
+                    return Err(Error::WorkerPanicked);
+                }
+                if let Some(err) = lock(&region.failure).take() {
+                    return Err(err);
+                }
+                let done = region.done.load(Ordering::Acquire);
+                let total = region.len as u64;
+                if done < total {
+                    return Err(Error::Cancelled { done, total });
+                }
+                let finished = lock(&region.finished).unwrap_or(self.started);
+                Ok(PreallocReport {
+                    bytes: done,
+                    threads: self.threads,
+                    method: region.method_in_use(),
+                    page_size: region.page_size,
+                    elapsed: finished.max(self.started).duration_since(self.started),
+                    tail: region.tail,
+                })
+            })
+            .collect()
     }
 
-    /// Stops this job at the next chunk boundary; [`join`](Self::join) then
-    /// returns [`Error::Cancelled`]. Other jobs sharing a [`CancelToken`] are
-    /// not affected.
+    /// Stops every region at the next chunk boundary; unfinished regions
+    /// then return [`Error::Cancelled`]. Other jobs sharing a
+    /// [`CancelToken`] are not affected.
     pub fn cancel(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
     }
@@ -352,28 +469,23 @@ impl PreallocJob {
         self.handles.iter().all(JoinHandle::is_finished)
     }
 
-    /// Bytes faulted in so far.
+    /// Bytes faulted in so far, over all regions.
     pub fn bytes_done(&self) -> u64 {
-        self.shared.done.load(Ordering::Acquire)
+        self.shared.total_done.load(Ordering::Acquire)
     }
 
-    /// Bytes in the region.
+    /// Bytes in all regions (without rounded-down tails).
     pub fn total_bytes(&self) -> u64 {
-        self.shared.len as u64
+        self.shared.regions.iter().map(|r| r.len as u64).sum()
     }
 
-    /// Worker threads of this job.
+    /// Worker threads of this job (shared by all regions).
     pub fn threads(&self) -> usize {
         self.threads
     }
-
-    /// The method in use ([`Method::Auto`] already resolved).
-    pub fn method(&self) -> Method {
-        self.shared.method
-    }
 }
 
-impl Drop for PreallocJob {
+impl Drop for PreallocJobs {
     fn drop(&mut self) {
         if !self.handles.is_empty() {
             self.cancel();
@@ -384,19 +496,87 @@ impl Drop for PreallocJob {
     }
 }
 
-/// Starts preallocating `[addr, addr + len)` in the background and returns
-/// once every worker is running (pinned, if asked).
-///
-/// `addr` and `len` must be multiples of the page size in force. The range is
-/// normally a shared or private writable mapping owned by the caller. This
-/// function is safe: the kernel never changes a byte of the range, and a range
-/// that is unmapped, read-only or unmapped while the job runs yields an error,
-/// never a signal (see the crate docs).
-pub fn start(addr: *mut u8, len: usize, options: &PreallocOptions) -> Result<PreallocJob> {
-    let started = Instant::now();
-    options.validate()?;
-    let page_size = options.effective_page_size();
-    let base = addr as usize;
+/// A preallocation of one region running in the background
+/// ([`start`]). [`join`](Self::join) waits for it and returns its result;
+/// dropping the job cancels and joins it.
+pub struct PreallocJob(PreallocJobs);
+
+impl std::fmt::Debug for PreallocJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let region = &self.0.shared.regions[0];
+        f.debug_struct("PreallocJob")
+            .field("addr", &format_args!("{:#x}", region.addr))
+            .field("len", &region.len)
+            .field("threads", &self.0.threads)
+            .field("method", &region.method_in_use())
+            .field("done", &self.bytes_done())
+            .finish()
+    }
+}
+
+impl PreallocJob {
+    /// Waits for the workers and returns the outcome. An error of a worker
+    /// wins over a cancellation; a cancelled job that had already finished
+    /// every page still succeeds.
+    pub fn join(self) -> Result<PreallocReport> {
+        self.0.join().pop().unwrap_or(Err(Error::WorkerPanicked))
+    }
+
+    /// Stops this job at the next chunk boundary; [`join`](Self::join) then
+    /// returns [`Error::Cancelled`]. Other jobs sharing a [`CancelToken`] are
+    /// not affected.
+    pub fn cancel(&self) {
+        self.0.cancel();
+    }
+
+    /// Whether every worker has exited, so that [`join`](Self::join) will
+    /// not block.
+    pub fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
+
+    /// Bytes faulted in so far.
+    pub fn bytes_done(&self) -> u64 {
+        self.0.bytes_done()
+    }
+
+    /// Bytes in the region.
+    pub fn total_bytes(&self) -> u64 {
+        self.0.total_bytes()
+    }
+
+    /// Worker threads of this job.
+    pub fn threads(&self) -> usize {
+        self.0.threads
+    }
+
+    /// The method in use ([`Method::Auto`] already resolved; `Touch` once
+    /// the job fell back to touching).
+    pub fn method(&self) -> Method {
+        self.0.shared.regions[0].method_in_use()
+    }
+}
+
+/// Checks one region against the options and builds its state.
+fn region_state(
+    region: &Region,
+    options: &PreallocOptions,
+    method: Method,
+    threads_hint: usize,
+) -> Result<RegionState> {
+    let page_size = region
+        .page_size
+        .unwrap_or_else(|| options.effective_page_size());
+    if region.page_size.is_some()
+        && (!page_size.is_power_of_two() || page_size < sys::base_page_size())
+    {
+        return Err(Error::InvalidOption(format!(
+            "page size {page_size:#x} is not a power of two of at least {:#x}",
+            sys::base_page_size()
+        )));
+    }
+    let base = region.addr;
+    let mut len = region.len;
     if (len > 0 && base == 0) || base.checked_add(len).is_none() {
         return Err(Error::InvalidRange {
             addr: base as u64,
@@ -410,53 +590,107 @@ pub fn start(addr: *mut u8, len: usize, options: &PreallocOptions) -> Result<Pre
             page_size,
         });
     }
-    if len % page_size != 0 {
-        return Err(Error::Misaligned {
-            what: "length",
-            value: len as u64,
-            page_size,
-        });
+    let tail = len % page_size;
+    if tail != 0 {
+        if !options.round_down {
+            return Err(Error::Misaligned {
+                what: "length",
+                value: len as u64,
+                page_size,
+            });
+        }
+        len -= tail;
     }
-
-    let method = resolve_method(options.method);
-    let threads = if len == 0 {
-        0
-    } else {
-        thread_count(
-            len,
-            page_size,
-            options.available_cpus(),
-            options.threads,
-            options.max_threads,
-        )
-    };
-    let chunk = chunk_size(len, page_size, threads);
-    debug!(
-        "preallocating {len:#x} bytes at {base:#x}: {threads} threads, {method}, \
-         page size {page_size:#x}, chunk {chunk:#x}"
-    );
-    let shared = Arc::new(Shared {
+    let chunk = chunk_size(len, page_size, threads_hint);
+    Ok(RegionState {
         addr: base,
         len,
         page_size,
         chunk,
         method,
+        may_fall_back: options.method == Method::Auto && method == Method::PopulateWrite,
+        touching: AtomicBool::new(false),
         hugetlb: page_size > sys::base_page_size(),
+        tail: tail as u64,
         next_chunk: AtomicUsize::new(0),
         done: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        failure: Mutex::new(None),
+        finished: Mutex::new(None),
+    })
+}
+
+/// Starts preallocating several regions at once with one pool of workers and
+/// returns once every worker is running (pinned, if asked).
+///
+/// The thread budget of `options` is spread over all the regions: the thread
+/// count is [`thread_count`] of their total size, and the workers take
+/// chunks from the regions in turn, so the regions fill up side by side and
+/// the job takes about the time of their sum divided by the threads, not the
+/// sum of one job per region. Each region gets its own result; an error in
+/// one (say, the hugetlbfs pool running out) ends that region only.
+///
+/// Every region is checked (alignment, range) and, with
+/// [`PreallocOptions::numa`], bound to its nodes before any page is touched;
+/// any failure there returns `Err` with nothing populated.
+pub fn start_regions(regions: &[Region], options: &PreallocOptions) -> Result<PreallocJobs> {
+    let started = Instant::now();
+    options.validate()?;
+    let method = resolve_method(options.method);
+    let cpus = options.worker_cpus()?;
+    let available = options.available_cpus_of(&cpus);
+    // The chunk size depends on the thread count and vice versa; size the
+    // chunks for the thread count of the whole job.
+    let total: usize = regions.iter().map(|r| r.len).fold(0, usize::saturating_add);
+    let min_page = regions
+        .iter()
+        .map(|r| r.page_size.unwrap_or_else(|| options.effective_page_size()))
+        .min()
+        .unwrap_or_else(|| options.effective_page_size());
+    let budget = thread_count(
+        total,
+        min_page,
+        available,
+        options.threads,
+        options.max_threads,
+    );
+    let states = regions
+        .iter()
+        .map(|region| region_state(region, options, method, budget))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(numa) = &options.numa {
+        for state in states.iter().filter(|s| s.len > 0) {
+            sys::mbind(state.addr, state.len, numa.policy, &numa.nodes).map_err(|source| {
+                Error::NumaBind {
+                    addr: state.addr as u64,
+                    len: state.len as u64,
+                    source,
+                }
+            })?;
+        }
+    }
+    let total: usize = states.iter().map(|s| s.len).sum();
+    let threads = if total == 0 { 0 } else { budget };
+    debug!(
+        "preallocating {} regions, {total:#x} bytes: {threads} threads, {method}, cpus {cpus:?}",
+        states.len()
+    );
+    let shared = Arc::new(Shared {
+        regions: states,
+        ticket: AtomicUsize::new(0),
+        total_done: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         cancel: options.cancel.clone().unwrap_or_default(),
         progress: options
             .progress
             .clone()
             .map(|callback| Mutex::new(Progress { last: 0, callback })),
-        failure: Mutex::new(None),
         gate: Gate::default(),
     });
 
     let mut handles = Vec::with_capacity(threads);
     for i in 0..threads {
-        let cpu = (!options.cpus.is_empty()).then(|| options.cpus[i % options.cpus.len()]);
+        let cpu = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
         let worker_shared = Arc::clone(&shared);
         let spawned = std::thread::Builder::new()
             .name(format!("prealloc-{i}"))
@@ -480,12 +714,34 @@ pub fn start(addr: *mut u8, len: usize, options: &PreallocOptions) -> Result<Pre
         return Err(err);
     }
     shared.gate.open(true);
-    Ok(PreallocJob {
+    Ok(PreallocJobs {
         shared,
         handles,
         started,
         threads,
     })
+}
+
+/// Preallocates several regions at once and waits: one result per region.
+/// See [`start_regions`].
+pub fn preallocate_regions(
+    regions: &[Region],
+    options: &PreallocOptions,
+) -> Result<Vec<Result<PreallocReport>>> {
+    Ok(start_regions(regions, options)?.join())
+}
+
+/// Starts preallocating `[addr, addr + len)` in the background and returns
+/// once every worker is running (pinned, if asked).
+///
+/// `addr` and `len` must be multiples of the page size in force (see
+/// [`PreallocOptions::round_down_length`] for a length that is not). The
+/// range is normally a shared or private writable mapping owned by the
+/// caller. This function is safe: the kernel never changes a byte of the
+/// range, and a range that is unmapped, read-only or unmapped while the job
+/// runs yields an error, never a signal (see the crate docs).
+pub fn start(addr: *mut u8, len: usize, options: &PreallocOptions) -> Result<PreallocJob> {
+    start_regions(&[Region::new(addr, len)], options).map(PreallocJob)
 }
 
 /// Preallocates `[addr, addr + len)` and waits for the result:

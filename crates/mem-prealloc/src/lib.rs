@@ -10,16 +10,25 @@
 //! - [`preallocate`] faults `[addr, addr + len)` in and returns a
 //!   [`PreallocReport`] (bytes, threads, method, page size, elapsed time).
 //! - [`start`] does the same in the background and returns a
-//!   [`PreallocJob`]; [`PreallocJob::join`] returns the result. Jobs are
-//!   independent, so a VMM can prepare several memory regions at once.
+//!   [`PreallocJob`]; [`PreallocJob::join`] returns the result.
+//! - [`start_regions`] / [`preallocate_regions`] fill several [`Region`]s
+//!   at once with one pool of workers (one thread budget, chunks taken from
+//!   the regions in turn) and give one result per region: a region that
+//!   fails (say, the hugetlbfs pool runs out) does not stop the others.
 //! - [`PreallocOptions`] sets the thread count ([`thread_count`]: QEMU's
 //!   formula without its hard cap of 16, which stays available as
 //!   [`PreallocOptions::qemu_thread_cap`]), the [`Method`], the page size
 //!   (given, or detected from the backing file with `fstatfs`), the CPUs to
-//!   pin the workers to, a progress callback and a [`CancelToken`].
+//!   pin the workers to, NUMA placement ([`PreallocOptions::numa`]: `mbind`
+//!   before population, workers on the nodes' CPUs), a progress callback
+//!   and a [`CancelToken`].
 //! - With the `vm-memory` feature, `guest_memory::preallocate_guest_memory`
-//!   prepares every region of a `GuestMemoryMmap`, and
-//!   `guest_memory::preallocate_region` a single `GuestRegionMmap`.
+//!   prepares every region of a `GuestMemoryMmap` at once,
+//!   `guest_memory::preallocate_region` a single `GuestRegionMmap`, and
+//!   `guest_memory::preallocate_mmap_region` a raw `MmapRegion` before it is
+//!   wrapped.
+//! - [`Error`] converts into `std::io::Error` for VMMs whose set-up code
+//!   returns those.
 //!
 //! # Example
 //!
@@ -94,10 +103,13 @@
 //! read-only range, or one unmapped while a job runs, gives an [`Error`].
 //!
 //! [`Method::Auto`] uses `MADV_POPULATE_WRITE` when the kernel has it (probed
-//! once on a private page) and the touch method otherwise. Unlike QEMU, an
-//! `EINVAL` from a kernel that has `MADV_POPULATE_WRITE` means the mapping
-//! itself is unsuitable (read-only, `VM_IO`/`VM_PFNMAP`) and is reported as
-//! [`Error::UnsupportedMapping`] rather than retried with touching.
+//! once on a private page) and the touch method otherwise. When a kernel
+//! that has it refuses it on one mapping with `EINVAL` (`memfd_secret`,
+//! `VM_PFNMAP` mappings), that region falls back to touching, as QEMU does,
+//! but only where touching is correct: the mapping is writable and not
+//! `VM_IO` (`VmFlags` in `/proc/self/smaps`). A read-only or `VM_IO`
+//! mapping stays an [`Error::UnsupportedMapping`]. The report's `method`
+//! says `Touch` for a region that fell back.
 //!
 //! # Threads
 //!
@@ -142,10 +154,13 @@ mod options;
 mod sys;
 
 pub use error::{Error, Result};
-pub use job::{preallocate, start, PreallocJob, PreallocReport, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
+pub use job::{
+    preallocate, preallocate_regions, start, start_regions, PreallocJob, PreallocJobs,
+    PreallocReport, Region, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES,
+};
 pub use options::{
-    page_size_of, thread_count, CancelToken, Method, PreallocOptions, MAX_CPU,
-    MIN_BYTES_PER_THREAD, QEMU_MAX_THREADS,
+    page_size_of, thread_count, CancelToken, Method, NumaPolicy, PreallocOptions, MAX_CPU,
+    MAX_NODE, MIN_BYTES_PER_THREAD, QEMU_MAX_THREADS,
 };
 
 /// The base page size of the machine (`sysconf(_SC_PAGESIZE)`).

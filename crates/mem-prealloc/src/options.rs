@@ -22,16 +22,57 @@ pub const MIN_BYTES_PER_THREAD: usize = 64 << 20;
 /// The largest CPU number accepted in an affinity list (`CPU_SETSIZE - 1`).
 pub const MAX_CPU: usize = 1023;
 
+/// The largest NUMA node number accepted (`MAX_NUMNODES - 1` of a kernel
+/// built with `NODES_SHIFT = 10`).
+pub const MAX_NODE: usize = 1023;
+
+/// How [`PreallocOptions::numa`] places the pages on the host nodes, as
+/// `mbind(2)` modes. QEMU's `policy=` of a memory backend maps one to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NumaPolicy {
+    /// `MPOL_BIND`: only from these nodes; a node running out fails the
+    /// allocation (QEMU `policy=bind`).
+    Bind,
+    /// `MPOL_PREFERRED` (one node) or `MPOL_PREFERRED_MANY` (several, Linux
+    /// 5.15+): these nodes first, others when they are full (QEMU
+    /// `policy=preferred`).
+    Preferred,
+    /// `MPOL_INTERLEAVE`: page by page round-robin over the nodes (QEMU
+    /// `policy=interleave`).
+    Interleave,
+}
+
+impl fmt::Display for NumaPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NumaPolicy::Bind => "bind",
+            NumaPolicy::Preferred => "preferred",
+            NumaPolicy::Interleave => "interleave",
+        })
+    }
+}
+
+/// A NUMA placement: a policy and a set of host nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Numa {
+    pub(crate) policy: NumaPolicy,
+    pub(crate) nodes: Vec<usize>,
+}
+
 /// How pages are faulted in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Method {
     /// `PopulateWrite` when the kernel has it (Linux 5.14+), `Touch` on older
-    /// kernels. Unlike QEMU, an `EINVAL` from a kernel that *does* have
-    /// `MADV_POPULATE_WRITE` is reported as an unsupported mapping instead of
-    /// falling back to touching (which would fault on a read-only mapping).
+    /// kernels. Where a kernel that has `MADV_POPULATE_WRITE` refuses it for
+    /// one mapping with `EINVAL` (`memfd_secret`, `VM_PFNMAP` mappings), that
+    /// region falls back to `Touch` if touching is correct there: the
+    /// mapping is writable and not `VM_IO` (device memory, where an access
+    /// can have side effects). Otherwise the error stays
+    /// [`Error::UnsupportedMapping`]. The report names the method used.
     #[default]
     Auto,
-    /// `madvise(MADV_POPULATE_WRITE)` per chunk.
+    /// `madvise(MADV_POPULATE_WRITE)` per chunk, with no fallback.
     PopulateWrite,
     /// One kernel-side atomic write fault per page (see the crate docs); works
     /// on every kernel, preserves contents, never raises `SIGBUS`.
@@ -87,6 +128,8 @@ pub struct PreallocOptions {
     pub(crate) cpus: Vec<usize>,
     pub(crate) progress: Option<ProgressFn>,
     pub(crate) cancel: Option<CancelToken>,
+    pub(crate) numa: Option<Numa>,
+    pub(crate) round_down: bool,
 }
 
 impl fmt::Debug for PreallocOptions {
@@ -99,6 +142,8 @@ impl fmt::Debug for PreallocOptions {
             .field("cpus", &self.cpus)
             .field("progress", &self.progress.is_some())
             .field("cancel", &self.cancel)
+            .field("numa", &self.numa)
+            .field("round_down", &self.round_down)
             .finish()
     }
 }
@@ -173,6 +218,37 @@ impl PreallocOptions {
         self
     }
 
+    /// Binds every region to the host `nodes` with `policy` through
+    /// `mbind(2)` (flags `MPOL_MF_STRICT | MPOL_MF_MOVE`, as QEMU's
+    /// `host-nodes=`/`policy=`) before any page is faulted in, so the pages
+    /// are allocated there by either method. Unless [`cpus`](Self::cpus)
+    /// gives CPUs, the workers are pinned to the CPUs of these nodes
+    /// (`/sys/devices/system/node/nodeN/cpulist`, within the process's
+    /// affinity mask) so that they zero the pages next to them.
+    ///
+    /// A node that does not exist is an [`Error::NumaNode`] before anything
+    /// is touched; a refused `mbind` is an [`Error::NumaBind`].
+    pub fn numa(mut self, policy: NumaPolicy, nodes: impl IntoIterator<Item = usize>) -> Self {
+        let mut nodes: Vec<usize> = nodes.into_iter().collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        self.numa = Some(Numa { policy, nodes });
+        self
+    }
+
+    /// With `true`, a length that is not a multiple of the page size is
+    /// rounded down to whole pages instead of being refused with
+    /// [`Error::Misaligned`]; the bytes left out are reported in
+    /// [`PreallocReport::tail`](crate::PreallocReport::tail). The default
+    /// (`false`) refuses: a mapping always spans whole pages (mmap rounds
+    /// the length up, and hugetlbfs refuses a misaligned one), so a length
+    /// that is not is a sign that the page size in force is not that of the
+    /// mapping, or that the range is not the whole mapping.
+    pub fn round_down_length(mut self, round_down: bool) -> Self {
+        self.round_down = round_down;
+        self
+    }
+
     /// Checks the options that do not depend on the region.
     pub(crate) fn validate(&self) -> Result<()> {
         if self.threads == Some(0) {
@@ -190,6 +266,16 @@ impl PreallocOptions {
                 "cpu {cpu} is beyond the largest cpu number {MAX_CPU}"
             )));
         }
+        if let Some(numa) = &self.numa {
+            if numa.nodes.is_empty() {
+                return Err(Error::InvalidOption("the NUMA node set is empty".into()));
+            }
+            for &node in &numa.nodes {
+                if node > MAX_NODE || !sys::node_exists(node) {
+                    return Err(Error::NumaNode { node });
+                }
+            }
+        }
         if let Some(size) = self.page_size {
             if !size.is_power_of_two() || size < sys::base_page_size() {
                 return Err(Error::InvalidOption(format!(
@@ -206,12 +292,42 @@ impl PreallocOptions {
         self.page_size.unwrap_or_else(sys::base_page_size)
     }
 
-    /// The CPUs available to the workers.
-    pub(crate) fn available_cpus(&self) -> usize {
-        if self.cpus.is_empty() {
+    /// The CPUs to pin the workers to, in order: the given ones, else those
+    /// of the NUMA nodes (within the affinity mask), else none.
+    pub(crate) fn worker_cpus(&self) -> Result<Vec<usize>> {
+        if !self.cpus.is_empty() {
+            return Ok(self.cpus.clone());
+        }
+        let Some(numa) = &self.numa else {
+            return Ok(Vec::new());
+        };
+        let allowed = sys::allowed_cpus();
+        let mut cpus = Vec::new();
+        for &node in &numa.nodes {
+            let list = sys::node_cpus(node).map_err(|_| Error::NumaNode { node })?;
+            cpus.extend(
+                list.into_iter()
+                    .filter(|cpu| allowed.as_ref().is_none_or(|a| a.contains(cpu))),
+            );
+        }
+        cpus.sort_unstable();
+        cpus.dedup();
+        if cpus.is_empty() {
+            log::debug!(
+                "nodes {:?} have no CPU this process may use: not pinning",
+                numa.nodes
+            );
+        }
+        Ok(cpus)
+    }
+
+    /// The number of CPUs the workers may use with the pinning list `cpus`
+    /// (empty: no pinning).
+    pub(crate) fn available_cpus_of(&self, cpus: &[usize]) -> usize {
+        if cpus.is_empty() {
             std::thread::available_parallelism().map_or(1, NonZeroUsize::get)
         } else {
-            let mut distinct = self.cpus.clone();
+            let mut distinct = cpus.to_vec();
             distinct.sort_unstable();
             distinct.dedup();
             distinct.len()

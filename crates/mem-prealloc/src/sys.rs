@@ -180,6 +180,147 @@ pub(crate) fn pin_current_thread(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+// Linux uapi <linux/mempolicy.h>.
+const MPOL_PREFERRED: libc::c_int = 1;
+const MPOL_BIND: libc::c_int = 2;
+const MPOL_INTERLEAVE: libc::c_int = 3;
+const MPOL_PREFERRED_MANY: libc::c_int = 5;
+const MPOL_MF_STRICT: libc::c_uint = 1;
+const MPOL_MF_MOVE: libc::c_uint = 1 << 1;
+
+const NODE_DIR: &str = "/sys/devices/system/node";
+
+/// Whether host NUMA node `node` exists.
+pub(crate) fn node_exists(node: usize) -> bool {
+    std::path::Path::new(&format!("{NODE_DIR}/node{node}")).is_dir()
+}
+
+/// The CPUs of host NUMA node `node`.
+pub(crate) fn node_cpus(node: usize) -> io::Result<Vec<usize>> {
+    let text = std::fs::read_to_string(format!("{NODE_DIR}/node{node}/cpulist"))?;
+    parse_cpu_list(&text).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Parses a kernel CPU list such as `0-3,8,10-11` (empty for a node
+/// without CPUs).
+fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((from, to)) => {
+                let (from, to): (usize, usize) = (from.parse().ok()?, to.parse().ok()?);
+                if from > to || to > crate::MAX_CPU {
+                    return None;
+                }
+                cpus.extend(from..=to);
+            }
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+/// The CPUs in the calling thread's affinity mask, if it can be read.
+pub(crate) fn allowed_cpus() -> Option<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a writable cpu_set_t of the size passed; pid 0 is the
+    // calling thread.
+    let ret =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if ret != 0 {
+        return None;
+    }
+    // SAFETY: CPU_ISSET reads one bit inside `set` for cpu < CPU_SETSIZE.
+    Some(
+        (0..=crate::MAX_CPU)
+            .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+            .collect(),
+    )
+}
+
+/// `mbind(addr, len, policy, nodes, MPOL_MF_STRICT | MPOL_MF_MOVE)`.
+pub(crate) fn mbind(
+    addr: usize,
+    len: usize,
+    policy: crate::NumaPolicy,
+    nodes: &[usize],
+) -> io::Result<()> {
+    let bits = libc::c_ulong::BITS as usize;
+    let max = nodes.iter().copied().max().unwrap_or(0);
+    let mut mask = vec![0 as libc::c_ulong; max / bits + 1];
+    for &node in nodes {
+        mask[node / bits] |= 1 << (node % bits);
+    }
+    let mode = match policy {
+        crate::NumaPolicy::Bind => MPOL_BIND,
+        crate::NumaPolicy::Preferred if nodes.len() > 1 => MPOL_PREFERRED_MANY,
+        crate::NumaPolicy::Preferred => MPOL_PREFERRED,
+        crate::NumaPolicy::Interleave => MPOL_INTERLEAVE,
+    };
+    // The kernel reads maxnode - 1 bits (a historical off-by-one that
+    // glibc's numa_* wrappers and QEMU compensate for the same way).
+    let maxnode = (mask.len() * bits + 1) as libc::c_ulong;
+    // SAFETY: mbind only changes the memory policy of the range (and may
+    // migrate pages already there, keeping their contents); `mask` is a
+    // readable array of `maxnode - 1` bits that outlives the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            addr,
+            len,
+            mode,
+            mask.as_ptr(),
+            maxnode,
+            MPOL_MF_STRICT | MPOL_MF_MOVE,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether touching the page at `addr` in place of `MADV_POPULATE_WRITE`
+/// is correct: its mapping is writable and not `VM_IO` (device memory,
+/// where even an atomic add of zero is an access with side effects).
+/// Read from the `VmFlags` line of `/proc/self/smaps`, on the error path
+/// only; `false` when it cannot be read.
+pub(crate) fn touch_is_correct(addr: usize) -> bool {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return false;
+    };
+    vm_flags_in(&smaps, addr).is_some_and(|flags| {
+        let mut flags = flags.split_ascii_whitespace();
+        flags.clone().any(|flag| flag == "wr") && !flags.any(|flag| flag == "io")
+    })
+}
+
+/// The `VmFlags:` of the mapping holding `addr` in an smaps text.
+fn vm_flags_in(smaps: &str, addr: usize) -> Option<&str> {
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if inside {
+                return Some(flags);
+            }
+            continue;
+        }
+        let Some((range, _)) = line.split_once(' ') else {
+            continue;
+        };
+        if let Some((start, end)) = range.split_once('-') {
+            if let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            ) {
+                inside = (start..end).contains(&addr);
+            }
+        }
+    }
+    None
+}
+
 /// What `/proc/self/maps` says about the mapping holding `addr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MappingState {
@@ -248,6 +389,34 @@ mod tests {
             mapping_state_in("garbage\n", 0x1000),
             MappingState::Unmapped
         );
+    }
+
+    #[test]
+    fn test_cpu_list_parses() {
+        assert_eq!(parse_cpu_list("0-1\n"), Some(vec![0, 1]));
+        assert_eq!(parse_cpu_list("0,2-4,7"), Some(vec![0, 2, 3, 4, 7]));
+        assert_eq!(parse_cpu_list("\n"), Some(vec![]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("x"), None);
+        assert_eq!(parse_cpu_list("0-5000"), None);
+    }
+
+    #[test]
+    fn test_vm_flags_of_the_mapping_holding_an_address() {
+        let smaps = "7f0000000000-7f0000001000 rw-s 00000000 00:01 1 /perf\n\
+                     Rss:                   4 kB\n\
+                     VmFlags: rd wr sh mr mw ms pf io dc de dd\n\
+                     7f0000001000-7f0000003000 rw-s 00000000 00:01 2 /secretmem (deleted)\n\
+                     VmFlags: rd wr sh mr mw ms lo dd\n";
+        assert_eq!(
+            vm_flags_in(smaps, 0x7f0000000800),
+            Some(" rd wr sh mr mw ms pf io dc de dd")
+        );
+        assert_eq!(
+            vm_flags_in(smaps, 0x7f0000002000),
+            Some(" rd wr sh mr mw ms lo dd")
+        );
+        assert_eq!(vm_flags_in(smaps, 0x7f0000003000), None);
     }
 
     #[test]

@@ -6,7 +6,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::{memfd, MIB};
-use mem_prealloc::guest_memory::{preallocate_guest_memory, preallocate_region, start_region};
+use mem_prealloc::guest_memory::{
+    preallocate_guest_memory, preallocate_mmap_region, preallocate_region, start_guest_memory,
+    start_mmap_region, start_region,
+};
 use mem_prealloc::{Error, Method, PreallocOptions};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestRegionMmap};
 
@@ -101,4 +104,62 @@ fn test_hugetlbfs_regions_use_their_hugepage_size() {
     assert_eq!(resident(region.as_ptr(), 2 * HUGE), 2 * HUGE);
     drop(region);
     drop(pool);
+}
+
+#[test]
+fn test_raw_mmap_region_is_prefaulted_before_it_is_wrapped() {
+    use vm_memory::mmap::MmapRegion;
+    let len = 8 * MIB;
+    let file = memfd("raw-region", len, 0).unwrap();
+    // What cloud-hypervisor does: build the MmapRegion, prefault it, wrap it.
+    let mapping: MmapRegion = MmapRegion::from_file(FileOffset::new(file, 0), len).unwrap();
+    let report = preallocate_mmap_region(&mapping, &PreallocOptions::new().threads(2)).unwrap();
+    assert_eq!(report.bytes, len as u64);
+    assert_eq!(report.page_size, mem_prealloc::base_page_size());
+    assert_eq!(resident(mapping.as_ptr(), len), len);
+    let anon: MmapRegion = MmapRegion::new(len).unwrap();
+    let job = start_mmap_region(&anon, &PreallocOptions::new().method(Method::Touch)).unwrap();
+    assert_eq!(job.join().unwrap().method, Method::Touch);
+    assert_eq!(resident(anon.as_ptr(), len), len);
+    let region: GuestRegionMmap = GuestRegionMmap::new(mapping, GuestAddress(0)).unwrap();
+    assert_eq!(region.size(), len);
+}
+
+#[test]
+fn test_guest_memory_regions_are_filled_at_once_with_their_own_results() {
+    // A read-only region among writable ones: its error is its own, the
+    // other regions are complete.
+    use vm_memory::mmap::MmapRegionBuilder;
+    let read_only = MmapRegionBuilder::new(4 * MIB)
+        .with_mmap_prot(libc::PROT_READ)
+        .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS)
+        .build()
+        .unwrap();
+    let regions = vec![
+        GuestRegionMmap::from_range(GuestAddress(0), 16 * MIB, None).unwrap(),
+        GuestRegionMmap::new(read_only, GuestAddress(1 << 30)).unwrap(),
+        GuestRegionMmap::from_range(GuestAddress(1 << 32), 16 * MIB, None).unwrap(),
+    ];
+    let mem: GuestMemoryMmap = GuestMemoryMmap::from_regions(regions).unwrap();
+    let job = start_guest_memory(&mem, &PreallocOptions::new().threads(2)).unwrap();
+    assert_eq!(job.total_bytes(), 36 * MIB as u64);
+    let results = job.join();
+    assert_eq!(results.len(), 3);
+    assert_eq!(results[0].as_ref().unwrap().bytes, 16 * MIB as u64);
+    assert!(
+        matches!(results[1], Err(Error::UnsupportedMapping { .. })),
+        "{:?}",
+        results[1]
+    );
+    assert_eq!(results[2].as_ref().unwrap().bytes, 16 * MIB as u64);
+    for (i, region) in mem.iter().enumerate().filter(|(i, _)| *i != 1) {
+        assert_eq!(
+            resident(region.as_ptr(), region.size()),
+            region.size(),
+            "{i}"
+        );
+    }
+    // The blocking form finishes every region, then gives the first error.
+    let err = preallocate_guest_memory(&mem, &PreallocOptions::new()).unwrap_err();
+    assert!(matches!(err, Error::UnsupportedMapping { .. }), "{err}");
 }

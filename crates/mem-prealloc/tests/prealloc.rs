@@ -40,13 +40,7 @@ fn test_memfd_region_is_fully_resident() {
 fn test_anonymous_private_region_is_fully_resident() {
     for method in [Method::PopulateWrite, Method::Touch] {
         let len = 16 * MIB;
-        let map = Mapping::new(
-            None,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-        )
-        .unwrap();
+        let map = Mapping::anonymous(len, libc::PROT_READ | libc::PROT_WRITE);
         preallocate(map.addr, len, &PreallocOptions::new().method(method)).unwrap();
         assert!(map.fully_resident(), "{method}");
         assert_eq!(map.smaps_rss(), len, "{method}");
@@ -309,26 +303,14 @@ fn test_two_async_jobs_run_at_once() {
 
 #[test]
 fn test_empty_region_succeeds_without_threads() {
-    let map = Mapping::new(
-        None,
-        4096,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-    )
-    .unwrap();
+    let map = Mapping::anonymous(4096, libc::PROT_READ | libc::PROT_WRITE);
     let report = preallocate(map.addr, 0, &PreallocOptions::new()).unwrap();
     assert_eq!((report.bytes, report.threads), (0, 0));
 }
 
 #[test]
 fn test_misaligned_address_and_length_are_rejected() {
-    let map = Mapping::new(
-        None,
-        8 * MIB,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-    )
-    .unwrap();
+    let map = Mapping::anonymous(8 * MIB, libc::PROT_READ | libc::PROT_WRITE);
     let page = mem_prealloc::base_page_size();
     // SAFETY: stays inside the mapping.
     let err = preallocate(unsafe { map.addr.add(1) }, page, &PreallocOptions::new()).unwrap_err();
@@ -358,13 +340,7 @@ fn test_misaligned_address_and_length_are_rejected() {
 
 #[test]
 fn test_invalid_options_are_rejected() {
-    let map = Mapping::new(
-        None,
-        MIB,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-    )
-    .unwrap();
+    let map = Mapping::anonymous(MIB, libc::PROT_READ | libc::PROT_WRITE);
     let cases = [
         (
             PreallocOptions::new().threads(0),
@@ -406,13 +382,7 @@ fn test_invalid_range_is_rejected() {
 #[test]
 fn test_unmapped_range_is_an_error() {
     for method in [Method::PopulateWrite, Method::Touch] {
-        let map = Mapping::new(
-            None,
-            8 * MIB,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-        )
-        .unwrap();
+        let map = Mapping::anonymous(8 * MIB, libc::PROT_READ | libc::PROT_WRITE);
         // Punch a hole in the middle.
         // SAFETY: unmaps part of our own mapping, which nothing else uses.
         let ret = unsafe { libc::munmap(map.addr.add(4 * MIB).cast(), MIB) };
@@ -449,13 +419,7 @@ fn test_read_only_mapping_is_unsupported() {
 
 #[test]
 fn test_offline_cpu_is_an_affinity_error() {
-    let map = Mapping::new(
-        None,
-        MIB,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-    )
-    .unwrap();
+    let map = Mapping::anonymous(MIB, libc::PROT_READ | libc::PROT_WRITE);
     let err = preallocate(map.addr, MIB, &PreallocOptions::new().cpus([1000])).unwrap_err();
     assert!(matches!(err, Error::Affinity { cpu: 1000, .. }), "{err}");
     assert_eq!(err.raw_os_error(), Some(libc::EINVAL));

@@ -50,6 +50,11 @@ impl Mapping {
         })
     }
 
+    /// A private anonymous mapping with protection `prot`.
+    pub fn anonymous(len: usize, prot: i32) -> Self {
+        Self::new(None, len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS).unwrap()
+    }
+
     /// A shared read-write mapping of `file`.
     pub fn shared(file: &File, len: usize) -> Self {
         Self::new(
@@ -190,6 +195,28 @@ impl HugepagePool {
         Ok(pool)
     }
 
+    /// For the exhaustion tests: grows the pool by `extra` pages and returns
+    /// it with the number of hugepages free, or why the test cannot run
+    /// here (overcommit on, no root, or too many free pages to exhaust
+    /// without disturbing others).
+    pub fn for_exhaustion(extra: usize) -> Result<(Self, usize), String> {
+        if meminfo("HugePages_Surp:").is_none()
+            || std::fs::read_to_string("/proc/sys/vm/nr_overcommit_hugepages")
+                .map(|s| s.trim() != "0")
+                .unwrap_or(true)
+        {
+            return Err("hugepage overcommit is enabled or unknown".into());
+        }
+        let pool = Self::grow(extra)?;
+        let available = Self::available();
+        if available > 64 {
+            return Err(format!(
+                "{available} hugepages are free; exhausting them would disturb others"
+            ));
+        }
+        Ok((pool, available))
+    }
+
     /// Hugepages free and not reserved by anyone.
     pub fn available() -> usize {
         meminfo("HugePages_Free:")
@@ -225,4 +252,81 @@ pub fn first_allowed_cpu() -> usize {
     (0..libc::CPU_SETSIZE as usize)
         .find(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
         .expect("no allowed cpu")
+}
+
+pub const MPOL_DEFAULT: i32 = 0;
+pub const MPOL_PREFERRED: i32 = 1;
+pub const MPOL_BIND: i32 = 2;
+pub const MPOL_INTERLEAVE: i32 = 3;
+const MPOL_F_NODE: libc::c_ulong = 1;
+const MPOL_F_ADDR: libc::c_ulong = 2;
+
+/// The policy mode and node mask (first word) of the mapping at `addr`
+/// (`get_mempolicy(MPOL_F_ADDR)`).
+pub fn policy_at(addr: *mut u8) -> (i32, libc::c_ulong) {
+    let mut mode: libc::c_int = -1;
+    let mut mask = [0 as libc::c_ulong; 16];
+    // SAFETY: `mode` and `mask` (16 words = 1024 bits) are writable and
+    // outlive the call; get_mempolicy only reads the policy of the range.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut mode as *mut libc::c_int,
+            mask.as_mut_ptr(),
+            (mask.len() * 64) as libc::c_ulong,
+            addr,
+            MPOL_F_ADDR,
+        )
+    };
+    assert_eq!(ret, 0, "get_mempolicy: {}", io::Error::last_os_error());
+    (mode, mask[0])
+}
+
+/// The node holding the page at `addr` (`get_mempolicy(MPOL_F_NODE |
+/// MPOL_F_ADDR)`), or the errno.
+pub fn node_of_page(addr: *mut u8) -> Result<i32, i32> {
+    let mut node: libc::c_int = -1;
+    // SAFETY: `node` is writable and outlives the call; with MPOL_F_NODE |
+    // MPOL_F_ADDR the kernel looks the page up and writes its node.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut node as *mut libc::c_int,
+            std::ptr::null_mut::<libc::c_ulong>(),
+            0 as libc::c_ulong,
+            addr,
+            MPOL_F_NODE | MPOL_F_ADDR,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    Ok(node)
+}
+
+/// A `memfd_secret` of `len` bytes, or why there is none.
+pub fn secretmem(len: usize) -> Result<File, String> {
+    // SAFETY: memfd_secret(2) takes flags only; the fd is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_memfd_secret, libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!(
+            "memfd_secret: {} (boot with secretmem.enable=1)",
+            io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let file = unsafe { File::from_raw_fd(fd as i32) };
+    file.set_len(len as u64).map_err(|e| e.to_string())?;
+    Ok(file)
+}
+
+/// `madvise(MADV_POPULATE_WRITE)` on the range, as the kernel answers it.
+pub fn raw_populate_write(addr: *mut u8, len: usize) -> Result<(), i32> {
+    // SAFETY: MADV_POPULATE_WRITE changes no contents; it fails with an
+    // errno on an unsuitable range.
+    let ret = unsafe { libc::madvise(addr.cast(), len, 23) };
+    if ret != 0 {
+        return Err(io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    Ok(())
 }
