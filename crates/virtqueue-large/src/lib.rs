@@ -110,6 +110,8 @@
 mod error;
 mod io;
 mod limits;
+pub mod packed;
+mod ring;
 mod segments;
 mod walk;
 
@@ -124,5 +126,7 @@ pub use crate::limits::{
     ChainLimits, DescriptorLimit, LARGE_MAX_BYTES, LARGE_MAX_DESCRIPTORS, MAX_DESCRIPTORS,
     MAX_TABLE_ENTRIES,
 };
+pub use crate::packed::PackedQueue;
+pub use crate::ring::{AnyRing, DeviceRing, SplitRing};
 pub use crate::segments::Segment;
 pub use crate::walk::{Chain, ChainWalker, WalkerStats, DEFAULT_POOL_SIZE, LOG_BURST, LOG_WINDOW};
