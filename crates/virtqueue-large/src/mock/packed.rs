@@ -286,6 +286,11 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
         &self.free_ids
     }
 
+    /// Whether buffer `id` was published and has not come back yet.
+    pub fn is_outstanding(&self, id: u16) -> bool {
+        self.outstanding.contains_key(&id)
+    }
+
     /// A ready [`PackedQueue`] over the rings (event-idx off).
     pub fn create_queue(&self) -> PackedQueue {
         let mut q = PackedQueue::new(self.size, self.ring, self.driver_area, self.device_area)
@@ -442,7 +447,10 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
             }
             Layout::ChainedIndirect { .. } => return Err(MockError::TooLong(descs.len())),
         }
-        self.publish(&descs, id, false, true)?;
+        // An id out of range or already outstanding is refused by the
+        // device and never comes back: do not wait for it.
+        let track = id < self.size && !self.outstanding.contains_key(&id);
+        self.publish(&descs, id, false, track)?;
         if let Some(pos) = self.free_ids.iter().position(|&i| i == id) {
             self.free_ids.remove(pos);
         }
@@ -500,7 +508,7 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
                 break;
             };
             self.free_ids.push(d.id());
-            self.free_slots += slots;
+            self.free_slots = self.free_slots.saturating_add(slots).min(self.size);
             let next = u32::from(self.used_pos) + u32::from(slots);
             if next >= u32::from(self.size) {
                 self.used_pos = (next - u32::from(self.size)) as u16;
