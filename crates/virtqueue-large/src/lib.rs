@@ -121,7 +121,7 @@ pub mod fuzzing;
 pub mod mock;
 
 pub use crate::error::{Error, ErrorKind, Result};
-pub use crate::io::{Reader, Writer, IOV_MAX, MAX_RW_COUNT};
+pub use crate::io::{IoVecs, Reader, Writer, IOV_MAX, MAX_RW_COUNT};
 pub use crate::limits::{
     ChainLimits, DescriptorLimit, LARGE_MAX_BYTES, LARGE_MAX_DESCRIPTORS, MAX_DESCRIPTORS,
     MAX_TABLE_ENTRIES,

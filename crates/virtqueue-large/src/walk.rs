@@ -261,6 +261,36 @@ impl ChainWalker {
         }
     }
 
+    /// Builds a [`Chain`] from a `virtio_queue::DescriptorChain` that a VMM
+    /// already popped from `queue` with virtio-queue's own `pop_descriptor_chain`
+    /// or `iter`. The chain is walked again from its head under this
+    /// walker's policy, so faults that virtio-queue's iterator only ends
+    /// the chain on (loops, indices out of range, buffers outside memory,
+    /// readable after writable, nested tables) are reported. `mem` is the
+    /// memory handle the chain keeps (the one the VMM popped with). Nothing
+    /// is written to the rings: on an error, return the head to the driver
+    /// with `queue.add_used(head, 0)` as usual.
+    pub fn adopt<Q, M, N>(
+        &mut self,
+        queue: &Q,
+        chain: &virtio_queue::DescriptorChain<N>,
+        mem: M,
+    ) -> Result<Chain<M>>
+    where
+        Q: QueueT,
+        M: Deref,
+        M::Target: GuestMemoryBackend + Sized,
+        N: Deref,
+        N::Target: GuestMemoryBackend,
+    {
+        self.walk(
+            mem,
+            GuestAddress(queue.desc_table()),
+            queue.size(),
+            chain.head_index(),
+        )
+    }
+
     /// Validates the chain starting at `head` in the descriptor table at
     /// `desc_table` of a queue of `queue_size` entries, without touching any
     /// ring. This is the walk [`pop`](Self::pop) uses; it does not log.
