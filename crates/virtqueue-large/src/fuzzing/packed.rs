@@ -9,8 +9,8 @@
 //! pick [`PackedOp`] followed by its arguments.
 //!
 //! Checked on every run: no panic; every accepted chain satisfies
-//! [`check_chain`](super::check_chain), its Reader/Writer move exactly its
-//! bytes ([`serve`](super::serve)), it occupies exactly the slots up to the
+//! [`check_chain`], its Reader/Writer move exactly its
+//! bytes ([`serve`]), it occupies exactly the slots up to the
 //! first descriptor without NEXT (an oracle that reads the ring itself), and
 //! its id is the last descriptor's; a ring-level error consumes nothing; a
 //! chain fault consumes the chain; `add_used` of a chain in flight always
