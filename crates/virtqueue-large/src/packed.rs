@@ -285,6 +285,21 @@ impl PackedQueue {
             | (u32::from(encode_position(self.next_used, self.used_wrap)) << 16)
     }
 
+    /// The avail half of [`ring_base`](Self::ring_base): the next available
+    /// slot with its wrap counter in bit 15.
+    pub fn avail_base(&self) -> u16 {
+        encode_position(self.next_avail, self.avail_wrap)
+    }
+
+    /// Stores [`avail_base`](Self::avail_base) as `queue`'s `next_avail`,
+    /// where vhost-user-backend 0.24 reads the `GET_VRING_BASE` reply
+    /// (call it from `VhostUserBackend::stop_vring`). That reply carries
+    /// 16 bits only, so the used half is lost; the frontend resets the
+    /// ring before it starts it again.
+    pub fn sync_to<Q: QueueT>(&self, queue: &mut Q) {
+        queue.set_next_avail(self.avail_base());
+    }
+
     /// Sets the ring state from a vhost-user `SET_VRING_BASE` value (see
     /// [`ring_base`](Self::ring_base)). It is sent while the ring is
     /// stopped, so buffers in flight are forgotten. A position past the
@@ -399,7 +414,10 @@ impl PackedQueue {
                 } else {
                     off.wrapping_sub(self.size)
                 };
-                Ok(used > 0 && new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old))
+                // A whole lap or more since the last call passes every event.
+                Ok(used >= self.size
+                    || (used > 0
+                        && new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)))
             }
         }
     }

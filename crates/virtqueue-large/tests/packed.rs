@@ -438,6 +438,14 @@ fn test_from_queue_reads_the_vhost_user_avail_base() {
     );
     split.set_next_avail(64);
     assert!(PackedQueue::from_queue(&split).is_err());
+
+    // And back, for GET_VRING_BASE through vhost-user-backend.
+    let mut q =
+        PackedQueue::new(64, GuestAddress(0x1000), GuestAddress(0), GuestAddress(4)).unwrap();
+    q.set_ring_base(0x8000 | 17).unwrap();
+    assert_eq!(q.avail_base(), 0x8000 | 17);
+    q.sync_to(&mut split);
+    assert_eq!(split.next_avail(), 0x8000 | 17);
 }
 
 #[test]
@@ -530,4 +538,24 @@ fn test_one_request_path_serves_split_and_packed() {
         AnyRing::<Queue>::Packed(&mut packed).ring_base(),
         packed.ring_base()
     );
+}
+
+#[test]
+fn test_event_idx_notifies_after_a_whole_lap_unsignalled() {
+    let mem = guest_memory(1 << 20);
+    let mut driver = MockPackedDriver::new(&mem, 4);
+    let mut queue = driver.create_queue();
+    queue.set_event_idx(true);
+    let mut walker = large();
+    // An event the used position passes only at the very start of the run.
+    driver.set_used_event(0, true).unwrap();
+    assert!(!queue.needs_notification(&mem).unwrap());
+    for _ in 0..5 {
+        driver.add_chain(Layout::Direct, &[Buf::r(8)]).unwrap();
+        let c = walker.pop_packed(&mut queue, &mem).unwrap().unwrap();
+        queue.add_used(&mem, c.head_index(), 0).unwrap();
+        driver.take_used();
+    }
+    // Five slots used on a ring of four since the last check: every event passed.
+    assert!(queue.needs_notification(&mem).unwrap());
 }
