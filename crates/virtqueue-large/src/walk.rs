@@ -365,7 +365,8 @@ where
     M: Deref + Clone,
     M::Target: GuestMemoryBackend + Sized,
 {
-    /// The head index, for `add_used`.
+    /// What `add_used` takes: the head index of a split chain, the buffer
+    /// id of a packed one.
     pub fn head_index(&self) -> u16 {
         self.head
     }
