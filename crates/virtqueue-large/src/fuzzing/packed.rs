@@ -516,6 +516,19 @@ mod tests {
         }
     }
 
+    /// Found by the first campaign (a harness false positive): under a
+    /// zero byte cap, `PackedMalicious::IdInFlight`'s first chain is refused
+    /// and returned at once, so the device serves the second chain with
+    /// the same id; the mock had not tracked it and reported its used
+    /// descriptor again at every reclaim.
+    #[test]
+    fn test_regression_id_reused_after_a_refused_chain() {
+        run(&[
+            0xf4, 0xfd, 0x00, 0x01, 0x06, 0x1a, 0x00, 0x01, 0x0b, 0x08, 0x80, 0x18, 0x18, 0x18,
+            0x00, 0x00, 0x06, 0x07,
+        ]);
+    }
+
     #[test]
     fn test_packed_harness_takes_any_bytes() {
         for s in [

@@ -220,8 +220,11 @@ pub struct MockPackedDriver<'a, M: GuestMemoryBackend> {
     used_wrap: bool,
     free_slots: u16,
     free_ids: Vec<u16>,
-    /// Ring slots per outstanding id.
-    outstanding: HashMap<u16, u16>,
+    /// Ring slots of the outstanding chains of each id, oldest first (a
+    /// driver may publish an id again before it came back; the device
+    /// then refuses the chain or, if it returned the first meanwhile,
+    /// serves it).
+    outstanding: HashMap<u16, Vec<u16>>,
     data_start: u64,
     data_next: u64,
     data_end: u64,
@@ -392,7 +395,7 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
             .map_err(|e| MockError::Memory(e.to_string()))?;
         self.free_slots -= n as u16;
         if track {
-            self.outstanding.insert(id, n as u16);
+            self.outstanding.entry(id).or_default().push(n as u16);
         }
         Ok(head)
     }
@@ -451,10 +454,8 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
             }
             Layout::ChainedIndirect { .. } => return Err(MockError::TooLong(descs.len())),
         }
-        // An id out of range or already outstanding is refused by the
-        // device and never comes back: do not wait for it.
-        let track = id < self.size && !self.outstanding.contains_key(&id);
-        self.publish(&descs, id, false, track)?;
+        // An id out of range is refused by the device and never comes back.
+        self.publish(&descs, id, false, id < self.size)?;
         if let Some(pos) = self.free_ids.iter().position(|&i| i == id) {
             self.free_ids.remove(pos);
         }
@@ -495,9 +496,10 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
 
     /// Returns the used descriptors (id, len) the device wrote since the
     /// last call, following the driver's used wrap counter and advancing
-    /// by the slots of each returned id, and frees their ids and slots. A
-    /// used descriptor naming an id that is not outstanding stops the scan
-    /// (the driver cannot know how far to advance) and is returned last.
+    /// by the slots of each returned id (of its oldest outstanding chain),
+    /// and frees their ids and slots. A used descriptor naming an id that
+    /// is not outstanding stops the scan (the driver cannot know how far to
+    /// advance) and is returned last, again at every call.
     pub fn take_used(&mut self) -> Vec<(u16, u32)> {
         let mut out = Vec::new();
         while let Ok(d) = self.read_slot(self.used_pos) {
@@ -508,10 +510,14 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
                 break;
             }
             out.push((d.id(), d.len()));
-            let Some(slots) = self.outstanding.remove(&d.id()) else {
+            let Some(chains) = self.outstanding.get_mut(&d.id()) else {
                 break;
             };
-            self.free_ids.push(d.id());
+            let slots = chains.remove(0);
+            if chains.is_empty() {
+                self.outstanding.remove(&d.id());
+                self.free_ids.push(d.id());
+            }
             self.free_slots = self.free_slots.saturating_add(slots).min(self.size);
             let next = u32::from(self.used_pos) + u32::from(slots);
             if next >= u32::from(self.size) {
@@ -600,8 +606,10 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
                 return Ok(Some(u16::MAX));
             }
             IdInFlight => {
+                // Both tracked: the second comes back only if the device
+                // returned the first before it popped the second.
                 self.publish(&[r(8)], id, false, true)?;
-                self.publish(&[w(8)], id, false, false)?;
+                self.publish(&[w(8)], id, false, true)?;
                 return Ok(Some(id));
             }
             NestedIndirect => {
