@@ -106,11 +106,29 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     let mut queue_pi = driver_pi.create_queue();
     driver_pi.add_chain(Layout::Indirect, &vec![Buf::w(PAGE as u32); descs])?;
     let mut packed_walker = ChainWalker::new(ChainLimits::large())?;
-    let mut packed_direct =
-        || packed_walk(&mut packed_walker, &mut queue_pd, &mem_pd, walks, descs);
+    let start_pd = queue_pd.ring_base();
+    let mut packed_direct = || {
+        packed_walk(
+            &mut packed_walker,
+            &mut queue_pd,
+            start_pd,
+            &mem_pd,
+            walks,
+            descs,
+        )
+    };
     let mut packed_walker_i = ChainWalker::new(ChainLimits::large())?;
-    let mut packed_indirect =
-        || packed_walk(&mut packed_walker_i, &mut queue_pi, &mem_pi, walks, descs);
+    let start_pi = queue_pi.ring_base();
+    let mut packed_indirect = || {
+        packed_walk(
+            &mut packed_walker_i,
+            &mut queue_pi,
+            start_pi,
+            &mem_pi,
+            walks,
+            descs,
+        )
+    };
 
     ours()?;
     peer()?;
@@ -230,15 +248,16 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
 }
 
 /// ns per descriptor of `walks` pops of the one chain on a packed queue,
-/// each pop timed alone; the queue is rewound to its start between pops.
+/// each pop timed alone; the queue is rewound to the ring base `start`
+/// before each pop.
 fn packed_walk(
     walker: &mut ChainWalker,
     queue: &mut PackedQueue,
+    start: u32,
     mem: &GuestMemoryMmap,
     walks: usize,
     descs: usize,
 ) -> Result<f64, Box<dyn Error>> {
-    let start = queue.ring_base();
     let mut elapsed = std::time::Duration::ZERO;
     let mut total = 0u64;
     for _ in 0..walks {

@@ -132,10 +132,12 @@ pub fn encode_position(pos: u16, wrap: bool) -> u16 {
     pos | if wrap { WRAP_BIT } else { 0 }
 }
 
-/// Whether a descriptor with `flags` is available to the device in lap `wrap`.
+/// Whether a descriptor with `flags` is available to the device in lap
+/// `wrap`: AVAIL equal to the wrap counter and USED not.
 #[inline]
 fn is_avail(flags: u16, wrap: bool) -> bool {
-    ((flags & F_AVAIL != 0) == wrap) && ((flags & F_USED != 0) != wrap)
+    let want = if wrap { F_AVAIL } else { F_USED };
+    flags & (F_AVAIL | F_USED) == want
 }
 
 /// The device side of one packed virtqueue.
@@ -526,18 +528,18 @@ where
 {
     out.clear();
     let mut acc = Acc::new(limits, q.size);
+    let size = q.size;
     let (mut slot, mut wrap) = (q.next_avail, q.avail_wrap);
-    let mut position = 0u32;
     // Content errors need the chain's extent; structure errors end the walk.
     let content = |e: Error| match chain_extent(mem, ring, q) {
         Ok(extent) => (e, Some(extent)),
         Err(structure) => (structure, None),
     };
-    loop {
-        if position == u32::from(q.size) {
-            return Err((Error::ChainUnterminated { queue_size: q.size }, None));
-        }
-        let desc: Descriptor = ring.read(mem, slot).map_err(|e| (e, None))?;
+    for position in 0..u32::from(size) {
+        let desc: Descriptor = match ring.read(mem, slot) {
+            Ok(d) => d,
+            Err(e) => return Err((e, None)),
+        };
         let flags = desc.flags();
         if position > 0 && !is_avail(flags, wrap) {
             return Err((
@@ -549,15 +551,20 @@ where
                 None,
             ));
         }
-        position += 1;
-        (slot, wrap) = advance(slot, wrap, 1, q.size);
+        slot += 1;
+        if slot == size {
+            slot = 0;
+            wrap = !wrap;
+        }
+        // At most `size` (<= 32768) slots, so this fits.
+        let slots = position as u16 + 1;
 
         if flags & F_INDIRECT != 0 {
             if flags & F_NEXT != 0 {
                 return Err(content(Error::IndirectWithNext));
             }
             let extent = Extent {
-                slots: position as u16,
+                slots,
                 id: desc.id(),
             };
             let fault = |e| (e, Some(extent));
@@ -567,16 +574,18 @@ where
             walk_packed_table(mem, &mut acc, desc, out).map_err(fault)?;
             return Ok((extent, acc.finish(out.len())));
         }
-        acc.buffer(mem, desc.addr().0, desc.len(), flags & F_WRITE != 0, out)
-            .map_err(content)?;
+        if let Err(e) = acc.buffer(mem, desc.addr().0, desc.len(), flags & F_WRITE != 0, out) {
+            return Err(content(e));
+        }
         if flags & F_NEXT == 0 {
             let extent = Extent {
-                slots: position as u16,
+                slots,
                 id: desc.id(),
             };
             return Ok((extent, acc.finish(out.len())));
         }
     }
+    Err((Error::ChainUnterminated { queue_size: size }, None))
 }
 
 /// Walks a packed indirect table: every entry in order, WRITE the only

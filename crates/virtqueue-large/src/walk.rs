@@ -572,6 +572,7 @@ impl<'l> Acc<'l> {
     }
 
     /// Counts one descriptor that is not a buffer (a link to a further table).
+    #[inline(always)]
     pub(crate) fn count_link(&mut self) -> Result<()> {
         self.count += 1;
         if self.count > self.max_desc {
@@ -581,7 +582,7 @@ impl<'l> Acc<'l> {
     }
 
     /// Validates one buffer descriptor and appends its segments to `out`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn buffer<G: GuestMemoryBackend>(
         &mut self,
         mem: &G,
