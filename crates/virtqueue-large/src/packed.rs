@@ -483,6 +483,35 @@ struct Extent {
     id: u16,
 }
 
+#[cold]
+fn not_available(slot: u16, position: u32, wrap: bool) -> Error {
+    Error::DescriptorNotAvailable {
+        slot,
+        position,
+        wrap,
+    }
+}
+
+/// The outcome of a content fault: the fault with the chain's extent, or
+/// the structure error that hides the extent.
+#[cold]
+#[inline(never)]
+fn with_extent<G, B>(
+    e: Error,
+    mem: &G,
+    ring: &Table<'_, B>,
+    q: &PackedQueue,
+) -> (Error, Option<Extent>)
+where
+    G: GuestMemoryBackend,
+    B: vm_memory::bitmap::BitmapSlice,
+{
+    match chain_extent(mem, ring, q) {
+        Ok(extent) => (e, Some(extent)),
+        Err(structure) => (structure, None),
+    }
+}
+
 /// Follows the NEXT flags from the head to find where a chain ends,
 /// checking only availability: where a faulty chain must be skipped to.
 fn chain_extent<G, B>(mem: &G, ring: &Table<'_, B>, q: &PackedQueue) -> Result<Extent>
@@ -531,10 +560,7 @@ where
     let size = q.size;
     let (mut slot, mut wrap) = (q.next_avail, q.avail_wrap);
     // Content errors need the chain's extent; structure errors end the walk.
-    let content = |e: Error| match chain_extent(mem, ring, q) {
-        Ok(extent) => (e, Some(extent)),
-        Err(structure) => (structure, None),
-    };
+    let content = |e: Error| with_extent(e, mem, ring, q);
     for position in 0..u32::from(size) {
         let desc: Descriptor = match ring.read(mem, slot) {
             Ok(d) => d,
@@ -542,14 +568,7 @@ where
         };
         let flags = desc.flags();
         if position > 0 && !is_avail(flags, wrap) {
-            return Err((
-                Error::DescriptorNotAvailable {
-                    slot,
-                    position,
-                    wrap,
-                },
-                None,
-            ));
+            return Err((not_available(slot, position, wrap), None));
         }
         slot += 1;
         if slot == size {

@@ -476,7 +476,7 @@ where
 
 impl<B: BitmapSlice> Table<'_, B> {
     /// Reads entry `index` (a split or a packed descriptor, both 16 bytes).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn read<G: GuestMemoryBackend, D: ByteValued>(
         &self,
         mem: &G,
