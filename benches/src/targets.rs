@@ -172,6 +172,22 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtqueue-large",
+        claim: "packed walk vs split walk, 32768 direct descriptors",
+        figure: "packed_vs_split_direct",
+        op: Op::AtMost,
+        bound: 1.2,
+        context: &["packed_direct_ns_per_desc", "split_direct_ns_per_desc"],
+    },
+    Target {
+        suite: "virtqueue-large",
+        claim: "packed walk vs split walk, 32768 indirect descriptors",
+        figure: "packed_vs_split_indirect",
+        op: Op::AtMost,
+        bound: 1.2,
+        context: &["packed_indirect_ns_per_desc", "walk_ns_per_desc"],
+    },
+    Target {
+        suite: "virtqueue-large",
         claim: "preadv into a 32768-descriptor chain vs memcpy",
         figure: "ratio_vs_memcpy",
         op: Op::AtLeast,

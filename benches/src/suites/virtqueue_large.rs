@@ -8,8 +8,9 @@ use std::hint::black_box;
 use std::os::unix::fs::FileExt;
 
 use virtio_queue::{Queue, QueueT};
-use virtqueue_large::mock::{guest_memory, Buf, Layout, MockDriver};
-use virtqueue_large::{ChainLimits, ChainWalker};
+use virtqueue_large::mock::{guest_memory, Buf, Layout, MockDriver, MockPackedDriver};
+use virtqueue_large::{ChainLimits, ChainWalker, PackedQueue};
+use vm_memory::GuestMemoryMmap;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
 use crate::harness::{
@@ -18,7 +19,7 @@ use crate::harness::{
 
 /// One-line description.
 pub const ABOUT: &str =
-    "32768-descriptor chain walk vs virtio-queue, preadv into a chain vs memcpy";
+    "32768-descriptor chain walk (split and packed) vs virtio-queue, preadv into a chain vs memcpy";
 /// Ready to run.
 pub const READY: bool = true;
 
@@ -72,12 +73,83 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         }
         Ok(elapsed.as_nanos() as f64 / (walks * descs) as f64)
     };
+    // The same chain as one direct chain on a ring of its size (split),
+    // and both layouts on packed rings (issue 23).
+    let mem_direct = guest_memory(bytes + (16 << 20));
+    let mut driver_direct = MockDriver::new(&mem_direct, descs as u16);
+    let mut queue_direct: Queue = driver_direct.create_queue();
+    driver_direct.add_chain(Layout::Direct, &vec![Buf::w(PAGE as u32); descs])?;
+    let mut walker_direct = ChainWalker::new(ChainLimits::large())?;
+    let mut split_direct = || -> Result<f64, Box<dyn Error>> {
+        let (total, elapsed) = time(|| -> Result<u64, Box<dyn Error>> {
+            let mut total = 0u64;
+            for _ in 0..walks {
+                queue_direct.set_next_avail(0);
+                let chain = walker_direct
+                    .pop(&mut queue_direct, &mem_direct)?
+                    .ok_or("no chain")?;
+                total += u64::from(black_box(&chain).writable_len());
+            }
+            Ok(total)
+        });
+        if total? != (walks * bytes) as u64 {
+            return Err("split direct walk lost bytes".into());
+        }
+        Ok(elapsed.as_nanos() as f64 / (walks * descs) as f64)
+    };
+    let mem_pd = guest_memory(bytes + (16 << 20));
+    let mut driver_pd = MockPackedDriver::new(&mem_pd, descs as u16);
+    let mut queue_pd = driver_pd.create_queue();
+    driver_pd.add_chain(Layout::Direct, &vec![Buf::w(PAGE as u32); descs])?;
+    let mem_pi = guest_memory(bytes + (16 << 20));
+    let mut driver_pi = MockPackedDriver::new(&mem_pi, 256);
+    let mut queue_pi = driver_pi.create_queue();
+    driver_pi.add_chain(Layout::Indirect, &vec![Buf::w(PAGE as u32); descs])?;
+    let mut packed_walker = ChainWalker::new(ChainLimits::large())?;
+    let start_pd = queue_pd.ring_base();
+    let mut packed_direct = || {
+        packed_walk(
+            &mut packed_walker,
+            &mut queue_pd,
+            start_pd,
+            &mem_pd,
+            walks,
+            descs,
+        )
+    };
+    let mut packed_walker_i = ChainWalker::new(ChainLimits::large())?;
+    let start_pi = queue_pi.ring_base();
+    let mut packed_indirect = || {
+        packed_walk(
+            &mut packed_walker_i,
+            &mut queue_pi,
+            start_pi,
+            &mem_pi,
+            walks,
+            descs,
+        )
+    };
+
     ours()?;
     peer()?;
-    let [walk_ns, vq_ns] = alternate(ctx.reps(), &mut [&mut ours, &mut peer])?;
+    split_direct()?;
+    packed_direct()?;
+    packed_indirect()?;
+    let [walk_ns, vq_ns, split_direct_ns, packed_direct_ns, packed_indirect_ns] = alternate(
+        ctx.reps(),
+        &mut [
+            &mut ours,
+            &mut peer,
+            &mut split_direct,
+            &mut packed_direct,
+            &mut packed_indirect,
+        ],
+    )?;
 
     drop(driver);
     drop(mem);
+    drop((driver_direct, driver_pd, driver_pi));
+    drop((mem_direct, mem_pd, mem_pi));
 
     // A cached file of the chain's size (ext4 keeps it in large folios).
     let file = tempfile::tempfile()?;
@@ -91,7 +163,19 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
     let mut walk_table = Table::new("chain walk", &["contender", "ns per descriptor"]);
     walk_table
         .row(&["virtqueue-large (validated)", &format_value(walk_ns)])
-        .row(&["virtio-queue DescriptorChain", &format_value(vq_ns)]);
+        .row(&["virtio-queue DescriptorChain", &format_value(vq_ns)])
+        .row(&[
+            "virtqueue-large split, direct (32768-entry ring)",
+            &format_value(split_direct_ns),
+        ])
+        .row(&[
+            "virtqueue-large packed, direct (32768-entry ring)",
+            &format_value(packed_direct_ns),
+        ])
+        .row(&[
+            "virtqueue-large packed, indirect (256-entry ring)",
+            &format_value(packed_indirect_ns),
+        ]);
     let io_title = format!("{} MiB from a cached file into guest memory", bytes >> 20);
     let mut io_table = Table::new(
         &io_title,
@@ -111,6 +195,11 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         .metric("walk_ns_per_desc", walk_ns)
         .metric("virtio_queue_ns_per_desc", vq_ns)
         .metric("ratio_vs_virtio_queue", walk_ns / vq_ns)
+        .metric("split_direct_ns_per_desc", split_direct_ns)
+        .metric("packed_direct_ns_per_desc", packed_direct_ns)
+        .metric("packed_indirect_ns_per_desc", packed_indirect_ns)
+        .metric("packed_vs_split_direct", packed_direct_ns / split_direct_ns)
+        .metric("packed_vs_split_indirect", packed_indirect_ns / walk_ns)
         .metric("file_read_gib_per_s_128m", small.scattered)
         .metric("memcpy_gib_per_s", small.memcpy)
         .metric("ratio_vs_memcpy", small.scattered / small.memcpy)
@@ -131,7 +220,11 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
             "{descs}-descriptor indirect chain of 4 KiB buffers ({} MiB) on a 256-entry ring, \
              large policy. Walk: pop + full validation (bounds, limits, region lookup, segment \
              list) vs virtio-queue 0.18 pop + iteration (no buffer validation), {walks} pops per \
-             sample. File: preadv of a page-cached tempfile into the chain. Scattered: the \
+             sample. Split direct: the same chain as one direct chain on a \
+             32768-entry split ring. Packed (issue 23): the same chain direct on a 32768-entry \
+             packed ring and indirect on a 256-entry one, pop_packed with full validation \
+             (wrap counters, buffer id, in-flight table), each pop timed alone (the ring-base \
+             rewind between pops, which clears the in-flight table, is not counted). File: preadv of a page-cached tempfile into the chain. Scattered: the \
              buffers sit at shuffled guest pages (no two consecutive descriptors adjacent), so \
              every call carries 1024 iovecs of 4 KiB ({} calls); this is the headline figure. \
              Adjacent: the same chain over consecutive pages, which the Writer merges into one \
@@ -152,6 +245,32 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
             FILE_REPS_FACTOR * ctx.reps()
         ));
     Ok(report)
+}
+
+/// ns per descriptor of `walks` pops of the one chain on a packed queue,
+/// each pop timed alone; the queue is rewound to the ring base `start`
+/// before each pop.
+fn packed_walk(
+    walker: &mut ChainWalker,
+    queue: &mut PackedQueue,
+    start: u32,
+    mem: &GuestMemoryMmap,
+    walks: usize,
+    descs: usize,
+) -> Result<f64, Box<dyn Error>> {
+    let mut elapsed = std::time::Duration::ZERO;
+    let mut total = 0u64;
+    for _ in 0..walks {
+        queue.set_ring_base(start)?;
+        let (chain, t) = time(|| walker.pop_packed(queue, mem));
+        elapsed += t;
+        let chain = chain?.ok_or("no packed chain")?;
+        total += u64::from(black_box(&chain).writable_len());
+    }
+    if total != (walks * descs * PAGE) as u64 {
+        return Err("packed walk lost bytes".into());
+    }
+    Ok(elapsed.as_nanos() as f64 / (walks * descs) as f64)
 }
 
 /// How the guest memory of a file I/O run is backed.

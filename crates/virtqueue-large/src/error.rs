@@ -109,6 +109,84 @@ pub enum Error {
         /// The queue size.
         queue_size: u16,
     },
+    /// Packed ring: a descriptor after the head of a chain is not marked
+    /// available for the current wrap counter (its AVAIL/USED flags belong
+    /// to another lap, or the chain runs into descriptors not yet made
+    /// available). Where the chain ends is unknown, so nothing is consumed.
+    #[error("packed ring: descriptor {slot} ({position} of the chain) is not available for wrap counter {wrap}")]
+    DescriptorNotAvailable {
+        /// Ring slot of the descriptor.
+        slot: u16,
+        /// Zero-based position in the chain.
+        position: u32,
+        /// The device's available wrap counter at that slot.
+        wrap: bool,
+    },
+    /// Packed ring: a chain sets NEXT on every descriptor of the ring.
+    #[error("packed ring: chain does not end within the {queue_size} descriptors of the ring")]
+    ChainUnterminated {
+        /// The queue size.
+        queue_size: u16,
+    },
+    /// Packed ring: the buffer id of a chain is not below the queue size.
+    #[error("packed ring: buffer id {id} out of range for a queue of {queue_size}")]
+    BufferIdOutOfRange {
+        /// The offending id.
+        id: u16,
+        /// The queue size.
+        queue_size: u16,
+    },
+    /// Packed ring: the buffer id of a chain is already in flight.
+    #[error("packed ring: buffer id {id} is already in flight")]
+    BufferIdInFlight {
+        /// The offending id.
+        id: u16,
+    },
+    /// Packed ring: the device returned an id that is not in flight.
+    #[error("packed ring: used buffer id {id} is not in flight")]
+    UsedIdNotInFlight {
+        /// The id passed to `add_used`.
+        id: u16,
+    },
+    /// Packed ring: the driver event suppression flags hold a reserved
+    /// value, or ask for descriptor mode without `VIRTIO_F_EVENT_IDX`.
+    #[error(
+        "packed ring: invalid driver event suppression flags {flags:#x} (event-idx {event_idx})"
+    )]
+    EventFlagsInvalid {
+        /// The flags field.
+        flags: u16,
+        /// Whether event-idx was negotiated.
+        event_idx: bool,
+    },
+    /// Packed ring: the driver event suppression offset is not below the
+    /// queue size.
+    #[error("packed ring: driver event offset {off} out of range for a queue of {queue_size}")]
+    EventOffsetOutOfRange {
+        /// The offset (bits 0 to 14 of `off_wrap`).
+        off: u16,
+        /// The queue size.
+        queue_size: u16,
+    },
+    /// Packed ring: a vhost-user ring base names a position past the ring.
+    #[error("packed ring: ring base {base:#x} out of range for a queue of {queue_size}")]
+    InvalidRingBase {
+        /// The encoded base.
+        base: u32,
+        /// The queue size.
+        queue_size: u16,
+    },
+    /// A queue configuration the ring layout does not allow.
+    #[error("invalid queue configuration: {0}")]
+    InvalidQueueConfig(&'static str),
+    /// Packed ring: the descriptor ring is not entirely inside guest memory.
+    #[error("descriptor ring {:#x}+{len:#x} is outside guest memory", addr.0)]
+    RingOutsideMemory {
+        /// Guest address of the ring.
+        addr: GuestAddress,
+        /// Length in bytes.
+        len: u64,
+    },
     /// The queue is not ready or not configured.
     #[error("queue is not ready")]
     QueueNotReady,
@@ -134,7 +212,11 @@ impl Error {
     /// (logged, and returned to the used ring with length 0 when its head is
     /// in range). The caller keeps popping. False for ring-level errors,
     /// after which the device should stop using the queue (for example set
-    /// `DEVICE_NEEDS_RESET`) until the driver fixes or resets it.
+    /// `DEVICE_NEEDS_RESET`) until the driver fixes or resets it. The
+    /// event-suppression errors ([`Error::EventFlagsInvalid`],
+    /// [`Error::EventOffsetOutOfRange`]) are not chain faults either, but
+    /// the queue keeps working: signal the driver anyway (a spurious
+    /// notification is harmless) and go on.
     pub fn is_chain_fault(&self) -> bool {
         !matches!(
             self,
@@ -143,6 +225,14 @@ impl Error {
                 | Error::Ring(_)
                 | Error::InvalidLimits(_)
                 | Error::SplitOutOfBounds { .. }
+                | Error::DescriptorNotAvailable { .. }
+                | Error::ChainUnterminated { .. }
+                | Error::UsedIdNotInFlight { .. }
+                | Error::EventFlagsInvalid { .. }
+                | Error::EventOffsetOutOfRange { .. }
+                | Error::InvalidRingBase { .. }
+                | Error::InvalidQueueConfig(_)
+                | Error::RingOutsideMemory { .. }
         )
     }
 
@@ -165,6 +255,16 @@ impl Error {
             Error::IndirectTableTooLong { .. } => ErrorKind::IndirectTableTooLong,
             Error::IndirectWithNext => ErrorKind::IndirectWithNext,
             Error::InvalidAvailIndex { .. } => ErrorKind::InvalidAvailIndex,
+            Error::DescriptorNotAvailable { .. } => ErrorKind::DescriptorNotAvailable,
+            Error::ChainUnterminated { .. } => ErrorKind::ChainUnterminated,
+            Error::BufferIdOutOfRange { .. } => ErrorKind::BufferIdOutOfRange,
+            Error::BufferIdInFlight { .. } => ErrorKind::BufferIdInFlight,
+            Error::UsedIdNotInFlight { .. } => ErrorKind::UsedIdNotInFlight,
+            Error::EventFlagsInvalid { .. } => ErrorKind::EventFlagsInvalid,
+            Error::EventOffsetOutOfRange { .. } => ErrorKind::EventOffsetOutOfRange,
+            Error::InvalidRingBase { .. } => ErrorKind::InvalidRingBase,
+            Error::InvalidQueueConfig(_) => ErrorKind::InvalidQueueConfig,
+            Error::RingOutsideMemory { .. } => ErrorKind::RingOutsideMemory,
             Error::QueueNotReady => ErrorKind::QueueNotReady,
             Error::Ring(_) => ErrorKind::Ring,
             Error::InvalidLimits(_) => ErrorKind::InvalidLimits,
@@ -208,6 +308,26 @@ pub enum ErrorKind {
     IndirectWithNext,
     /// See [`Error::InvalidAvailIndex`].
     InvalidAvailIndex,
+    /// See [`Error::DescriptorNotAvailable`].
+    DescriptorNotAvailable,
+    /// See [`Error::ChainUnterminated`].
+    ChainUnterminated,
+    /// See [`Error::BufferIdOutOfRange`].
+    BufferIdOutOfRange,
+    /// See [`Error::BufferIdInFlight`].
+    BufferIdInFlight,
+    /// See [`Error::UsedIdNotInFlight`].
+    UsedIdNotInFlight,
+    /// See [`Error::EventFlagsInvalid`].
+    EventFlagsInvalid,
+    /// See [`Error::EventOffsetOutOfRange`].
+    EventOffsetOutOfRange,
+    /// See [`Error::InvalidRingBase`].
+    InvalidRingBase,
+    /// See [`Error::InvalidQueueConfig`].
+    InvalidQueueConfig,
+    /// See [`Error::RingOutsideMemory`].
+    RingOutsideMemory,
     /// See [`Error::QueueNotReady`].
     QueueNotReady,
     /// See [`Error::Ring`].

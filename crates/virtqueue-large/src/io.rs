@@ -202,6 +202,52 @@ where
         Ok(done)
     }
 
+    /// Fills `iov` with the host addresses of up to `limit` bytes from the
+    /// cursor, at most `max_iov` entries; segments adjacent in host memory
+    /// share one entry. Returns the bytes covered. The cursor does not move.
+    fn fill_iovecs(
+        &self,
+        limit: usize,
+        max_iov: usize,
+        iov: &mut Vec<libc::iovec>,
+    ) -> io::Result<usize> {
+        iov.clear();
+        let mut bytes = 0usize;
+        for (addr, n) in self.ranges(limit) {
+            let slice = translate(self.mem.deref(), addr, n)?;
+            // The guard is a no-op for regular mmap regions (the `xen`
+            // feature of vm-memory is not supported).
+            let base = slice.ptr_guard_mut().as_ptr();
+            let full = iov.len() >= max_iov;
+            match iov.last_mut() {
+                // Both ranges are validated and mapped, so one iovec over
+                // the two covers exactly the same bytes.
+                Some(last)
+                    if (last.iov_base as usize).checked_add(last.iov_len)
+                        == Some(base as usize) =>
+                {
+                    last.iov_len += n
+                }
+                _ if full => break,
+                _ => iov.push(libc::iovec {
+                    iov_base: base.cast(),
+                    iov_len: n,
+                }),
+            }
+            bytes += n;
+        }
+        Ok(bytes)
+    }
+
+    /// Marks `n` bytes from the cursor dirty (after the kernel wrote them).
+    fn mark_dirty(&self, n: usize) {
+        for (addr, len) in self.ranges(n) {
+            if let Ok(slice) = translate(self.mem.deref(), addr, len) {
+                slice.bitmap().mark_dirty(0, len);
+            }
+        }
+    }
+
     /// Vectored file I/O at the cursor, at most `IOV_MAX` iovecs and
     /// `MAX_RW_COUNT` bytes per call. Segments that are adjacent in host
     /// memory (a guest buffer spread over consecutive pages) share one
@@ -220,31 +266,8 @@ where
         IOV_SCRATCH.with(|cell| {
             let mut iov = cell.borrow_mut();
             while total < want {
-                iov.clear();
-                let mut bytes = 0usize;
-                for (addr, n) in self.ranges((want - total).min(MAX_RW_COUNT)) {
-                    let slice = translate(self.mem.deref(), addr, n)?;
-                    // The guard is a no-op for regular mmap regions (the
-                    // `xen` feature of vm-memory is not supported).
-                    let base = slice.ptr_guard_mut().as_ptr();
-                    let full = iov.len() == IOV_MAX;
-                    match iov.last_mut() {
-                        // Both ranges are validated and mapped, so one iovec
-                        // over the two covers exactly the same bytes.
-                        Some(last)
-                            if (last.iov_base as usize).checked_add(last.iov_len)
-                                == Some(base as usize) =>
-                        {
-                            last.iov_len += n
-                        }
-                        _ if full => break,
-                        _ => iov.push(libc::iovec {
-                            iov_base: base.cast(),
-                            iov_len: n,
-                        }),
-                    }
-                    bytes += n;
-                }
+                let bytes =
+                    self.fill_iovecs((want - total).min(MAX_RW_COUNT), IOV_MAX, &mut iov)?;
                 let pos = match offset {
                     Some(base) => Some(
                         base.checked_add(total as u64)
@@ -285,11 +308,7 @@ where
                 let n = res as usize;
                 trace(iov.len(), bytes, n);
                 if dir == Dir::FromFile {
-                    for (addr, len) in self.ranges(n) {
-                        if let Ok(slice) = translate(self.mem.deref(), addr, len) {
-                            slice.bitmap().mark_dirty(0, len);
-                        }
-                    }
+                    self.mark_dirty(n);
                 }
                 self.advance(n);
                 total += n;
@@ -299,6 +318,93 @@ where
             }
             Ok(total)
         })
+    }
+}
+
+/// The remaining guest buffers of a [`Reader`] or [`Writer`] as host
+/// iovecs, for a backend that does the I/O itself (io_uring, Linux AIO,
+/// `process_vm_readv`, a virtio-blk style block layer).
+///
+/// # Lifetime
+///
+/// The view borrows its Reader or Writer mutably. While it lives:
+///
+/// - the cursor cannot move, so the iovecs stay exactly the bytes the next
+///   transfer will cover;
+/// - the Reader/Writer, and the memory handle `M` it owns (a
+///   `&GuestMemoryMmap`, or a `GuestMemoryAtomic` snapshot that keeps a
+///   replaced memory map alive), cannot be dropped, so every iovec points
+///   into a mapping that stays mapped.
+///
+/// The iovecs are raw pointers: making them is safe, handing them to the
+/// kernel is the caller's `unsafe`, and it is sound only while the view is
+/// alive. An asynchronous submission must therefore keep the view (and so
+/// the Reader/Writer and the chain's memory handle) until its completion
+/// has been reaped, or until it is cancelled *and* reaped. Advancing is
+/// explicit: [`advance`](Self::advance) with the completion's byte count
+/// moves the cursor (and, for a Writer, marks those bytes dirty in the
+/// guest memory bitmap); dropping the view without it leaves the cursor
+/// where it was, as after a failed transfer. Device-readable buffers are
+/// only to be read by the kernel, device-writable ones only written.
+#[derive(Debug)]
+pub struct IoVecs<'a, M> {
+    cur: &'a mut Cursor<M>,
+    iov: Vec<libc::iovec>,
+    bytes: usize,
+    writer: bool,
+}
+
+impl<M> IoVecs<'_, M>
+where
+    M: Deref + Clone,
+    M::Target: GuestMemoryBackend + Sized,
+{
+    fn new<'a>(
+        cur: &'a mut Cursor<M>,
+        max_bytes: usize,
+        max_iovecs: usize,
+        writer: bool,
+    ) -> io::Result<IoVecs<'a, M>> {
+        let mut iov = Vec::new();
+        let bytes = cur.fill_iovecs(max_bytes, max_iovecs, &mut iov)?;
+        Ok(IoVecs {
+            cur,
+            iov,
+            bytes,
+            writer,
+        })
+    }
+
+    /// The iovecs, adjacent guest buffers merged.
+    pub fn as_slice(&self) -> &[libc::iovec] {
+        &self.iov
+    }
+
+    /// Bytes the iovecs cover.
+    pub fn byte_len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether the view covers nothing (the Reader or Writer is exhausted).
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Moves the cursor past the first `n` bytes, which the I/O transferred
+    /// (for a Writer, they are marked dirty). More than
+    /// [`byte_len`](Self::byte_len) is refused and moves nothing.
+    pub fn advance(self, n: usize) -> Result<()> {
+        if n > self.bytes {
+            return Err(Error::SplitOutOfBounds {
+                offset: n,
+                available: self.bytes,
+            });
+        }
+        if self.writer {
+            self.cur.mark_dirty(n);
+        }
+        self.cur.advance(n);
+        Ok(())
     }
 }
 
@@ -371,6 +477,13 @@ where
     pub fn write_to<F: AsFd>(&mut self, file: &F, count: usize) -> io::Result<usize> {
         self.cur
             .file_io(file.as_fd().as_raw_fd(), count, None, Dir::ToFile)
+    }
+
+    /// The next `max_bytes` (at most `max_iovecs` entries) of the readable
+    /// buffers as iovecs for an asynchronous backend; see [`IoVecs`] for
+    /// the lifetime rules. Advance with [`IoVecs::advance`].
+    pub fn iovecs(&mut self, max_bytes: usize, max_iovecs: usize) -> io::Result<IoVecs<'_, M>> {
+        IoVecs::new(&mut self.cur, max_bytes, max_iovecs, false)
     }
 }
 
@@ -451,6 +564,14 @@ where
     pub fn read_from<F: AsFd>(&mut self, file: &F, count: usize) -> io::Result<usize> {
         self.cur
             .file_io(file.as_fd().as_raw_fd(), count, None, Dir::FromFile)
+    }
+
+    /// The next `max_bytes` (at most `max_iovecs` entries) of the writable
+    /// buffers as iovecs for an asynchronous backend; see [`IoVecs`] for
+    /// the lifetime rules. Advance with [`IoVecs::advance`], which also
+    /// marks the bytes dirty.
+    pub fn iovecs(&mut self, max_bytes: usize, max_iovecs: usize) -> io::Result<IoVecs<'_, M>> {
+        IoVecs::new(&mut self.cur, max_bytes, max_iovecs, true)
     }
 }
 

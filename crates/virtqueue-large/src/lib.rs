@@ -24,9 +24,20 @@
 //!   with `read_obj`/`write_obj`, `split_at`, `std::io::Read`/`Write`, and
 //!   zero-copy [`Writer::read_from_file_at`] (`preadv`) /
 //!   [`Reader::write_to_file_at`] (`pwritev`).
-//! - `mock` (feature `test-utils`): a driver-side mock that lays out direct,
+//! - [`PackedQueue`] and [`ChainWalker::pop_packed`]: packed virtqueues
+//!   (`VIRTIO_F_RING_PACKED`) under the same policies, with the same
+//!   [`Chain`], [`Reader`]/[`Writer`] and errors: wrap counters, buffer ids
+//!   returned in any order, packed indirect tables, event suppression with
+//!   event-idx, and the vhost-user ring base ([`packed`]).
+//! - [`DeviceRing`] (with [`AnyRing`] and [`SplitRing`]): one request path
+//!   for split and packed rings.
+//! - [`ChainWalker::adopt`]: a [`Chain`] from a `virtio_queue::DescriptorChain`
+//!   a VMM already popped; [`Reader::iovecs`]/[`Writer::iovecs`]: an
+//!   [`IoVecs`] view of the remaining buffers for io_uring or AIO backends.
+//! - `mock` (feature `test-utils`): driver-side mocks that lay out direct,
 //!   indirect, 32768-descriptor and malicious chains in a real
-//!   `GuestMemoryMmap`.
+//!   `GuestMemoryMmap`, `MockDriver` for split rings and
+//!   `MockPackedDriver` for packed ones.
 //!
 //! # Example
 //!
@@ -75,6 +86,29 @@
 //! # }
 //! ```
 //!
+//! The same loop serves packed rings through [`DeviceRing`]:
+//!
+//! ```
+//! use std::io::Write;
+//! use virtqueue_large::mock::{guest_memory, Layout, MockPackedDriver};
+//! use virtqueue_large::{ChainLimits, ChainWalker, DeviceRing};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mem = guest_memory(1 << 20);
+//! let mut driver = MockPackedDriver::new(&mem, 16);
+//! let mut queue = driver.create_queue();
+//! driver.add_chain_with_data(Layout::Indirect, &[b"ping"], &[16])?;
+//! let mut walker = ChainWalker::new(ChainLimits::large())?;
+//! while let Some(chain) = queue.pop_chain(&mut walker, &mem)? {
+//!     let mut writer = chain.writer();
+//!     writer.write_all(b"pong")?;
+//!     queue.push_used(&mem, chain.head_index(), writer.bytes_written() as u32)?;
+//! }
+//! assert_eq!(driver.take_used(), vec![(0, 4)]);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Validation
 //!
 //! The walk reads every descriptor itself from guest memory (once, into a
@@ -110,6 +144,8 @@
 mod error;
 mod io;
 mod limits;
+pub mod packed;
+mod ring;
 mod segments;
 mod walk;
 
@@ -119,10 +155,12 @@ pub mod fuzzing;
 pub mod mock;
 
 pub use crate::error::{Error, ErrorKind, Result};
-pub use crate::io::{Reader, Writer, IOV_MAX, MAX_RW_COUNT};
+pub use crate::io::{IoVecs, Reader, Writer, IOV_MAX, MAX_RW_COUNT};
 pub use crate::limits::{
     ChainLimits, DescriptorLimit, LARGE_MAX_BYTES, LARGE_MAX_DESCRIPTORS, MAX_DESCRIPTORS,
     MAX_TABLE_ENTRIES,
 };
+pub use crate::packed::PackedQueue;
+pub use crate::ring::{AnyRing, DeviceRing, SplitRing};
 pub use crate::segments::{Segment, MAX_POOLED_SEGMENTS};
 pub use crate::walk::{Chain, ChainWalker, WalkerStats, DEFAULT_POOL_SIZE, LOG_BURST, LOG_WINDOW};

@@ -14,8 +14,8 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::QueueT;
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress,
-    VolatileMemory, VolatileSlice,
+    Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion,
+    MemoryRegionAddress, VolatileMemory, VolatileSlice,
 };
 
 use crate::io::{Reader, Writer};
@@ -23,7 +23,7 @@ use crate::limits::{ChainLimits, MAX_TABLE_ENTRIES};
 use crate::segments::{Pool, SegBuf, Segment, Shared};
 use crate::{Error, Result};
 
-const DESC_SIZE: u64 = size_of::<Descriptor>() as u64;
+pub(crate) const DESC_SIZE: u64 = size_of::<Descriptor>() as u64;
 const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
 const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
 const F_INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
@@ -163,7 +163,17 @@ impl ChainWalker {
         M: Deref + Clone,
         M::Target: GuestMemoryBackend + Sized,
     {
-        match self.pop_inner(queue, mem) {
+        let res = self.pop_inner(queue, mem);
+        self.account(res)
+    }
+
+    /// Counts and logs (rate-limited) the outcome of one pop; `id` in the
+    /// error names the chain (head index or buffer id) when known.
+    pub(crate) fn account<T>(
+        &mut self,
+        res: std::result::Result<Option<T>, (Error, Option<u16>)>,
+    ) -> Result<Option<T>> {
+        match res {
             Ok(chain) => {
                 if chain.is_some() {
                     self.stats.chains += 1;
@@ -178,13 +188,18 @@ impl ChainWalker {
                 }
                 if self.log.allow() {
                     match head {
-                        Some(h) => error!("virtqueue-large: refused chain with head {h}: {e}"),
+                        Some(h) => error!("virtqueue-large: refused chain {h}: {e}"),
                         None => error!("virtqueue-large: {e}"),
                     }
                 }
                 Err(e)
             }
         }
+    }
+
+    /// A segment buffer from the pool, for a walk.
+    pub(crate) fn take_buffer(&self) -> Shared {
+        self.pool.take()
     }
 
     fn pop_inner<Q, M>(
@@ -246,6 +261,36 @@ impl ChainWalker {
         }
     }
 
+    /// Builds a [`Chain`] from a `virtio_queue::DescriptorChain` that a VMM
+    /// already popped from `queue` with virtio-queue's own `pop_descriptor_chain`
+    /// or `iter`. The chain is walked again from its head under this
+    /// walker's policy, so faults that virtio-queue's iterator only ends
+    /// the chain on (loops, indices out of range, buffers outside memory,
+    /// readable after writable, nested tables) are reported. `mem` is the
+    /// memory handle the chain keeps (the one the VMM popped with). Nothing
+    /// is written to the rings: on an error, return the head to the driver
+    /// with `queue.add_used(head, 0)` as usual.
+    pub fn adopt<Q, M, N>(
+        &mut self,
+        queue: &Q,
+        chain: &virtio_queue::DescriptorChain<N>,
+        mem: M,
+    ) -> Result<Chain<M>>
+    where
+        Q: QueueT,
+        M: Deref,
+        M::Target: GuestMemoryBackend + Sized,
+        N: Deref,
+        N::Target: GuestMemoryBackend,
+    {
+        self.walk(
+            mem,
+            GuestAddress(queue.desc_table()),
+            queue.size(),
+            chain.head_index(),
+        )
+    }
+
     /// Validates the chain starting at `head` in the descriptor table at
     /// `desc_table` of a queue of `queue_size` entries, without touching any
     /// ring. This is the walk [`pop`](Self::pop) uses; it does not log.
@@ -284,6 +329,21 @@ impl ChainWalker {
     }
 }
 
+impl<M> Chain<M> {
+    /// A chain from a finished walk.
+    pub(crate) fn from_walk(mem: M, head: u16, segs: Shared, summary: Summary) -> Self {
+        Chain {
+            mem,
+            head,
+            segs,
+            split: summary.split,
+            readable_bytes: summary.readable_bytes,
+            writable_bytes: summary.writable_bytes,
+            descriptors: summary.descriptors,
+        }
+    }
+}
+
 /// A validated descriptor chain. It owns its memory handle (a clone of the
 /// `M` given to [`ChainWalker::pop`]), so it can outlive the borrow of the
 /// queue and travel to another coroutine or thread with its
@@ -305,7 +365,8 @@ where
     M: Deref + Clone,
     M::Target: GuestMemoryBackend + Sized,
 {
-    /// The head index, for `add_used`.
+    /// What `add_used` takes: the head index of a split chain, the buffer
+    /// id of a packed one.
     pub fn head_index(&self) -> u16 {
         self.head
     }
@@ -361,7 +422,7 @@ where
     }
 }
 
-struct Summary {
+pub(crate) struct Summary {
     split: usize,
     readable_bytes: u32,
     writable_bytes: u32,
@@ -369,7 +430,7 @@ struct Summary {
 }
 
 /// Where descriptors of the current table are read from.
-enum Table<'a, B> {
+pub(crate) enum Table<'a, B> {
     /// The whole table is one slice of one region; `aligned` allows a single
     /// volatile load per descriptor.
     Slice {
@@ -381,7 +442,7 @@ enum Table<'a, B> {
     Scattered(GuestAddress),
 }
 
-fn open_table<'a, G>(
+pub(crate) fn open_table<'a, G>(
     mem: &'a G,
     addr: GuestAddress,
     entries: u32,
@@ -414,7 +475,13 @@ where
 }
 
 impl<B: BitmapSlice> Table<'_, B> {
-    fn read<G: GuestMemoryBackend>(&self, mem: &G, index: u16) -> Result<Descriptor> {
+    /// Reads entry `index` (a split or a packed descriptor, both 16 bytes).
+    #[inline(always)]
+    pub(crate) fn read<G: GuestMemoryBackend, D: ByteValued>(
+        &self,
+        mem: &G,
+        index: u16,
+    ) -> Result<D> {
         let off = u64::from(index) * DESC_SIZE;
         match self {
             Table::Slice {
@@ -424,9 +491,9 @@ impl<B: BitmapSlice> Table<'_, B> {
             } => {
                 let off = off as usize;
                 let res = if *aligned {
-                    slice.get_ref::<Descriptor>(off).map(|r| r.load())
+                    slice.get_ref::<D>(off).map(|r| r.load())
                 } else {
-                    slice.read_obj::<Descriptor>(off)
+                    slice.read_obj::<D>(off)
                 };
                 res.map_err(|_| Error::TableOutsideMemory {
                     addr: base.unchecked_add(off as u64),
@@ -435,7 +502,7 @@ impl<B: BitmapSlice> Table<'_, B> {
             }
             Table::Scattered(base) => {
                 let addr = base.unchecked_add(off);
-                mem.read_obj::<Descriptor>(addr)
+                mem.read_obj::<D>(addr)
                     .map_err(|_| Error::TableOutsideMemory {
                         addr,
                         len: DESC_SIZE,
@@ -476,6 +543,113 @@ fn push_buffer<G: GuestMemoryBackend>(
     Ok(())
 }
 
+/// The running validation of one chain's buffers, shared by the split and
+/// the packed walk: descriptor and byte limits, readable before writable,
+/// the 32-bit total, and the segment list.
+pub(crate) struct Acc<'l> {
+    limits: &'l ChainLimits,
+    max_desc: u32,
+    count: u32,
+    total: u64,
+    readable_bytes: u32,
+    writable_bytes: u32,
+    split: Option<usize>,
+    cache: (u64, u64),
+}
+
+impl<'l> Acc<'l> {
+    pub(crate) fn new(limits: &'l ChainLimits, queue_size: u16) -> Self {
+        Acc {
+            limits,
+            max_desc: limits.descriptors_for(queue_size),
+            count: 0,
+            total: 0,
+            readable_bytes: 0,
+            writable_bytes: 0,
+            split: None,
+            cache: (0, 0),
+        }
+    }
+
+    /// Counts one descriptor that is not a buffer (a link to a further table).
+    #[inline(always)]
+    pub(crate) fn count_link(&mut self) -> Result<()> {
+        self.count += 1;
+        if self.count > self.max_desc {
+            return Err(Error::TooManyDescriptors { max: self.max_desc });
+        }
+        Ok(())
+    }
+
+    /// Validates one buffer descriptor and appends its segments to `out`.
+    #[inline(always)]
+    pub(crate) fn buffer<G: GuestMemoryBackend>(
+        &mut self,
+        mem: &G,
+        addr: u64,
+        len: u32,
+        writable: bool,
+        out: &mut Vec<Segment>,
+    ) -> Result<()> {
+        self.count_link()?;
+        if writable {
+            if self.split.is_none() {
+                self.split = Some(out.len());
+            }
+        } else if self.split.is_some() {
+            return Err(Error::ReadableAfterWritable {
+                position: self.count - 1,
+            });
+        }
+        self.total += u64::from(len);
+        if self.total > u64::from(u32::MAX) {
+            return Err(Error::LengthOverflow);
+        }
+        if self.total > u64::from(self.limits.max_bytes) {
+            return Err(Error::TooManyBytes {
+                max: self.limits.max_bytes,
+            });
+        }
+        // The running total fits in u32, so neither part can overflow.
+        if writable {
+            self.writable_bytes += len;
+        } else {
+            self.readable_bytes += len;
+        }
+        if len != 0 {
+            push_buffer(mem, addr, len, &mut self.cache, out)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn finish(self, segs: usize) -> Summary {
+        Summary {
+            split: self.split.unwrap_or(segs),
+            readable_bytes: self.readable_bytes,
+            writable_bytes: self.writable_bytes,
+            descriptors: self.count,
+        }
+    }
+}
+
+/// Checks the length of an indirect table (in bytes) and returns its entries.
+pub(crate) fn indirect_entries(len: u32) -> Result<u32> {
+    if len % DESC_SIZE as u32 != 0 {
+        return Err(Error::IndirectTableMisaligned { len });
+    }
+    if len == 0 {
+        return Err(Error::IndirectTableEmpty);
+    }
+    let entries = len / DESC_SIZE as u32;
+    if entries > MAX_TABLE_ENTRIES {
+        return Err(Error::IndirectTableTooLong {
+            entries,
+            max: MAX_TABLE_ENTRIES,
+        });
+    }
+    Ok(entries)
+}
+
 fn walk_into<G: GuestMemoryBackend>(
     mem: &G,
     limits: &ChainLimits,
@@ -484,21 +658,15 @@ fn walk_into<G: GuestMemoryBackend>(
     head: u16,
     buf: &mut SegBuf,
 ) -> Result<Summary> {
-    let max_desc = limits.descriptors_for(queue_size);
     let out = &mut buf.segs;
     out.clear();
+    let mut acc = Acc::new(limits, queue_size);
 
     let mut table = open_table(mem, desc_table, u32::from(queue_size))?;
     let mut table_len = u32::from(queue_size);
     let mut index = head;
     let mut visits = 0u32;
     let mut in_indirect = false;
-    let mut count = 0u32;
-    let mut total = 0u64;
-    let mut readable_bytes = 0u32;
-    let mut writable_bytes = 0u32;
-    let mut split: Option<usize> = None;
-    let mut cache = (0u64, 0u64);
 
     loop {
         if u32::from(index) >= table_len {
@@ -508,7 +676,7 @@ fn walk_into<G: GuestMemoryBackend>(
         if visits > table_len {
             return Err(Error::DescriptorLoop { table_len });
         }
-        let desc = table.read(mem, index)?;
+        let desc: Descriptor = table.read(mem, index)?;
         let flags = desc.flags();
 
         if flags & F_INDIRECT != 0 {
@@ -524,25 +692,9 @@ fn walk_into<G: GuestMemoryBackend>(
                 }
                 // A link to a further table counts as a descriptor, which
                 // bounds chains of tables that loop back on themselves.
-                count += 1;
-                if count > max_desc {
-                    return Err(Error::TooManyDescriptors { max: max_desc });
-                }
+                acc.count_link()?;
             }
-            let len = desc.len();
-            if len % DESC_SIZE as u32 != 0 {
-                return Err(Error::IndirectTableMisaligned { len });
-            }
-            if len == 0 {
-                return Err(Error::IndirectTableEmpty);
-            }
-            let entries = len / DESC_SIZE as u32;
-            if entries > MAX_TABLE_ENTRIES {
-                return Err(Error::IndirectTableTooLong {
-                    entries,
-                    max: MAX_TABLE_ENTRIES,
-                });
-            }
+            let entries = indirect_entries(desc.len())?;
             table = open_table(mem, desc.addr(), entries)?;
             table_len = entries;
             index = 0;
@@ -551,49 +703,12 @@ fn walk_into<G: GuestMemoryBackend>(
             continue;
         }
 
-        count += 1;
-        if count > max_desc {
-            return Err(Error::TooManyDescriptors { max: max_desc });
-        }
-        let writable = flags & F_WRITE != 0;
-        if writable {
-            if split.is_none() {
-                split = Some(out.len());
-            }
-        } else if split.is_some() {
-            return Err(Error::ReadableAfterWritable {
-                position: count - 1,
-            });
-        }
-        let len = desc.len();
-        total += u64::from(len);
-        if total > u64::from(u32::MAX) {
-            return Err(Error::LengthOverflow);
-        }
-        if total > u64::from(limits.max_bytes) {
-            return Err(Error::TooManyBytes {
-                max: limits.max_bytes,
-            });
-        }
-        // The running total fits in u32, so neither part can overflow.
-        if writable {
-            writable_bytes += len;
-        } else {
-            readable_bytes += len;
-        }
-        if len != 0 {
-            push_buffer(mem, desc.addr().0, len, &mut cache, out)?;
-        }
+        acc.buffer(mem, desc.addr().0, desc.len(), flags & F_WRITE != 0, out)?;
         if flags & F_NEXT == 0 {
             break;
         }
         index = desc.next();
     }
 
-    Ok(Summary {
-        split: split.unwrap_or(out.len()),
-        readable_bytes,
-        writable_bytes,
-        descriptors: count,
-    })
+    Ok(acc.finish(out.len()))
 }

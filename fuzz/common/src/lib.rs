@@ -19,6 +19,7 @@
 //! - `virtqueue_chain`: `virtqueue_large::fuzzing::run` decodes the bytes;
 //!   this crate only writes `virtqueue_large::fuzzing::seeds()` to its
 //!   corpus.
+//! - `virtqueue_packed`: likewise with `virtqueue_large::fuzzing::packed`.
 //!
 //! ```
 //! use vmm_fuzz_common::p9::SessionInput;
@@ -49,6 +50,22 @@ mod tests {
             .collect();
         let n = crate::corpus::write(
             "virtqueue_chain",
+            named.iter().map(|(n, s)| (n.as_str(), s.clone())),
+        );
+        assert_eq!(n, named.len());
+    }
+
+    #[test]
+    fn test_virtqueue_packed_seeds_are_written() {
+        let seeds = virtqueue_large::fuzzing::packed::seeds();
+        assert!(seeds.len() > virtqueue_large::mock::PackedMalicious::ALL.len());
+        let named: Vec<(String, Vec<u8>)> = seeds
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (format!("{i:03}"), s))
+            .collect();
+        let n = crate::corpus::write(
+            "virtqueue_packed",
             named.iter().map(|(n, s)| (n.as_str(), s.clone())),
         );
         assert_eq!(n, named.len());

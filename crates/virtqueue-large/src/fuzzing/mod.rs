@@ -22,36 +22,44 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use crate::mock::{desc, guest_memory, Buf, Layout, Malicious, MockDriver, F_INDIRECT};
 use crate::{Chain, ChainLimits, ChainWalker};
 
+pub mod packed;
+
 /// Guest memory of every fuzz run.
 pub const MEMORY: usize = 4 << 20;
 
 const MAX_OPS: usize = 64;
 
-struct Input<'a> {
+pub(crate) struct Input<'a> {
     data: &'a [u8],
     pos: usize,
 }
 
+impl<'a> Input<'a> {
+    pub(crate) fn new(data: &'a [u8]) -> Self {
+        Input { data, pos: 0 }
+    }
+}
+
 impl Input<'_> {
-    fn done(&self) -> bool {
+    pub(crate) fn done(&self) -> bool {
         self.pos >= self.data.len()
     }
 
-    fn u8(&mut self) -> u8 {
+    pub(crate) fn u8(&mut self) -> u8 {
         let b = self.data.get(self.pos).copied().unwrap_or(0);
         self.pos += 1;
         b
     }
 
-    fn u16(&mut self) -> u16 {
+    pub(crate) fn u16(&mut self) -> u16 {
         u16::from_le_bytes([self.u8(), self.u8()])
     }
 
-    fn u32(&mut self) -> u32 {
+    pub(crate) fn u32(&mut self) -> u32 {
         u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
     }
 
-    fn u64(&mut self) -> u64 {
+    pub(crate) fn u64(&mut self) -> u64 {
         u64::from(self.u32()) | (u64::from(self.u32()) << 32)
     }
 }
@@ -82,6 +90,17 @@ pub enum Op {
 /// Runs one fuzz input under the spec-strict policy, the large policy and
 /// the variant its header selects. Panics only when an invariant breaks.
 pub fn run(data: &[u8]) {
+    replay(data, |data, limits| {
+        run_with(data, limits);
+    });
+}
+
+/// Replays `data` through `run_with` under the spec-strict policy, the
+/// large policy and the variant its header selects (byte 1: bit 1 refuses
+/// indirect descriptors, bit 2 chained tables where compiled in, bits 3-4
+/// the variant; byte 2 its parameter). The chosen variant is skipped when it
+/// equals one of the other two: the same run twice would check nothing new.
+pub(crate) fn replay(data: &[u8], mut run_with: impl FnMut(&[u8], ChainLimits)) {
     let mut input = Input { data, pos: 0 };
     let _size = input.u8();
     let flags = input.u8();
@@ -101,8 +120,6 @@ pub fn run(data: &[u8]) {
     let large = ChainLimits::large().with_indirect(indirect);
     run_with(data, strict);
     run_with(data, large);
-    // Half of the header values select strict or large again: the same
-    // run twice would check nothing new.
     if chosen != strict && chosen != large {
         run_with(data, chosen);
     }

@@ -26,6 +26,9 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
+mod packed;
+
+pub use self::packed::{avail_bits, pdesc, MockPackedDriver, PackedMalicious};
 pub use crate::io::IoCall;
 use crate::limits::{ChainLimits, LARGE_MAX_BYTES, LARGE_MAX_DESCRIPTORS};
 use crate::ErrorKind;
@@ -365,29 +368,17 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
 
     /// Allocates `len` bytes (16-byte aligned) in the data area.
     pub fn alloc_data(&mut self, len: u64) -> Result<GuestAddress, MockError> {
-        let start = (self.data_next + 15) & !15;
-        let end = start
-            .checked_add(len)
-            .filter(|e| *e <= self.data_end)
-            .ok_or(MockError::OutOfMemory(len))?;
-        self.data_next = end;
-        Ok(GuestAddress(start))
+        bump_alloc(&mut self.data_next, self.data_end, len)
     }
 
     /// Writes bytes to guest memory.
     pub fn write(&self, addr: GuestAddress, data: &[u8]) -> Result<(), MockError> {
-        self.mem
-            .write_slice(data, addr)
-            .map_err(|e| MockError::Memory(e.to_string()))
+        write_bytes(self.mem, addr, data)
     }
 
     /// Reads bytes from guest memory.
     pub fn read(&self, addr: GuestAddress, len: usize) -> Result<Vec<u8>, MockError> {
-        let mut buf = vec![0u8; len];
-        self.mem
-            .read_slice(&mut buf, addr)
-            .map_err(|e| MockError::Memory(e.to_string()))?;
-        Ok(buf)
+        read_bytes(self.mem, addr, len)
     }
 
     /// Takes `n` free descriptor indices of the ring.
@@ -660,27 +651,12 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
 
     /// Spreads `data` over the readable buffers of `chain`, in order.
     pub fn fill_readable(&self, chain: &ChainLayout, data: &[u8]) -> Result<(), MockError> {
-        let mut rest = data;
-        for (addr, len, writable) in &chain.buffers {
-            if *writable || rest.is_empty() {
-                continue;
-            }
-            let n = (*len as usize).min(rest.len());
-            self.write(*addr, &rest[..n])?;
-            rest = &rest[n..];
-        }
-        Ok(())
+        fill_readable(self.mem, chain, data)
     }
 
     /// The concatenated contents of the writable buffers of `chain`.
     pub fn read_writable(&self, chain: &ChainLayout) -> Result<Vec<u8>, MockError> {
-        let mut out = Vec::new();
-        for (addr, len, writable) in &chain.buffers {
-            if *writable {
-                out.extend(self.read(*addr, *len as usize)?);
-            }
-        }
-        Ok(out)
+        read_writable(self.mem, chain)
     }
 
     /// The used ring index written by the device.
@@ -884,6 +860,69 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
         };
         Ok(Some(head))
     }
+}
+
+/// Allocates `len` bytes, 16-byte aligned, from a bump area ending at `end`.
+fn bump_alloc(next: &mut u64, end: u64, len: u64) -> Result<GuestAddress, MockError> {
+    let start = (*next + 15) & !15;
+    let stop = start
+        .checked_add(len)
+        .filter(|e| *e <= end)
+        .ok_or(MockError::OutOfMemory(len))?;
+    *next = stop;
+    Ok(GuestAddress(start))
+}
+
+fn write_bytes<M: GuestMemoryBackend>(
+    mem: &M,
+    addr: GuestAddress,
+    data: &[u8],
+) -> Result<(), MockError> {
+    mem.write_slice(data, addr)
+        .map_err(|e| MockError::Memory(e.to_string()))
+}
+
+fn read_bytes<M: GuestMemoryBackend>(
+    mem: &M,
+    addr: GuestAddress,
+    len: usize,
+) -> Result<Vec<u8>, MockError> {
+    let mut buf = vec![0u8; len];
+    mem.read_slice(&mut buf, addr)
+        .map_err(|e| MockError::Memory(e.to_string()))?;
+    Ok(buf)
+}
+
+/// Spreads `data` over the readable buffers of `chain`, in order.
+fn fill_readable<M: GuestMemoryBackend>(
+    mem: &M,
+    chain: &ChainLayout,
+    data: &[u8],
+) -> Result<(), MockError> {
+    let mut rest = data;
+    for (addr, len, writable) in &chain.buffers {
+        if *writable || rest.is_empty() {
+            continue;
+        }
+        let n = (*len as usize).min(rest.len());
+        write_bytes(mem, *addr, &rest[..n])?;
+        rest = &rest[n..];
+    }
+    Ok(())
+}
+
+/// The concatenated contents of the writable buffers of `chain`.
+fn read_writable<M: GuestMemoryBackend>(
+    mem: &M,
+    chain: &ChainLayout,
+) -> Result<Vec<u8>, MockError> {
+    let mut out = Vec::new();
+    for (addr, len, writable) in &chain.buffers {
+        if *writable {
+            out.extend(read_bytes(mem, *addr, *len as usize)?);
+        }
+    }
+    Ok(out)
 }
 
 /// Sets NEXT on every descriptor but the last, each pointing at the

@@ -1,0 +1,719 @@
+//! Packed virtqueues (`VIRTIO_F_RING_PACKED`, virtio 1.1 section 2.8):
+//! the device side of the ring, its validating walk, used write-back and
+//! event suppression.
+//!
+//! A packed ring is one array of 16-byte descriptors
+//! ([`virtio_queue::desc::packed::Descriptor`]) that the driver and the
+//! device both write, plus two 4-byte [`EventSuppression`] areas. The
+//! driver makes a descriptor available by setting its AVAIL flag to its
+//! wrap counter and its USED flag to the inverse; the device returns a
+//! buffer by writing one used descriptor (AVAIL = USED = the device's wrap
+//! counter) with the buffer id of the chain's last descriptor. Chains
+//! occupy consecutive slots, may wrap around the end of the ring, and say
+//! where they end only through the NEXT flag; buffers are returned in any
+//! order, each advancing the used position by the number of slots its
+//! chain occupied.
+
+use std::ops::Deref;
+use std::sync::atomic::{fence, Ordering};
+
+use virtio_bindings::bindings::virtio_ring::{
+    VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_PACKED_DESC_F_AVAIL,
+    VRING_PACKED_DESC_F_USED, VRING_PACKED_EVENT_FLAG_DESC, VRING_PACKED_EVENT_FLAG_DISABLE,
+    VRING_PACKED_EVENT_FLAG_ENABLE, VRING_PACKED_EVENT_F_WRAP_CTR,
+};
+use virtio_queue::desc::packed::Descriptor;
+use virtio_queue::QueueT;
+use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, Le16};
+
+use crate::walk::{indirect_entries, open_table, Acc, Table, DESC_SIZE};
+use crate::{Chain, ChainWalker, Error, Result};
+
+/// The largest packed queue (virtio 1.1, 2.8.10: the queue size is at most 2^15).
+pub const PACKED_MAX_SIZE: u16 = 1 << 15;
+
+/// `VIRTQ_DESC_F_AVAIL` as the descriptor flag bit.
+pub const F_AVAIL: u16 = 1 << VRING_PACKED_DESC_F_AVAIL;
+/// `VIRTQ_DESC_F_USED` as the descriptor flag bit.
+pub const F_USED: u16 = 1 << VRING_PACKED_DESC_F_USED;
+const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
+const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
+const F_INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
+/// The wrap counter bit of `off_wrap` and of the vhost-user ring base halves.
+pub const WRAP_BIT: u16 = 1 << VRING_PACKED_EVENT_F_WRAP_CTR;
+/// Event suppression flags: notifications enabled.
+pub const EVENT_FLAG_ENABLE: u16 = VRING_PACKED_EVENT_FLAG_ENABLE as u16;
+/// Event suppression flags: notifications disabled.
+pub const EVENT_FLAG_DISABLE: u16 = VRING_PACKED_EVENT_FLAG_DISABLE as u16;
+/// Event suppression flags: notify at the descriptor `off_wrap` names
+/// (needs `VIRTIO_F_EVENT_IDX`).
+pub const EVENT_FLAG_DESC: u16 = VRING_PACKED_EVENT_FLAG_DESC as u16;
+
+/// Offset of `flags` in a packed descriptor.
+const FLAGS_OFFSET: u64 = 14;
+
+/// The event suppression structure (`struct pvirtq_event_suppress`): the
+/// driver area (written by the driver, read by the device before a used
+/// buffer notification) and the device area (written by the device, read
+/// by the driver before a kick). virtio-queue 0.18 has the layout
+/// (`PackedDescEvent`) but no public constructor or accessors.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EventSuppression {
+    off_wrap: Le16,
+    flags: Le16,
+}
+
+// SAFETY: two little-endian u16 fields with no padding; every bit pattern
+// is a valid value.
+unsafe impl ByteValued for EventSuppression {}
+
+impl EventSuppression {
+    /// A structure with `off_wrap` (offset in bits 0-14, wrap counter in bit 15) and `flags`.
+    pub fn new(off_wrap: u16, flags: u16) -> Self {
+        EventSuppression {
+            off_wrap: off_wrap.into(),
+            flags: flags.into(),
+        }
+    }
+
+    /// The raw `off_wrap` field.
+    pub fn off_wrap(&self) -> u16 {
+        self.off_wrap.into()
+    }
+
+    /// The raw `flags` field.
+    pub fn flags(&self) -> u16 {
+        self.flags.into()
+    }
+}
+
+/// What a validated driver event suppression structure asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventMode {
+    /// Notify after every used buffer.
+    Enable,
+    /// Do not notify.
+    Disable,
+    /// Notify once the used position passes `off` in lap `wrap` (event-idx).
+    Desc {
+        /// Ring slot.
+        off: u16,
+        /// Wrap counter of that slot.
+        wrap: bool,
+    },
+}
+
+impl EventMode {
+    /// Validates a driver event suppression structure for a queue of
+    /// `queue_size` with or without event-idx.
+    pub fn parse(ev: EventSuppression, queue_size: u16, event_idx: bool) -> Result<Self> {
+        match ev.flags() {
+            EVENT_FLAG_ENABLE => Ok(EventMode::Enable),
+            EVENT_FLAG_DISABLE => Ok(EventMode::Disable),
+            EVENT_FLAG_DESC if event_idx => {
+                let off = ev.off_wrap() & !WRAP_BIT;
+                if off >= queue_size {
+                    return Err(Error::EventOffsetOutOfRange { off, queue_size });
+                }
+                Ok(EventMode::Desc {
+                    off,
+                    wrap: ev.off_wrap() & WRAP_BIT != 0,
+                })
+            }
+            flags => Err(Error::EventFlagsInvalid { flags, event_idx }),
+        }
+    }
+}
+
+/// Encodes a ring position and its wrap counter as vhost-user does
+/// (position in bits 0-14, wrap counter in bit 15).
+pub fn encode_position(pos: u16, wrap: bool) -> u16 {
+    pos | if wrap { WRAP_BIT } else { 0 }
+}
+
+/// Whether a descriptor with `flags` is available to the device in lap
+/// `wrap`: AVAIL equal to the wrap counter and USED not.
+#[inline]
+fn is_avail(flags: u16, wrap: bool) -> bool {
+    let want = if wrap { F_AVAIL } else { F_USED };
+    flags & (F_AVAIL | F_USED) == want
+}
+
+/// The device side of one packed virtqueue.
+///
+/// It keeps what the packed layout needs beyond a split queue's state: both
+/// wrap counters, the buffer ids in flight with the ring slots each chain
+/// occupied (so buffers can be returned in any order), and the used
+/// positions since the last notification (for event-idx). Chains are popped
+/// through [`ChainWalker::pop_packed`], under the same [`ChainLimits`]
+/// as split chains.
+///
+/// [`ChainLimits`]: crate::ChainLimits
+#[derive(Debug, Clone)]
+pub struct PackedQueue {
+    size: u16,
+    desc_ring: GuestAddress,
+    driver_area: GuestAddress,
+    device_area: GuestAddress,
+    ready: bool,
+    event_idx: bool,
+    next_avail: u16,
+    avail_wrap: bool,
+    next_used: u16,
+    used_wrap: bool,
+    /// Ring slots per buffer id; 0 when the id is not in flight.
+    in_flight: Vec<u16>,
+    in_flight_count: u16,
+    /// Used slots written since the last `needs_notification`.
+    used_since_signal: u16,
+}
+
+impl PackedQueue {
+    /// A queue of `size` entries (1 to [`PACKED_MAX_SIZE`]; packed queues
+    /// need not be a power of two), with its descriptor ring (16-byte
+    /// aligned), driver and device event suppression areas (4-byte
+    /// aligned). Both wrap counters start at 1, as the specification
+    /// requires; the queue starts not ready, without event-idx.
+    pub fn new(
+        size: u16,
+        desc_ring: GuestAddress,
+        driver_area: GuestAddress,
+        device_area: GuestAddress,
+    ) -> Result<Self> {
+        if size == 0 || size > PACKED_MAX_SIZE {
+            return Err(Error::InvalidQueueConfig(
+                "packed queue size must be 1 to 32768",
+            ));
+        }
+        if desc_ring.0 % 16 != 0 {
+            return Err(Error::InvalidQueueConfig(
+                "packed descriptor ring must be 16-byte aligned",
+            ));
+        }
+        if driver_area.0 % 4 != 0 || device_area.0 % 4 != 0 {
+            return Err(Error::InvalidQueueConfig(
+                "event suppression areas must be 4-byte aligned",
+            ));
+        }
+        Ok(PackedQueue {
+            size,
+            desc_ring,
+            driver_area,
+            device_area,
+            ready: false,
+            event_idx: false,
+            next_avail: 0,
+            avail_wrap: true,
+            next_used: 0,
+            used_wrap: true,
+            in_flight: vec![0; usize::from(size)],
+            in_flight_count: 0,
+            used_since_signal: 0,
+        })
+    }
+
+    /// A packed queue over the configuration a VMM (or vhost-user-backend)
+    /// stored in a split `QueueT`: size, ready, event-idx, and the three
+    /// addresses (descriptor ring = `desc_table`, driver area =
+    /// `avail_ring`, device area = `used_ring`). The queue's `next_avail`
+    /// is read as the vhost-user packed encoding (position and wrap counter
+    /// in bit 15, what vhost-user-backend stores from `SET_VRING_BASE`);
+    /// the used position starts equal to it (nothing in flight).
+    pub fn from_queue<Q: QueueT>(queue: &Q) -> Result<Self> {
+        let mut q = PackedQueue::new(
+            queue.size(),
+            GuestAddress(queue.desc_table()),
+            GuestAddress(queue.avail_ring()),
+            GuestAddress(queue.used_ring()),
+        )?;
+        q.set_ready(queue.ready());
+        q.set_event_idx(queue.event_idx_enabled());
+        let avail = u32::from(queue.next_avail());
+        q.set_ring_base(avail | (avail << 16))?;
+        Ok(q)
+    }
+
+    /// The queue size.
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// Guest addresses of the descriptor ring, driver area and device area.
+    pub fn addresses(&self) -> (GuestAddress, GuestAddress, GuestAddress) {
+        (self.desc_ring, self.driver_area, self.device_area)
+    }
+
+    /// Whether the queue is ready.
+    pub fn ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Marks the queue ready or not.
+    pub fn set_ready(&mut self, ready: bool) {
+        self.ready = ready;
+    }
+
+    /// Whether `VIRTIO_F_EVENT_IDX` was negotiated.
+    pub fn event_idx_enabled(&self) -> bool {
+        self.event_idx
+    }
+
+    /// Sets whether `VIRTIO_F_EVENT_IDX` was negotiated.
+    pub fn set_event_idx(&mut self, enabled: bool) {
+        self.event_idx = enabled;
+    }
+
+    /// The next slot the device reads and its wrap counter.
+    pub fn next_avail(&self) -> (u16, bool) {
+        (self.next_avail, self.avail_wrap)
+    }
+
+    /// The next slot the device writes a used descriptor to and its wrap counter.
+    pub fn next_used(&self) -> (u16, bool) {
+        (self.next_used, self.used_wrap)
+    }
+
+    /// Buffer ids popped and not yet returned.
+    pub fn in_flight(&self) -> u16 {
+        self.in_flight_count
+    }
+
+    /// The vhost-user ring base for `GET_VRING_BASE`: bits 0-14 the next
+    /// available slot, bit 15 its wrap counter, bits 16-30 the next used
+    /// slot, bit 31 its wrap counter (the encoding QEMU sends and expects).
+    pub fn ring_base(&self) -> u32 {
+        u32::from(encode_position(self.next_avail, self.avail_wrap))
+            | (u32::from(encode_position(self.next_used, self.used_wrap)) << 16)
+    }
+
+    /// The avail half of [`ring_base`](Self::ring_base): the next available
+    /// slot with its wrap counter in bit 15.
+    pub fn avail_base(&self) -> u16 {
+        encode_position(self.next_avail, self.avail_wrap)
+    }
+
+    /// Stores [`avail_base`](Self::avail_base) as `queue`'s `next_avail`,
+    /// where vhost-user-backend 0.24 reads the `GET_VRING_BASE` reply
+    /// (call it from `VhostUserBackend::stop_vring`). That reply carries
+    /// 16 bits only, so the used half is lost; the frontend resets the
+    /// ring before it starts it again.
+    pub fn sync_to<Q: QueueT>(&self, queue: &mut Q) {
+        queue.set_next_avail(self.avail_base());
+    }
+
+    /// Sets the ring state from a vhost-user `SET_VRING_BASE` value (see
+    /// [`ring_base`](Self::ring_base)). It is sent while the ring is
+    /// stopped, so buffers in flight are forgotten. A position past the
+    /// ring is refused and changes nothing.
+    pub fn set_ring_base(&mut self, base: u32) -> Result<()> {
+        let avail = base as u16;
+        let used = (base >> 16) as u16;
+        if avail & !WRAP_BIT >= self.size || used & !WRAP_BIT >= self.size {
+            return Err(Error::InvalidRingBase {
+                base,
+                queue_size: self.size,
+            });
+        }
+        self.next_avail = avail & !WRAP_BIT;
+        self.avail_wrap = avail & WRAP_BIT != 0;
+        self.next_used = used & !WRAP_BIT;
+        self.used_wrap = used & WRAP_BIT != 0;
+        self.in_flight.iter_mut().for_each(|s| *s = 0);
+        self.in_flight_count = 0;
+        self.used_since_signal = 0;
+        Ok(())
+    }
+
+    /// Back to the reset state (both positions 0, wrap counters 1, nothing
+    /// in flight, not ready); the configuration is kept.
+    pub fn reset(&mut self) {
+        // Position 0 with both wrap counters set is always in range.
+        let _ = self.set_ring_base(u32::from(WRAP_BIT) | (u32::from(WRAP_BIT) << 16));
+        self.ready = false;
+    }
+
+    fn slot_addr(&self, slot: u16) -> GuestAddress {
+        self.desc_ring.unchecked_add(u64::from(slot) * DESC_SIZE)
+    }
+
+    /// Whether the descriptor at the next available slot is available.
+    pub fn has_available<G: GuestMemoryBackend>(&self, mem: &G) -> Result<bool> {
+        let flags = self.load_flags(mem, self.next_avail)?;
+        Ok(is_avail(flags, self.avail_wrap))
+    }
+
+    fn load_flags<G: GuestMemoryBackend>(&self, mem: &G, slot: u16) -> Result<u16> {
+        let addr = self.slot_addr(slot).unchecked_add(FLAGS_OFFSET);
+        mem.load::<u16>(addr, Ordering::Acquire)
+            .map(u16::from_le)
+            .map_err(|e| Error::Ring(virtio_queue::Error::GuestMemory(e)))
+    }
+
+    /// Returns buffer `id` to the driver with `len` bytes written: one used
+    /// descriptor at the next used slot (its flags stored last, with
+    /// release ordering), then the used position advances by the slots the
+    /// chain occupied, flipping the wrap counter when it passes the end.
+    /// Buffers may be returned in any order. An id not in flight is refused
+    /// and nothing is written.
+    pub fn add_used<G: GuestMemoryBackend>(&mut self, mem: &G, id: u16, len: u32) -> Result<()> {
+        let slots = self.in_flight.get(usize::from(id)).copied().unwrap_or(0);
+        if slots == 0 {
+            return Err(Error::UsedIdNotInFlight { id });
+        }
+        let addr = self.slot_addr(self.next_used);
+        let ring = |e| Error::Ring(virtio_queue::Error::GuestMemory(e));
+        mem.write_obj(u32::to_le(len), addr.unchecked_add(8))
+            .map_err(ring)?;
+        mem.write_obj(u16::to_le(id), addr.unchecked_add(12))
+            .map_err(ring)?;
+        let mut flags = if self.used_wrap { F_AVAIL | F_USED } else { 0 };
+        if len > 0 {
+            flags |= F_WRITE;
+        }
+        mem.store(
+            u16::to_le(flags),
+            addr.unchecked_add(FLAGS_OFFSET),
+            Ordering::Release,
+        )
+        .map_err(ring)?;
+        self.in_flight[usize::from(id)] = 0;
+        self.in_flight_count -= 1;
+        let (pos, wrap) = advance(self.next_used, self.used_wrap, slots, self.size);
+        self.next_used = pos;
+        self.used_wrap = wrap;
+        self.used_since_signal = self.used_since_signal.saturating_add(slots);
+        Ok(())
+    }
+
+    /// Reads and validates the driver event suppression structure.
+    pub fn driver_event<G: GuestMemoryBackend>(&self, mem: &G) -> Result<EventMode> {
+        let ev = mem
+            .read_obj::<EventSuppression>(self.driver_area)
+            .map_err(|e| Error::Ring(virtio_queue::Error::GuestMemory(e)))?;
+        EventMode::parse(ev, self.size, self.event_idx)
+    }
+
+    /// Whether the driver wants a used buffer notification for what was
+    /// returned since the last call (which this call forgets). With
+    /// event-idx: whether the used position passed the driver's
+    /// `off_wrap` since then. Invalid event suppression values are
+    /// reported ([`Error::EventFlagsInvalid`],
+    /// [`Error::EventOffsetOutOfRange`]): notify anyway and keep serving.
+    pub fn needs_notification<G: GuestMemoryBackend>(&mut self, mem: &G) -> Result<bool> {
+        fence(Ordering::SeqCst);
+        let used = std::mem::take(&mut self.used_since_signal);
+        match self.driver_event(mem)? {
+            EventMode::Enable => Ok(true),
+            EventMode::Disable => Ok(false),
+            EventMode::Desc { off, wrap } => {
+                // As Linux's vring_need_event, with an event of the
+                // previous lap shifted back by the queue size.
+                let new = self.next_used;
+                let old = new.wrapping_sub(used);
+                let event = if wrap == self.used_wrap {
+                    off
+                } else {
+                    off.wrapping_sub(self.size)
+                };
+                // A whole lap or more since the last call passes every event.
+                Ok(used >= self.size
+                    || (used > 0
+                        && new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)))
+            }
+        }
+    }
+
+    fn write_device_event<G: GuestMemoryBackend>(
+        &self,
+        mem: &G,
+        ev: EventSuppression,
+    ) -> Result<()> {
+        let ring = |e| Error::Ring(virtio_queue::Error::GuestMemory(e));
+        mem.write_obj(Le16::from(ev.off_wrap()), self.device_area)
+            .map_err(ring)?;
+        mem.store(
+            u16::to_le(ev.flags()),
+            self.device_area.unchecked_add(2),
+            Ordering::Release,
+        )
+        .map_err(ring)
+    }
+
+    /// Asks the driver for available buffer notifications (kicks): in
+    /// event-idx mode at the next available slot, otherwise for every
+    /// buffer. Returns whether a chain became available meanwhile (then
+    /// pop again instead of waiting).
+    pub fn enable_notification<G: GuestMemoryBackend>(&mut self, mem: &G) -> Result<bool> {
+        let ev = if self.event_idx {
+            EventSuppression::new(
+                encode_position(self.next_avail, self.avail_wrap),
+                EVENT_FLAG_DESC,
+            )
+        } else {
+            EventSuppression::new(0, EVENT_FLAG_ENABLE)
+        };
+        self.write_device_event(mem, ev)?;
+        fence(Ordering::SeqCst);
+        self.has_available(mem)
+    }
+
+    /// Asks the driver not to send available buffer notifications.
+    pub fn disable_notification<G: GuestMemoryBackend>(&mut self, mem: &G) -> Result<()> {
+        self.write_device_event(mem, EventSuppression::new(0, EVENT_FLAG_DISABLE))
+    }
+}
+
+/// `pos` advanced by `n` slots on a ring of `size`, with its wrap counter.
+#[inline]
+fn advance(pos: u16, wrap: bool, n: u16, size: u16) -> (u16, bool) {
+    let next = u32::from(pos) + u32::from(n);
+    if next >= u32::from(size) {
+        ((next - u32::from(size)) as u16, !wrap)
+    } else {
+        (next as u16, wrap)
+    }
+}
+
+/// How a packed chain sits in the ring: slots occupied and the buffer id
+/// of its last descriptor.
+#[derive(Debug, Clone, Copy)]
+struct Extent {
+    slots: u16,
+    id: u16,
+}
+
+#[cold]
+fn not_available(slot: u16, position: u32, wrap: bool) -> Error {
+    Error::DescriptorNotAvailable {
+        slot,
+        position,
+        wrap,
+    }
+}
+
+/// The outcome of a content fault: the fault with the chain's extent, or
+/// the structure error that hides the extent.
+#[cold]
+#[inline(never)]
+fn with_extent<G, B>(
+    e: Error,
+    mem: &G,
+    ring: &Table<'_, B>,
+    q: &PackedQueue,
+) -> (Error, Option<Extent>)
+where
+    G: GuestMemoryBackend,
+    B: vm_memory::bitmap::BitmapSlice,
+{
+    match chain_extent(mem, ring, q) {
+        Ok(extent) => (e, Some(extent)),
+        Err(structure) => (structure, None),
+    }
+}
+
+/// Follows the NEXT flags from the head to find where a chain ends,
+/// checking only availability: where a faulty chain must be skipped to.
+fn chain_extent<G, B>(mem: &G, ring: &Table<'_, B>, q: &PackedQueue) -> Result<Extent>
+where
+    G: GuestMemoryBackend,
+    B: vm_memory::bitmap::BitmapSlice,
+{
+    let (mut slot, mut wrap) = (q.next_avail, q.avail_wrap);
+    for position in 0..u32::from(q.size) {
+        let desc: Descriptor = ring.read(mem, slot)?;
+        let flags = desc.flags();
+        if position > 0 && !is_avail(flags, wrap) {
+            return Err(Error::DescriptorNotAvailable {
+                slot,
+                position,
+                wrap,
+            });
+        }
+        if flags & F_NEXT == 0 {
+            return Ok(Extent {
+                slots: position as u16 + 1,
+                id: desc.id(),
+            });
+        }
+        (slot, wrap) = advance(slot, wrap, 1, q.size);
+    }
+    Err(Error::ChainUnterminated { queue_size: q.size })
+}
+
+/// The validating walk of the packed chain at the queue's next available
+/// slot. `Err((e, None))`: the ring structure is broken (nothing to
+/// consume); `Err((e, Some(extent)))`: the chain is faulty, skip `extent`.
+fn walk_packed<G, B>(
+    mem: &G,
+    limits: &crate::ChainLimits,
+    ring: &Table<'_, B>,
+    q: &PackedQueue,
+    out: &mut Vec<crate::Segment>,
+) -> std::result::Result<(Extent, crate::walk::Summary), (Error, Option<Extent>)>
+where
+    G: GuestMemoryBackend,
+    B: vm_memory::bitmap::BitmapSlice,
+{
+    out.clear();
+    let mut acc = Acc::new(limits, q.size);
+    let size = q.size;
+    let (mut slot, mut wrap) = (q.next_avail, q.avail_wrap);
+    // Content errors need the chain's extent; structure errors end the walk.
+    let content = |e: Error| with_extent(e, mem, ring, q);
+    for position in 0..u32::from(size) {
+        let desc: Descriptor = match ring.read(mem, slot) {
+            Ok(d) => d,
+            Err(e) => return Err((e, None)),
+        };
+        let flags = desc.flags();
+        if position > 0 && !is_avail(flags, wrap) {
+            return Err((not_available(slot, position, wrap), None));
+        }
+        slot += 1;
+        if slot == size {
+            slot = 0;
+            wrap = !wrap;
+        }
+        // At most `size` (<= 32768) slots, so this fits.
+        let slots = position as u16 + 1;
+
+        if flags & F_INDIRECT != 0 {
+            if flags & F_NEXT != 0 {
+                return Err(content(Error::IndirectWithNext));
+            }
+            let extent = Extent {
+                slots,
+                id: desc.id(),
+            };
+            let fault = |e| (e, Some(extent));
+            if !limits.indirect {
+                return Err(fault(Error::IndirectNotNegotiated));
+            }
+            walk_packed_table(mem, &mut acc, desc, out).map_err(fault)?;
+            return Ok((extent, acc.finish(out.len())));
+        }
+        if let Err(e) = acc.buffer(mem, desc.addr().0, desc.len(), flags & F_WRITE != 0, out) {
+            return Err(content(e));
+        }
+        if flags & F_NEXT == 0 {
+            let extent = Extent {
+                slots,
+                id: desc.id(),
+            };
+            return Ok((extent, acc.finish(out.len())));
+        }
+    }
+    Err((Error::ChainUnterminated { queue_size: size }, None))
+}
+
+/// Walks a packed indirect table: every entry in order, WRITE the only
+/// flag that counts (NEXT and the buffer id are ignored, as the
+/// specification says), INDIRECT refused.
+fn walk_packed_table<G: GuestMemoryBackend>(
+    mem: &G,
+    acc: &mut Acc<'_>,
+    desc: Descriptor,
+    out: &mut Vec<crate::Segment>,
+) -> Result<()> {
+    let entries = indirect_entries(desc.len())?;
+    let table = open_table(mem, desc.addr(), entries)?;
+    for i in 0..entries {
+        let d: Descriptor = table.read(mem, i as u16)?;
+        let flags = d.flags();
+        if flags & F_INDIRECT != 0 {
+            return Err(Error::NestedIndirect);
+        }
+        acc.buffer(mem, d.addr().0, d.len(), flags & F_WRITE != 0, out)?;
+    }
+    Ok(())
+}
+
+impl ChainWalker {
+    /// Pops the next available chain of a packed queue and validates it,
+    /// with the same outcomes as [`pop`](Self::pop):
+    ///
+    /// - `Ok(Some(chain))`: a valid chain; [`Chain::head_index`] is its
+    ///   buffer id, for [`PackedQueue::add_used`].
+    /// - `Ok(None)`: the next slot is not available (for this wrap counter).
+    /// - `Err(e)` with [`Error::is_chain_fault`]: the chain was invalid,
+    ///   logged (rate-limited) and its slots consumed. With a valid buffer
+    ///   id it was returned with length 0; with an id out of range or
+    ///   already in flight it cannot be returned (that would free another
+    ///   chain) and is only skipped.
+    /// - `Err(e)` otherwise: the ring is broken (a chain running into
+    ///   descriptors that are not available, or never ending, or the ring
+    ///   outside guest memory). Where the chain ends is unknown, so
+    ///   nothing was consumed; stop using the queue until it is reset.
+    pub fn pop_packed<M>(&mut self, queue: &mut PackedQueue, mem: M) -> Result<Option<Chain<M>>>
+    where
+        M: Deref + Clone,
+        M::Target: GuestMemoryBackend + Sized,
+    {
+        let res = self.pop_packed_inner(queue, mem);
+        self.account(res)
+    }
+
+    fn pop_packed_inner<M>(
+        &mut self,
+        q: &mut PackedQueue,
+        mem: M,
+    ) -> std::result::Result<Option<Chain<M>>, (Error, Option<u16>)>
+    where
+        M: Deref + Clone,
+        M::Target: GuestMemoryBackend + Sized,
+    {
+        if !q.ready {
+            return Err((Error::QueueNotReady, None));
+        }
+        let mut segs = self.take_buffer();
+        let (extent, outcome) = {
+            let g = mem.deref();
+            let head_flags = q.load_flags(g, q.next_avail).map_err(|e| (e, None))?;
+            if !is_avail(head_flags, q.avail_wrap) {
+                return Ok(None);
+            }
+            let len = u64::from(q.size) * DESC_SIZE;
+            let ring = open_table(g, q.desc_ring, u32::from(q.size)).map_err(|_| {
+                (
+                    Error::RingOutsideMemory {
+                        addr: q.desc_ring,
+                        len,
+                    },
+                    None,
+                )
+            })?;
+            match walk_packed(g, self.limits(), &ring, q, &mut segs.get_mut().segs) {
+                Ok((extent, summary)) => (extent, Ok(summary)),
+                Err((e, Some(extent))) => (extent, Err(e)),
+                Err((e, None)) => return Err((e, None)),
+            }
+        };
+        let (pos, wrap) = advance(q.next_avail, q.avail_wrap, extent.slots, q.size);
+        q.next_avail = pos;
+        q.avail_wrap = wrap;
+        let id = extent.id;
+        if id >= q.size {
+            return Err((
+                Error::BufferIdOutOfRange {
+                    id,
+                    queue_size: q.size,
+                },
+                Some(id),
+            ));
+        }
+        if q.in_flight[usize::from(id)] != 0 {
+            return Err((Error::BufferIdInFlight { id }, Some(id)));
+        }
+        q.in_flight[usize::from(id)] = extent.slots;
+        q.in_flight_count += 1;
+        match outcome {
+            Ok(summary) => Ok(Some(Chain::from_walk(mem, id, segs, summary))),
+            Err(e) => {
+                q.add_used(mem.deref(), id, 0)
+                    .map_err(|re| (re, Some(id)))?;
+                Err((e, Some(id)))
+            }
+        }
+    }
+}
