@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Installs the tools the CI steps need. Idempotent: each tool is checked
 # first, so a second run takes a second.
 set -euo pipefail

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 #![allow(missing_docs)]
 //! Criterion benches: coroutine lifecycle on pooled, per-coroutine mmap and
 //! bare corosensei stacks, a yield round trip, and pool get/put.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The mapping budget: how many stacks a pool may hold before it would push
 //! the process towards `vm.max_map_count`.
 

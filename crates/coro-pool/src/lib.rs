@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Stackful coroutines on pooled, guard-paged stacks that never exhaust
 //! `vm.max_map_count`.
 //!
@@ -76,6 +77,7 @@
 //! fallback budget.
 
 #![cfg(unix)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod budget;
 mod config;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The stack pool: per-thread local pools of at most two batches, a global
 //! pool of batches behind one lock, demand reservations, the mapping budget,
 //! trimming and statistics.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Raw stack mappings: mmap, guard page, page release, unmap, and the
 //! intrusive free list that links idle stacks through their own memory.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Error paths and stack overflow, each in a child process: the test binary
 //! re-runs itself filtered to one test with `CORO_POOL_CHILD` set, the child
 //! lowers its own limits, and the parent checks how it ended.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Pool behaviour: reuse, caps, reservations, budget, trimming, policies,
 //! thread exit and a multithreaded stress test.
 

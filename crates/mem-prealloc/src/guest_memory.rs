@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Preallocation of vm-memory regions (feature `vm-memory`).
 //!
 //! - [`preallocate_guest_memory`] / [`start_guest_memory`]: every region of

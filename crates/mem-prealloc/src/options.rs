@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! What a caller can tune: threads, method, page size, affinity, progress and
 //! cancellation.
 

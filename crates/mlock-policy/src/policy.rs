@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The policy value, its parsing, and process-wide locking.
 
 use std::fmt;
