@@ -36,8 +36,9 @@
 //! - [`Stats`]: live coroutines, pooled stacks (local and global), stacks
 //!   created, reused and freed, VMAs held by the pool and by all pools of
 //!   the process, the budget's limit, trim passes.
-//! - [`Policy::UnboundedPerThread`] (QEMU before 2024) and
-//!   [`Policy::NoPool`] (one `mmap` per coroutine) for comparison.
+//! - `Policy::UnboundedPerThread` (QEMU before 2024) and `Policy::NoPool`
+//!   (one `mmap` per coroutine) for comparison, with the `bench-policies`
+//!   feature (meant for benchmarks, not for production).
 //!
 //! # Example
 //!
@@ -95,6 +96,11 @@ pub use config::{
     GuardMode, IdlePages, Policy, PoolConfig, DEFAULT_BATCH_SIZE, DEFAULT_STACK_SIZE,
     DEFAULT_TRIM_INTERVAL, MAX_BATCH_SIZE, MAX_GUARD_PAGES, MAX_STACK_SIZE,
 };
+// corosensei's own types, re-exported on purpose: a coroutine body receives
+// corosensei's `Yielder` (wrapping it would add a call to every suspend, the
+// hot path this crate is measured on) and `resume` returns its
+// `CoroutineResult`. corosensei is thus a public dependency: a breaking
+// release of it is a breaking release of this crate.
 pub use corosensei::{CoroutineResult, Yielder};
 pub use coroutine::Coroutine;
 pub use pool::{PooledStack, Reservation, StackId, StackPool, Stats};
@@ -102,6 +108,7 @@ pub use stack::{guard_install_supported, GuardKind};
 
 /// Errors of this crate. Stack exhaustion is always reported, never an abort.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// `mmap` of a stack failed (typically `ENOMEM`: `vm.max_map_count`,
     /// `RLIMIT_AS` or overcommit limits).

@@ -31,6 +31,7 @@ pub(crate) fn page_size() -> usize {
 
 /// How the guard page below each stack is made inaccessible.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum GuardKind {
     /// `madvise(MADV_GUARD_INSTALL)`: the guard lives in the page tables, the
     /// stack stays one VMA.

@@ -63,6 +63,7 @@ pub(crate) struct Numa {
 
 /// How pages are faulted in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Method {
     /// `PopulateWrite` when the kernel has it (Linux 5.14+), `Touch` on older
     /// kernels. Where a kernel that has `MADV_POPULATE_WRITE` refuses it for
@@ -121,6 +122,7 @@ pub(crate) type ProgressFn = Arc<dyn Fn(u64) + Send + Sync>;
 /// [`start`](crate::start). The defaults match QEMU without its hard thread
 /// cap: automatic method, base page size, no pinning.
 #[derive(Clone, Default)]
+#[non_exhaustive]
 pub struct PreallocOptions {
     pub(crate) threads: Option<usize>,
     pub(crate) max_threads: Option<usize>,

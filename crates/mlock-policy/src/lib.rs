@@ -204,7 +204,9 @@ pub enum Error {
     GuestMemory {
         /// Guest physical start of the region.
         guest_addr: u64,
-        /// The vm-memory error.
+        /// The vm-memory error (vm-memory's own type, on purpose: the
+        /// feature exists to work on vm-memory's guest memory, whose
+        /// users already match on it).
         source: vm_memory::GuestMemoryError,
     },
 }

@@ -14,6 +14,7 @@ use crate::{sys, Error, Result};
 
 /// How a VMM locks guest memory, as in QEMU's `-overcommit mem-lock=`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum MlockPolicy {
     /// Nothing is locked (`off`).
     #[default]
