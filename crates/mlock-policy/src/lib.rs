@@ -98,6 +98,11 @@
 #![cfg(target_os = "linux")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The README is the crate's crates.io page: its example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctest {}
+
 mod policy;
 mod preflight;
 mod region;
