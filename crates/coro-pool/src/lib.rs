@@ -88,6 +88,11 @@ mod stack;
 
 use std::io;
 
+// The README is the crate's crates.io page: its example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctest {}
+
 pub use budget::{
     BudgetCheck, BudgetOrigin, BudgetStats, MapBudget, MaxMapCount, ProcessBudget,
     DEFAULT_VMA_RESERVE, FALLBACK_MAX_MAP_COUNT, MAX_MAP_COUNT_PATH,
