@@ -148,6 +148,11 @@
 #![cfg(target_os = "linux")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The README is the crate's crates.io page: its example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctest {}
+
 mod error;
 #[cfg(feature = "vm-memory")]
 #[cfg_attr(docsrs, doc(cfg(feature = "vm-memory")))]
