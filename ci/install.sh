@@ -9,6 +9,11 @@ if ! command -v cargo-nextest >/dev/null; then
     cargo install --locked cargo-nextest
 fi
 
+# The semver check (ci/semver.sh).
+if ! cargo semver-checks --version >/dev/null 2>&1; then
+    cargo install --locked cargo-semver-checks
+fi
+
 shopt -s nullglob
 fuzz_targets=(fuzz/fuzz_targets/*.rs)
 if [ ${#fuzz_targets[@]} -gt 0 ] && ! command -v cargo-fuzz >/dev/null; then
