@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Quick mode of the benchmark report: every ready suite at small sizes with
 # one repetition, so the harness and the suites cannot rot. It writes
 # target/bench/BENCHMARKS.quick.md; the committed BENCHMARKS.md comes from

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Runs every fuzz target briefly (FUZZ_SECONDS, default 60) with ASan, and
 # fails on a crash. cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP allows
 # them on stable (see fuzz/README.md). The seed corpora are written first by

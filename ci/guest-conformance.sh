@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # CI step: real Linux guests (TCG) mount 9p from QEMU's built-in server and
 # from our virtio-9p-server, in socket mode (a, trans=unix through a
 # virtio-serial relay) and in vhost-user mode (b, through the rebuilt QEMU),

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Installs the tools the CI steps need. Idempotent: each tool is checked
 # first, so a second run takes a second.
 set -euo pipefail
@@ -6,6 +7,11 @@ cd "$(dirname "$0")/.."
 
 if ! command -v cargo-nextest >/dev/null; then
     cargo install --locked cargo-nextest
+fi
+
+# The semver check (ci/semver.sh).
+if ! cargo semver-checks --version >/dev/null 2>&1; then
+    cargo install --locked cargo-semver-checks
 fi
 
 shopt -s nullglob

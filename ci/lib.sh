@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Shared helpers for the ci/ step scripts; source it, don't run it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Every publishable crate packages and builds on its own, the way crates.io
 # will see it (cargo >= 1.90 resolves the crates' dependencies on each other).
 source "$(dirname "$0")/lib.sh"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # The one entry point for CI and for developers: runs every step in order,
 # prints each step's name and time, and ends with a one-line summary.
 # Usage: ci/test.sh [step...]     (default: all steps)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_STEPS=(fmt clippy unit-tests embed-abort docs publish-dry-run fuzz-smoke bench-quick guest-conformance miri audit)
+ALL_STEPS=(fmt spdx clippy unit-tests embed-abort docs docs-rs semver publish-dry-run fuzz-smoke bench-quick guest-conformance miri audit)
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL_STEPS[@]}")
 

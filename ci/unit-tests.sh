@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Unit and integration tests under nextest, then the doc tests (nextest does
 # not run those).
 source "$(dirname "$0")/lib.sh"

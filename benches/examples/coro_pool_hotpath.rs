@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A profiling driver for coro-pool (moved here from the crate's
 //! `examples/`, which now show how to use the crate): instruction counting
 //! of the hot paths with callgrind, after

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! How close can any stack pool get to bare corosensei? Builds the pool's
 //! costs up one at a time on the same lifecycle (create a coroutine, run it
 //! to completion, give the stack back) and prints each step against bare

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Prints how many VMAs 1000 pooled stacks take with each guard kind
 //! (`cargo run --release -p vmm-benches --example coro_pool_vma_probe`).
 use coro_pool::{GuardMode, PoolConfig, StackPool};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The output convention shared by every suite: a markdown table on stdout
 //! and `<out-dir>/<suite>.json` shaped as
 //! `{"suite": "...", "metrics": {"name": number, ...}, "notes": "..."}`.

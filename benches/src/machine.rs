@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! What the figures were measured on: CPU model, cores, memory, kernel.
 
 use std::fs;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `vmm-benches`: runs benchmark suites that compare this workspace's crates
 //! with their peers (QEMU, crosvm's p9, diod, virtio-queue) and prints one
 //! markdown table per suite.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! SVG line plots for the report, drawn with `plotters` from the series the
 //! suites record with `SuiteReport::series`.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `vmm-benches report`: runs every ready suite and regenerates
 //! BENCHMARKS.md (and its SVG plots) from that one run.
 

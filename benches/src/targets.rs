@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The targets the crate issues set, checked against the figures of one run.
 //! The report lists each with its value and whether this run met it.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Rebuilds QEMU from Debian's own source (the bookworm-backports package)
 # with vhost-user-device and vhost-user-device-pci made user-creatable, so a
 # generic vhost-user backend (our virtio-9p-server in vhost-user mode) can be

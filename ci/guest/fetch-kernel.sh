@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Downloads a Debian kernel (with the 9p modules) and busybox-static with
 # `apt-get download`, unpacks them with `dpkg-deb -x` (no install hooks), and
 # builds a base initramfs: busybox, the 9p/virtio modules in load order, and

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Runs inside the guest as /ci/run (busybox sh). Mounts the share under test,
 # proves the mount with /proc/mounts, then runs the checks named in CI_TESTS.
 # Every result is one line on the console with a fixed prefix that

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Installs QEMU 10 (qemu-system-x86) from bookworm-backports (deb and
 # deb-src enabled), plus the host tools the guest conformance run needs:
 # diod (peer 9P server), socat, cpio, attr. The build dependencies of the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Prepares everything the guest conformance run needs, idempotently and with
 # all downloads/builds cached under $VIRTIO_9P_CI_CACHE (default
 # /var/cache/virtio-9p-ci):

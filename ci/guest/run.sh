@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Boots one Linux guest per 9p server under TCG, runs the POSIX suite,
 # pjdfstest and dd in each, and prints ONE comparison table.
 #

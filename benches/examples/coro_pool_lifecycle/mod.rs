@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The lifecycle loops the coro-pool profiling examples time or count: create a coroutine, run
 //! it to completion, recycle its stack. Each returns wall-clock ns per
 //! lifecycle. `K` is the closure's constant: every value is separate

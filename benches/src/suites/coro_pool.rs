@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Suite `coro-pool`: coroutine lifecycle and pool VMAs vs mmap-per-coroutine,
 //! bare corosensei and QEMU's unbounded per-thread pool.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 /*
  * QEMU's pooled coroutine lifecycle, the peer of the coro-pool suite.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! QEMU's pooled coroutine lifecycle, measured in the same run as the
 //! `coro-pool` suite: `coro_pool_qemu.c` (QEMU's `perf_lifecycle` loop)
 //! linked against the `libqemuutil.a` of a QEMU build on this machine.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Suite `mem-prealloc`: preallocation GiB/s of a memfd by thread count,
 //! against the kernel's own `MAP_POPULATE` of the same size (the limit) and,
 //! when `qemu-system-x86_64` is on `PATH`, against QEMU's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Suite `mlock-policy`: resident memory of a process that maps guest RAM
 //! (2 GiB) and applies each mem-lock policy, against QEMU's
 //! `-overcommit mem-lock=off|on|on-fault` with a 2 GiB memory backend.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The suite registry. Each suite lives in its own file and exposes
 //! `ABOUT`, `READY` and `run(&Ctx) -> SuiteResult`.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Suite `selftest`: exercises the harness itself with a comparison whose
 //! answer is known: summing a buffer in one pass against summing it twice.
 //! The ratio must come out near 2, which checks the alternation, the medians

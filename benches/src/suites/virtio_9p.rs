@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Suite `virtio-9p`: 9P request costs of `virtio-9p-server` against
 //! crosvm's `p9` crate, in process, with the same request stream.
 //!

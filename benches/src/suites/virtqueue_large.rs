@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Suite `virtqueue-large`: the validating walk of a 32768-descriptor
 //! indirect chain against virtio-queue's own `DescriptorChain` iteration of
 //! the same chain, and `preadv` of a cached 128 MiB file into that chain

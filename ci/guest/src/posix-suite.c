@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 /*
  * POSIX conformance checks run inside the guest against a 9p mount.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 /*
  * Guest-side relay for the 9p socket transport: joins a virtio-serial port
  * (whose host end is the 9p server's unix socket) to a unix socket in the

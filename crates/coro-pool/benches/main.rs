@@ -1,10 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 #![allow(missing_docs)]
 //! Criterion benches: coroutine lifecycle on pooled, per-coroutine mmap and
 //! bare corosensei stacks, a yield round trip, and pool get/put.
 
 use std::hint::black_box;
 
-use coro_pool::{Coroutine, CoroutineResult, Policy, PoolConfig, StackPool};
+use coro_pool::{Coroutine, CoroutineResult, PoolConfig, StackPool};
 use corosensei::stack::DefaultStack;
 use criterion::{criterion_group, criterion_main, Criterion};
 
@@ -19,18 +20,23 @@ fn lifecycle(c: &mut Criterion) {
             black_box(co.resume(black_box(1)));
         })
     });
-    let mmap = StackPool::new(
-        PoolConfig::default()
-            .stack_size(STACK)
-            .policy(Policy::NoPool),
-    )
-    .unwrap();
-    g.bench_function("mmap", |b| {
-        b.iter(|| {
-            let mut co: Coroutine<u64, (), u64> = Coroutine::new_in(&mmap, |_, x| x + 1).unwrap();
-            black_box(co.resume(black_box(1)));
-        })
-    });
+    // One mmap per coroutine: `cargo bench -p coro-pool --features bench-policies`.
+    #[cfg(feature = "bench-policies")]
+    {
+        let mmap = StackPool::new(
+            PoolConfig::default()
+                .stack_size(STACK)
+                .policy(coro_pool::Policy::NoPool),
+        )
+        .unwrap();
+        g.bench_function("mmap", |b| {
+            b.iter(|| {
+                let mut co: Coroutine<u64, (), u64> =
+                    Coroutine::new_in(&mmap, |_, x| x + 1).unwrap();
+                black_box(co.resume(black_box(1)));
+            })
+        });
+    }
     let borrowed: *mut DefaultStack = Box::into_raw(Box::new(DefaultStack::new(STACK).unwrap()));
     g.bench_function("bare_borrowed", |b| {
         b.iter(|| {

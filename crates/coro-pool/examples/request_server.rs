@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! How a server uses coro-pool: one coroutine per request in flight, a
 //! worker thread for the blocking calls, a reservation for the in-flight
 //! limit and a background trimmer that gives a burst's stacks back.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Two devices in one process, each with its own pool: both draw on the
 //! one process-wide mapping budget, one of them with a share of its own.
 //! When the budget is spent, creation fails with `BudgetExhausted` in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The mapping budget: how many stacks a pool may hold before it would push
 //! the process towards `vm.max_map_count`.
 
@@ -22,6 +23,7 @@ pub const MAX_MAP_COUNT_PATH: &str = "/proc/sys/vm/max_map_count";
 
 /// Where a pool learns `vm.max_map_count`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MaxMapCount {
     /// Read [`MAX_MAP_COUNT_PATH`] the first time the budget is needed.
     Proc,
@@ -33,6 +35,7 @@ pub enum MaxMapCount {
 
 /// Where a budget's `max_map_count` came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BudgetOrigin {
     /// Read from the sysctl file.
     Read,
@@ -51,6 +54,7 @@ pub enum BudgetOrigin {
 /// QEMU) but at most half of `max_map_count`, so that a tiny limit still
 /// leaves some stacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MapBudget {
     /// The `vm.max_map_count` the budget is based on.
     pub max_map_count: u64,
@@ -202,6 +206,7 @@ pub struct ProcessBudget {
 
 /// What one check of the budget against `/proc/self/maps` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BudgetCheck {
     /// Lines of `/proc/self/maps`: every VMA of the process.
     pub process_vmas: u64,
@@ -218,6 +223,7 @@ pub struct BudgetCheck {
 
 /// A snapshot of a [`ProcessBudget`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct BudgetStats {
     /// The `vm.max_map_count` used (0 until it is first needed).
     pub max_map_count: u64,

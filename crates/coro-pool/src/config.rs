@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Pool configuration.
 
 use std::sync::Arc;
@@ -24,23 +25,51 @@ pub const DEFAULT_TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How a pool keeps idle stacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Policy {
     /// The default: per-thread local pools of at most two batches, a global
     /// pool bounded by demand and by the mapping budget, and trimming.
     #[default]
     Bounded,
-    /// QEMU before 2024, for comparison: every thread keeps every stack it
+    /// QEMU before 2024, for comparison (feature `bench-policies`, for
+    /// benchmarks only): every thread keeps every stack it
     /// ever released, without limit and without a global pool, until the
     /// thread exits. No mapping budget is enforced, so the kernel's limit is
     /// what stops it.
+    #[cfg(feature = "bench-policies")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "bench-policies")))]
     UnboundedPerThread,
     /// No pooling: each coroutine maps its stack and unmaps it when done.
-    /// The mapping budget is still enforced.
+    /// The mapping budget is still enforced. For comparison (feature
+    /// `bench-policies`, for benchmarks only).
+    #[cfg(feature = "bench-policies")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "bench-policies")))]
     NoPool,
+}
+
+impl Policy {
+    /// `UnboundedPerThread`, which exists only with `bench-policies`.
+    pub(crate) fn is_unbounded_per_thread(self) -> bool {
+        #[cfg(feature = "bench-policies")]
+        if self == Policy::UnboundedPerThread {
+            return true;
+        }
+        false
+    }
+
+    /// `NoPool`, which exists only with `bench-policies`.
+    pub(crate) fn is_no_pool(self) -> bool {
+        #[cfg(feature = "bench-policies")]
+        if self == Policy::NoPool {
+            return true;
+        }
+        false
+    }
 }
 
 /// Which guard mechanism new stacks use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum GuardMode {
     /// `MADV_GUARD_INSTALL` when the kernel supports it (probed once),
     /// `mprotect` otherwise.
@@ -54,6 +83,7 @@ pub enum GuardMode {
 
 /// What happens to the memory of idle stacks in the global pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum IdlePages {
     /// Keep the pages: reuse is free of page faults.
     #[default]
@@ -75,6 +105,7 @@ pub enum IdlePages {
 /// assert_eq!(config.get_stack_size(), 256 << 10);
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PoolConfig {
     pub(crate) stack_size: usize,
     pub(crate) guard_pages: usize,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Stackful coroutines on pooled, guard-paged stacks that never exhaust
 //! `vm.max_map_count`.
 //!
@@ -35,8 +36,9 @@
 //! - [`Stats`]: live coroutines, pooled stacks (local and global), stacks
 //!   created, reused and freed, VMAs held by the pool and by all pools of
 //!   the process, the budget's limit, trim passes.
-//! - [`Policy::UnboundedPerThread`] (QEMU before 2024) and
-//!   [`Policy::NoPool`] (one `mmap` per coroutine) for comparison.
+//! - `Policy::UnboundedPerThread` (QEMU before 2024) and `Policy::NoPool`
+//!   (one `mmap` per coroutine) for comparison, with the `bench-policies`
+//!   feature (meant for benchmarks, not for production).
 //!
 //! # Example
 //!
@@ -76,6 +78,7 @@
 //! fallback budget.
 
 #![cfg(unix)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod budget;
 mod config;
@@ -85,6 +88,11 @@ mod stack;
 
 use std::io;
 
+// The README is the crate's crates.io page: its example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctest {}
+
 pub use budget::{
     BudgetCheck, BudgetOrigin, BudgetStats, MapBudget, MaxMapCount, ProcessBudget,
     DEFAULT_VMA_RESERVE, FALLBACK_MAX_MAP_COUNT, MAX_MAP_COUNT_PATH,
@@ -93,6 +101,11 @@ pub use config::{
     GuardMode, IdlePages, Policy, PoolConfig, DEFAULT_BATCH_SIZE, DEFAULT_STACK_SIZE,
     DEFAULT_TRIM_INTERVAL, MAX_BATCH_SIZE, MAX_GUARD_PAGES, MAX_STACK_SIZE,
 };
+// corosensei's own types, re-exported on purpose: a coroutine body receives
+// corosensei's `Yielder` (wrapping it would add a call to every suspend, the
+// hot path this crate is measured on) and `resume` returns its
+// `CoroutineResult`. corosensei is thus a public dependency: a breaking
+// release of it is a breaking release of this crate.
 pub use corosensei::{CoroutineResult, Yielder};
 pub use coroutine::Coroutine;
 pub use pool::{PooledStack, Reservation, StackId, StackPool, Stats};
@@ -100,6 +113,7 @@ pub use stack::{guard_install_supported, GuardKind};
 
 /// Errors of this crate. Stack exhaustion is always reported, never an abort.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// `mmap` of a stack failed (typically `ENOMEM`: `vm.max_map_count`,
     /// `RLIMIT_AS` or overcommit limits).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The stack pool: per-thread local pools of at most two batches, a global
 //! pool of batches behind one lock, demand reservations, the mapping budget,
 //! trimming and statistics.
@@ -38,8 +39,8 @@ struct ThreadStats {
     /// Stacks the thread has given back (pooled or freed).
     puts: AtomicU64,
     /// Stacks the current batch may hold before a put takes the slow path:
-    /// the batch size, unlimited for [`Policy::UnboundedPerThread`], 0 for
-    /// [`Policy::NoPool`] and once the pool is closed (set by
+    /// the batch size, unlimited for `Policy::UnboundedPerThread`, 0 for
+    /// `Policy::NoPool` and once the pool is closed (set by
     /// [`Shared::close`] from the dropping thread). It sits next to `puts`
     /// so that a put reads a single line of per-thread data besides the
     /// list head.
@@ -165,17 +166,19 @@ impl Shared {
                     .saturating_add(self.hot.reserved.load(Ordering::Relaxed));
                 demand.min(self.budget().max_stacks)
             }
+            #[cfg(feature = "bench-policies")]
             Policy::UnboundedPerThread => usize::MAX,
+            #[cfg(feature = "bench-policies")]
             Policy::NoPool => 0,
         }
     }
 
     /// Maps a new stack, within the pool's share and the process-wide
     /// budget (shared with every other pool of the budget). Under
-    /// [`Policy::UnboundedPerThread`] the stack is charged but never
+    /// `Policy::UnboundedPerThread` the stack is charged but never
     /// refused: the kernel's limit is what stops that policy.
     fn create(&self) -> Result<NonNull<u8>> {
-        let enforce = self.policy != Policy::UnboundedPerThread;
+        let enforce = !self.policy.is_unbounded_per_thread();
         let held = self.hot.held.fetch_add(1, Ordering::Relaxed);
         let kind = self.guard_kind();
         let vmas = kind.vmas_per_stack() as u64;
@@ -516,7 +519,9 @@ impl LocalPool {
             let cap = match shared.policy {
                 _ if shared.closed.load(Ordering::Relaxed) => 0,
                 Policy::Bounded => shared.batch_size,
+                #[cfg(feature = "bench-policies")]
                 Policy::UnboundedPerThread => usize::MAX,
+                #[cfg(feature = "bench-policies")]
                 Policy::NoPool => 0,
             };
             stats.cap.store(cap, Ordering::Relaxed);
@@ -578,7 +583,7 @@ impl LocalPool {
     }
 
     /// The fast path of a get: the hot slot, else a pop from the current
-    /// batch. Under [`Policy::NoPool`] both are always empty.
+    /// batch. Under `Policy::NoPool` both are always empty.
     ///
     /// # Safety
     ///
@@ -704,7 +709,7 @@ impl LocalPool {
     /// whose pool is closed or pools nothing).
     fn put_full(&self, top: NonNull<u8>) {
         let sh = &*self.shared;
-        if sh.policy == Policy::NoPool || sh.closed.load(Ordering::Relaxed) {
+        if sh.policy.is_no_pool() || sh.closed.load(Ordering::Relaxed) {
             sh.free_one(top);
             return;
         }
@@ -880,7 +885,7 @@ fn take_registering(shared: &Arc<Shared>) -> Result<PooledStack> {
 pub struct StackId(pub usize);
 
 /// A stack taken from a [`StackPool`]. Dropping it returns it to the pool
-/// (to this thread's local pool, or unmaps it under [`Policy::NoPool`]).
+/// (to this thread's local pool, or unmaps it under `Policy::NoPool`).
 ///
 /// It implements [`corosensei::stack::Stack`], so it can also back a
 /// `corosensei::Coroutine` directly. It is neither `Send` nor `Sync`: it
@@ -1057,6 +1062,7 @@ impl std::fmt::Debug for Shared {
 /// stopping the threads, so a snapshot taken while other threads work is
 /// approximate.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Stacks in use: live coroutines (and [`PooledStack`]s held directly),
     /// computed as stacks taken minus stacks given back, summed over the
@@ -1267,7 +1273,7 @@ impl StackPool {
     /// Raises the global pool's maximum by `stacks` until the returned
     /// handle is dropped; dropping it frees the global stacks above the
     /// lowered maximum at once (see [`Reservation`]). Under
-    /// [`Policy::UnboundedPerThread`] and [`Policy::NoPool`] it is recorded
+    /// `Policy::UnboundedPerThread` and `Policy::NoPool` it is recorded
     /// but changes nothing.
     pub fn reserve(&self, stacks: usize) -> Reservation {
         let mut added = 0;
@@ -1299,7 +1305,7 @@ impl StackPool {
 
     /// Moves the calling thread's local stacks to the global pool (freeing
     /// what does not fit), for a thread about to go idle for a long time.
-    /// Under [`Policy::UnboundedPerThread`] they are freed.
+    /// Under `Policy::UnboundedPerThread` they are freed.
     pub fn flush_local(&self) {
         let found = REGISTRY.try_with(|reg| reg.try_borrow().ok()?.find(&self.shared));
         if let Ok(Some(local)) = found {
@@ -1354,7 +1360,7 @@ impl StackPool {
 
     /// The global pool's current maximum: `min(base + reserved, budget)`
     /// for [`Policy::Bounded`], `usize::MAX` for
-    /// [`Policy::UnboundedPerThread`], 0 for [`Policy::NoPool`].
+    /// `Policy::UnboundedPerThread`, 0 for `Policy::NoPool`.
     pub fn max_pooled(&self) -> usize {
         self.shared.max_pooled()
     }

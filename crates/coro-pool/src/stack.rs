@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Raw stack mappings: mmap, guard page, page release, unmap, and the
 //! intrusive free list that links idle stacks through their own memory.
 
@@ -30,6 +31,7 @@ pub(crate) fn page_size() -> usize {
 
 /// How the guard page below each stack is made inaccessible.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum GuardKind {
     /// `madvise(MADV_GUARD_INSTALL)`: the guard lives in the page tables, the
     /// stack stays one VMA.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The process-wide mapping budget: pools sharing one budget, a pool's own
 //! share, the global pool next to a pool of its own, mappings the pools do
 //! not own, and the accounting against `/proc/self/maps`.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Error paths and stack overflow, each in a child process: the test binary
 //! re-runs itself filtered to one test with `CORO_POOL_CHILD` set, the child
 //! lowers its own limits, and the parent checks how it ended.
@@ -5,7 +6,7 @@
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output};
 
-use coro_pool::{Coroutine, CoroutineResult, Error, GuardMode, Policy, PoolConfig, StackPool};
+use coro_pool::{Coroutine, CoroutineResult, Error, GuardMode, PoolConfig, StackPool};
 
 const CHILD_ENV: &str = "CORO_POOL_CHILD";
 const CHILD_OK: &str = "CORO_POOL_CHILD_OK";
@@ -108,6 +109,8 @@ fn test_rlimit_as_makes_creation_fail_and_process_survives() {
     println!("{CHILD_OK} {n} stacks before ENOMEM");
 }
 
+// Needs the comparison policies: runs with `--all-features` (as CI does).
+#[cfg(feature = "bench-policies")]
 #[test]
 fn test_unbounded_policy_hits_max_map_count_and_recovers() {
     const NAME: &str = "test_unbounded_policy_hits_max_map_count_and_recovers";
@@ -131,7 +134,7 @@ fn test_unbounded_policy_hits_max_map_count_and_recovers() {
     let pool = StackPool::new(
         PoolConfig::default()
             .stack_size(16 << 10)
-            .policy(Policy::UnboundedPerThread)
+            .policy(coro_pool::Policy::UnboundedPerThread)
             .guard(GuardMode::Mprotect),
     )
     .unwrap();

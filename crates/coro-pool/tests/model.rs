@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A proptest of random get/put/trim/reserve sequences on one thread,
 //! checked step by step against a model of the pool's rules.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Pool behaviour: reuse, caps, reservations, budget, trimming, policies,
 //! thread exit and a multithreaded stress test.
 
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use coro_pool::{
     BudgetOrigin, Coroutine, CoroutineResult, Error, GuardKind, GuardMode, IdlePages, MapBudget,
-    MaxMapCount, Policy, PoolConfig, PooledStack, StackId, StackPool, FALLBACK_MAX_MAP_COUNT,
+    MaxMapCount, PoolConfig, PooledStack, StackId, StackPool, FALLBACK_MAX_MAP_COUNT,
 };
 
 /// A fresh scratch directory under the system temp dir, removed on drop.
@@ -354,19 +355,22 @@ fn test_budget_exhausted_returns_error() {
     assert_eq!(err.errno(), None);
     live.pop();
     assert!(Coroutine::<u32, u32, u32>::new_in(&pool, |_, x| x).is_ok());
-    // NoPool enforces the budget as well.
-    let nopool = StackPool::new(
-        small()
-            .policy(Policy::NoPool)
-            .guard(GuardMode::Mprotect)
-            .max_map_count(MaxMapCount::Fixed(20)),
-    )
-    .unwrap();
-    let _held: Vec<_> = (0..5).map(|_| nopool.take_stack().unwrap()).collect();
-    assert!(matches!(
-        nopool.take_stack(),
-        Err(Error::BudgetExhausted { .. })
-    ));
+    // NoPool enforces the budget as well (with `bench-policies`).
+    #[cfg(feature = "bench-policies")]
+    {
+        let nopool = StackPool::new(
+            small()
+                .policy(coro_pool::Policy::NoPool)
+                .guard(GuardMode::Mprotect)
+                .max_map_count(MaxMapCount::Fixed(20)),
+        )
+        .unwrap();
+        let _held: Vec<_> = (0..5).map(|_| nopool.take_stack().unwrap()).collect();
+        assert!(matches!(
+            nopool.take_stack(),
+            Err(Error::BudgetExhausted { .. })
+        ));
+    }
 }
 
 #[test]
@@ -518,9 +522,11 @@ fn test_burst_of_1024_falls_back_within_two_trim_intervals() {
     assert!(after.vmas_held <= 2 * pool.batch_size() * vps, "{after:?}");
 }
 
+// Needs the comparison policies: runs with `--all-features` (as CI does).
+#[cfg(feature = "bench-policies")]
 #[test]
 fn test_policy_no_pool_maps_per_coroutine() {
-    let pool = StackPool::new(small().policy(Policy::NoPool)).unwrap();
+    let pool = StackPool::new(small().policy(coro_pool::Policy::NoPool)).unwrap();
     for _ in 0..3 {
         let mut co = one_yield(&pool);
         co.resume(1);
@@ -535,9 +541,16 @@ fn test_policy_no_pool_maps_per_coroutine() {
     assert_eq!(s.max_pooled, 0);
 }
 
+// Needs the comparison policies: runs with `--all-features` (as CI does).
+#[cfg(feature = "bench-policies")]
 #[test]
 fn test_policy_unbounded_keeps_every_stack_locally() {
-    let pool = StackPool::new(small().policy(Policy::UnboundedPerThread).batch_size(4)).unwrap();
+    let pool = StackPool::new(
+        small()
+            .policy(coro_pool::Policy::UnboundedPerThread)
+            .batch_size(4),
+    )
+    .unwrap();
     let _r = pool.reserve(10);
     let live: Vec<_> = (0..100).map(|_| one_yield(&pool)).collect();
     drop(live);

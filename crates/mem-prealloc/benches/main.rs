@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 #![allow(missing_docs)]
 //! Criterion benches: preallocating a small memfd by method and thread count,
 //! and the kernel's MAP_POPULATE of the same size. The cross-peer comparison

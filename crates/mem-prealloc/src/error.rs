@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The error type of the crate.
 
 use std::io;
@@ -7,6 +8,7 @@ use std::io;
 /// Offsets are relative to the start of the region that was passed in, so
 /// they stay meaningful whatever address the mapping got.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An option is out of range (a thread count of zero, an empty or
     /// oversized CPU list, a page size that is not a power of two, ...).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Preallocation of vm-memory regions (feature `vm-memory`).
 //!
 //! - [`preallocate_guest_memory`] / [`start_guest_memory`]: every region of
@@ -6,6 +7,10 @@
 //! - [`preallocate_mmap_region`] / [`start_mmap_region`]: a raw
 //!   `MmapRegion`, for VMMs (cloud-hypervisor) that prefault a region before
 //!   they wrap it in a `GuestRegionMmap`.
+//!
+//! These functions take vm-memory's types on purpose: that is what the
+//! feature is for. vm-memory is then a public dependency of this module, and
+//! a breaking vm-memory release is a breaking release of this crate.
 
 use vm_memory::bitmap::Bitmap;
 use vm_memory::mmap::MmapRegion;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The workers: spawning, the start gate, chunk distribution over one or
 //! several regions, the per-mapping touch fallback, progress, cancellation
 //! and the background job handles.

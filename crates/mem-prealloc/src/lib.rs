@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Multi-threaded preallocation of guest memory.
 //!
 //! A VMM that promises a guest its RAM up front must fault every page in
@@ -145,9 +146,16 @@
 //! - Linux only.
 
 #![cfg(target_os = "linux")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+// The README is the crate's crates.io page: its example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctest {}
 
 mod error;
 #[cfg(feature = "vm-memory")]
+#[cfg_attr(docsrs, doc(cfg(feature = "vm-memory")))]
 pub mod guest_memory;
 mod job;
 mod options;

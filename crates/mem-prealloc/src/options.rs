@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! What a caller can tune: threads, method, page size, affinity, progress and
 //! cancellation.
 
@@ -62,6 +63,7 @@ pub(crate) struct Numa {
 
 /// How pages are faulted in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Method {
     /// `PopulateWrite` when the kernel has it (Linux 5.14+), `Touch` on older
     /// kernels. Where a kernel that has `MADV_POPULATE_WRITE` refuses it for
@@ -120,6 +122,7 @@ pub(crate) type ProgressFn = Arc<dyn Fn(u64) + Send + Sync>;
 /// [`start`](crate::start). The defaults match QEMU without its hard thread
 /// cap: automatic method, base page size, no pinning.
 #[derive(Clone, Default)]
+#[non_exhaustive]
 pub struct PreallocOptions {
     pub(crate) threads: Option<usize>,
     pub(crate) max_threads: Option<usize>,

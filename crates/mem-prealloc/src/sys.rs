@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The system calls behind the crate, each wrapped so that it can only fail
 //! with an errno: none of them lets the CPU touch the target memory from user
 //! space, so none of them can raise `SIGBUS` or `SIGSEGV` in this process.

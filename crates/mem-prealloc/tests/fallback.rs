@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The per-mapping fallback: `MADV_POPULATE_WRITE` refused with `EINVAL`
 //! on one mapping falls back to touching where that is correct
 //! (`memfd_secret`: writable, no `VM_IO`) and keeps the error where it is

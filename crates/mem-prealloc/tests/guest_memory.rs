@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The vm-memory integration: whole `GuestMemoryMmap`s and single regions.
 #![cfg(feature = "vm-memory")]
 

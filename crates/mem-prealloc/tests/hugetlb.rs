@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! hugetlbfs-backed regions (2 MiB pages): page-size detection, success, and
 //! exhaustion of the hugepage pool under both methods. These tests grow the
 //! pool through /proc/sys/vm/nr_hugepages (root only) and shrink it back;

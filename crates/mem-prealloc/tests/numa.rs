@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! NUMA placement (`PreallocOptions::numa`): the policy is applied before
 //! population and read back with `get_mempolicy`, the pages land on the
 //! node, a missing node populates nothing, the workers run on the nodes'

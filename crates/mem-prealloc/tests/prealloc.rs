@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Preallocation of memfd and anonymous regions: residency, preserved
 //! contents, the thread formula, progress, cancellation, background jobs and
 //! every error the raw API can return.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Several regions in one job (`start_regions`): side-by-side filling, one
 //! thread budget, per-region results, a failing region (hugetlbfs
 //! exhaustion included) that does not stop the others, the rounded-down

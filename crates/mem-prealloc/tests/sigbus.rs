@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Pages whose CPU access would raise SIGBUS (a memfd truncated below its
 //! mapping) give an error under every method, and the process carries on.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 #![allow(missing_docs)]
 //! Costs of the locking operations: lock and unlock of a region under each
 //! policy, a temporary unlock, the pre-flight check and the status read.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Memory locking policy for VMMs: `off`, `on` or `on-fault`, process-wide
 //! or per guest region, with errors that say what to do.
 //!
@@ -95,6 +96,12 @@
 //! [`preflight_regions`]: MlockPolicy::preflight_regions
 
 #![cfg(target_os = "linux")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+// The README is the crate's crates.io page: its example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctest {}
 
 mod policy;
 mod preflight;
@@ -197,11 +204,14 @@ pub enum Error {
     },
     /// A guest memory region has no host mapping to lock.
     #[cfg(feature = "vm-memory")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "vm-memory")))]
     #[error("guest memory region at {guest_addr:#x} has no host mapping to lock: {source}")]
     GuestMemory {
         /// Guest physical start of the region.
         guest_addr: u64,
-        /// The vm-memory error.
+        /// The vm-memory error (vm-memory's own type, on purpose: the
+        /// feature exists to work on vm-memory's guest memory, whose
+        /// users already match on it).
         source: vm_memory::GuestMemoryError,
     },
 }

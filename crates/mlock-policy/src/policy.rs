@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The policy value, its parsing, and process-wide locking.
 
 use std::fmt;
@@ -13,6 +14,7 @@ use crate::{sys, Error, Result};
 
 /// How a VMM locks guest memory, as in QEMU's `-overcommit mem-lock=`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum MlockPolicy {
     /// Nothing is locked (`off`).
     #[default]

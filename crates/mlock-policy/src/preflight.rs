@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The pre-flight check: `RLIMIT_MEMLOCK` and `CAP_IPC_LOCK` against what a
 //! lock needs, and the actionable error when they fall short.
 

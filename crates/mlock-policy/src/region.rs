@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Per-region locking of guest RAM, crosvm style: only the guest memory is
 //! locked, never the VMM's own heap, stacks or libraries.
 
@@ -241,6 +242,7 @@ mod guest_memory {
     /// The locks of every region of a guest memory map, unlocked on drop.
     /// Made by [`MlockPolicy::lock_guest_memory`].
     #[derive(Debug)]
+    #[cfg_attr(docsrs, doc(cfg(feature = "vm-memory")))]
     pub struct GuestMemoryLock {
         regions: Vec<RegionLock>,
     }
@@ -253,6 +255,7 @@ mod guest_memory {
         ///
         /// Hold the guard for as long as the memory map; lock the new map
         /// again after a memory table update.
+        #[cfg_attr(docsrs, doc(cfg(feature = "vm-memory")))]
         pub fn lock_guest_memory<M: GuestMemoryBackend>(self, mem: &M) -> Result<GuestMemoryLock> {
             let mut spans = Vec::new();
             for region in mem.iter() {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The lock status of a process, read from `/proc/<pid>/status` and
 //! `/proc/<pid>/smaps_rollup`.
 

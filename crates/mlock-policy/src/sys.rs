@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Thin wrappers over the locking system calls. Each returns the raw
 //! `io::Error` so that the callers can turn it into an actionable error.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The actionable errors, in child processes without CAP_IPC_LOCK and with
 //! a small RLIMIT_MEMLOCK.
 

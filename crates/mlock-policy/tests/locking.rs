@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Locking in child processes: each policy process-wide and per region,
 //! with 1 GiB regions, and the temporary unlocks.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Part of suite `virtio-9p` (issue #10): the socket transport against
 //! diod, the 9P2000.L server Debian ships, with one load generator.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! In-process 9P request costs: the same request frames against
 //! `virtio_9p_server::Server` (passthrough, inline executor) and crosvm's
 //! `p9::Server::handle_message`, alternating, plus a bare `statx` as the

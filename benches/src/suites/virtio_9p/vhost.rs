@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Part of suite `virtio-9p` (issue #8): the vhost-user data path. An
 //! in-process fake VMM (`virtio_9p_server::vhost_user::mock::FakeVmm`)
 //! talks real vhost-user to the daemon over a unix socket and shares memfd

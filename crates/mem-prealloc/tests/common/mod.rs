@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Helpers shared by the integration tests: memfds, mappings, residency
 //! checks and a hugepage pool guard.
 
