@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Text into the `--uid-map` / `--gid-map` and `--translate-uid` /
 //! `--translate-gid` parsers of virtio-9p-server: no panic, parsed rules
 //! print back to themselves, accepted rule sets translate every id.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Raw bytes into every 9P2000.L decoder of virtio-9p-server. Whatever
 //! decodes must encode back to the same bytes; whatever fails must fail
 //! with an error that maps to an errno.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A sequence of 9P2000.L requests against a server on a temporary export.
 //!
 //! The export and the canary directory beside it are

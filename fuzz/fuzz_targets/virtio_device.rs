@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! 9P requests in fuzzed descriptor chains into virtio-9p-server's virtio
 //! request queue (`virtio::RequestQueue`: the chain walk under the large
 //! policy, the coroutine engine, Tflush handling and the server), with the

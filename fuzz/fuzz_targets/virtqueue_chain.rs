@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `virtqueue_chain`: descriptors and queue operations, laid out through
 //! virtqueue-large's mock driver (valid, raw and malicious chains, a
 //! corrupted available index, pops, used-ring reclaim) and replayed under

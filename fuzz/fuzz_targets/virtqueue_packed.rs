@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `virtqueue_packed`: driver and device operations on one packed ring,
 //! laid out through virtqueue-large's `MockPackedDriver` (valid chains with
 //! driver-chosen buffer ids, raw descriptors with raw AVAIL/USED bits,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 #![allow(missing_docs)]
 //! Criterion benches: the validating walk against virtio-queue's iterator,
 //! small Reader/Writer copies, and preadv into a large chain.

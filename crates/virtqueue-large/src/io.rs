@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Zero-copy Reader and Writer over the segments of a validated chain.
 
 use std::cell::RefCell;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Strictly validated virtio descriptor chains of up to 32768 descriptors,
 //! with zero-copy, `IOV_MAX`-chunked file I/O.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Packed virtqueues (`VIRTIO_F_RING_PACKED`, virtio 1.1 section 2.8):
 //! the device side of the ring, its validating walk, used write-back and
 //! event suppression.

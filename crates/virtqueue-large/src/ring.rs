@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! One request path for both ring layouts: [`DeviceRing`], implemented by
 //! the split ring (through [`SplitRing`]) and by [`PackedQueue`], and
 //! [`AnyRing`], the enum a device keeps when the layout is only known once

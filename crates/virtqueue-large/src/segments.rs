@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Validated buffer segments and the pool that recycles their storage.
 
 use std::sync::{Arc, Mutex};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The validating chain walk and the pop that drives it.
 
 use std::mem::{align_of, size_of};

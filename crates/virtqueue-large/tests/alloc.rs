@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Steady state allocates nothing per chain: segment buffers come from the
 //! walker's pool and the iovec array is per thread.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Valid chains: direct, indirect, 32768 descriptors, random layouts, the
 //! Reader/Writer API and event-idx.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Zero-copy file I/O: preadv/pwritev chunked at IOV_MAX, short reads and
 //! writes, pipes.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Every malicious chain is refused with its own error, consumed, and the
 //! next valid chain on the same queue is still served.
 

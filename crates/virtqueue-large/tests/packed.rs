@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Packed rings: valid chains, wrap counters, ids reused out of order,
 //! used write-back in any order, event suppression, the vhost-user ring
 //! base, and every malicious pattern refused with the queue still serving

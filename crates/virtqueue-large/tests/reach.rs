@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! For devices other than 9p: adopting a chain that virtio-queue popped,
 //! and iovec views for asynchronous backends.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A total byte decoder and its inverse.
 //!
 //! [`ByteSource`] turns any byte string into values: reads past the end

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Writes seed files into the cargo-fuzz corpus directories.
 
 use std::path::PathBuf;

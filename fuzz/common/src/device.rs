@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Input of the `virtio_device` target: 9P requests carried in descriptor
 //! chains into virtio-9p-server's virtio request queue.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Inputs of the `id_options` target: the text of `--uid-map` /
 //! `--gid-map` and `--translate-uid` / `--translate-gid` values, one per
 //! line, as an operator (or a script copied from virtiofsd) writes them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Structured fuzz inputs for the vmm-io-crates fuzz targets, and the seed
 //! corpora written by this crate's unit tests.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Inputs of the `p9_decode` and `p9_session` targets.
 //!
 //! `p9_decode` takes raw bytes; [`decode_seeds`] gives one encoded frame of

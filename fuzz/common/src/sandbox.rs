@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The export a fuzzed 9P server serves, with a canary directory beside it
 //! that must never be opened, read, changed or replaced.
 //!

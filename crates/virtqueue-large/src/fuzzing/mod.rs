@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Fuzzing support (feature `test-utils`): the invariant checks that the
 //! `virtqueue_chain` cargo-fuzz target applies to every accepted chain
 //! ([`check_chain`], [`compare_with_virtio_queue`], [`serve`],

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The `virtqueue_packed` harness: a byte-decoded list of driver and
 //! device operations on one packed ring, replayed under the spec-strict
 //! policy, the large policy and a variant the input chooses.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A driver-side mock: lays out split rings, direct, indirect and malicious
 //! chains in a real guest memory, and reads back the used ring.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The driver side of a packed ring: [`MockPackedDriver`] lays out direct
 //! and indirect chains with driver-chosen buffer ids (reused in any
 //! order), reads back used descriptors with the driver's wrap counter,
