@@ -1,6 +1,18 @@
 //! A 9P2000.L file server for VMMs: a library a VMM embeds, a plain socket
 //! server and a vhost-user daemon.
 //!
+//! # Library and daemon
+//!
+//! With `default-features = false` the crate is the embeddable core:
+//! [`protocol`], the [`Server`], the [`fs::Filesystem`] trait and
+//! [`PassthroughFs`], [`io`], [`engine`], [`virtio`] and the socket
+//! [`transport`]. It never exits the process, installs no signal handler
+//! and pulls in no CLI, logger backend, seccomp or vhost crate. The
+//! `vhost-user` feature adds the `vhost_user` backend and daemon loop
+//! (vhost, vhost-user-backend); the `daemon` feature (default) adds the
+//! binary and its hardening, the `sandbox` module (clap, env_logger,
+//! seccompiler, mlock-policy).
+//!
 //! Follow one request through the crate:
 //!
 //! 1. a transport frames it and hands the bytes over as a
@@ -40,14 +52,20 @@ pub mod error;
 pub mod fs;
 pub mod io;
 pub mod protocol;
-pub mod sandbox;
 mod server;
 pub mod transport;
 
-// The virtio transport, the coroutine engine and the vhost-user daemon (issue 8).
+// The virtio transport and the coroutine engine (issue 8).
 pub mod engine;
-pub mod vhost_user;
 pub mod virtio;
+
+// Behind features (see "Library and daemon" in the README): the
+// vhost-user backend needs vhost and vhost-user-backend; the sandbox is
+// the binary's hardening and needs seccompiler.
+#[cfg(feature = "daemon")]
+pub mod sandbox;
+#[cfg(feature = "vhost-user")]
+pub mod vhost_user;
 
 #[cfg(any(test, feature = "test-utils"))]
 pub mod client;

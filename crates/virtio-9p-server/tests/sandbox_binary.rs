@@ -763,6 +763,9 @@ fn test_vhost_user_mapped_xattr_as_the_guest_row_runs_it() {
     }
     // SAFETY: plain getter.
     if unsafe { libc::geteuid() } == 0 {
+        // The socket exists before the sandbox: wait until the child has
+        // dropped its capabilities (it logs them right after).
+        d.wait_log("capabilities [");
         let pid = d.server_pid("namespace");
         assert_eq!(cap_mask(pid, "CapEff:"), documented_caps("mapped-xattr"));
     }
