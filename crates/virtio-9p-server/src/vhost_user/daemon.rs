@@ -282,9 +282,10 @@ impl<F: Filesystem + 'static> Daemon<F> {
             if let Err(e) = daemon.start(&mut self.listener) {
                 warn!("virtio-9p: accepting a frontend failed: {e}");
                 backend.shutdown();
+                // The backend's drop closes the exit-event fds the daemon
+                // leaked, once the daemon (holding Arcs of it) is gone.
                 drop(daemon);
-                // SAFETY: the daemon (with its vring thread) was just dropped.
-                unsafe { backend.close_leaked_exit_fds() };
+                drop(backend);
                 continue;
             }
             let n = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
@@ -297,8 +298,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
             *self.stop.0.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
             backend.shutdown();
             drop(daemon);
-            // SAFETY: the daemon (with its vring thread) was just dropped.
-            unsafe { backend.close_leaked_exit_fds() };
+            drop(backend);
             match result {
                 Ok(()) => info!("virtio-9p: frontend {n} disconnected"),
                 Err(e) => warn!("virtio-9p: frontend {n} ended: {e}"),
