@@ -25,7 +25,7 @@
 
 mod mapped;
 pub mod qid;
-pub mod sys;
+pub(crate) mod sys;
 
 use std::ffi::CString;
 use std::fmt;
