@@ -2,7 +2,8 @@
 # The library and daemon apart (issue 18, item 1): with default features
 # off, virtio-9p-server is the embeddable core and pulls in no CLI, logger
 # backend, seccomp or vhost crate; it builds and its unit tests pass that
-# way; the vhost-user feature builds without the daemon; and the binary of
+# way; the vhost-user feature builds without the daemon; the embed_abort
+# example builds on the core alone; and the binary of
 # a default build carries no --test-hook.
 source "$(dirname "$0")/lib.sh"
 crate=virtio-9p-server
@@ -19,6 +20,8 @@ echo "lib-deps: no-default-features tree has none of: ${forbidden//|/, }"
 cargo build --locked -p "$crate" --no-default-features
 cargo test --locked -p "$crate" --no-default-features --lib
 cargo check --locked -p "$crate" --no-default-features --features vhost-user --lib
+# The VMM-side embedding example needs only the core.
+cargo check --locked -p "$crate" --no-default-features --features test-utils --example embed_abort
 
 # The default build (what `cargo install` and ci/guest build) has the
 # binary, and the binary has no test hooks.
