@@ -40,6 +40,33 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A malformed user-namespace id map ([`IdMap`](crate::fs::ids::IdMap)).
+    #[error("bad id map {input:?}: {reason}")]
+    IdMap {
+        /// The text given.
+        input: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A malformed id translation rule ([`IdRule`](crate::fs::ids::IdRule)).
+    #[error("bad id translation {input:?}: {reason}")]
+    IdRule {
+        /// The text given.
+        input: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Two id translation rules translate the same ids in the same
+    /// direction ([`IdRules::new`](crate::fs::ids::IdRules::new)).
+    #[error("id translations {first} and {second} overlap on {side} ids")]
+    IdOverlap {
+        /// The earlier rule.
+        first: crate::fs::ids::IdRule,
+        /// The later rule.
+        second: crate::fs::ids::IdRule,
+        /// `guest` or `host`.
+        side: &'static str,
+    },
     /// A configured msize outside `MIN_MSIZE..=MAX_MSIZE`.
     #[error("msize {0} is outside the supported range 4096..=134217728")]
     InvalidMsize(u32),

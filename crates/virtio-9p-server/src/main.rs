@@ -1,8 +1,6 @@
 //! The `virtio-9p-server` binary: serves a directory over 9P2000.L.
 
-mod cli;
-mod pidfile;
-mod syslog;
+mod daemon;
 
 use std::ffi::CString;
 use std::os::fd::IntoRawFd;
@@ -12,15 +10,16 @@ use std::sync::{Arc, OnceLock};
 
 use log::{info, warn};
 
+use virtio_9p_server::fs::ids::{IdRules, IdTranslation, Translated};
 use virtio_9p_server::fs::Filesystem;
-use virtio_9p_server::sandbox::ids::{IdRules, IdTranslation, Translated};
 use virtio_9p_server::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
 use virtio_9p_server::transport::socket::{ListenAddr, Listener};
 use virtio_9p_server::transport::unix;
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, Server};
 
-use cli::Cli;
-use pidfile::PidFile;
+use daemon::cli::{self, Cli};
+use daemon::pidfile::PidFile;
+use daemon::{syslog, vhost};
 
 /// The filesystem the binary serves: passthrough behind the id squashing.
 type Fs = Translated<PassthroughFs>;
@@ -64,6 +63,9 @@ fn harden(
             .map_err(|e| e.to_string())
     })
     .map_err(|e| e.to_string())?;
+    // Inside the namespace and chroot sandboxes the current directory is
+    // the detached /proc/self/fd.
+    fs.inner().set_proc_fd_is_cwd(sb::proc_fd_is_cwd());
     let mut keep = caps::CapSet::of(caps::for_model(cli.security_model, cli.readonly));
     if cli.listen.is_none() && cli.vhost.mlock != mlock_policy::MlockPolicy::Off {
         keep = caps::CapSet(keep.0 | 1 << caps::CAP_IPC_LOCK);
@@ -79,6 +81,7 @@ fn harden(
         h.seccomp,
         kept.names()
     );
+    #[cfg(feature = "test-hooks")]
     for hook in &h.test_hook {
         run_test_hook(hook);
     }
@@ -126,7 +129,10 @@ fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
-/// Test-only hooks (hidden `--test-hook`), run once the process is confined.
+/// Test-only hooks (hidden `--test-hook`, only with the `test-hooks`
+/// feature that the integration tests turn on), run once the process is
+/// confined.
+#[cfg(feature = "test-hooks")]
 fn run_test_hook(hook: &str) {
     if hook == "forbidden-syscall" {
         // personality(0xffffffff) only queries, but it is not on the list.
@@ -308,10 +314,7 @@ fn run_vhost_user(cli: &Cli) -> Result<(), String> {
         pid_file = Some(pid);
         info!("vhost-user socket {}", path.display());
         if defaulted {
-            println!(
-                "{}",
-                virtio_9p_server::vhost_user::attach_help(&path, &args.tag, args.queue_size)
-            );
+            println!("{}", vhost::attach_help(&path, &args.tag, args.queue_size));
         }
         args.fd = Some(listener.into_raw_fd());
         cleanup = Some(std::fs::canonicalize(&path).unwrap_or(path));
@@ -343,16 +346,16 @@ fn run_vhost_user(cli: &Cli) -> Result<(), String> {
 }
 
 fn run_daemon<F: Filesystem + 'static>(
-    args: &virtio_9p_server::vhost_user::VhostUserArgs,
+    args: &vhost::VhostUserArgs,
     server: Arc<Server<F>>,
     readonly: bool,
 ) -> Result<(), String> {
-    virtio_9p_server::vhost_user::run_daemon(args, server, readonly)
+    vhost::run_daemon(args, server, readonly)
 }
 
 fn main() -> ExitCode {
-    if virtio_9p_server::vhost_user::wants_capabilities(std::env::args_os().skip(1)) {
-        println!("{}", virtio_9p_server::vhost_user::CAPABILITIES_JSON);
+    if vhost::wants_capabilities(std::env::args_os().skip(1)) {
+        println!("{}", vhost::CAPABILITIES_JSON);
         return ExitCode::SUCCESS;
     }
     let (cli, matches) = cli::parse();

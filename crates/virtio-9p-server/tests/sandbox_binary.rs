@@ -763,16 +763,11 @@ fn test_vhost_user_mapped_xattr_as_the_guest_row_runs_it() {
     }
     // SAFETY: plain getter.
     if unsafe { libc::geteuid() } == 0 {
-        // The socket is bound before the sandbox drops capabilities, and
-        // the frontend's disconnect below ends the daemon: read them while
-        // it waits for the frontend, once the drop is done.
+        // The socket exists before the sandbox: wait until the child has
+        // dropped its capabilities (it logs them right after).
+        d.wait_log("capabilities [");
         let pid = d.server_pid("namespace");
-        let want = documented_caps("mapped-xattr");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while cap_mask(pid, "CapEff:") != want && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert_eq!(cap_mask(pid, "CapEff:"), want);
+        assert_eq!(cap_mask(pid, "CapEff:"), documented_caps("mapped-xattr"));
     }
     vhost_mount_sequence(&sock);
     // As when the guest's QEMU goes away: the frontend's disconnect ends

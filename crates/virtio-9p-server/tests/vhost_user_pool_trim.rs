@@ -1,32 +1,15 @@
 //! The daemon's coroutine stack pool trims on an interval by default: a
 //! burst to 1024 requests in flight is followed, two trim passes after the
-//! daemon goes idle, by a pool back at its thread-local batches.
+//! daemon goes idle, by a pool back at its thread-local batches. (The
+//! `--stack-trim-interval-ms` default is pinned by the binary's unit tests.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
-use coro_pool::{Coroutine, DEFAULT_TRIM_INTERVAL};
+use coro_pool::Coroutine;
 use virtio_9p_server::engine::{EngineConfig, OffloadPolicy};
-use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen, VhostUserArgs};
+use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    vhost: VhostUserArgs,
-}
-
-#[test]
-fn test_trim_interval_defaults_on_and_is_configurable() {
-    let cli = Cli::parse_from(["virtio-9p-server"]);
-    assert_eq!(
-        cli.vhost.stack_trim_interval_ms,
-        DEFAULT_TRIM_INTERVAL.as_millis() as u64
-    );
-    let cli = Cli::parse_from(["virtio-9p-server", "--stack-trim-interval-ms", "0"]);
-    assert_eq!(cli.vhost.stack_trim_interval_ms, 0);
-}
 
 #[test]
 fn test_daemon_pool_falls_back_within_two_trim_intervals() {

@@ -3,7 +3,7 @@
 //! `--gid-map` and `--translate-uid` / `--translate-gid` values, one per
 //! line, as an operator (or a script copied from virtiofsd) writes them.
 
-use virtio_9p_server::sandbox::ids::{IdMap, IdRule, IdRules};
+use virtio_9p_server::fs::ids::{IdMap, IdRule, IdRules};
 
 /// Seeds: each syntax of both options, the aliases and near misses.
 pub const SEEDS: &[(&str, &str)] = &[
@@ -45,7 +45,7 @@ pub fn check(text: &str) -> usize {
                 rules.push(r);
                 ok += 1;
             }
-            Err(e) => assert!(e.starts_with("bad id translation"), "{e}"),
+            Err(e) => assert!(e.to_string().starts_with("bad id translation"), "{e}"),
         }
     }
     if let Ok(set) = IdRules::new(rules) {

@@ -6,6 +6,7 @@
 //! (walks may pass `..` and `.`, which the filesystem resolves without ever
 //! leaving its root), at most [`NAME_MAX`] bytes.
 
+pub mod ids;
 pub mod passthrough;
 
 use std::io;

@@ -1,4 +1,5 @@
-//! Confinement of the daemon, in the manner of virtiofsd: namespaces and
+//! Confinement of the daemon (feature `daemon`; the binary's, not part of
+//! the embeddable core), in the manner of virtiofsd: namespaces and
 //! `pivot_root` (or `chroot`), a seccomp allow-list, capability dropping
 //! and resource limits.
 //!
@@ -34,7 +35,6 @@
 //! ```
 
 pub mod caps;
-pub mod ids;
 pub mod limits;
 mod namespace;
 mod procfd;
@@ -48,7 +48,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub use ids::{IdMap, IdRule, IdSquash};
+pub use crate::fs::ids::{IdMap, IdRule, IdSquash};
 
 /// Errors of the sandbox setup. Each names the step that failed.
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use log::{debug, info, warn};
 
-use super::{cpath, ids::IdMap, procfd, sys_err, Error, Result, SandboxConfig, PROC_FD_CWD};
+use super::{cpath, procfd, sys_err, Error, IdMap, Result, SandboxConfig, PROC_FD_CWD};
 
 /// The child the supervising parent forwards signals to.
 static CHILD: AtomicI32 = AtomicI32::new(0);

@@ -206,31 +206,6 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         &self.session
     }
 
-    /// Closes the exit-event fds handed to vhost-user-backend.
-    ///
-    /// vhost-user-backend 0.24 registers the consumer half of
-    /// [`exit_event`](VhostUserBackend::exit_event) with `into_raw_fd()` and
-    /// never closes it: one fd leaks per `VhostUserDaemon`. Call this after
-    /// the daemon (and so its vring threads and epoll handlers) has been
-    /// dropped; the fds are owned by nobody then.
-    ///
-    /// # Safety
-    ///
-    /// The `VhostUserDaemon` this backend was given to must have been
-    /// dropped, so that nothing uses the fds any more.
-    pub unsafe fn close_leaked_exit_fds(&self) {
-        for fd in self
-            .exit_fds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            // SAFETY: per the contract, the daemon that leaked `fd` is gone
-            // and nothing else owns it.
-            unsafe { libc::close(fd) };
-        }
-    }
-
     /// Cancels waiting requests and waits for running ones (on the vring
     /// thread), as GET_VRING_BASE and RESET_DEVICE require.
     pub fn quiesce(&self) {
@@ -423,6 +398,29 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             Err(e) => error!("virtio-9p: {e}"),
         }
         Ok(())
+    }
+}
+
+/// Closes the exit-event fds handed to vhost-user-backend.
+///
+/// vhost-user-backend 0.24 registers the consumer half of
+/// [`exit_event`](VhostUserBackend::exit_event) with `into_raw_fd()` and
+/// never closes it: one fd would leak per `VhostUserDaemon`. Every part of
+/// a `VhostUserDaemon` that could use that fd (its handler and vring epoll
+/// threads) holds an `Arc` of this backend, so once the backend drops,
+/// nothing owns the fds any more.
+impl<F: Filesystem> Drop for Virtio9pBackend<F> {
+    fn drop(&mut self) {
+        for fd in self
+            .exit_fds
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            // SAFETY: the daemon that leaked `fd` held an Arc of this
+            // backend and is gone (see above); nothing else owns the fd.
+            unsafe { libc::close(fd) };
+        }
     }
 }
 

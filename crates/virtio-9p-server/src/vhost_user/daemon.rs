@@ -2,7 +2,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use coro_pool::{PoolConfig, StackPool};
@@ -107,6 +107,14 @@ impl StopHandle {
         {
             h.shutdown();
         }
+    }
+
+    /// The stop eventfd. Writing an 8-byte 1 to it (write(2) is
+    /// async-signal-safe) stops the daemon as [`StopHandle::stop`] does:
+    /// this is what a signal handler of the embedder may do. The fd lives
+    /// as long as any clone of the handle.
+    pub fn wake_fd(&self) -> RawFd {
+        self.0.wake.as_raw_fd()
     }
 
     /// Whether a stop was requested.
@@ -237,11 +245,6 @@ impl<F: Filesystem + 'static> Daemon<F> {
     /// Serves frontends one after another until stopped. A disconnect is a
     /// normal end of one connection; the daemon then waits for the next.
     pub fn run(&mut self) -> Result<(), DaemonError> {
-        SIGNAL_FD.store(self.stop.0.wake.as_raw_fd(), Ordering::Release);
-        // A signal that came before the eventfd was published.
-        if SIGNALLED.load(Ordering::Acquire) {
-            self.stop.stop();
-        }
         let watcher = {
             let stop = self.stop.clone();
             std::thread::Builder::new()
@@ -253,12 +256,6 @@ impl<F: Filesystem + 'static> Daemon<F> {
         self.stop.0.flag.store(true, Ordering::Release);
         let _ = self.stop.0.wake.write(1);
         let _ = watcher.join();
-        let _ = SIGNAL_FD.compare_exchange(
-            self.stop.0.wake.as_raw_fd(),
-            -1,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
         result
     }
 
@@ -285,9 +282,10 @@ impl<F: Filesystem + 'static> Daemon<F> {
             if let Err(e) = daemon.start(&mut self.listener) {
                 warn!("virtio-9p: accepting a frontend failed: {e}");
                 backend.shutdown();
+                // The backend's drop closes the exit-event fds the daemon
+                // leaked, once the daemon (holding Arcs of it) is gone.
                 drop(daemon);
-                // SAFETY: the daemon (with its vring thread) was just dropped.
-                unsafe { backend.close_leaked_exit_fds() };
+                drop(backend);
                 continue;
             }
             let n = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
@@ -300,8 +298,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
             *self.stop.0.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
             backend.shutdown();
             drop(daemon);
-            // SAFETY: the daemon (with its vring thread) was just dropped.
-            unsafe { backend.close_leaked_exit_fds() };
+            drop(backend);
             match result {
                 Ok(()) => info!("virtio-9p: frontend {n} disconnected"),
                 Err(e) => warn!("virtio-9p: frontend {n} ended: {e}"),
@@ -352,43 +349,6 @@ impl<F: Filesystem + 'static> Daemon<F> {
             }
         }
     }
-}
-
-/// The stop eventfd that the signal handler writes to.
-static SIGNAL_FD: AtomicI32 = AtomicI32::new(-1);
-
-/// Set by the signal handler, for a signal that comes before
-/// [`Daemon::run`] has published [`SIGNAL_FD`].
-static SIGNALLED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_sig: libc::c_int) {
-    SIGNALLED.store(true, Ordering::Release);
-    let fd = SIGNAL_FD.load(Ordering::Acquire);
-    if fd >= 0 {
-        let one: u64 = 1;
-        // SAFETY: write(2) is async-signal-safe; `one` is valid for the call.
-        unsafe {
-            libc::write(fd, (&one as *const u64).cast(), 8);
-        }
-    }
-}
-
-/// Makes SIGTERM, SIGINT and SIGHUP stop the running [`Daemon`] cleanly
-/// (exit 0).
-pub fn install_signal_handlers() -> std::io::Result<()> {
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-        // SAFETY: a zeroed sigaction is a valid starting point.
-        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
-        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-        sa.sa_flags = libc::SA_RESTART;
-        // SAFETY: sa_mask is a valid sigset inside `sa`.
-        unsafe { libc::sigemptyset(&mut sa.sa_mask) };
-        // SAFETY: installs a handler that only calls async-signal-safe write(2).
-        if unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 /// Waits for the stop eventfd (written by [`StopHandle::stop`] or a

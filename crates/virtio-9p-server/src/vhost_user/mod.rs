@@ -1,5 +1,6 @@
-//! The vhost-user transport: a `VhostUserBackend` for the virtio-9p
-//! device and the daemon loop of the `virtio-9p-server` binary.
+//! The vhost-user transport (feature `vhost-user`): a `VhostUserBackend`
+//! for the virtio-9p device and the daemon loop the `virtio-9p-server`
+//! binary runs.
 //!
 //! # Disconnects
 //!
@@ -10,23 +11,23 @@
 //! session, so no state of the old guest leaks into the next), while the
 //! listening socket, the filesystem and the coroutine stack pool stay. A
 //! restarted or reconnecting VMM (QEMU's `reconnect=` chardev option) finds
-//! the daemon ready. It exits 0 on SIGTERM, SIGINT or SIGHUP (or
-//! [`StopHandle::stop`]), removing the socket it created. A stale socket
+//! the daemon ready. It returns on [`StopHandle::stop`] (or a write to
+//! [`StopHandle::wake_fd`], which a signal handler may do: the binary's
+//! handlers for SIGTERM, SIGINT and SIGHUP do), removing the socket it
+//! created. The library installs no signal handler. A stale socket
 //! left by a killed daemon (nothing listens on it) is replaced at start,
 //! so `--socket-path` can be reused; anything else at the path is refused
 //! ([`crate::transport::unix::bind`]).
 //!
 //! # Example
 //!
-//! Serve a directory on a vhost-user socket until SIGTERM, as the binary
-//! does:
+//! Serve a directory on a vhost-user socket until another thread calls
+//! [`StopHandle::stop`]:
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use virtio_9p_server::engine::EngineConfig;
-//! use virtio_9p_server::vhost_user::{
-//!     install_signal_handlers, BackendConfig, Daemon, DaemonConfig, Listen,
-//! };
+//! use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen};
 //! use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
 //!
 //! let fs = PassthroughFs::new(PassthroughConfig::new("/srv/share")).unwrap();
@@ -41,12 +42,16 @@
 //!     stack_policy: coro_pool::Policy::Bounded,
 //!     stack_trim_interval: Some(coro_pool::DEFAULT_TRIM_INTERVAL),
 //! };
-//! install_signal_handlers().unwrap();
-//! Daemon::new(server, config).unwrap().run().unwrap();
+//! let mut daemon = Daemon::new(server, config).unwrap();
+//! let stop = daemon.stop_handle();
+//! std::thread::spawn(move || {
+//!     std::thread::sleep(std::time::Duration::from_secs(60));
+//!     stop.stop();
+//! });
+//! daemon.run().unwrap();
 //! ```
 
 mod backend;
-mod cli;
 mod daemon;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod mock;
@@ -55,8 +60,4 @@ pub use backend::{
     protocol_features, BackendConfig, BackendError, Virtio9pBackend, CONTROL_EVENT, QUEUE_EVENT,
     TIMER_EVENT, WAKE_EVENT,
 };
-pub use cli::{attach_help, run_daemon, wants_capabilities, VhostUserArgs, CAPABILITIES_JSON};
-pub use daemon::{
-    install_signal_handlers, Daemon, DaemonConfig, DaemonError, Listen, StopHandle,
-    DEFAULT_SOCKET_PATH,
-};
+pub use daemon::{Daemon, DaemonConfig, DaemonError, Listen, StopHandle, DEFAULT_SOCKET_PATH};

@@ -25,7 +25,7 @@
 
 mod mapped;
 pub mod qid;
-pub mod sys;
+pub(crate) mod sys;
 
 use std::ffi::CString;
 use std::fmt;
@@ -34,6 +34,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use log::debug;
@@ -183,6 +184,9 @@ impl File {
 pub struct PassthroughFs {
     root: Inode,
     proc_fd: OwnedFd,
+    /// Reach `/proc/self/fd/N` as the relative path `N`
+    /// ([`PassthroughFs::set_proc_fd_is_cwd`]).
+    proc_fd_is_cwd: AtomicBool,
     qids: QidMap,
     cfg: PassthroughConfig,
 }
@@ -275,8 +279,22 @@ impl PassthroughFs {
             qids: QidMap::new(st.st_dev),
             root,
             proc_fd,
+            proc_fd_is_cwd: AtomicBool::new(false),
             cfg,
         })
+    }
+
+    /// Tells the filesystem that the process's current directory is now
+    /// `/proc/self/fd` and `/proc` is no longer under `/` (a sandbox that
+    /// chroots or pivots into the export after building it does this): the
+    /// path-only xattr calls then name a file as `N` instead of
+    /// `/proc/self/fd/N`. Off by default.
+    pub fn set_proc_fd_is_cwd(&self, yes: bool) {
+        self.proc_fd_is_cwd.store(yes, Ordering::Release);
+    }
+
+    fn proc_path(&self, fd: BorrowedFd<'_>) -> CString {
+        sys::proc_path(fd, self.proc_fd_is_cwd.load(Ordering::Acquire))
     }
 
     /// The configuration.
@@ -311,7 +329,7 @@ impl PassthroughFs {
     /// The mapped mode of a host regular file, in the mapped model.
     fn mapped_mode(&self, fd: BorrowedFd<'_>, host_mode: u32) -> Option<u32> {
         if self.mapped() && host_mode & libc::S_IFMT == libc::S_IFREG {
-            mapped::read_mode(&sys::proc_path(fd))
+            mapped::read_mode(&self.proc_path(fd))
         } else {
             None
         }
@@ -392,14 +410,14 @@ impl PassthroughFs {
                     mapped::FILE_MODE
                 };
                 self.chmod(inode, host)?;
-                mapped::drop_host_acls(&sys::proc_path(inode.fd()), inode.is_dir())?;
+                mapped::drop_host_acls(&self.proc_path(inode.fd()), inode.is_dir())?;
                 let m = mapped::Mapped {
                     uid: Some(cred.uid),
                     gid: Some(cred.gid),
                     mode: Some(mode),
                     rdev: (rdev != 0).then_some(rdev),
                 };
-                mapped::write(&sys::proc_path(inode.fd()), &m)
+                mapped::write(&self.proc_path(inode.fd()), &m)
             }
             model => {
                 let chown = self.chown(inode, Some(cred.uid), Some(cred.gid));
@@ -457,7 +475,7 @@ impl PassthroughFs {
             _ => return Err(err(libc::ENXIO)),
         }
         if self.mapped() && inode.0.host_type == libc::S_IFREG {
-            if let Some(mode) = mapped::read_mode(&sys::proc_path(inode.fd())) {
+            if let Some(mode) = mapped::read_mode(&self.proc_path(inode.fd())) {
                 match mode & libc::S_IFMT {
                     libc::S_IFREG | libc::S_IFDIR => {}
                     libc::S_IFLNK => return Err(err(libc::ELOOP)),
@@ -471,7 +489,7 @@ impl PassthroughFs {
     /// Overrides ownership, mode and rdev with the mapped attributes.
     fn apply_mapped(&self, inode: &Inode, mut a: Rgetattr) -> Rgetattr {
         if self.mapped() && inode.0.host_type != libc::S_IFLNK {
-            let m = mapped::read(&sys::proc_path(inode.fd()));
+            let m = mapped::read(&self.proc_path(inode.fd()));
             a.uid = m.uid.unwrap_or(a.uid);
             a.gid = m.gid.unwrap_or(a.gid);
             if let Some(mode) = m.mode {
@@ -659,7 +677,7 @@ impl Filesystem for PassthroughFs {
                     mode: Some(mode),
                     ..Default::default()
                 };
-                mapped::write(&sys::proc_path(inode.fd()), &m)?;
+                mapped::write(&self.proc_path(inode.fd()), &m)?;
             } else if inode.0.host_type != libc::S_IFLNK {
                 let res = self.chmod(inode, host_perm(model, attr.mode));
                 if model == SecurityModel::Passthrough {
@@ -676,7 +694,7 @@ impl Filesystem for PassthroughFs {
                     gid,
                     ..Default::default()
                 };
-                mapped::write(&sys::proc_path(inode.fd()), &m)?;
+                mapped::write(&self.proc_path(inode.fd()), &m)?;
             } else {
                 let res = self.chown(inode, uid, gid);
                 if model == SecurityModel::Passthrough {
@@ -1042,7 +1060,7 @@ impl Filesystem for PassthroughFs {
             if e.raw_os_error() != Some(libc::ENOENT) || target.0.host_type == libc::S_IFLNK {
                 return Err(e);
             }
-            let p = sys::proc_path(target.fd());
+            let p = self.proc_path(target.fd());
             // SAFETY: valid C strings and dirfd.
             check!(unsafe {
                 libc::linkat(
@@ -1062,7 +1080,7 @@ impl Filesystem for PassthroughFs {
             return sys::readlink(inode.fd());
         }
         if self.mapped() && inode.0.host_type == libc::S_IFREG {
-            if let Some(mode) = mapped::read_mode(&sys::proc_path(inode.fd())) {
+            if let Some(mode) = mapped::read_mode(&self.proc_path(inode.fd())) {
                 if mode & libc::S_IFMT == libc::S_IFLNK {
                     let fd = self.open_fd(inode, libc::O_RDONLY)?;
                     let mut buf = vec![0u8; libc::PATH_MAX as usize];
@@ -1151,14 +1169,14 @@ impl Filesystem for PassthroughFs {
             Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Err(err(libc::ENODATA)),
             other => other?,
         };
-        sys::getxattr(&sys::proc_path(inode.fd()), &c, max)
+        sys::getxattr(&self.proc_path(inode.fd()), &c, max)
     }
 
     fn listxattr(&self, inode: &Inode, max: usize) -> io::Result<Vec<u8>> {
         if inode.0.host_type == libc::S_IFLNK {
             return Ok(Vec::new());
         }
-        let path = sys::proc_path(inode.fd());
+        let path = self.proc_path(inode.fd());
         if self.mapped() {
             // The hidden and the longer mapped names may push the host
             // list over `max`: read all of it (the kernel's limit).
@@ -1178,7 +1196,7 @@ impl Filesystem for PassthroughFs {
             return Err(err(libc::EPERM));
         }
         let c = self.xattr_name(name)?;
-        sys::setxattr(&sys::proc_path(inode.fd()), &c, value, flags)
+        sys::setxattr(&self.proc_path(inode.fd()), &c, value, flags)
     }
 
     fn removexattr(&self, inode: &Inode, name: &[u8]) -> io::Result<()> {
@@ -1187,7 +1205,7 @@ impl Filesystem for PassthroughFs {
             return Err(err(libc::EPERM));
         }
         let c = self.xattr_name(name)?;
-        let res = sys::removexattr(&sys::proc_path(inode.fd()), &c);
+        let res = sys::removexattr(&self.proc_path(inode.fd()), &c);
         match res {
             // As QEMU: removing a mapped ACL that is not there succeeds
             // (the guest kernel does so on chmod).

@@ -162,11 +162,12 @@ pub fn reopen(
     Ok(own(fd))
 }
 
-/// The `/proc/self/fd/N` path of an fd, for the path-only xattr calls.
-pub fn proc_path(fd: BorrowedFd<'_>) -> CString {
+/// The `/proc/self/fd/N` path of an fd, for the path-only xattr calls;
+/// with `relative`, just `N` (the current directory is `/proc/self/fd`).
+pub fn proc_path(fd: BorrowedFd<'_>, relative: bool) -> CString {
     // A formatted integer never contains NUL. Inside the namespace sandbox
     // /proc is not under `/`: the current directory is /proc/self/fd there.
-    let path = if crate::sandbox::proc_fd_is_cwd() {
+    let path = if relative {
         fd.as_raw_fd().to_string()
     } else {
         format!("/proc/self/fd/{}", fd.as_raw_fd())

@@ -1,5 +1,5 @@
 //! The vhost-user options of the `virtio-9p-server` binary and the code
-//! that runs the daemon from them.
+//! that runs the library's [`Daemon`] from them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -7,12 +7,16 @@ use std::sync::Arc;
 use log::info;
 use mlock_policy::MlockPolicy;
 
-use super::backend::BackendConfig;
-use super::daemon::{install_signal_handlers, Daemon, DaemonConfig, Listen, DEFAULT_SOCKET_PATH};
-use crate::engine::{EngineConfig, OffloadPolicy, DEFAULT_WORKERS, MAX_WORKERS};
-use crate::fs::Filesystem;
-use crate::server::Server;
-use crate::virtio::{DEFAULT_QUEUE_SIZE, MAX_QUEUE_SIZE};
+use virtio_9p_server::engine::{EngineConfig, OffloadPolicy, DEFAULT_WORKERS, MAX_WORKERS};
+use virtio_9p_server::fs::Filesystem;
+use virtio_9p_server::sandbox::seccomp::{self, ThreadKind};
+use virtio_9p_server::vhost_user::{
+    BackendConfig, Daemon, DaemonConfig, Listen, DEFAULT_SOCKET_PATH,
+};
+use virtio_9p_server::virtio::{DEFAULT_QUEUE_SIZE, MAX_QUEUE_SIZE};
+use virtio_9p_server::Server;
+
+use super::signals;
 
 /// What `--print-capabilities` prints: a `VHostUserBackendCapabilities`
 /// of QEMU's `docs/interop/vhost-user.json`. `9p` is a member of its
@@ -116,11 +120,7 @@ pub fn run_daemon<F: Filesystem + 'static>(
                 offload: OffloadPolicy::Auto,
                 // Each worker narrows its own seccomp filter (a no-op
                 // unless the sandbox installed one).
-                on_worker_start: Some(std::sync::Arc::new(|| {
-                    crate::sandbox::seccomp::enter_thread(
-                        crate::sandbox::seccomp::ThreadKind::Worker,
-                    )
-                })),
+                on_worker_start: Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker))),
                 ..EngineConfig::default()
             },
         },
@@ -131,8 +131,9 @@ pub fn run_daemon<F: Filesystem + 'static>(
     args.mlock
         .apply_process()
         .map_err(|e| format!("--mlock {}: {e}", args.mlock))?;
-    install_signal_handlers().map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    signals::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let mut daemon = Daemon::new(server, config).map_err(|e| e.to_string())?;
+    let _signals = signals::stop_on_signal(daemon.stop_handle());
     daemon.set_exit_on_disconnect(!args.keep_serving);
     let msize = daemon_msize(&daemon);
     match &listen {
@@ -219,6 +220,17 @@ mod tests {
         let t = T::try_parse_from(["x", "--thread-pool-size", "0"]).unwrap();
         assert_eq!(t.v.thread_pool_size, 0);
         assert!(!t.v.keep_serving);
+    }
+
+    #[test]
+    fn test_trim_interval_defaults_on_and_is_configurable() {
+        let t = T::try_parse_from(["x"]).unwrap();
+        assert_eq!(
+            t.v.stack_trim_interval_ms,
+            coro_pool::DEFAULT_TRIM_INTERVAL.as_millis() as u64
+        );
+        let t = T::try_parse_from(["x", "--stack-trim-interval-ms", "0"]).unwrap();
+        assert_eq!(t.v.stack_trim_interval_ms, 0);
     }
 
     #[test]

@@ -4,9 +4,10 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use virtio_9p_server::fs::ids::{IdMap, IdRule};
 use virtio_9p_server::protocol::MAX_MSIZE;
 use virtio_9p_server::sandbox::seccomp::SeccompMode;
-use virtio_9p_server::sandbox::{IdMap, IdRule, SandboxMode};
+use virtio_9p_server::sandbox::SandboxMode;
 use virtio_9p_server::transport::socket::ListenAddr;
 use virtio_9p_server::SecurityModel;
 
@@ -64,7 +65,7 @@ pub struct Cli {
 
     /// vhost-user daemon options (used when --listen is not given).
     #[command(flatten)]
-    pub vhost: virtio_9p_server::vhost_user::VhostUserArgs,
+    pub vhost: super::vhost::VhostUserArgs,
 
     /// Hardening options (see SECURITY.md).
     #[command(flatten)]
@@ -117,7 +118,9 @@ pub struct Hardening {
     pub translate_gid: Vec<IdRule>,
 
     /// Test-only hooks run right after the sandbox is set up
-    /// (`forbidden-syscall`, `probe:PATH`); never use them in production.
+    /// (`forbidden-syscall`, `probe:PATH`). Only built with the
+    /// `test-hooks` feature, which only the integration tests turn on.
+    #[cfg(feature = "test-hooks")]
     #[arg(long, value_name = "HOOK", hide = true)]
     pub test_hook: Vec<String>,
 }
@@ -135,10 +138,10 @@ fn parse_nofile(s: &str) -> Result<u64, String> {
 /// `--print-capabilities`, which runs before anything else. An option
 /// added there is refused in socket mode without a change here.
 ///
-/// [`VhostUserArgs`]: virtio_9p_server::vhost_user::VhostUserArgs
+/// [`VhostUserArgs`]: super::vhost::VhostUserArgs
 pub fn vhost_user_only() -> Vec<(String, String)> {
     use clap::Args;
-    virtio_9p_server::vhost_user::VhostUserArgs::augment_args(clap::Command::new("vhost-user"))
+    super::vhost::VhostUserArgs::augment_args(clap::Command::new("vhost-user"))
         .get_arguments()
         .filter(|a| a.get_id() != "print_capabilities")
         .filter_map(|a| Some((a.get_id().to_string(), format!("--{}", a.get_long()?))))

@@ -1,10 +1,12 @@
-//! User and group ids: user-namespace maps (`--uid-map`, `--gid-map`) and
-//! squashing (`--translate-uid`, `--translate-gid`).
+//! User and group ids: squashing and translation ([`Translated`], the
+//! daemon's `--translate-uid`, `--translate-gid`) and the user-namespace
+//! maps of the daemon's sandbox (`--uid-map`, `--gid-map`).
 
 use std::fmt;
 use std::io;
 use std::str::FromStr;
 
+use crate::error::Error;
 use crate::fs::{Cred, Filesystem};
 use crate::io::{ReplyWriter, RequestReader};
 use crate::protocol::{
@@ -24,12 +26,14 @@ pub struct IdMap {
 }
 
 impl FromStr for IdMap {
-    type Err = String;
+    type Err = Error;
     /// virtiofsd's `:inside:outside:count:`, or our older `inside:outside:count`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || {
-            format!("bad id map {s:?}: expected :inside:outside:count: (or inside:outside:count)")
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad_map = |reason| Error::IdMap {
+            input: s.to_owned(),
+            reason,
         };
+        let bad = || bad_map("expected :inside:outside:count: (or inside:outside:count)");
         let body = match s.strip_prefix(':') {
             Some(rest) => rest.strip_suffix(':').ok_or_else(bad)?,
             None => s,
@@ -48,7 +52,7 @@ impl FromStr for IdMap {
             || m.inside.checked_add(m.count - 1).is_none()
             || m.outside.checked_add(m.count - 1).is_none()
         {
-            return Err(format!("bad id map {s:?}: empty or overflowing range"));
+            return Err(bad_map("empty or overflowing range"));
         }
         Ok(m)
     }
@@ -147,32 +151,33 @@ const ALL_IDS: IdRange = IdRange {
 };
 
 impl FromStr for IdRule {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad_rule = |reason| Error::IdRule {
+            input: s.to_owned(),
+            reason,
+        };
         let bad = || {
-            format!(
-                "bad id translation {s:?}: expected guest:GUEST:HOST:COUNT, host:HOST:GUEST:COUNT, \
+            bad_rule(
+                "expected guest:GUEST:HOST:COUNT, host:HOST:GUEST:COUNT, \
                  squash-guest:GUEST:HOST:COUNT, squash-host:HOST:GUEST:COUNT, \
-                 forbid-guest:GUEST:COUNT or map:GUEST:HOST:COUNT"
+                 forbid-guest:GUEST:COUNT or map:GUEST:HOST:COUNT",
             )
         };
         let mut parts = s.split(':');
         let kind = parts.next().ok_or_else(bad)?;
         let nums = parts
             .map(|p| p.parse::<u32>().map_err(|_| bad()))
-            .collect::<Result<Vec<u32>, String>>()?;
+            .collect::<Result<Vec<u32>, Error>>()?;
         let range = |first: u32, count: u32| {
-            IdRange::new(first, count).ok_or_else(|| {
-                format!("bad id translation {s:?}: the range is empty or passes 4294967295")
-            })
+            IdRange::new(first, count)
+                .ok_or_else(|| bad_rule("the range is empty or passes 4294967295"))
         };
         // The range a target base must also fit: `base..base+count`.
         let target = |base: u32, r: IdRange| {
             base.checked_add(r.last - r.first)
                 .map(|_| base)
-                .ok_or_else(|| {
-                    format!("bad id translation {s:?}: the target range passes 4294967295")
-                })
+                .ok_or_else(|| bad_rule("the target range passes 4294967295"))
         };
         Ok(match (kind, nums.as_slice()) {
             ("squash-guest", &[host]) => IdRule::SquashGuest {
@@ -283,15 +288,23 @@ pub struct IdRules(Vec<IdRule>);
 impl IdRules {
     /// Checks that no two rules translate the same id in the same
     /// direction: which of two rules would apply would depend on their order.
-    pub fn new(rules: Vec<IdRule>) -> Result<IdRules, String> {
+    pub fn new(rules: Vec<IdRule>) -> Result<IdRules, Error> {
         for (i, a) in rules.iter().enumerate() {
             for b in &rules[..i] {
                 let clash = |x: Option<IdRange>, y: Option<IdRange>| matches!((x, y), (Some(x), Some(y)) if x.overlaps(&y));
                 if clash(a.guest_range(), b.guest_range()) {
-                    return Err(format!("id translations {b} and {a} overlap on guest ids"));
+                    return Err(Error::IdOverlap {
+                        first: *b,
+                        second: *a,
+                        side: "guest",
+                    });
                 }
                 if clash(a.host_range(), b.host_range()) {
-                    return Err(format!("id translations {b} and {a} overlap on host ids"));
+                    return Err(Error::IdOverlap {
+                        first: *b,
+                        second: *a,
+                        side: "host",
+                    });
                 }
             }
         }
@@ -570,7 +583,7 @@ mod tests {
             "0:4294967295:2",
             "0:0:4294967296",
         ] {
-            let e = bad.parse::<IdMap>().unwrap_err();
+            let e = bad.parse::<IdMap>().unwrap_err().to_string();
             assert!(e.starts_with("bad id map"), "{bad:?}: {e}");
         }
     }
@@ -633,7 +646,7 @@ mod tests {
             "map:0:0:99999999999",
             "map: 0:0:1",
         ] {
-            let e = bad.parse::<IdRule>().unwrap_err();
+            let e = bad.parse::<IdRule>().unwrap_err().to_string();
             assert!(e.starts_with("bad id translation"), "{bad:?}: {e}");
         }
         // The count may reach the last id exactly.
@@ -643,9 +656,13 @@ mod tests {
     #[test]
     fn test_overlapping_rules_are_refused() {
         let r = |s: &str| s.parse::<IdRule>().unwrap();
-        let e = IdRules::new(vec![r("map:0:1000:10"), r("forbid-guest:5:1")]).unwrap_err();
+        let e = IdRules::new(vec![r("map:0:1000:10"), r("forbid-guest:5:1")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("overlap on guest ids"), "{e}");
-        let e = IdRules::new(vec![r("map:0:1000:10"), r("host:1005:0:1")]).unwrap_err();
+        let e = IdRules::new(vec![r("map:0:1000:10"), r("host:1005:0:1")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("overlap on host ids"), "{e}");
         // Different directions may cover the same ids.
         IdRules::new(vec![r("guest:0:1000:10"), r("host:0:1000:10")]).unwrap();

@@ -1,0 +1,9 @@
+//! The daemon shell of the `virtio-9p-server` binary: command line, logger
+//! setup, pid file, signals and the vhost-user run loop. None of it is part
+//! of the library (see "Library and daemon" in the README).
+
+pub mod cli;
+pub mod pidfile;
+pub mod signals;
+pub mod syslog;
+pub mod vhost;
