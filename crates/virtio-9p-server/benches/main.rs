@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 #![allow(missing_docs)]
 //! Criterion benchmarks: strict decode and encode of common messages, and
 //! one in-process Tgetattr through the server.

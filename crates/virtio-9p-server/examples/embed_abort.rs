@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A VMM-side virtio-9p device built with `panic = "abort"`, as crosvm's
 //! release profile is, that proves the engine's cancellation never unwinds
 //! a coroutine (which would abort the process).

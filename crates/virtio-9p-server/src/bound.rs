@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The daemon's memory bound, as the formula the crate README and
 //! SECURITY.md give, computed from the limits in force.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A small synchronous 9P2000.L client for tests, benchmarks and fuzzing
 //! (feature `test-utils`).
 //!

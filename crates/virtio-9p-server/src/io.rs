@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Transport-agnostic request and reply buffers with zero-copy file hooks.
 //!
 //! The [`Server`](crate::Server) reads one request from a [`RequestReader`]

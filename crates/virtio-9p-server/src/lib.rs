@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A 9P2000.L file server for VMMs: a library a VMM embeds, a plain socket
 //! server and a vhost-user daemon.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The `virtio-9p-server` binary: serves a directory over 9P2000.L.
 
 mod daemon;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! One session shared by many threads, a custom blocking executor,
 //! cancellation of a blocking Tlock, and qid uniqueness across devices.
 

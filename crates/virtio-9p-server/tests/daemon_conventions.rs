@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! virtiofsd's conventions for the daemon (issue 22, item 5), tested on
 //! the real binary: the locked `<socket>.pid` refuses a second instance
 //! and leaves the running one alone; the daemon exits when its frontend

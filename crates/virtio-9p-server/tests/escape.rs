@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The path-escape suite: every attack must be refused, and each attack
 //! also checks that nothing outside the export was read or changed.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Every 9P2000.L operation through the in-process client against a temp dir.
 
 mod common;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Encode/decode round trips of every message (proptest) and every decode
 //! error path.
 

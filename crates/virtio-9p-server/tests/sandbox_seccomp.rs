@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The seccomp filters' argument checks and the worker-thread filter,
 //! syscall by syscall. Each case re-runs this test binary as a child
 //! (`SANDBOX_SECCOMP_CASE=<case>`), which installs the daemon's filters

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The heavy vhost-user scenarios of `vhost_user_requests.rs` against the
 //! binary under its default hardening (namespace sandbox, seccomp kill):
 //! a 128 MiB Tread through one indirect chain, 1024 requests in flight,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The readonly export and the security models (mapped-xattr ownership in
 //! QEMU's layout, none).
 

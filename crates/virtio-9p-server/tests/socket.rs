@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The socket transport: concurrent clients with their own sessions,
 //! clients that hang up mid-message or send garbage, and the binary.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! vhost-user integration: the daemon as crosvm's generic vhost-user
 //! frontend (`--vhost-user type=9p,...`) drives it. That frontend offers
 //! the guest no indirect descriptors, learns the queue count with

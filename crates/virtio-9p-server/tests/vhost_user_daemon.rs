@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! vhost-user integration: 100 disconnect/reconnect cycles without fd or
 //! memory growth, and the `virtio-9p-server` binary (`--mlock on-fault`,
 //! SIGTERM, `--print-capabilities`, usage).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! vhost-user integration: the mount sequence byte-for-byte, the config
 //! space and the feature bits, played by a fake VMM on memfd memory.
 

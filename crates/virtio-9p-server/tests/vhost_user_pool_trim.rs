@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The daemon's coroutine stack pool trims on an interval by default: a
 //! burst to 1024 requests in flight is followed, two trim passes after the
 //! daemon goes idle, by a pool back at its thread-local batches. (The

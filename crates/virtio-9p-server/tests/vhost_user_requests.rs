@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! vhost-user integration: a 128 MiB Tread through one indirect chain of
 //! 32768 data descriptors (plus the request's), 1024 requests in flight, Tflush of a blocked Tlock, and
 //! malformed chains and messages. The scenarios live in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Command-line options of the `virtio-9p-server` binary.
 
 use std::path::PathBuf;

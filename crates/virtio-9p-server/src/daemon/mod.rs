@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The daemon shell of the `virtio-9p-server` binary: command line, logger
 //! setup, pid file, signals and the vhost-user run loop. None of it is part
 //! of the library (see "Library and daemon" in the README).

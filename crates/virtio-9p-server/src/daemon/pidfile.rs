@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The locked `<socket>.pid` file: virtiofsd's guard against a second
 //! daemon on the same socket.
 

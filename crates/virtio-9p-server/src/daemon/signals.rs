@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! SIGTERM, SIGINT and SIGHUP in vhost-user mode: the binary's handlers
 //! stop the running [`Daemon`](virtio_9p_server::vhost_user::Daemon)
 //! cleanly (exit 0) through its [`StopHandle::wake_fd`]. The library

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `--syslog`: a small [`log::Log`] that sends RFC 3164 datagrams to
 //! `/dev/log`.
 //!

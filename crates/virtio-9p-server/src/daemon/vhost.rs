@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The vhost-user options of the `virtio-9p-server` binary and the code
 //! that runs the library's [`Daemon`] from them.
 

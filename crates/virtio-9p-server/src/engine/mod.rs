@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The coroutine request engine.
 //!
 //! Every in-flight request runs on its own stackful coroutine (from

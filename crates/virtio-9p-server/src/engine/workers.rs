@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The jobs the engine hands to other threads, the [`Executor`] that runs
 //! them, and the engine's own worker threads (the default executor).
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! User and group ids: squashing and translation ([`Translated`], the
 //! daemon's `--translate-uid`, `--translate-gid`) and the user-namespace
 //! maps of the daemon's sandbox (`--uid-map`, `--gid-map`).

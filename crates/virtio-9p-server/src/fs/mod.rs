@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The [`Filesystem`] trait the [`Server`](crate::Server) serves, and the
 //! [`passthrough`] implementation over a host directory.
 //!

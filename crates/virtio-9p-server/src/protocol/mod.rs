@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The 9P2000.L wire protocol: message types, strict decoding and encoding.
 //!
 //! Every message is `size[4] type[1] tag[2] body`. [`Tmessage`] holds the

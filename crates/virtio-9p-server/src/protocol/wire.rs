@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Wire primitives: little-endian integers, 9P strings and qids.
 //!
 //! [`Decoder`] reads from a byte slice and never panics: every read checks

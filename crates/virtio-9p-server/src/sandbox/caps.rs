@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Capability dropping (`--modcaps`).
 //!
 //! The daemon keeps only what its security model needs ([`for_model`]),

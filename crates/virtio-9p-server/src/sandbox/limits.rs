@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `RLIMIT_NOFILE` and the fid budget that keeps the fd count below it.
 
 use super::{sys_err, Result};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Confinement of the daemon (feature `daemon`; the binary's, not part of
 //! the embeddable core), in the manner of virtiofsd: namespaces and
 //! `pivot_root` (or `chroot`), a seccomp allow-list, capability dropping

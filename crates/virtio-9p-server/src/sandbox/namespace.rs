@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Namespace mode: unshare, fork into the new pid namespace, mount a fresh
 //! `subset=pid` `/proc`, keep only a detached `/proc/self/fd` of it,
 //! `pivot_root` into the export.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The daemon's only window into procfs: its own `/proc/self/fd`, on a
 //! detached mount that has nothing above it.
 //!

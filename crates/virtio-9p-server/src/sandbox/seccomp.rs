@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The seccomp allow-lists (`--seccomp kill|log|trap|none`), built with
 //! rust-vmm's `seccompiler`.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The 9P2000.L [`Server`]: decodes one request, runs it against a
 //! [`Filesystem`] and encodes the reply.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Per-client session state: the negotiated msize and the fid table.
 
 use std::collections::HashMap;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Transports: how requests reach the [`Server`](crate::Server).
 
 pub mod socket;

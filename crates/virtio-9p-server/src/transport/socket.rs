@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The plain socket transport: `--listen unix:PATH` or `--listen
 //! tcp:HOST:PORT`.
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Unix socket files that replace nothing but a stale socket, and are
 //! created owner-only.
 //!

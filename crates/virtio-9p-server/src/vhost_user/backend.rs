@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The `VhostUserBackend` of the virtio-9p device.
 
 use std::os::fd::{AsRawFd, RawFd};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The daemon loop: accept a frontend, serve it, wait for the next.
 
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A fake VMM for tests and benchmarks (feature `test-utils`): it connects
 //! to a vhost-user backend with `vhost::vhost_user::Frontend`, shares a
 //! memfd as guest memory, and plays the virtio driver on a split ring it

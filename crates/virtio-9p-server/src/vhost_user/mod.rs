@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The vhost-user transport (feature `vhost-user`): a `VhostUserBackend`
 //! for the virtio-9p device and the daemon loop the `virtio-9p-server`
 //! binary runs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! [`RequestReader`]/[`ReplyWriter`] over the two halves of a descriptor
 //! chain: zero-copy file I/O straight between guest memory and
 //! `preadv`/`pwritev` (chunked at `IOV_MAX` by `virtqueue-large`).

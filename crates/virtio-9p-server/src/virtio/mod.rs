@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The virtio-9p device: feature bits, the config space and the request
 //! queue.
 //!

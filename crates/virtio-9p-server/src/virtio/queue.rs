@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Serving one request queue: pop, start a coroutine per chain, complete.
 
 use std::io::{Read, Write};

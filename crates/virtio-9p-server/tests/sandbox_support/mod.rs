@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Shared helpers of the tests that run the hardened binary: a daemon
 //! process that is stopped on drop, and a socket-mode session to it.
 #![allow(dead_code)]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Shared helpers of the vhost-user integration tests: an in-process
 //! daemon on a temp socket and 9P frame builders.
 #![allow(dead_code)]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The heavy vhost-user scenarios, shared by the in-process daemon
 //! (`vhost_user_requests.rs`) and the hardened binary
 //! (`sandbox_vhost_user.rs`). Each writes its files under `dir` (the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The `mapped-xattr` security model: guest ownership, mode and device
 //! numbers live in `user.virtfs.*` xattrs, laid out as QEMU's 9p `local`
 //! backend stores them, so shares created by QEMU keep working.

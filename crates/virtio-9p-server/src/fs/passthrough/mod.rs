@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! An escape-proof passthrough of a host directory.
 //!
 //! # How resolution stays inside the export

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Qid paths unique across the host devices under one export (the idea of
 //! QEMU's `multidevs=remap`, with its suffix map and full map).
 //!

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Thin, checked wrappers over the Linux calls the passthrough uses.
 
 use std::ffi::{CStr, CString};
