@@ -40,35 +40,29 @@ pub mod sandbox;
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn test_virtqueue_chain_seeds_are_written() {
-        let seeds = virtqueue_large::fuzzing::seeds();
-        assert!(!seeds.is_empty());
+    /// Writes `seeds` as `target`'s corpus, named by their index, and
+    /// checks that every one was written.
+    fn write_numbered(target: &str, seeds: Vec<Vec<u8>>) {
         let named: Vec<(String, Vec<u8>)> = seeds
             .into_iter()
             .enumerate()
             .map(|(i, s)| (format!("{i:03}"), s))
             .collect();
-        let n = crate::corpus::write(
-            "virtqueue_chain",
-            named.iter().map(|(n, s)| (n.as_str(), s.clone())),
-        );
+        let n = crate::corpus::write(target, named.iter().map(|(n, s)| (n.as_str(), s.clone())));
         assert_eq!(n, named.len());
+    }
+
+    #[test]
+    fn test_virtqueue_chain_seeds_are_written() {
+        let seeds = virtqueue_large::fuzzing::seeds();
+        assert!(!seeds.is_empty());
+        write_numbered("virtqueue_chain", seeds);
     }
 
     #[test]
     fn test_virtqueue_packed_seeds_are_written() {
         let seeds = virtqueue_large::fuzzing::packed::seeds();
         assert!(seeds.len() > virtqueue_large::mock::PackedMalicious::ALL.len());
-        let named: Vec<(String, Vec<u8>)> = seeds
-            .into_iter()
-            .enumerate()
-            .map(|(i, s)| (format!("{i:03}"), s))
-            .collect();
-        let n = crate::corpus::write(
-            "virtqueue_packed",
-            named.iter().map(|(n, s)| (n.as_str(), s.clone())),
-        );
-        assert_eq!(n, named.len());
+        write_numbered("virtqueue_packed", seeds);
     }
 }
