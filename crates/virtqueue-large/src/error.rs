@@ -10,6 +10,7 @@ use vm_memory::GuestAddress;
 /// them and handed the chain back to the driver, and the caller simply pops
 /// the next one. The others concern the ring itself.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The chain visits more descriptors than its table holds, so it loops.
     #[error(
@@ -276,6 +277,7 @@ impl Error {
 
 /// [`Error`] without its fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// See [`Error::DescriptorLoop`].
     DescriptorLoop,

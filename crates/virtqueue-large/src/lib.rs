@@ -141,6 +141,23 @@
 //! counts against `max_descriptors`, so tables that link back to
 //! themselves end in [`Error::TooManyDescriptors`]. Without the feature,
 //! asking for it is refused by [`ChainLimits::validate`].
+//!
+//! # Public dependencies
+//!
+//! virtio-queue and vm-memory types appear in the API on purpose: the
+//! walker pops from any `virtio_queue::QueueT` (the queue a VMM or
+//! vhost-user-backend already has), adopts a `virtio_queue::DescriptorChain`,
+//! and reads guest memory through vm-memory's `GuestMemoryBackend`, so that
+//! a device keeps its own queue and memory types. Both are thus public
+//! dependencies: a breaking release of either (this crate uses 0.18) is a
+//! breaking release of this crate.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+// The README is the crate's crates.io page: its example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctest {}
 
 mod error;
 mod io;
@@ -151,8 +168,10 @@ mod segments;
 mod walk;
 
 #[cfg(any(test, feature = "test-utils"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod fuzzing;
 #[cfg(any(test, feature = "test-utils"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod mock;
 
 pub use crate::error::{Error, ErrorKind, Result};

@@ -17,6 +17,7 @@ pub const LARGE_MAX_BYTES: u32 = (128 << 20) + (64 << 10);
 
 /// How many descriptors one chain may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DescriptorLimit {
     /// The queue size, as the virtio specification requires (spec-strict).
     QueueSize,
@@ -38,6 +39,7 @@ pub enum DescriptorLimit {
 /// table. The descriptor in the ring that points at an indirect table is not
 /// counted, so a 32768-entry table fits a 32768-descriptor limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ChainLimits {
     /// Descriptors per chain.
     pub max_descriptors: DescriptorLimit,

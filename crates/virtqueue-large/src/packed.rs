@@ -91,6 +91,7 @@ impl EventSuppression {
 
 /// What a validated driver event suppression structure asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EventMode {
     /// Notify after every used buffer.
     Enable,

@@ -128,6 +128,7 @@ impl DeviceRing for PackedQueue {
 /// A borrowed queue of either layout, chosen at run time (from
 /// `VIRTIO_F_RING_PACKED` in the acked features).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum AnyRing<'q, Q> {
     /// A split ring.
     Split(&'q mut Q),

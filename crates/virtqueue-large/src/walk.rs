@@ -41,6 +41,7 @@ pub const LOG_WINDOW: Duration = Duration::from_secs(1);
 
 /// Counters kept by a [`ChainWalker`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WalkerStats {
     /// Chains popped and validated.
     pub chains: u64,

@@ -68,6 +68,7 @@ impl Input<'_> {
 /// Operation codes (the low 3 bits of an op byte).
 #[derive(Debug, Clone, Copy)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum Op {
     /// Lay out a valid-looking chain through the mock: layout byte, count
     /// byte, then per buffer a u16 length and a writable byte.
@@ -139,6 +140,7 @@ pub(crate) fn replay(data: &[u8], mut run_with: impl FnMut(&[u8], ChainLimits)) 
 /// walker); the run stops popping once the budget is spent, after the chain
 /// that spent it was fully checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Budget {
     /// Descriptors of accepted chains still to check.
     pub descriptors: u64,

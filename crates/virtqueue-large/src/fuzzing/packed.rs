@@ -43,6 +43,7 @@ const MAX_OPS: usize = 64;
 /// Operation codes (the low 4 bits of an op byte).
 #[derive(Debug, Clone, Copy)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum PackedOp {
     /// A chain through the mock: layout byte (bit 0 indirect, bit 1 pick
     /// the id: then an id byte, taken modulo size + 2, so out of range and

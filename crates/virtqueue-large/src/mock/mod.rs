@@ -61,6 +61,7 @@ pub fn desc(addr: u64, len: u32, flags: u16, next: u16) -> Descriptor {
 
 /// Mock errors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum MockError {
     /// Not enough free descriptors in the ring.
     #[error("ring full: {wanted} descriptors wanted, {free} free")]
@@ -116,6 +117,7 @@ impl Buf {
 
 /// Where the descriptors of a chain go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Layout {
     /// In the ring's descriptor table.
     Direct,
@@ -145,6 +147,7 @@ pub struct ChainLayout {
 /// at least [`Malicious::MIN_QUEUE_SIZE`] entries in a memory of at least
 /// [`Malicious::MIN_MEMORY`] bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Malicious {
     /// Two ring descriptors pointing at each other.
     RingLoop,

@@ -46,6 +46,7 @@ pub fn avail_bits(wrap: bool) -> u16 {
 /// [`valid_before`](Self::valid_before) good pops; event patterns
 /// ([`is_event`](Self::is_event)) at `needs_notification`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PackedMalicious {
     /// The second descriptor of a chain carries the previous lap's AVAIL/USED bits.
     MidChainWrongWrap,
