@@ -75,6 +75,13 @@
 //! assert_eq!(msg, Rmessage::Version(Tversion { msize: 65536, version: b"9P2000.L".to_vec() }));
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+// The README is the crate's crates.io page: its example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctest {}
+
 pub mod bound;
 pub mod error;
 pub mod fs;
@@ -91,11 +98,14 @@ pub mod virtio;
 // vhost-user backend needs vhost and vhost-user-backend; the sandbox is
 // the binary's hardening and needs seccompiler.
 #[cfg(feature = "daemon")]
+#[cfg_attr(docsrs, doc(cfg(feature = "daemon")))]
 pub mod sandbox;
 #[cfg(feature = "vhost-user")]
+#[cfg_attr(docsrs, doc(cfg(feature = "vhost-user")))]
 pub mod vhost_user;
 
 #[cfg(any(test, feature = "test-utils"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod client;
 
 pub use error::{Error, Result};

@@ -55,6 +55,7 @@
 mod backend;
 mod daemon;
 #[cfg(any(test, feature = "test-utils"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod mock;
 
 pub use backend::{
