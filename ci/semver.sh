@@ -13,7 +13,7 @@
 # SEMVER_BASELINE_REV unset and `--baseline-version` instead).
 source "$(dirname "$0")/lib.sh"
 
-CRATES=(coro-pool mem-prealloc mlock-policy)
+CRATES=(coro-pool mem-prealloc mlock-policy virtqueue-large virtio-9p-server)
 # Crates published on crates.io, whose breaking changes fail this step.
 RELEASED=()
 
