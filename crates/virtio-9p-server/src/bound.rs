@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The daemon's memory bound, as the formula the crate README and
-//! SECURITY.md give, computed from the limits in force.
+//! The daemon's memory bound, as the formula `docs/virtio-9p-design.md`
+//! ("Memory bound") and SECURITY.md give, computed from the limits in force.
 //!
 //! Every term is something a client can make the daemon hold, capped by a
 //! named limit:

@@ -4,7 +4,7 @@
 //! shared budget and freed when idle, a kick's work within a budget, and
 //! one msize snapshot per request. The hostile-client acceptance test runs
 //! the real binary over `--listen unix:` and checks its RSS against the
-//! formula of the README.
+//! formula of `docs/virtio-9p-design.md` ("Memory bound").
 
 mod common;
 mod sandbox_support;

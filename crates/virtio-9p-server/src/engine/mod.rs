@@ -11,7 +11,8 @@
 //! blocks.
 //!
 //! What runs where (the inline-vs-offload line, measured in the
-//! `virtio-9p` benchmark suite and documented in the crate README):
+//! `virtio-9p` benchmark suite and documented in the repository's
+//! `docs/virtio-9p-benchmarks.md`):
 //!
 //! - Tread whose range is already in the page cache runs inline: the
 //!   `preadv` into guest memory costs less than a thread hop. The reply
