@@ -477,8 +477,19 @@ fn test_daemon_holds_only_needed_capabilities() {
         assert_eq!(status_field(pid, "Seccomp:"), "2");
         if mode == "namespace" {
             // The supervisor outside keeps only dac_override (socket removal).
-            assert_eq!(cap_mask(d.pid(), "CapEff:"), 1 << 1, "supervisor");
-            assert_eq!(cap_mask(d.pid(), "CapBnd:"), 1 << 1, "supervisor");
+            // It drops the rest (capset last) after the fork, while the child is
+            // getting ready, so wait for that rather than race it.
+            let sup = |key| cap_mask(d.pid(), key);
+            let settled = (0..500).any(|_| {
+                let done = sup("CapEff:") == 1 << 1;
+                if !done {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                done
+            });
+            assert!(settled, "supervisor never dropped its capabilities");
+            assert_eq!(sup("CapEff:"), 1 << 1, "supervisor");
+            assert_eq!(sup("CapBnd:"), 1 << 1, "supervisor");
         }
         // Threads started later (connections) hold the same.
         let mut c = session(&t.sock());
