@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex};
 
 use log::debug;
 
+use super::ids::IdTranslation;
 use super::{Cred, Filesystem};
 use crate::error::{Error, Result};
 use crate::io::{ReplyWriter, RequestReader};
@@ -190,6 +191,8 @@ pub struct PassthroughFs {
     proc_fd_is_cwd: AtomicBool,
     qids: QidMap,
     cfg: PassthroughConfig,
+    /// Guest/host id translation ([`PassthroughFs::with_ids`]).
+    ids: IdTranslation,
 }
 
 fn err(errno: i32) -> io::Error {
@@ -282,6 +285,7 @@ impl PassthroughFs {
             proc_fd,
             proc_fd_is_cwd: AtomicBool::new(false),
             cfg,
+            ids: IdTranslation::default(),
         })
     }
 
@@ -296,6 +300,14 @@ impl PassthroughFs {
 
     fn proc_path(&self, fd: BorrowedFd<'_>) -> CString {
         sys::proc_path(fd, self.proc_fd_is_cwd.load(Ordering::Acquire))
+    }
+
+    /// Translates guest ids to host ids (credentials of creates, Tsetattr
+    /// ownership; forbidden ids answer `EPERM`) and host ids to guest ids
+    /// (Tgetattr). No translation by default.
+    pub fn with_ids(mut self, ids: IdTranslation) -> Self {
+        self.ids = ids;
+        self
     }
 
     /// The configuration.
@@ -487,8 +499,16 @@ impl PassthroughFs {
         Ok(())
     }
 
+    /// The guest's view of the host attributes `a`: the mapped
+    /// attributes, then the id translation.
+    fn apply_mapped(&self, inode: &Inode, a: Rgetattr) -> Rgetattr {
+        let mut a = self.apply_mapped_xattrs(inode, a);
+        self.ids.to_guest_attr(&mut a);
+        a
+    }
+
     /// Overrides ownership, mode and rdev with the mapped attributes.
-    fn apply_mapped(&self, inode: &Inode, mut a: Rgetattr) -> Rgetattr {
+    fn apply_mapped_xattrs(&self, inode: &Inode, mut a: Rgetattr) -> Rgetattr {
         if self.mapped() && inode.0.host_type != libc::S_IFLNK {
             let m = mapped::read(&self.proc_path(inode.fd()));
             a.uid = m.uid.unwrap_or(a.uid);
@@ -557,7 +577,9 @@ impl Filesystem for PassthroughFs {
     type Inode = Inode;
     type File = File;
 
-    fn attach(&self, aname: &[u8], _cred: Cred) -> io::Result<(Inode, Qid)> {
+    fn attach(&self, aname: &[u8], cred: Cred) -> io::Result<(Inode, Qid)> {
+        // A forbidden id may not attach.
+        self.ids.cred(cred)?;
         let export = self.cfg.shared_dir.as_os_str().as_bytes();
         let canonical = std::fs::canonicalize(&self.cfg.shared_dir).ok();
         let matches_export = aname.is_empty()
@@ -660,6 +682,13 @@ impl Filesystem for PassthroughFs {
     }
 
     fn setattr(&self, inode: &Inode, file: Option<&File>, attr: &Tsetattr) -> io::Result<()> {
+        let translated;
+        let attr = if self.ids.is_identity() {
+            attr
+        } else {
+            translated = self.ids.to_host_setattr(attr)?;
+            &translated
+        };
         self.check_writable()?;
         let v = attr.valid;
         let model = self.cfg.security_model;
@@ -834,6 +863,7 @@ impl Filesystem for PassthroughFs {
         mode: u32,
         cred: Cred,
     ) -> io::Result<(Inode, File, Qid)> {
+        let cred = self.ids.cred(cred)?;
         self.check_writable()?;
         let c = sys::cstr(name)?;
         let host = host_open_flags(flags)? & !libc::O_DIRECTORY;
@@ -962,6 +992,7 @@ impl Filesystem for PassthroughFs {
     }
 
     fn mkdir(&self, dir: &Inode, name: &[u8], mode: u32, cred: Cred) -> io::Result<Qid> {
+        let cred = self.ids.cred(cred)?;
         self.check_writable()?;
         let c = sys::cstr(name)?;
         // SAFETY: valid dirfd and C string.
@@ -977,6 +1008,7 @@ impl Filesystem for PassthroughFs {
     }
 
     fn symlink(&self, dir: &Inode, name: &[u8], target: &[u8], cred: Cred) -> io::Result<Qid> {
+        let cred = self.ids.cred(cred)?;
         self.check_writable()?;
         let c = sys::cstr(name)?;
         let t = sys::cstr(target)?;
@@ -1011,6 +1043,7 @@ impl Filesystem for PassthroughFs {
     }
 
     fn mknod(&self, dir: &Inode, name: &[u8], mode: u32, rdev: u64, cred: Cred) -> io::Result<Qid> {
+        let cred = self.ids.cred(cred)?;
         self.check_writable()?;
         let c = sys::cstr(name)?;
         let kind = mode & libc::S_IFMT;
