@@ -3,7 +3,7 @@
 
 use super::session::{Fid, FidKind};
 use super::{errno, Blocking, OpResult, Server, Session};
-use crate::fs::{validate_name, Cred, Filesystem};
+use crate::fs::{validate_name, Filesystem};
 use crate::protocol::*;
 
 impl<F: Filesystem> Server<F> {
@@ -40,10 +40,7 @@ impl<F: Filesystem> Server<F> {
         if !matches!(fid.kind, FidKind::Path) {
             return Err(errno::EBADF);
         }
-        let cred = Cred {
-            uid: fid.uid,
-            gid: m.gid,
-        };
+        let cred = fid.cred(m.gid);
         let (inode, file, qid) = exec
             .run(TLCREATE, || {
                 self.fs.create(&fid.inode, &m.name, m.flags, m.mode, cred)
@@ -65,10 +62,7 @@ impl<F: Filesystem> Server<F> {
         exec: &B,
     ) -> OpResult {
         self.create_entry(session, m.dfid, &m.name, exec, TMKDIR, |fs, f| {
-            let cred = Cred {
-                uid: f.uid,
-                gid: m.gid,
-            };
+            let cred = f.cred(m.gid);
             fs.mkdir(&f.inode, &m.name, m.mode, cred)
                 .map(Rmessage::Mkdir)
         })
@@ -81,10 +75,7 @@ impl<F: Filesystem> Server<F> {
         exec: &B,
     ) -> OpResult {
         self.create_entry(session, m.fid, &m.name, exec, TSYMLINK, |fs, f| {
-            let cred = Cred {
-                uid: f.uid,
-                gid: m.gid,
-            };
+            let cred = f.cred(m.gid);
             fs.symlink(&f.inode, &m.name, &m.symtgt, cred)
                 .map(Rmessage::Symlink)
         })
@@ -97,10 +88,7 @@ impl<F: Filesystem> Server<F> {
         exec: &B,
     ) -> OpResult {
         self.create_entry(session, m.dfid, &m.name, exec, TMKNOD, |fs, f| {
-            let cred = Cred {
-                uid: f.uid,
-                gid: m.gid,
-            };
+            let cred = f.cred(m.gid);
             let rdev = libc::makedev(m.major, m.minor);
             fs.mknod(&f.inode, &m.name, m.mode, rdev, cred)
                 .map(Rmessage::Mknod)
