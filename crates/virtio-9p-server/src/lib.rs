@@ -81,6 +81,7 @@ pub mod fs;
 pub mod io;
 pub mod protocol;
 mod server;
+pub mod syscalls;
 pub mod transport;
 
 // The virtio transport and the coroutine engine (issue 8).
