@@ -103,7 +103,7 @@ pub use error::{Error, Result};
 pub use fs::passthrough::{PassthroughConfig, PassthroughFs, SecurityModel};
 pub use io::{ReplyWriter, RequestReader};
 pub use server::{
-    Blocking, Cancel, Config, Inline, Interrupted, Reply, Server, Session, DEFAULT_LOCK_WAIT,
-    DEFAULT_MAX_FIDS, DEFAULT_MAX_TOTAL_FIDS, DEFAULT_MAX_TOTAL_XATTR_BYTES,
-    DEFAULT_MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTR_SIZE,
+    Blocking, Cancel, Config, Inline, Interrupted, Reply, Server, Session,
+    DEFAULT_GUEST_LOG_LINES_PER_SEC, DEFAULT_LOCK_WAIT, DEFAULT_MAX_FIDS, DEFAULT_MAX_TOTAL_FIDS,
+    DEFAULT_MAX_TOTAL_XATTR_BYTES, DEFAULT_MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTR_SIZE,
 };

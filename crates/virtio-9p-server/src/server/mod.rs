@@ -11,6 +11,20 @@
 //! reply ([`ReplyWriter::split_at`] leaves room for the header); every other
 //! reply is encoded and written at once.
 //!
+//! # Where each step lives
+//!
+//! `mod.rs` holds [`Config`], [`Server::handle`] (header and size checks,
+//! body decode, then a plain dispatch) and the reply encoder; each
+//! operation is in the file of its area: `attach_walk` (Tversion, Tattach,
+//! Twalk, Tclunk), `open_create` (Tlopen, Tlcreate, Tmkdir, Tsymlink,
+//! Tmknod), `read_write` (Tread, Twrite, Tfsync), `dir` (Treaddir), `attr`
+//! (Tgetattr, Tsetattr, Tstatfs, Treadlink), `xattr` (Txattrwalk,
+//! Txattrcreate and its commit), `lock` (Tlock, Tgetlock), `link_rename`
+//! (Tlink, Trename, Trenameat, Tunlinkat, Tremove). `session` is the fid
+//! table, `blocking` the executor hook and cancel token, `log_limit` the
+//! per-server limit on guest-triggered log lines
+//! ([`Config::guest_log_lines_per_sec`]).
+//!
 //! # Engines, concurrency and Tflush
 //!
 //! A `Server` is `Sync` and a [`Session`] is `Sync`: an engine may run many
