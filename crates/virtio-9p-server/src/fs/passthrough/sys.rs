@@ -341,32 +341,50 @@ pub fn statx(fd: BorrowedFd<'_>) -> io::Result<libc::statx> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// `getxattrat`/`setxattrat(dir, path, 0, name, &args, sizeof args)`
+/// with `args` describing `value` (`len` bytes) and `flags`.
+///
+/// # Safety
+///
+/// `value` is valid for `len` bytes (written by `getxattrat`, read by
+/// `setxattrat`), or null with `len` 0.
+unsafe fn xattrat(
+    nr: libc::c_long,
+    dir: RawFd,
+    path: &CStr,
+    name: &CStr,
+    value: *mut u8,
+    len: usize,
+    flags: u32,
+) -> isize {
+    let mut args = XattrArgs {
+        value: value as u64,
+        size: len as u32,
+        flags,
+    };
+    // SAFETY: valid C strings; `args` describes a buffer the caller vouches
+    // for, and its own size is passed.
+    unsafe {
+        libc::syscall(
+            nr,
+            dir,
+            path.as_ptr(),
+            0,
+            name.as_ptr(),
+            &mut args as *mut XattrArgs,
+            std::mem::size_of::<XattrArgs>(),
+        ) as isize
+    }
+}
+
 /// `getxattr` of a file into a buffer of at most `max` bytes (`E2BIG` if
 /// larger).
 pub fn getxattr(path: &FdPath, name: &CStr, max: usize) -> io::Result<Vec<u8>> {
     xattr_read(max, |buf, len| {
         path.call(
-            |dir, n| {
-                let mut args = XattrArgs {
-                    value: buf as u64,
-                    size: len as u32,
-                    flags: 0,
-                };
-                // SAFETY: valid dirfd and C strings; `args` points at a
-                // buffer valid for `len` bytes (or null with len 0 to query
-                // the size) and its own size is passed.
-                unsafe {
-                    libc::syscall(
-                        SYS_GETXATTRAT,
-                        dir,
-                        n.as_ptr(),
-                        0,
-                        name.as_ptr(),
-                        &mut args as *mut XattrArgs,
-                        std::mem::size_of::<XattrArgs>(),
-                    ) as isize
-                }
-            },
+            // SAFETY: `buf` is valid for `len` bytes (or null with len 0 to
+            // query the size).
+            |dir, n| unsafe { xattrat(SYS_GETXATTRAT, dir, n, name, buf, len, 0) },
             // SAFETY: valid C strings; `buf` is valid for `len` bytes (or
             // null with len 0 to query the size).
             |p| unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.cast(), len) },
@@ -412,25 +430,10 @@ fn xattr_read(max: usize, mut call: impl FnMut(*mut u8, usize) -> isize) -> io::
 /// `setxattr` of a file.
 pub fn setxattr(path: &FdPath, name: &CStr, value: &[u8], flags: u32) -> io::Result<()> {
     check!(path.call(
-        |dir, n| {
-            let mut args = XattrArgs {
-                value: value.as_ptr() as u64,
-                size: value.len() as u32,
-                flags,
-            };
-            // SAFETY: valid dirfd and C strings; `args` points at `value`
-            // and its own size is passed.
-            unsafe {
-                libc::syscall(
-                    SYS_SETXATTRAT,
-                    dir,
-                    n.as_ptr(),
-                    0,
-                    name.as_ptr(),
-                    &mut args as *mut XattrArgs,
-                    std::mem::size_of::<XattrArgs>(),
-                ) as isize
-            }
+        // SAFETY: `value` is valid for its length; the kernel only reads it.
+        |dir, n| unsafe {
+            let value_ptr = value.as_ptr().cast_mut();
+            xattrat(SYS_SETXATTRAT, dir, n, name, value_ptr, value.len(), flags)
         },
         // SAFETY: valid C strings and value buffer.
         |p| unsafe {
