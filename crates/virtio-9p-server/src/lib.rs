@@ -7,8 +7,10 @@
 //! With `default-features = false` the crate is the embeddable core:
 //! [`protocol`], the [`Server`], the [`fs::Filesystem`] trait and
 //! [`PassthroughFs`], [`io`], [`engine`], [`virtio`] and the socket
-//! [`transport`]. It never exits the process, installs no signal handler
-//! and pulls in no CLI, logger backend, seccomp or vhost crate. The
+//! [`transport`], with the [`syscalls`] its threads make listed for an
+//! embedder's seccomp filter. It never exits the process, installs no
+//! signal handler and pulls in no CLI, logger backend, seccomp or vhost
+//! crate. The
 //! `vhost-user` feature adds the `vhost_user` backend and daemon loop
 //! (vhost, vhost-user-backend); the `daemon` feature (default) adds the
 //! binary and its hardening, the `sandbox` module (clap, env_logger,
