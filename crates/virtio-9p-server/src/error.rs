@@ -29,6 +29,26 @@ pub enum Error {
     /// `/proc/self/fd` is needed to reopen `O_PATH` fds.
     #[error("cannot open /proc/self/fd (is /proc mounted?): {0}")]
     Proc(#[source] io::Error),
+    /// The fd given to [`PassthroughFs::from_fd`](crate::PassthroughFs::from_fd)
+    /// is not an open directory (closed, or not a directory).
+    #[error("shared directory fd {fd} is not an open directory: {source}")]
+    SharedDirFd {
+        /// The fd given.
+        fd: std::os::fd::RawFd,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The fd given to [`PassthroughFs::from_fd`](crate::PassthroughFs::from_fd)
+    /// as `/proc/self/fd` is not this process's `/proc/self/fd` directory.
+    #[error("fd {fd} is not this process's /proc/self/fd: {source}")]
+    ProcFd {
+        /// The fd given.
+        fd: std::os::fd::RawFd,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// A `--listen` address that is neither `unix:PATH` nor `tcp:HOST:PORT`.
     #[error("invalid listen address {0:?}: expected unix:PATH or tcp:HOST:PORT")]
     ListenAddress(String),

@@ -7,8 +7,10 @@
 //! With `default-features = false` the crate is the embeddable core:
 //! [`protocol`], the [`Server`], the [`fs::Filesystem`] trait and
 //! [`PassthroughFs`], [`io`], [`engine`], [`virtio`] and the socket
-//! [`transport`]. It never exits the process, installs no signal handler
-//! and pulls in no CLI, logger backend, seccomp or vhost crate. The
+//! [`transport`], with the [`syscalls`] its threads make listed for an
+//! embedder's seccomp filter. It never exits the process, installs no
+//! signal handler and pulls in no CLI, logger backend, seccomp or vhost
+//! crate. The
 //! `vhost-user` feature adds the `vhost_user` backend and daemon loop
 //! (vhost, vhost-user-backend); the `daemon` feature (default) adds the
 //! binary and its hardening, the `sandbox` module (clap, env_logger,
@@ -88,6 +90,7 @@ pub mod fs;
 pub mod io;
 pub mod protocol;
 mod server;
+pub mod syscalls;
 pub mod transport;
 
 // The virtio transport and the coroutine engine (issue 8).
@@ -112,7 +115,7 @@ pub use error::{Error, Result};
 pub use fs::passthrough::{PassthroughConfig, PassthroughFs, SecurityModel};
 pub use io::{ReplyWriter, RequestReader};
 pub use server::{
-    Blocking, Cancel, Config, Inline, Interrupted, Reply, Server, Session, DEFAULT_LOCK_WAIT,
-    DEFAULT_MAX_FIDS, DEFAULT_MAX_TOTAL_FIDS, DEFAULT_MAX_TOTAL_XATTR_BYTES,
-    DEFAULT_MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTR_SIZE,
+    Blocking, Cancel, Config, Inline, Interrupted, Reply, Server, Session,
+    DEFAULT_GUEST_LOG_LINES_PER_SEC, DEFAULT_LOCK_WAIT, DEFAULT_MAX_FIDS, DEFAULT_MAX_TOTAL_FIDS,
+    DEFAULT_MAX_TOTAL_XATTR_BYTES, DEFAULT_MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTR_SIZE,
 };

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use log::{info, warn};
 
-use virtio_9p_server::fs::ids::{IdRules, IdTranslation, Translated};
+use virtio_9p_server::fs::ids::{IdRules, IdTranslation};
 use virtio_9p_server::fs::Filesystem;
 use virtio_9p_server::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
 use virtio_9p_server::transport::socket::{ListenAddr, Listener};
@@ -23,7 +23,7 @@ use daemon::pidfile::PidFile;
 use daemon::{syslog, vhost};
 
 /// The filesystem the binary serves: passthrough behind the id squashing.
-type Fs = Translated<PassthroughFs>;
+type Fs = PassthroughFs;
 
 /// Everything before serving that the sandbox orders: the fd limit and fid
 /// budget, then (with the sockets already bound by the caller) the
@@ -60,13 +60,13 @@ fn harden(
     scfg.cleanup_files = cleanup_files;
     let fs = sb::enter(&scfg, || {
         PassthroughFs::new(pcfg)
-            .map(|fs| Translated::new(fs, ids))
+            .map(|fs| fs.with_ids(ids))
             .map_err(|e| e.to_string())
     })
     .map_err(|e| e.to_string())?;
     // Inside the namespace and chroot sandboxes the current directory is
     // the detached /proc/self/fd.
-    fs.inner().set_proc_fd_is_cwd(sb::proc_fd_is_cwd());
+    fs.set_proc_fd_is_cwd(sb::proc_fd_is_cwd());
     let mut keep = caps::CapSet::of(caps::for_model(cli.security_model, cli.readonly));
     if cli.listen.is_none() && cli.vhost.mlock != mlock_policy::MlockPolicy::Off {
         keep = caps::CapSet(keep.0 | 1 << caps::CAP_IPC_LOCK);

@@ -1,18 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! User and group ids: squashing and translation ([`Translated`], the
-//! daemon's `--translate-uid`, `--translate-gid`) and the user-namespace
-//! maps of the daemon's sandbox (`--uid-map`, `--gid-map`).
+//! User and group ids: squashing and translation ([`IdTranslation`], the
+//! daemon's `--translate-uid`, `--translate-gid`, applied by
+//! [`PassthroughFs::with_ids`](crate::PassthroughFs::with_ids); another
+//! [`Filesystem`](crate::fs::Filesystem) applies it with
+//! [`IdTranslation::cred`], [`IdTranslation::to_guest_attr`] and
+//! [`IdTranslation::to_host_setattr`]) and the user-namespace maps of the
+//! daemon's sandbox (`--uid-map`, `--gid-map`).
 
 use std::fmt;
 use std::io;
 use std::str::FromStr;
 
 use crate::error::Error;
-use crate::fs::{Cred, Filesystem};
-use crate::io::{ReplyWriter, RequestReader};
-use crate::protocol::{
-    setattr, DirEntry, Qid, Rgetattr, Rgetlock, Rstatfs, Tgetlock, Tlock, Tsetattr,
-};
+use crate::fs::Cred;
+use crate::protocol::{setattr, Rgetattr, Tsetattr};
 
 /// One line of a user-namespace id map: `:inside:outside:count:`
 /// (virtiofsd's syntax) or `inside:outside:count`.
@@ -372,180 +373,31 @@ impl IdTranslation {
         self.uid.0.is_empty() && self.gid.0.is_empty()
     }
 
-    fn cred(&self, c: Cred) -> io::Result<Cred> {
+    /// The host credentials of a guest's; `EPERM` for a forbidden id.
+    pub fn cred(&self, c: Cred) -> io::Result<Cred> {
         Ok(Cred {
             uid: self.uid.to_host(c.uid)?,
             gid: self.gid.to_host(c.gid)?,
         })
     }
-}
 
-/// A [`Filesystem`] that applies an [`IdTranslation`] around another one.
-#[derive(Debug)]
-pub struct Translated<F> {
-    inner: F,
-    ids: IdTranslation,
-}
-
-impl<F: Filesystem> Translated<F> {
-    /// Wraps `inner`.
-    pub fn new(inner: F, ids: IdTranslation) -> Self {
-        Translated { inner, ids }
+    /// Turns host ownership in `a` into the guest's view.
+    pub fn to_guest_attr(&self, a: &mut Rgetattr) {
+        a.uid = self.uid.to_guest(a.uid);
+        a.gid = self.gid.to_guest(a.gid);
     }
 
-    /// The wrapped filesystem.
-    pub fn inner(&self) -> &F {
-        &self.inner
-    }
-}
-
-impl<F: Filesystem> Filesystem for Translated<F> {
-    type Inode = F::Inode;
-    type File = F::File;
-
-    fn attach(&self, aname: &[u8], cred: Cred) -> io::Result<(Self::Inode, Qid)> {
-        self.inner.attach(aname, self.ids.cred(cred)?)
-    }
-    fn walk(&self, dir: &Self::Inode, name: &[u8]) -> io::Result<(Self::Inode, Qid)> {
-        self.inner.walk(dir, name)
-    }
-    fn getattr(&self, inode: &Self::Inode, mask: u64) -> io::Result<Rgetattr> {
-        let mut a = self.inner.getattr(inode, mask)?;
-        a.uid = self.ids.uid.to_guest(a.uid);
-        a.gid = self.ids.gid.to_guest(a.gid);
-        Ok(a)
-    }
-    fn setattr(
-        &self,
-        inode: &Self::Inode,
-        file: Option<&Self::File>,
-        attr: &Tsetattr,
-    ) -> io::Result<()> {
+    /// The Tsetattr with the ownership it sets in host ids; `EPERM` for a
+    /// forbidden id.
+    pub fn to_host_setattr(&self, attr: &Tsetattr) -> io::Result<Tsetattr> {
         let mut a = attr.clone();
         if a.valid & setattr::UID != 0 {
-            a.uid = self.ids.uid.to_host(a.uid)?;
+            a.uid = self.uid.to_host(a.uid)?;
         }
         if a.valid & setattr::GID != 0 {
-            a.gid = self.ids.gid.to_host(a.gid)?;
+            a.gid = self.gid.to_host(a.gid)?;
         }
-        self.inner.setattr(inode, file, &a)
-    }
-    fn statfs(&self, inode: &Self::Inode) -> io::Result<Rstatfs> {
-        self.inner.statfs(inode)
-    }
-    fn open(&self, inode: &Self::Inode, flags: u32) -> io::Result<(Self::File, Qid)> {
-        self.inner.open(inode, flags)
-    }
-    fn create(
-        &self,
-        dir: &Self::Inode,
-        name: &[u8],
-        flags: u32,
-        mode: u32,
-        cred: Cred,
-    ) -> io::Result<(Self::Inode, Self::File, Qid)> {
-        self.inner
-            .create(dir, name, flags, mode, self.ids.cred(cred)?)
-    }
-    fn read<W: ReplyWriter>(
-        &self,
-        file: &Self::File,
-        w: &mut W,
-        count: usize,
-        off: u64,
-    ) -> io::Result<usize> {
-        self.inner.read(file, w, count, off)
-    }
-    fn write<R: RequestReader>(
-        &self,
-        file: &Self::File,
-        r: &mut R,
-        count: usize,
-        off: u64,
-    ) -> io::Result<usize> {
-        self.inner.write(file, r, count, off)
-    }
-    fn readdir(
-        &self,
-        file: &Self::File,
-        offset: u64,
-        emit: &mut dyn FnMut(DirEntry) -> bool,
-    ) -> io::Result<()> {
-        self.inner.readdir(file, offset, emit)
-    }
-    fn fsync(&self, file: &Self::File, datasync: bool) -> io::Result<()> {
-        self.inner.fsync(file, datasync)
-    }
-    fn mkdir(&self, dir: &Self::Inode, name: &[u8], mode: u32, cred: Cred) -> io::Result<Qid> {
-        self.inner.mkdir(dir, name, mode, self.ids.cred(cred)?)
-    }
-    fn symlink(
-        &self,
-        dir: &Self::Inode,
-        name: &[u8],
-        target: &[u8],
-        cred: Cred,
-    ) -> io::Result<Qid> {
-        self.inner.symlink(dir, name, target, self.ids.cred(cred)?)
-    }
-    fn mknod(
-        &self,
-        dir: &Self::Inode,
-        name: &[u8],
-        mode: u32,
-        rdev: u64,
-        cred: Cred,
-    ) -> io::Result<Qid> {
-        self.inner
-            .mknod(dir, name, mode, rdev, self.ids.cred(cred)?)
-    }
-    fn link(&self, target: &Self::Inode, dir: &Self::Inode, name: &[u8]) -> io::Result<()> {
-        self.inner.link(target, dir, name)
-    }
-    fn readlink(&self, inode: &Self::Inode) -> io::Result<Vec<u8>> {
-        self.inner.readlink(inode)
-    }
-    fn rename(&self, inode: &Self::Inode, dir: &Self::Inode, name: &[u8]) -> io::Result<()> {
-        self.inner.rename(inode, dir, name)
-    }
-    fn renameat(
-        &self,
-        olddir: &Self::Inode,
-        oldname: &[u8],
-        newdir: &Self::Inode,
-        newname: &[u8],
-    ) -> io::Result<()> {
-        self.inner.renameat(olddir, oldname, newdir, newname)
-    }
-    fn unlinkat(&self, dir: &Self::Inode, name: &[u8], flags: u32) -> io::Result<()> {
-        self.inner.unlinkat(dir, name, flags)
-    }
-    fn remove(&self, inode: &Self::Inode) -> io::Result<()> {
-        self.inner.remove(inode)
-    }
-    fn getxattr(&self, inode: &Self::Inode, name: &[u8], max: usize) -> io::Result<Vec<u8>> {
-        self.inner.getxattr(inode, name, max)
-    }
-    fn listxattr(&self, inode: &Self::Inode, max: usize) -> io::Result<Vec<u8>> {
-        self.inner.listxattr(inode, max)
-    }
-    fn setxattr(
-        &self,
-        inode: &Self::Inode,
-        name: &[u8],
-        value: &[u8],
-        flags: u32,
-    ) -> io::Result<()> {
-        self.inner.setxattr(inode, name, value, flags)
-    }
-    fn removexattr(&self, inode: &Self::Inode, name: &[u8]) -> io::Result<()> {
-        self.inner.removexattr(inode, name)
-    }
-    fn try_lock(&self, file: &Self::File, lock: &Tlock) -> io::Result<u8> {
-        self.inner.try_lock(file, lock)
-    }
-    fn getlock(&self, file: &Self::File, lock: &Tgetlock) -> io::Result<Rgetlock> {
-        self.inner.getlock(file, lock)
+        Ok(a)
     }
 }
 

@@ -47,6 +47,18 @@ pub fn validate_walk_name(name: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// The error of an operation a [`Filesystem`] does not implement:
+/// `ENOSYS`.
+fn not_implemented<T>() -> io::Result<T> {
+    Err(io::Error::from_raw_os_error(libc::ENOSYS))
+}
+
+/// The error of an optional feature a [`Filesystem`] does not have
+/// (xattrs, locks): `EOPNOTSUPP`.
+fn not_supported<T>() -> io::Result<T> {
+    Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+}
+
 /// A file tree served over 9P.
 ///
 /// `Inode` is a handle on a file that has not been opened for I/O (a walked
@@ -55,6 +67,24 @@ pub fn validate_walk_name(name: &[u8]) -> io::Result<()> {
 /// threads at once. Names reaching the methods are already validated (see
 /// the module docs). Errors are `io::Error`s whose raw OS error becomes the
 /// Rlerror errno (`EIO` when there is none).
+///
+/// # Required and optional methods
+///
+/// Only [`attach`](Filesystem::attach), [`walk`](Filesystem::walk) and
+/// [`getattr`](Filesystem::getattr) are required: with them a guest can
+/// mount the tree and look around. Every other method has a default, so a
+/// small or special-purpose filesystem implements only what it serves:
+///
+/// | methods | default answer |
+/// |---|---|
+/// | `open`, `read`, `readdir`, `readlink`, `statfs`, `fsync` | `ENOSYS` |
+/// | `setattr`, `create`, `write`, `mkdir`, `symlink`, `mknod`, `link`, `rename`, `renameat`, `unlinkat`, `remove` | `ENOSYS` |
+/// | `getxattr`, `listxattr`, `setxattr`, `removexattr` | `EOPNOTSUPP` (no xattrs) |
+/// | `try_lock`, `getlock` | `EOPNOTSUPP` (no locks) |
+///
+/// A read-only tree implements `open`, `read` and `readdir` on top of the
+/// three required methods; [`PassthroughFs`](crate::PassthroughFs)
+/// implements everything.
 pub trait Filesystem: Send + Sync {
     /// A walked, unopened file.
     type Inode: Clone + Send + Sync;
@@ -62,10 +92,11 @@ pub trait Filesystem: Send + Sync {
     type File: Send + Sync;
 
     /// The root of the tree for Tattach. `aname` is the client's tree name.
+    /// Required.
     fn attach(&self, aname: &[u8], cred: Cred) -> io::Result<(Self::Inode, Qid)>;
-    /// One walk step; `..` at the root stays at the root.
+    /// One walk step; `..` at the root stays at the root. Required.
     fn walk(&self, dir: &Self::Inode, name: &[u8]) -> io::Result<(Self::Inode, Qid)>;
-    /// Attributes.
+    /// Attributes. Required.
     fn getattr(&self, inode: &Self::Inode, mask: u64) -> io::Result<Rgetattr>;
     /// Changes attributes; `file` is the open file of the fid, if any.
     fn setattr(
@@ -73,11 +104,20 @@ pub trait Filesystem: Send + Sync {
         inode: &Self::Inode,
         file: Option<&Self::File>,
         attr: &Tsetattr,
-    ) -> io::Result<()>;
+    ) -> io::Result<()> {
+        let _ = (inode, file, attr);
+        not_implemented()
+    }
     /// Filesystem statistics.
-    fn statfs(&self, inode: &Self::Inode) -> io::Result<Rstatfs>;
+    fn statfs(&self, inode: &Self::Inode) -> io::Result<Rstatfs> {
+        let _ = inode;
+        not_implemented()
+    }
     /// Opens with 9P2000.L flags ([`crate::protocol::open_flags`]).
-    fn open(&self, inode: &Self::Inode, flags: u32) -> io::Result<(Self::File, Qid)>;
+    fn open(&self, inode: &Self::Inode, flags: u32) -> io::Result<(Self::File, Qid)> {
+        let _ = (inode, flags);
+        not_implemented()
+    }
     /// Creates and opens `name` in `dir`.
     fn create(
         &self,
@@ -86,7 +126,10 @@ pub trait Filesystem: Send + Sync {
         flags: u32,
         mode: u32,
         cred: Cred,
-    ) -> io::Result<(Self::Inode, Self::File, Qid)>;
+    ) -> io::Result<(Self::Inode, Self::File, Qid)> {
+        let _ = (dir, name, flags, mode, cred);
+        not_implemented()
+    }
     /// Reads up to `count` bytes at `off` into `w`; returns the bytes read.
     fn read<W: ReplyWriter>(
         &self,
@@ -94,7 +137,10 @@ pub trait Filesystem: Send + Sync {
         w: &mut W,
         count: usize,
         off: u64,
-    ) -> io::Result<usize>;
+    ) -> io::Result<usize> {
+        let _ = (file, w, count, off);
+        not_implemented()
+    }
     /// Writes `count` bytes from `r` at `off`; returns the bytes written.
     fn write<R: RequestReader>(
         &self,
@@ -102,7 +148,10 @@ pub trait Filesystem: Send + Sync {
         r: &mut R,
         count: usize,
         off: u64,
-    ) -> io::Result<usize>;
+    ) -> io::Result<usize> {
+        let _ = (file, r, count, off);
+        not_implemented()
+    }
     /// Lists entries after cookie `offset`, calling `emit` for each until it
     /// returns false (reply full).
     fn readdir(
@@ -110,14 +159,31 @@ pub trait Filesystem: Send + Sync {
         file: &Self::File,
         offset: u64,
         emit: &mut dyn FnMut(DirEntry) -> bool,
-    ) -> io::Result<()>;
+    ) -> io::Result<()> {
+        let _ = (file, offset, emit);
+        not_implemented()
+    }
     /// Flushes to stable storage.
-    fn fsync(&self, file: &Self::File, datasync: bool) -> io::Result<()>;
+    fn fsync(&self, file: &Self::File, datasync: bool) -> io::Result<()> {
+        let _ = (file, datasync);
+        not_implemented()
+    }
     /// Creates a directory.
-    fn mkdir(&self, dir: &Self::Inode, name: &[u8], mode: u32, cred: Cred) -> io::Result<Qid>;
+    fn mkdir(&self, dir: &Self::Inode, name: &[u8], mode: u32, cred: Cred) -> io::Result<Qid> {
+        let _ = (dir, name, mode, cred);
+        not_implemented()
+    }
     /// Creates a symbolic link (the target is stored, never followed).
-    fn symlink(&self, dir: &Self::Inode, name: &[u8], target: &[u8], cred: Cred)
-        -> io::Result<Qid>;
+    fn symlink(
+        &self,
+        dir: &Self::Inode,
+        name: &[u8],
+        target: &[u8],
+        cred: Cred,
+    ) -> io::Result<Qid> {
+        let _ = (dir, name, target, cred);
+        not_implemented()
+    }
     /// Creates a device node, fifo or socket.
     fn mknod(
         &self,
@@ -126,13 +192,25 @@ pub trait Filesystem: Send + Sync {
         mode: u32,
         rdev: u64,
         cred: Cred,
-    ) -> io::Result<Qid>;
+    ) -> io::Result<Qid> {
+        let _ = (dir, name, mode, rdev, cred);
+        not_implemented()
+    }
     /// Hard-links `target` into `dir` as `name`.
-    fn link(&self, target: &Self::Inode, dir: &Self::Inode, name: &[u8]) -> io::Result<()>;
+    fn link(&self, target: &Self::Inode, dir: &Self::Inode, name: &[u8]) -> io::Result<()> {
+        let _ = (target, dir, name);
+        not_implemented()
+    }
     /// Reads a symbolic link.
-    fn readlink(&self, inode: &Self::Inode) -> io::Result<Vec<u8>>;
+    fn readlink(&self, inode: &Self::Inode) -> io::Result<Vec<u8>> {
+        let _ = inode;
+        not_implemented()
+    }
     /// Moves `inode` into `dir` as `name`.
-    fn rename(&self, inode: &Self::Inode, dir: &Self::Inode, name: &[u8]) -> io::Result<()>;
+    fn rename(&self, inode: &Self::Inode, dir: &Self::Inode, name: &[u8]) -> io::Result<()> {
+        let _ = (inode, dir, name);
+        not_implemented()
+    }
     /// Moves `olddir/oldname` to `newdir/newname`.
     fn renameat(
         &self,
@@ -140,15 +218,30 @@ pub trait Filesystem: Send + Sync {
         oldname: &[u8],
         newdir: &Self::Inode,
         newname: &[u8],
-    ) -> io::Result<()>;
+    ) -> io::Result<()> {
+        let _ = (olddir, oldname, newdir, newname);
+        not_implemented()
+    }
     /// Removes `dir/name`; `flags` is 0 or [`crate::protocol::AT_REMOVEDIR`].
-    fn unlinkat(&self, dir: &Self::Inode, name: &[u8], flags: u32) -> io::Result<()>;
+    fn unlinkat(&self, dir: &Self::Inode, name: &[u8], flags: u32) -> io::Result<()> {
+        let _ = (dir, name, flags);
+        not_implemented()
+    }
     /// Removes the file `inode` names.
-    fn remove(&self, inode: &Self::Inode) -> io::Result<()>;
+    fn remove(&self, inode: &Self::Inode) -> io::Result<()> {
+        let _ = inode;
+        not_implemented()
+    }
     /// An extended attribute's value, at most `max` bytes (else `E2BIG`).
-    fn getxattr(&self, inode: &Self::Inode, name: &[u8], max: usize) -> io::Result<Vec<u8>>;
+    fn getxattr(&self, inode: &Self::Inode, name: &[u8], max: usize) -> io::Result<Vec<u8>> {
+        let _ = (inode, name, max);
+        not_supported()
+    }
     /// The NUL-separated attribute names, at most `max` bytes.
-    fn listxattr(&self, inode: &Self::Inode, max: usize) -> io::Result<Vec<u8>>;
+    fn listxattr(&self, inode: &Self::Inode, max: usize) -> io::Result<Vec<u8>> {
+        let _ = (inode, max);
+        not_supported()
+    }
     /// Sets an attribute; `flags` is `XATTR_CREATE`/`XATTR_REPLACE`.
     fn setxattr(
         &self,
@@ -156,15 +249,27 @@ pub trait Filesystem: Send + Sync {
         name: &[u8],
         value: &[u8],
         flags: u32,
-    ) -> io::Result<()>;
+    ) -> io::Result<()> {
+        let _ = (inode, name, value, flags);
+        not_supported()
+    }
     /// Removes an attribute.
-    fn removexattr(&self, inode: &Self::Inode, name: &[u8]) -> io::Result<()>;
+    fn removexattr(&self, inode: &Self::Inode, name: &[u8]) -> io::Result<()> {
+        let _ = (inode, name);
+        not_supported()
+    }
     /// Tries a byte-range lock without waiting: `SUCCESS` or `BLOCKED`
     /// ([`crate::protocol::lock`]). The server builds the blocking variant
     /// on top (see [`crate::Config::lock_wait`]).
-    fn try_lock(&self, file: &Self::File, lock: &Tlock) -> io::Result<u8>;
+    fn try_lock(&self, file: &Self::File, lock: &Tlock) -> io::Result<u8> {
+        let _ = (file, lock);
+        not_supported()
+    }
     /// Tests for a conflicting lock.
-    fn getlock(&self, file: &Self::File, lock: &Tgetlock) -> io::Result<Rgetlock>;
+    fn getlock(&self, file: &Self::File, lock: &Tgetlock) -> io::Result<Rgetlock> {
+        let _ = (file, lock);
+        not_supported()
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use crate::fs::Filesystem;
+use crate::fs::{Cred, Filesystem};
 use crate::protocol::MIN_MSIZE;
 
 use super::errno;
@@ -133,6 +133,14 @@ pub(crate) struct Fid<F: Filesystem> {
     pub inode: F::Inode,
     pub uid: u32,
     pub kind: FidKind<F>,
+}
+
+impl<F: Filesystem> Fid<F> {
+    /// Who creates through this fid: its user and the group a create
+    /// message names.
+    pub fn cred(&self, gid: u32) -> Cred {
+        Cred { uid: self.uid, gid }
+    }
 }
 
 /// The state of one client connection (one virtio device or one socket).

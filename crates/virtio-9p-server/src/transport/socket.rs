@@ -166,7 +166,9 @@ impl Listener {
                 },
             };
             if active.load(Ordering::Acquire) >= max_connections {
-                error!("9p: refusing connection: {max_connections} clients already connected");
+                if server.log_limit().admit() {
+                    warn!("9p: refusing connection: {max_connections} clients already connected");
+                }
                 continue;
             }
             next_id += 1;
@@ -178,10 +180,15 @@ impl Listener {
             let spawned = std::thread::Builder::new()
                 .name(format!("9p-conn-{id}"))
                 .spawn(move || {
-                    info!("9p: connection {id} opened");
-                    match serve_budgeted(&server, stream, budget) {
-                        Ok(()) => info!("9p: connection {id} closed"),
-                        Err(e) => warn!("9p: connection {id} ended: {e}"),
+                    if server.log_limit().admit() {
+                        info!("9p: connection {id} opened");
+                    }
+                    let end = serve_budgeted(&server, stream, budget);
+                    if server.log_limit().admit() {
+                        match end {
+                            Ok(()) => info!("9p: connection {id} closed"),
+                            Err(e) => warn!("9p: connection {id} ended: {e}"),
+                        }
                     }
                     active2.fetch_sub(1, Ordering::AcqRel);
                 });
@@ -503,7 +510,9 @@ where
         // A Tversion may announce any msize, but the frame itself is tiny.
         let limit = session.frame_limit();
         if (size as usize) < HEADER_SIZE || size > limit {
-            error!("9p: closing connection: frame size {size} outside 7..={limit}");
+            if server.log_limit().admit() {
+                warn!("9p: closing connection: frame size {size} outside 7..={limit}");
+            }
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("frame size {size} outside 7..={limit}"),
@@ -539,10 +548,12 @@ where
             if !bufs.request.ensure(size as usize, false, &bufs.budget) {
                 // Over the shared budget: drop the frame, answer ENOMEM.
                 let h = Header::from_bytes(&hdr);
-                error!(
-                    "9p: request of {size} bytes (tag {}) refused: connection buffers are at their limit",
-                    h.tag
-                );
+                if server.log_limit().admit() {
+                    warn!(
+                        "9p: request of {size} bytes (tag {}) refused: connection buffers are at their limit",
+                        h.tag
+                    );
+                }
                 discard(
                     &mut stream,
                     (size as usize - HEADER_SIZE) as u64,

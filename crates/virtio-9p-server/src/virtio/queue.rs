@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coro_pool::StackPool;
-use log::{debug, error};
+use log::{debug, error, warn};
 use virtio_queue::QueueT;
 use virtqueue_large::{ChainWalker, WalkerStats};
 use vm_memory::GuestMemoryBackend;
@@ -363,7 +363,9 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                             Ok(reply) if token.is_cancelled() && reply.reply_type == RLERROR => 0,
                             Ok(reply) => reply.size,
                             Err(e) => {
-                                error!("9p: request on chain {head} not answered: {e}");
+                                if server.log_limit().admit() {
+                                    warn!("9p: request on chain {head} not answered: {e}");
+                                }
                                 0
                             }
                         }
@@ -373,7 +375,9 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         if let Err(e) = result {
             // The closure (and with it the chain's buffers) is dropped: the
             // chain goes back empty.
-            error!("9p: cannot start request on chain {head}: {e}");
+            if self.server.log_limit().admit() {
+                warn!("9p: cannot start request on chain {head}: {e}");
+            }
             self.done.push((head, 0));
         }
     }

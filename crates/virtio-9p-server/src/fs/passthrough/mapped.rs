@@ -33,7 +33,7 @@
 use std::ffi::CStr;
 use std::io;
 
-use super::sys;
+use super::sys::{self, FdPath};
 
 /// Prefix of the reserved attributes.
 pub const PREFIX: &[u8] = b"user.virtfs.";
@@ -63,14 +63,14 @@ pub struct Mapped {
     pub rdev: Option<u64>,
 }
 
-fn get32(path: &CStr, name: &CStr) -> Option<u32> {
+fn get32(path: &FdPath, name: &CStr) -> Option<u32> {
     let v = sys::getxattr(path, name, 4).ok()?;
     Some(u32::from_le_bytes(v.get(..4)?.try_into().ok()?))
 }
 
 /// Reads the mapped attributes of `path` (a `/proc/self/fd/N` path).
 /// Missing or malformed attributes are `None`.
-pub fn read(path: &CStr) -> Mapped {
+pub fn read(path: &FdPath) -> Mapped {
     let rdev = sys::getxattr(path, RDEV, 8)
         .ok()
         .and_then(|v| Some(u64::from_le_bytes(v.get(..8)?.try_into().ok()?)));
@@ -83,12 +83,12 @@ pub fn read(path: &CStr) -> Mapped {
 }
 
 /// Just the mapped mode.
-pub fn read_mode(path: &CStr) -> Option<u32> {
+pub fn read_mode(path: &FdPath) -> Option<u32> {
     get32(path, MODE)
 }
 
 /// Writes the attributes that are `Some`.
-pub fn write(path: &CStr, m: &Mapped) -> io::Result<()> {
+pub fn write(path: &FdPath, m: &Mapped) -> io::Result<()> {
     if let Some(uid) = m.uid {
         sys::setxattr(path, UID, &uid.to_le_bytes(), 0)?;
     }
@@ -107,7 +107,7 @@ pub fn write(path: &CStr, m: &Mapped) -> io::Result<()> {
 /// Removes the host ACLs a new file inherited from a default ACL on its
 /// host parent (the default ACL too for a directory, so it goes no
 /// further). Missing ACLs, or a filesystem without them, are fine.
-pub fn drop_host_acls(path: &CStr, dir: bool) -> io::Result<()> {
+pub fn drop_host_acls(path: &FdPath, dir: bool) -> io::Result<()> {
     let names: &[&CStr] = if dir {
         &[c"system.posix_acl_access", c"system.posix_acl_default"]
     } else {

@@ -31,7 +31,7 @@ pub(crate) mod sys;
 use std::ffi::CString;
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex};
 
 use log::debug;
 
+use super::ids::IdTranslation;
 use super::{Cred, Filesystem};
 use crate::error::{Error, Result};
 use crate::io::{ReplyWriter, RequestReader};
@@ -188,8 +189,13 @@ pub struct PassthroughFs {
     /// Reach `/proc/self/fd/N` as the relative path `N`
     /// ([`PassthroughFs::set_proc_fd_is_cwd`]).
     proc_fd_is_cwd: AtomicBool,
+    /// `proc_fd` came from the embedder ([`PassthroughFs::from_fd`]):
+    /// path-only calls go through it, not through a `/proc` mount.
+    proc_fd_given: bool,
     qids: QidMap,
     cfg: PassthroughConfig,
+    /// Guest/host id translation ([`PassthroughFs::with_ids`]).
+    ids: IdTranslation,
 }
 
 fn err(errno: i32) -> io::Error {
@@ -255,6 +261,11 @@ fn writes(flags: u32) -> bool {
 impl PassthroughFs {
     /// Opens the export. Fails if `shared_dir` is not a directory or
     /// `/proc/self/fd` is unavailable.
+    ///
+    /// The path-only calls (xattrs, and the fallback of Tlink without
+    /// `CAP_DAC_READ_SEARCH`) name files as `/proc/self/fd/N`, so `/proc`
+    /// must stay mounted (or [`PassthroughFs::set_proc_fd_is_cwd`] be
+    /// set); [`PassthroughFs::from_fd`] needs no `/proc` mount.
     pub fn new(cfg: PassthroughConfig) -> Result<Self> {
         let path =
             CString::new(cfg.shared_dir.as_os_str().as_bytes()).map_err(|_| Error::SharedDir {
@@ -269,6 +280,67 @@ impl PassthroughFs {
         let st = sys::fstat(fd.as_fd()).map_err(shared)?;
         let proc_fd = sys::open_path(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY)
             .map_err(Error::Proc)?;
+        Ok(Self::build(fd, &st, proc_fd, false, cfg))
+    }
+
+    /// Serves an already open directory, for an embedder that opens (or
+    /// receives) its fds before it jails the device.
+    ///
+    /// `dir` is an `O_PATH` or an `O_DIRECTORY` fd of the export; the
+    /// filesystem reopens it as its own `O_PATH` fd, so the caller keeps
+    /// `dir` and may close it. `cfg.shared_dir` is then only the tree name
+    /// Tattach accepts besides `""` and `/`.
+    ///
+    /// `proc_self_fd` is an open `/proc/self/fd` directory of this process
+    /// (`O_PATH` or `O_DIRECTORY`), if the embedder has one; it is checked
+    /// (a procfs directory that lists this process's fds) and reopened.
+    /// Every later call then goes through it: opening files, chmod and
+    /// utimes by fd, and on Linux 6.13 or later the xattr calls
+    /// (`getxattrat` and friends) and the Tlink fallback, so no `/proc`
+    /// mount is needed after this returns. On older kernels the xattr
+    /// calls fall back to `/proc/self/fd/N` paths, which need `/proc`
+    /// mounted (or [`PassthroughFs::set_proc_fd_is_cwd`]).
+    ///
+    /// Without `proc_self_fd`, `/proc/self/fd` is opened here (as
+    /// [`PassthroughFs::new`] does), so `/proc` must be mounted now; this
+    /// fails with [`Error::Proc`] otherwise. After that it works as with
+    /// a given fd.
+    ///
+    /// [`PassthroughFs::fds`] lists the fds the filesystem holds.
+    pub fn from_fd(
+        dir: BorrowedFd<'_>,
+        proc_self_fd: Option<BorrowedFd<'_>>,
+        cfg: PassthroughConfig,
+    ) -> Result<Self> {
+        let bad_dir = |source| Error::SharedDirFd {
+            fd: dir.as_raw_fd(),
+            source,
+        };
+        let root = sys::reopen_dir(dir).map_err(bad_dir)?;
+        let st = sys::fstat(root.as_fd()).map_err(bad_dir)?;
+        let proc_fd = match proc_self_fd {
+            Some(p) => {
+                let bad_proc = |source| Error::ProcFd {
+                    fd: p.as_raw_fd(),
+                    source,
+                };
+                let proc_fd = sys::reopen_dir(p).map_err(bad_proc)?;
+                sys::check_proc_self_fd(proc_fd.as_fd(), root.as_fd(), &st).map_err(bad_proc)?;
+                proc_fd
+            }
+            None => sys::open_path(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY)
+                .map_err(Error::Proc)?,
+        };
+        Ok(Self::build(root, &st, proc_fd, true, cfg))
+    }
+
+    fn build(
+        fd: OwnedFd,
+        st: &libc::stat64,
+        proc_fd: OwnedFd,
+        proc_fd_given: bool,
+        cfg: PassthroughConfig,
+    ) -> Self {
         let root = Inode(Arc::new(InodeData {
             fd,
             host_type: st.st_mode & libc::S_IFMT,
@@ -276,13 +348,24 @@ impl PassthroughFs {
             ino: st.st_ino,
             link: Mutex::new(None),
         }));
-        Ok(PassthroughFs {
+        PassthroughFs {
             qids: QidMap::new(st.st_dev),
             root,
             proc_fd,
             proc_fd_is_cwd: AtomicBool::new(false),
+            proc_fd_given,
             cfg,
-        })
+            ids: IdTranslation::default(),
+        }
+    }
+
+    /// The fds the filesystem itself holds for as long as it lives: the
+    /// export's root and the `/proc/self/fd` directory. A jailer that
+    /// closes every fd it does not know keeps these. (Each walked fid and
+    /// open file holds one more fd while it exists; those come and go
+    /// with the guest's requests.)
+    pub fn fds(&self) -> Vec<RawFd> {
+        vec![self.root.0.fd.as_raw_fd(), self.proc_fd.as_raw_fd()]
     }
 
     /// Tells the filesystem that the process's current directory is now
@@ -294,8 +377,20 @@ impl PassthroughFs {
         self.proc_fd_is_cwd.store(yes, Ordering::Release);
     }
 
-    fn proc_path(&self, fd: BorrowedFd<'_>) -> CString {
-        sys::proc_path(fd, self.proc_fd_is_cwd.load(Ordering::Acquire))
+    fn proc_path(&self, fd: BorrowedFd<'_>) -> sys::FdPath {
+        sys::proc_path(
+            fd,
+            self.proc_fd_is_cwd.load(Ordering::Acquire),
+            self.proc_fd_given.then(|| self.proc_fd.as_fd()),
+        )
+    }
+
+    /// Translates guest ids to host ids (credentials of creates, Tsetattr
+    /// ownership; forbidden ids answer `EPERM`) and host ids to guest ids
+    /// (Tgetattr). No translation by default.
+    pub fn with_ids(mut self, ids: IdTranslation) -> Self {
+        self.ids = ids;
+        self
     }
 
     /// The configuration.
@@ -487,8 +582,16 @@ impl PassthroughFs {
         Ok(())
     }
 
+    /// The guest's view of the host attributes `a`: the mapped
+    /// attributes, then the id translation.
+    fn apply_mapped(&self, inode: &Inode, a: Rgetattr) -> Rgetattr {
+        let mut a = self.apply_mapped_xattrs(inode, a);
+        self.ids.to_guest_attr(&mut a);
+        a
+    }
+
     /// Overrides ownership, mode and rdev with the mapped attributes.
-    fn apply_mapped(&self, inode: &Inode, mut a: Rgetattr) -> Rgetattr {
+    fn apply_mapped_xattrs(&self, inode: &Inode, mut a: Rgetattr) -> Rgetattr {
         if self.mapped() && inode.0.host_type != libc::S_IFLNK {
             let m = mapped::read(&self.proc_path(inode.fd()));
             a.uid = m.uid.unwrap_or(a.uid);
@@ -557,7 +660,9 @@ impl Filesystem for PassthroughFs {
     type Inode = Inode;
     type File = File;
 
-    fn attach(&self, aname: &[u8], _cred: Cred) -> io::Result<(Inode, Qid)> {
+    fn attach(&self, aname: &[u8], cred: Cred) -> io::Result<(Inode, Qid)> {
+        // A forbidden id may not attach.
+        self.ids.cred(cred)?;
         let export = self.cfg.shared_dir.as_os_str().as_bytes();
         let canonical = std::fs::canonicalize(&self.cfg.shared_dir).ok();
         let matches_export = aname.is_empty()
@@ -660,6 +765,13 @@ impl Filesystem for PassthroughFs {
     }
 
     fn setattr(&self, inode: &Inode, file: Option<&File>, attr: &Tsetattr) -> io::Result<()> {
+        let translated;
+        let attr = if self.ids.is_identity() {
+            attr
+        } else {
+            translated = self.ids.to_host_setattr(attr)?;
+            &translated
+        };
         self.check_writable()?;
         let v = attr.valid;
         let model = self.cfg.security_model;
@@ -834,6 +946,7 @@ impl Filesystem for PassthroughFs {
         mode: u32,
         cred: Cred,
     ) -> io::Result<(Inode, File, Qid)> {
+        let cred = self.ids.cred(cred)?;
         self.check_writable()?;
         let c = sys::cstr(name)?;
         let host = host_open_flags(flags)? & !libc::O_DIRECTORY;
@@ -962,6 +1075,7 @@ impl Filesystem for PassthroughFs {
     }
 
     fn mkdir(&self, dir: &Inode, name: &[u8], mode: u32, cred: Cred) -> io::Result<Qid> {
+        let cred = self.ids.cred(cred)?;
         self.check_writable()?;
         let c = sys::cstr(name)?;
         // SAFETY: valid dirfd and C string.
@@ -977,6 +1091,7 @@ impl Filesystem for PassthroughFs {
     }
 
     fn symlink(&self, dir: &Inode, name: &[u8], target: &[u8], cred: Cred) -> io::Result<Qid> {
+        let cred = self.ids.cred(cred)?;
         self.check_writable()?;
         let c = sys::cstr(name)?;
         let t = sys::cstr(target)?;
@@ -1011,6 +1126,7 @@ impl Filesystem for PassthroughFs {
     }
 
     fn mknod(&self, dir: &Inode, name: &[u8], mode: u32, rdev: u64, cred: Cred) -> io::Result<Qid> {
+        let cred = self.ids.cred(cred)?;
         self.check_writable()?;
         let c = sys::cstr(name)?;
         let kind = mode & libc::S_IFMT;
@@ -1062,11 +1178,14 @@ impl Filesystem for PassthroughFs {
                 return Err(e);
             }
             let p = self.proc_path(target.fd());
-            // SAFETY: valid C strings and dirfd.
+            // Relative to the /proc/self/fd fd when the embedder gave one
+            // (no /proc mount needed), else by path.
+            let (from_dir, from) = p.at().unwrap_or((libc::AT_FDCWD, p.path()));
+            // SAFETY: valid C strings and dirfds.
             check!(unsafe {
                 libc::linkat(
-                    libc::AT_FDCWD,
-                    p.as_ptr(),
+                    from_dir,
+                    from.as_ptr(),
                     dir.fd().as_raw_fd(),
                     c.as_ptr(),
                     libc::AT_SYMLINK_FOLLOW,

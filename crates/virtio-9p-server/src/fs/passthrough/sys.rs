@@ -163,17 +163,140 @@ pub fn reopen(
     Ok(own(fd))
 }
 
-/// The `/proc/self/fd/N` path of an fd, for the path-only xattr calls;
-/// with `relative`, just `N` (the current directory is `/proc/self/fd`).
-pub fn proc_path(fd: BorrowedFd<'_>, relative: bool) -> CString {
+/// Reopens a directory fd (`O_PATH` or `O_DIRECTORY`) as a new `O_PATH`
+/// fd of the same directory: `ENOTDIR` for anything else, `EBADF` for a
+/// closed fd.
+pub fn reopen_dir(dir: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    // SAFETY: a dirfd (possibly invalid: the kernel checks it) and a valid
+    // C string.
+    let fd = check!(unsafe { libc::openat(dir.as_raw_fd(), c".".as_ptr(), flags) })?;
+    Ok(own(fd))
+}
+
+/// Checks that `proc_fd` is this process's `/proc/self/fd`: a procfs
+/// directory whose entry for `probe` (an fd of ours) leads to the file
+/// `st` describes. An `InvalidInput` error saying which check failed
+/// otherwise.
+pub fn check_proc_self_fd(
+    proc_fd: BorrowedFd<'_>,
+    probe: BorrowedFd<'_>,
+    st: &libc::stat64,
+) -> io::Result<()> {
+    let mut fs = MaybeUninit::<libc::statfs64>::uninit();
+    // SAFETY: a valid fd and out pointer for one statfs64.
+    check!(unsafe { libc::fstatfs64(proc_fd.as_raw_fd(), fs.as_mut_ptr()) })?;
+    // SAFETY: fstatfs64 succeeded, so it filled `fs`.
+    let fs = unsafe { fs.assume_init() };
+    let not_ours = |what| io::Error::new(io::ErrorKind::InvalidInput, what);
+    if fs.f_type != libc::PROC_SUPER_MAGIC {
+        return Err(not_ours("not a procfs directory"));
+    }
+    let name = cstr(probe.as_raw_fd().to_string().as_bytes())?;
+    let mut got = MaybeUninit::<libc::stat64>::uninit();
+    let res = check!(
+        // SAFETY: valid dirfd, C string and out pointer; following the
+        // entry (a magic link) is the point.
+        unsafe { libc::fstatat64(proc_fd.as_raw_fd(), name.as_ptr(), got.as_mut_ptr(), 0) }
+    );
+    match res {
+        Ok(_) => {
+            // SAFETY: fstatat64 succeeded, so it filled `got`.
+            let got = unsafe { got.assume_init() };
+            if (got.st_dev, got.st_ino) == (st.st_dev, st.st_ino) {
+                Ok(())
+            } else {
+                Err(not_ours("its entries are not this process's fds"))
+            }
+        }
+        // Not an fd directory, or another process's.
+        Err(_) => Err(not_ours("it does not list this process's fds")),
+    }
+}
+
+/// Where the path-only calls (xattrs, the `/proc` fallback of link) find
+/// the file an `O_PATH` fd names: `fgetxattr` and friends refuse `O_PATH`
+/// fds, so they go through the fd's `/proc/self/fd/N` entry.
+#[derive(Debug)]
+pub struct FdPath {
+    /// `/proc/self/fd/N`, or `N` when the current directory is
+    /// `/proc/self/fd`.
+    path: CString,
+    /// `N` relative to a `/proc/self/fd` directory fd, for the `*xattrat`
+    /// calls (Linux 6.13): no `/proc` mount needed.
+    at: Option<(RawFd, CString)>,
+}
+
+impl FdPath {
+    /// The path string.
+    pub fn path(&self) -> &CStr {
+        &self.path
+    }
+
+    /// `N` relative to the `/proc/self/fd` directory fd, if there is one.
+    pub fn at(&self) -> Option<(RawFd, &CStr)> {
+        self.at.as_ref().map(|(d, n)| (*d, n.as_c_str()))
+    }
+
+    /// Runs `at` on the `*xattrat` form when there is one and the kernel
+    /// has the calls, else `path` on the path string. Both return the
+    /// raw syscall result (`-1` with errno on failure).
+    fn call(
+        &self,
+        mut at: impl FnMut(RawFd, &CStr) -> isize,
+        mut path: impl FnMut(&CStr) -> isize,
+    ) -> isize {
+        if let Some((dir, name)) = self.at() {
+            if XATTRAT.load(Ordering::Relaxed) != OPENAT2_NO {
+                let ret = at(dir, name);
+                if ret != -1 || io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS) {
+                    return ret;
+                }
+                XATTRAT.store(OPENAT2_NO, Ordering::Relaxed);
+            }
+        }
+        path(&self.path)
+    }
+}
+
+/// The `/proc/self/fd/N` path of an fd; with `relative`, just `N` (the
+/// current directory is `/proc/self/fd`); with `proc_fd`, also `N`
+/// relative to that `/proc/self/fd` directory fd.
+pub fn proc_path(fd: BorrowedFd<'_>, relative: bool, proc_fd: Option<BorrowedFd<'_>>) -> FdPath {
     // A formatted integer never contains NUL. Inside the namespace sandbox
     // /proc is not under `/`: the current directory is /proc/self/fd there.
+    let n = fd.as_raw_fd().to_string();
     let path = if relative {
-        fd.as_raw_fd().to_string()
+        n.clone()
     } else {
-        format!("/proc/self/fd/{}", fd.as_raw_fd())
+        format!("/proc/self/fd/{n}")
     };
-    CString::new(path).unwrap_or_default()
+    FdPath {
+        path: CString::new(path).unwrap_or_default(),
+        at: proc_fd.map(|p| (p.as_raw_fd(), CString::new(n).unwrap_or_default())),
+    }
+}
+
+/// Whether the kernel has the `*xattrat` calls (probed on first use; the
+/// values of [`OPENAT2`]).
+static XATTRAT: AtomicU8 = AtomicU8::new(OPENAT2_UNKNOWN);
+
+/// Linux 6.13 `*xattrat` syscall numbers (the same on every architecture:
+/// the unified table; the libc crate does not name them yet).
+pub const SYS_SETXATTRAT: libc::c_long = 463;
+/// See [`SYS_SETXATTRAT`].
+pub const SYS_GETXATTRAT: libc::c_long = 464;
+/// See [`SYS_SETXATTRAT`].
+pub const SYS_LISTXATTRAT: libc::c_long = 465;
+/// See [`SYS_SETXATTRAT`].
+pub const SYS_REMOVEXATTRAT: libc::c_long = 466;
+
+/// The kernel's `struct xattr_args`.
+#[repr(C)]
+struct XattrArgs {
+    value: u64,
+    size: u32,
+    flags: u32,
 }
 
 /// `fstat` (works on `O_PATH` fds).
@@ -218,21 +341,69 @@ pub fn statx(fd: BorrowedFd<'_>) -> io::Result<libc::statx> {
     Ok(unsafe { st.assume_init() })
 }
 
-/// `getxattr` of a path into a buffer of at most `max` bytes (`E2BIG` if
+/// `getxattrat`/`setxattrat(dir, path, 0, name, &args, sizeof args)`
+/// with `args` describing `value` (`len` bytes) and `flags`.
+///
+/// # Safety
+///
+/// `value` is valid for `len` bytes (written by `getxattrat`, read by
+/// `setxattrat`), or null with `len` 0.
+unsafe fn xattrat(
+    nr: libc::c_long,
+    dir: RawFd,
+    path: &CStr,
+    name: &CStr,
+    value: *mut u8,
+    len: usize,
+    flags: u32,
+) -> isize {
+    let mut args = XattrArgs {
+        value: value as u64,
+        size: len as u32,
+        flags,
+    };
+    // SAFETY: valid C strings; `args` describes a buffer the caller vouches
+    // for, and its own size is passed.
+    unsafe {
+        libc::syscall(
+            nr,
+            dir,
+            path.as_ptr(),
+            0,
+            name.as_ptr(),
+            &mut args as *mut XattrArgs,
+            std::mem::size_of::<XattrArgs>(),
+        ) as isize
+    }
+}
+
+/// `getxattr` of a file into a buffer of at most `max` bytes (`E2BIG` if
 /// larger).
-pub fn getxattr(path: &CStr, name: &CStr, max: usize) -> io::Result<Vec<u8>> {
+pub fn getxattr(path: &FdPath, name: &CStr, max: usize) -> io::Result<Vec<u8>> {
     xattr_read(max, |buf, len| {
-        // SAFETY: valid C strings; `buf` is valid for `len` bytes (or null
-        // with len 0 to query the size).
-        unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.cast(), len) }
+        path.call(
+            // SAFETY: `buf` is valid for `len` bytes (or null with len 0 to
+            // query the size).
+            |dir, n| unsafe { xattrat(SYS_GETXATTRAT, dir, n, name, buf, len, 0) },
+            // SAFETY: valid C strings; `buf` is valid for `len` bytes (or
+            // null with len 0 to query the size).
+            |p| unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.cast(), len) },
+        )
     })
 }
 
-/// `listxattr` of a path, at most `max` bytes.
-pub fn listxattr(path: &CStr, max: usize) -> io::Result<Vec<u8>> {
+/// `listxattr` of a file, at most `max` bytes.
+pub fn listxattr(path: &FdPath, max: usize) -> io::Result<Vec<u8>> {
     xattr_read(max, |buf, len| {
-        // SAFETY: valid C string; `buf` valid for `len` bytes or null/0.
-        unsafe { libc::listxattr(path.as_ptr(), buf.cast(), len) }
+        path.call(
+            // SAFETY: valid dirfd and C string; `buf` valid for `len` bytes
+            // or null/0.
+            |dir, n| unsafe {
+                libc::syscall(SYS_LISTXATTRAT, dir, n.as_ptr(), 0, buf, len) as isize
+            },
+            // SAFETY: valid C string; `buf` valid for `len` bytes or null/0.
+            |p| unsafe { libc::listxattr(p.as_ptr(), buf.cast(), len) },
+        )
     })
 }
 
@@ -256,25 +427,38 @@ fn xattr_read(max: usize, mut call: impl FnMut(*mut u8, usize) -> isize) -> io::
     Err(io::Error::from_raw_os_error(libc::ERANGE))
 }
 
-/// `setxattr` of a path.
-pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: u32) -> io::Result<()> {
-    // SAFETY: valid C strings and value buffer.
-    check!(unsafe {
-        libc::setxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            flags as libc::c_int,
-        )
-    })?;
+/// `setxattr` of a file.
+pub fn setxattr(path: &FdPath, name: &CStr, value: &[u8], flags: u32) -> io::Result<()> {
+    check!(path.call(
+        // SAFETY: `value` is valid for its length; the kernel only reads it.
+        |dir, n| unsafe {
+            let value_ptr = value.as_ptr().cast_mut();
+            xattrat(SYS_SETXATTRAT, dir, n, name, value_ptr, value.len(), flags)
+        },
+        // SAFETY: valid C strings and value buffer.
+        |p| unsafe {
+            libc::setxattr(
+                p.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                flags as libc::c_int,
+            ) as isize
+        },
+    ))?;
     Ok(())
 }
 
-/// `removexattr` of a path.
-pub fn removexattr(path: &CStr, name: &CStr) -> io::Result<()> {
-    // SAFETY: valid C strings.
-    check!(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) })?;
+/// `removexattr` of a file.
+pub fn removexattr(path: &FdPath, name: &CStr) -> io::Result<()> {
+    check!(path.call(
+        // SAFETY: valid dirfd and C strings.
+        |dir, n| unsafe {
+            libc::syscall(SYS_REMOVEXATTRAT, dir, n.as_ptr(), 0, name.as_ptr()) as isize
+        },
+        // SAFETY: valid C strings.
+        |p| unsafe { libc::removexattr(p.as_ptr(), name.as_ptr()) as isize },
+    ))?;
     Ok(())
 }
 

@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! File data: Tread (from `preadv` straight into the reply), Twrite (from
+//! the request buffers straight into `pwritev`) and Tfsync.
+
+use log::debug;
+
+use super::session::FidKind;
+use super::{errno, Blocking, OpResult, Reply, Server, Session, RHDR_COUNT};
+use crate::error::{Error, Result};
+use crate::fs::Filesystem;
+use crate::io::{ReplyWriter, RequestReader};
+use crate::protocol::*;
+
+impl<F: Filesystem> Server<F> {
+    pub(super) fn read<W: ReplyWriter + Send, B: Blocking>(
+        &self,
+        session: &Session<F>,
+        h: &Header,
+        m: &Tread,
+        reply: &mut W,
+        exec: &B,
+        msize: u32,
+    ) -> Result<Reply> {
+        let fid = match session.get(m.fid) {
+            Ok(f) => f,
+            Err(e) => return self.send(reply, h, Err(e), msize),
+        };
+        let count = (m.count as usize)
+            .min(msize as usize - RHDR_COUNT)
+            .min(reply.available_bytes() - RHDR_COUNT);
+        let result = match &fid.kind {
+            FidKind::Open { file } => {
+                let mut data = reply.split_at(RHDR_COUNT).map_err(Error::Transport)?;
+                exec.run(TREAD, || self.fs.read(file, &mut data, count, m.offset))
+                    .map_err(|e| errno::from_io(&e))
+            }
+            FidKind::XattrRead(value, _) => {
+                let start = (m.offset.min(value.len() as u64)) as usize;
+                let end = value.len().min(start + count);
+                let mut frame = Rmessage::Read(value[start..end].to_vec()).encode_frame(h.tag);
+                if frame.len() > reply.available_bytes() {
+                    frame = Rmessage::Lerror(errno::EMSGSIZE).encode_frame(h.tag);
+                }
+                reply.write_all(&frame).map_err(Error::Transport)?;
+                return Ok(Reply {
+                    tag: h.tag,
+                    request_type: h.ty,
+                    reply_type: frame[4],
+                    size: frame.len() as u32,
+                });
+            }
+            _ => Err(errno::EBADF),
+        };
+        match result {
+            Ok(n) => {
+                let size = (RHDR_COUNT + n) as u32;
+                let rh = Header {
+                    size,
+                    ty: TREAD + 1,
+                    tag: h.tag,
+                };
+                reply.write_all(&rh.to_bytes()).map_err(Error::Transport)?;
+                reply
+                    .write_all(&(n as u32).to_le_bytes())
+                    .map_err(Error::Transport)?;
+                Ok(Reply {
+                    tag: h.tag,
+                    request_type: h.ty,
+                    reply_type: TREAD + 1,
+                    size,
+                })
+            }
+            Err(e) => self.send(reply, h, Err(e), msize),
+        }
+    }
+
+    pub(super) fn write<R: RequestReader + Send, W: ReplyWriter, B: Blocking>(
+        &self,
+        session: &Session<F>,
+        h: &Header,
+        req: &mut R,
+        reply: &mut W,
+        exec: &B,
+        msize: u32,
+    ) -> Result<Reply> {
+        let body_len = h.size as usize - HEADER_SIZE;
+        if body_len < TwriteHeader::SIZE {
+            let e = DecodeError::Truncated {
+                needed: TwriteHeader::SIZE,
+                left: body_len,
+            };
+            return self.malformed(reply, h, e, msize);
+        }
+        let mut raw = [0u8; TwriteHeader::SIZE];
+        req.read_exact(&mut raw).map_err(Error::Transport)?;
+        let m = match TwriteHeader::decode(&raw, body_len - TwriteHeader::SIZE) {
+            Ok(m) => m,
+            Err(e) => return self.malformed(reply, h, e, msize),
+        };
+        debug!("9p: tag {} {:?}", h.tag, m);
+        let count = m.count as usize;
+        let result = match session.get(m.fid) {
+            Err(e) => Err(e),
+            Ok(fid) => match &fid.kind {
+                FidKind::Open { file } => exec
+                    .run(TWRITE, || self.fs.write(file, req, count, m.offset))
+                    .map(|n| Rmessage::Write(n as u32))
+                    .map_err(|e| errno::from_io(&e)),
+                FidKind::XattrWrite(w) => Self::write_xattr(w, req, m.offset, m.count)?,
+                _ => Err(errno::EBADF),
+            },
+        };
+        self.send(reply, h, result, msize)
+    }
+
+    pub(super) fn fsync<B: Blocking>(
+        &self,
+        session: &Session<F>,
+        m: &Tfsync,
+        exec: &B,
+    ) -> OpResult {
+        self.with_file(session, m.fid, exec, TFSYNC, |fs, file| {
+            fs.fsync(file, m.datasync != 0).map(|_| Rmessage::Fsync)
+        })
+    }
+}

@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! The syscalls the library makes while it serves, for a VMM that writes
+//! its own seccomp filter.
+//!
+//! Two thread kinds run library code once a device is built:
+//!
+//! - **Worker threads** (the engine's own, `EngineConfig::workers`, or the
+//!   embedder's [`Executor`](crate::engine::Executor)): filesystem calls of
+//!   [`PassthroughFs`](crate::PassthroughFs), then the eventfd that wakes
+//!   the engine. Allow [`WORKER_THREAD`]. The engine runs
+//!   [`EngineConfig::on_worker_start`](crate::engine::EngineConfig) on each
+//!   of its workers first: that is where a filter goes.
+//! - **The device thread** (the embedder's: the one that calls
+//!   `RequestQueue::process`, `poll`, `complete` and drops the queue):
+//!   the engine, its coroutines, the ring and guest-memory I/O, and, with
+//!   zero workers or [`OffloadPolicy`](crate::engine::OffloadPolicy)
+//!   inline calls, the same filesystem calls. Allow [`WORKER_THREAD`] and
+//!   [`DEVICE_THREAD`].
+//!
+//! The lists cover serving and teardown: every 9P2000.L request, Tflush,
+//! blocking Tlock waits, reset and the engine's shutdown (workers exit).
+//! `tests/syscalls.rs` runs a workload of every request kind under a
+//! filter of exactly these lists, with calls on workers and inline, and
+//! with the passthrough built from a path and from fds; a call outside
+//! the lists fails that test. Not covered: building the device
+//! (`Engine::new` creates eventfds, a timerfd and the worker threads:
+//! `eventfd2`, `timerfd_create`, `clone3`/`clone`, `set_robust_list`,
+//! `rseq`, `prctl(PR_SET_NAME)`; `PassthroughFs::new` opens the export and
+//! `/proc/self/fd`), and the socket transport's own threads (`accept4`,
+//! `poll`, thread creation per connection).
+//!
+//! Which xattr calls run depends on the constructor:
+//! [`PassthroughFs::new`](crate::PassthroughFs::new) uses the path forms
+//! (`getxattr` on `/proc/self/fd/N`),
+//! [`PassthroughFs::from_fd`](crate::PassthroughFs::from_fd) the
+//! `*xattrat` forms of Linux 6.13 (falling back to the path forms on
+//! `ENOSYS`). Both are listed.
+
+use crate::fs::passthrough::sys;
+
+/// One syscall: its name and its number on the target architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Syscall {
+    /// The name, as in `man 2`.
+    pub name: &'static str,
+    /// The number (`libc::SYS_*` of this architecture).
+    pub nr: i64,
+}
+
+/// `Syscall { name, nr }`.
+macro_rules! s {
+    ($name:ident, $nr:expr) => {
+        Syscall {
+            name: stringify!($name),
+            nr: $nr as i64,
+        }
+    };
+}
+
+/// What a worker thread makes: the passthrough's calls on the export (and
+/// the guest-memory `preadv`/`pwritev` of Tread/Twrite), the eventfd write
+/// that wakes the engine, and what any thread needs to live (the
+/// allocator, futexes, time, its own end).
+#[rustfmt::skip]
+pub const WORKER_THREAD: &[Syscall] = &[
+    // Memory (the allocator; coroutine stacks and their guard pages).
+    s!(brk, libc::SYS_brk),
+    s!(mmap, libc::SYS_mmap),
+    s!(munmap, libc::SYS_munmap),
+    s!(mremap, libc::SYS_mremap),
+    s!(mprotect, libc::SYS_mprotect),
+    s!(madvise, libc::SYS_madvise),
+    // Synchronisation, randomness (std's hash seeds), time, the thread's end.
+    s!(futex, libc::SYS_futex),
+    s!(sched_yield, libc::SYS_sched_yield),
+    s!(getrandom, libc::SYS_getrandom),
+    s!(rt_sigprocmask, libc::SYS_rt_sigprocmask),
+    s!(sigaltstack, libc::SYS_sigaltstack),
+    s!(clock_gettime, libc::SYS_clock_gettime),
+    s!(clock_nanosleep, libc::SYS_clock_nanosleep),
+    s!(nanosleep, libc::SYS_nanosleep),
+    s!(exit, libc::SYS_exit),
+    // I/O on fds: files, guest memory, the engine's eventfd.
+    s!(read, libc::SYS_read),
+    s!(write, libc::SYS_write),
+    s!(readv, libc::SYS_readv),
+    s!(writev, libc::SYS_writev),
+    s!(pread64, libc::SYS_pread64),
+    s!(pwrite64, libc::SYS_pwrite64),
+    s!(preadv, libc::SYS_preadv),
+    s!(pwritev, libc::SYS_pwritev),
+    s!(close, libc::SYS_close),
+    s!(fcntl, libc::SYS_fcntl),
+    s!(lseek, libc::SYS_lseek),
+    s!(fsync, libc::SYS_fsync),
+    // The passthrough filesystem: resolution beneath the export, metadata.
+    s!(fdatasync, libc::SYS_fdatasync),
+    s!(ftruncate, libc::SYS_ftruncate),
+    s!(openat, libc::SYS_openat),
+    s!(openat2, libc::SYS_openat2),
+    s!(newfstatat, libc::SYS_newfstatat),
+    s!(fstat, libc::SYS_fstat),
+    s!(statx, libc::SYS_statx),
+    s!(fstatfs, libc::SYS_fstatfs),
+    s!(getdents64, libc::SYS_getdents64),
+    s!(readlinkat, libc::SYS_readlinkat),
+    s!(mkdirat, libc::SYS_mkdirat),
+    s!(mknodat, libc::SYS_mknodat),
+    s!(symlinkat, libc::SYS_symlinkat),
+    s!(linkat, libc::SYS_linkat),
+    s!(renameat2, libc::SYS_renameat2),
+    s!(unlinkat, libc::SYS_unlinkat),
+    s!(fchownat, libc::SYS_fchownat),
+    s!(fchmodat, libc::SYS_fchmodat),
+    s!(utimensat, libc::SYS_utimensat),
+    // Xattrs: path forms (`PassthroughFs::new`), `*xattrat` forms (`from_fd`).
+    s!(getxattr, libc::SYS_getxattr),
+    s!(setxattr, libc::SYS_setxattr),
+    s!(listxattr, libc::SYS_listxattr),
+    s!(removexattr, libc::SYS_removexattr),
+    s!(setxattrat, sys::SYS_SETXATTRAT),
+    s!(getxattrat, sys::SYS_GETXATTRAT),
+    s!(listxattrat, sys::SYS_LISTXATTRAT),
+    s!(removexattrat, sys::SYS_REMOVEXATTRAT),
+    // The page-cache hint of Tread (Linux 6.5).
+    s!(cachestat, 451), // not yet in every libc; virtio::io calls it by number
+    // x86_64 has older forms that glibc and std still use there (Tattach
+    // canonicalizes the export path: `readlink`).
+    #[cfg(target_arch = "x86_64")]
+    s!(readlink, libc::SYS_readlink),
+    #[cfg(target_arch = "x86_64")]
+    s!(renameat, libc::SYS_renameat),
+];
+
+/// What the device thread makes beyond [`WORKER_THREAD`]: reading the
+/// engine's completion eventfd and timer, arming the timer (blocking
+/// Tlock waits), and waiting for running calls at reset and teardown.
+#[rustfmt::skip]
+pub const DEVICE_THREAD: &[Syscall] = &[
+    s!(timerfd_settime, libc::SYS_timerfd_settime),
+    s!(timerfd_gettime, libc::SYS_timerfd_gettime),
+    s!(ppoll, libc::SYS_ppoll),
+    #[cfg(target_arch = "x86_64")]
+    s!(poll, libc::SYS_poll),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_lists_have_no_duplicates_and_match_libc_names() {
+        let mut all: Vec<&Syscall> = WORKER_THREAD.iter().chain(DEVICE_THREAD).collect();
+        all.sort_by_key(|s| s.nr);
+        for w in all.windows(2) {
+            assert_ne!(w[0].nr, w[1].nr, "{} listed twice", w[0].name);
+        }
+        assert!(WORKER_THREAD
+            .iter()
+            .any(|s| s.name == "openat2" && s.nr == libc::SYS_openat2));
+    }
+}
