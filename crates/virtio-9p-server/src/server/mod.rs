@@ -15,14 +15,11 @@
 //!
 //! A `Server` is `Sync` and a [`Session`] is `Sync`: an engine may run many
 //! requests of one session at once (fids are reference counted, so a Tclunk
-//! during a Tread is safe). The server answers Tflush with Rflush at once,
-//! which is right for an engine that runs requests one after another. An
-//! engine that keeps requests in flight handles Tflush itself: it parses
-//! the header ([`Header::from_bytes`]) and `oldtag` from a copy of the
-//! request, cancels the old request's [`Cancel`] token, waits until that
-//! request has finished (the only server operation that waits on a token is
-//! a blocking Tlock, which then answers EINTR), drops the old reply, and
-//! only then sends Rflush, as the protocol requires.
+//! during a Tread is safe). The server answers Tflush with Rflush (encoded
+//! by the protocol codec) after [`Blocking::flush`] returns: at once for [`Inline`], which runs
+//! requests one after another; once the old request has finished for the
+//! coroutine engine, which owns Tflush for every transport
+//! ([`crate::engine`], "Tflush").
 
 mod errno;
 mod session;
@@ -145,6 +142,14 @@ pub trait Blocking {
     /// a waiting lock holds no thread.
     fn sleep(&self, d: Duration) {
         std::thread::sleep(d);
+    }
+
+    /// Tflush of `oldtag`: returns once that request has finished. The
+    /// default returns at once, which is right where requests run one
+    /// after another; the coroutine engine cancels the request and waits
+    /// for it ([`crate::engine`], "Tflush").
+    fn flush(&self, oldtag: u16) {
+        let _ = oldtag;
     }
 }
 
@@ -354,7 +359,10 @@ impl<F: Filesystem> Server<F> {
             }
             Tmessage::Read(m) => return self.read(session, &h, &m, reply, exec, msize),
             Tmessage::Auth(_) => Err(errno::EOPNOTSUPP),
-            Tmessage::Flush(_) => Ok(Rmessage::Flush),
+            Tmessage::Flush(m) => {
+                exec.flush(m.oldtag);
+                Ok(Rmessage::Flush)
+            }
             Tmessage::Attach(m) => self.attach(session, &m, exec),
             Tmessage::Walk(m) => self.walk(session, m, exec),
             Tmessage::Write(_) => unreachable_write(),
