@@ -96,8 +96,8 @@ use vmm_sys_util::timerfd::TimerFd;
 use crate::protocol::{RLERROR, TLOCK, TREAD, TVERSION};
 use crate::server::{Blocking, Cancel, Interrupted};
 
-use workers::{Completions, Done, JobCell, JobFn, JobId, Outcome};
 pub(crate) use workers::ThreadPool;
+use workers::{Completions, Done, JobCell, JobFn, JobId, Outcome};
 pub use workers::{Executor, Job, StartHook, MAX_WORKERS, WORKER_JOIN_TIMEOUT};
 
 /// Default number of worker threads (`--thread-pool-size`).
@@ -963,7 +963,9 @@ impl Engine {
                     let generation = slot.generation;
                     let target = self
                         .tags
-                        .get(&(slot.group, oldtag)).copied().filter(|t| *t != idx);
+                        .get(&(slot.group, oldtag))
+                        .copied()
+                        .filter(|t| *t != idx);
                     match target {
                         None => {
                             slot.state = State::Runnable;
