@@ -270,6 +270,10 @@ pub const SMALL_BUFFER: usize = 8 << 10;
 /// Default of [`SocketLimits::max_in_flight`].
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 
+/// Default of [`SocketLimits::max_requests`]: as many as one vhost-user
+/// queue of 1024 entries.
+pub const DEFAULT_MAX_REQUESTS: usize = 1024;
+
 /// The errno of the Rlerror a request gets when its tag is in flight on
 /// its connection.
 pub const DUPLICATE_TAG_ERRNO: i32 = libc::EBUSY;
@@ -313,6 +317,12 @@ pub struct SocketLimits {
     /// Requests one connection may have in flight (started, or with a
     /// reply not yet written); further ones wait in the socket.
     pub max_in_flight: usize,
+    /// Requests all connections together may have in flight (split evenly
+    /// between the socket threads); at the limit a socket thread reads
+    /// none of its sockets until a request finishes. It bounds the
+    /// coroutine stacks and small buffers as a queue size does for a
+    /// vhost-user device.
+    pub max_requests: usize,
     /// Socket threads, each serving its share of the connections on one
     /// engine (at least 1).
     pub threads: usize,
@@ -327,6 +337,7 @@ impl Default for SocketLimits {
             max_connections: MAX_CONNECTIONS,
             buffer_bytes: DEFAULT_BUFFER_BYTES,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_requests: DEFAULT_MAX_REQUESTS,
             threads: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1)
@@ -670,6 +681,11 @@ struct Loop<F: Filesystem> {
     free_tokens: Vec<u16>,
     /// Requests of this thread in flight (all connections).
     live: usize,
+    /// Most requests this thread runs at once (its share of
+    /// [`SocketLimits::max_requests`]).
+    thread_cap: usize,
+    /// Connections left unread because the thread was at `thread_cap`.
+    starved: Vec<u32>,
     bufs: BufPool,
     done: Vec<(u16, u32)>,
     /// Connections whose output or interest may need work.
@@ -734,13 +750,14 @@ fn send_some(sock: &File, buf: &[u8]) -> io::Result<Option<usize>> {
 
 fn run_thread<F: Filesystem + 'static>(ctx: ThreadCtx<F>, single: bool) -> io::Result<()> {
     let limits = &ctx.shared.limits;
+    let thread_cap = limits
+        .max_requests
+        .div_ceil(limits.threads.max(1))
+        .clamp(1, usize::from(u16::MAX) - 1);
     let engine_config = EngineConfig {
         workers: 0,
         executor: ctx.shared.executor.clone(),
-        max_in_flight: limits
-            .max_connections
-            .saturating_mul(limits.max_in_flight.max(1))
-            .clamp(1, usize::from(u16::MAX)),
+        max_in_flight: thread_cap,
         ..EngineConfig::default()
     };
     let engine =
@@ -772,6 +789,8 @@ fn run_thread<F: Filesystem + 'static>(ctx: ThreadCtx<F>, single: bool) -> io::R
         reqs: Vec::new(),
         free_tokens: Vec::new(),
         live: 0,
+        thread_cap,
+        starved: Vec::new(),
         done: Vec::new(),
         dirty: Vec::new(),
         idle_since: None,
@@ -912,6 +931,7 @@ impl<F: Filesystem + 'static> Loop<F> {
 
     fn can_read(&self, c: &Conn<F>) -> bool {
         c.in_flight < self.shared.limits.max_in_flight.max(1)
+            && self.live < self.thread_cap
             && !matches!(c.input, Input::Streaming)
     }
 
@@ -922,9 +942,15 @@ impl<F: Filesystem + 'static> Loop<F> {
             let Some(c) = self.conns.get_mut(&id) else {
                 return Ok(());
             };
-            if !(c.in_flight < self.shared.limits.max_in_flight.max(1)
-                && !matches!(c.input, Input::Streaming))
+            if c.in_flight >= self.shared.limits.max_in_flight.max(1)
+                || matches!(c.input, Input::Streaming)
             {
+                break;
+            }
+            if self.live >= self.thread_cap {
+                // Read again once a request of this thread finishes.
+                self.starved.push(id);
+                self.dirty.push(id);
                 break;
             }
             let sock = Arc::clone(&c.sock);
@@ -1292,6 +1318,10 @@ impl<F: Filesystem + 'static> Loop<F> {
         }
         self.done = done;
         self.done.clear();
+        if self.live < self.thread_cap && !self.starved.is_empty() {
+            let starved = std::mem::take(&mut self.starved);
+            self.dirty.extend(starved);
+        }
         if self.live == 0 && self.idle_since.is_none() {
             self.idle_since = Some(Instant::now());
         }
