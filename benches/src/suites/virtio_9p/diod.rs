@@ -21,18 +21,18 @@
 use std::error::Error;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use virtio_9p_server::client::{Client, StreamTransport};
 use virtio_9p_server::protocol::{
-    getattr, open_flags, Rmessage, Tattach, Tfid, Tgetattr, Tmessage, Tread, Twalk, IOHDRSZ, NOFID,
+    getattr, lock, open_flags, Rmessage, Tattach, Tfid, Tgetattr, Tlock, Tmessage, Tread, Twalk,
+    IOHDRSZ, NOFID,
 };
-use virtio_9p_server::transport::socket::serve_connection;
+use virtio_9p_server::transport::socket::{ListenAddr, Listener, SocketLimits};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
 
 use crate::harness::{alternate, format_value, Ctx, SuiteReport, Table};
@@ -44,6 +44,7 @@ const KIB: u32 = 1024;
 /// 9P message types the lean loop checks by number.
 const RLERROR: u8 = 7;
 const RGETATTR: u8 = 25;
+const RLOCK: u8 = 53;
 const RREAD: u8 = 117;
 
 const ROOT: u32 = 0;
@@ -51,49 +52,85 @@ const BIG: u32 = 1;
 const SMALL: u32 = 2;
 const WALKED: u32 = 3;
 
-/// Our socket server on a listener of this process.
+/// Our socket server on a listener of this process: `Listener::serve_with`,
+/// what `virtio-9p-server --listen unix:PATH` runs (socket threads on the
+/// request engine, the default limits). Its accept thread runs until the
+/// bench process exits.
 struct OursSocket {
-    listener: UnixListener,
     path: PathBuf,
-    server: Arc<Server<PassthroughFs>>,
-    threads: Vec<JoinHandle<()>>,
 }
 
 impl OursSocket {
     fn new(dir: &Path, sock: PathBuf) -> Res<Self> {
         let fs = PassthroughFs::new(PassthroughConfig::new(dir))?;
         let server = Arc::new(Server::new(fs, Config::default())?);
-        let listener = UnixListener::bind(&sock)?;
-        Ok(OursSocket {
-            listener,
-            path: sock,
-            server,
-            threads: Vec::new(),
-        })
+        let listener = Listener::bind(&ListenAddr::Unix(sock.clone()))?;
+        std::thread::Builder::new()
+            .name("ours-accept".into())
+            .spawn(move || listener.serve_with(server, SocketLimits::default()))?;
+        Ok(OursSocket { path: sock })
     }
 
-    /// A new client connection, served on its own thread until it hangs up.
     fn connect(&mut self) -> Res<UnixStream> {
-        let client = UnixStream::connect(&self.path)?;
-        let (conn, _) = self.listener.accept()?;
-        let server = Arc::clone(&self.server);
-        self.threads.push(std::thread::spawn(move || {
-            if let Err(e) = serve_connection(&server, conn) {
-                eprintln!("virtio-9p diod part: our connection ended: {e}");
-            }
-        }));
-        Ok(client)
+        Ok(UnixStream::connect(&self.path)?)
     }
 }
 
-impl Drop for OursSocket {
-    fn drop(&mut self) {
-        // The clients are gone by now (sessions are dropped first), so each
-        // connection thread sees end-of-stream and returns.
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+/// Serves `dir` on the unix socket `sock` in this process, forever: the
+/// child process whose memory the idle-RSS figure reads
+/// (`vmm-benches __socket-server DIR SOCK`).
+pub fn serve_socket_forever(dir: &Path, sock: &Path) -> Res<()> {
+    let fs = PassthroughFs::new(PassthroughConfig::new(dir))?;
+    let server = Arc::new(Server::new(fs, Config::default())?);
+    let listener = Listener::bind(&ListenAddr::Unix(sock.to_path_buf()))?;
+    listener.serve_with(server, SocketLimits::default())?;
+    Ok(())
+}
+
+/// Our server in a child process (see [`serve_socket_forever`]).
+struct OursProcess {
+    child: Child,
+    sock: PathBuf,
+}
+
+impl OursProcess {
+    fn start(dir: &Path, sock: PathBuf) -> Res<Self> {
+        let child = Command::new(std::env::current_exe()?)
+            .arg("__socket-server")
+            .arg(dir)
+            .arg(&sock)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let me = OursProcess { child, sock };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(&me.sock).is_err() {
+            if Instant::now() > deadline {
+                return Err("our socket server did not listen within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(me)
     }
+}
+
+impl Drop for OursProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// VmRSS of process `pid`, MiB.
+fn rss_mib(pid: u32) -> Res<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or("no VmRSS")?;
+    Ok(kib / 1024.0)
 }
 
 /// A diod process, killed and reaped on drop.
@@ -271,6 +308,167 @@ impl Session {
             }
         }
         Ok(start.elapsed().as_secs_f64() * 1e6 / iters as f64)
+    }
+
+    /// Sends one frame.
+    fn send(&mut self, frame: &[u8]) -> Res<()> {
+        self.client.transport().0.write_all(frame)?;
+        Ok(())
+    }
+
+    /// Reads one reply into the reused buffer: (tag, type, size).
+    fn recv(&mut self) -> Res<(u16, u8, usize)> {
+        let stream = &mut self.client.transport().0;
+        stream.read_exact(&mut self.reply[..4])?;
+        let size = u32::from_le_bytes(self.reply[..4].try_into()?) as usize;
+        if size < 7 || size > self.reply.len() {
+            return Err(format!("reply of {size} bytes at msize {}", self.msize).into());
+        }
+        stream.read_exact(&mut self.reply[4..size])?;
+        let tag = u16::from_le_bytes(self.reply[5..7].try_into()?);
+        Ok((tag, self.reply[4], size))
+    }
+
+    /// The next sequential Tread of `msize - IOHDRSZ` bytes, as a frame
+    /// with `tag`.
+    fn next_read(&mut self, tag: u16) -> Vec<u8> {
+        let count = self.msize - IOHDRSZ;
+        if self.offset + u64::from(count) > self.file_len {
+            self.offset = 0;
+        }
+        let frame = Tmessage::Read(Tread {
+            fid: BIG,
+            offset: self.offset,
+            count,
+        })
+        .encode_frame(tag);
+        self.offset += u64::from(count);
+        frame
+    }
+
+    /// Sequential Treads with `depth` outstanding on this connection until
+    /// `total` bytes came back; GiB/s.
+    fn read_depth(&mut self, depth: u16, total: u64) -> Res<f64> {
+        let count = u64::from(self.msize - IOHDRSZ);
+        let n = total.div_ceil(count);
+        let start = Instant::now();
+        let mut sent = 0u64;
+        for tag in 1..=depth {
+            if sent < n {
+                let f = self.next_read(tag);
+                self.send(&f)?;
+                sent += 1;
+            }
+        }
+        let mut done = 0u64;
+        for _ in 0..n {
+            let (tag, ty, size) = self.recv()?;
+            let got = u32::from_le_bytes(self.reply[7..11].try_into()?);
+            if ty != RREAD || u64::from(got) != count || size != 11 + count as usize {
+                return Err(format!("Tread of {count}: reply type {ty}, {got} bytes").into());
+            }
+            done += u64::from(got);
+            if sent < n {
+                let f = self.next_read(tag);
+                self.send(&f)?;
+                sent += 1;
+            }
+        }
+        Ok(done as f64 / GIB / start.elapsed().as_secs_f64())
+    }
+
+    /// µs per Tgetattr with `depth` outstanding (wall time / requests).
+    fn getattr_depth_us(&mut self, depth: u16, iters: usize) -> Res<f64> {
+        let frames: Vec<Vec<u8>> = (1..=depth)
+            .map(|tag| {
+                Tmessage::Getattr(Tgetattr {
+                    fid: SMALL,
+                    request_mask: getattr::BASIC,
+                })
+                .encode_frame(tag)
+            })
+            .collect();
+        let start = Instant::now();
+        let mut sent = 0usize;
+        for f in &frames {
+            if sent < iters {
+                self.send(f)?;
+                sent += 1;
+            }
+        }
+        for _ in 0..iters {
+            let (tag, ty, _) = self.recv()?;
+            if ty != RGETATTR {
+                return Err(format!("Tgetattr: reply type {ty}").into());
+            }
+            if sent < iters {
+                self.send(&frames[usize::from(tag) - 1])?;
+                sent += 1;
+            }
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e6 / iters as f64)
+    }
+
+    /// Tgetattr latencies (µs), one at a time, `iters` of them; with
+    /// `slow_fid`, a blocking Tlock on it (tag 100) stays outstanding the
+    /// whole time on the same connection (re-sent whenever the server
+    /// answers BLOCKED).
+    fn getattr_latencies(&mut self, iters: usize, slow_fid: Option<u32>) -> Res<Vec<f64>> {
+        const SLOW_TAG: u16 = 100;
+        let getattr = Tmessage::Getattr(Tgetattr {
+            fid: SMALL,
+            request_mask: getattr::BASIC,
+        })
+        .encode_frame(1);
+        let tlock = slow_fid.map(|fid| {
+            Tmessage::Lock(Tlock {
+                fid,
+                ty: lock::TYPE_WRLCK,
+                flags: lock::FLAGS_BLOCK,
+                start: 0,
+                length: 0,
+                proc_id: 2,
+                client_id: b"bench".to_vec(),
+            })
+            .encode_frame(SLOW_TAG)
+        });
+        if let Some(t) = &tlock {
+            self.send(t)?;
+        }
+        let mut out = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let t0 = Instant::now();
+            self.send(&getattr)?;
+            loop {
+                let (tag, ty, _) = self.recv()?;
+                if tag == SLOW_TAG && ty == RLOCK {
+                    // BLOCKED after the server's lock wait: ask again.
+                    if let Some(t) = &tlock {
+                        self.send(t)?;
+                    }
+                    continue;
+                }
+                if ty != RGETATTR {
+                    return Err(format!("Tgetattr: reply type {ty}").into());
+                }
+                break;
+            }
+            out.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        if tlock.is_some() {
+            // Leave the connection without an outstanding lock.
+            self.send(
+                &Tmessage::Flush(virtio_9p_server::protocol::Tflush { oldtag: SLOW_TAG })
+                    .encode_frame(101),
+            )?;
+            loop {
+                let (tag, _, _) = self.recv()?;
+                if tag == 101 {
+                    break;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// µs per Twalk of one name plus the Tclunk of the new fid.
@@ -470,6 +668,25 @@ pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         }
     }
 
+    depth_part(
+        ctx,
+        report,
+        &mut table,
+        &mut ours,
+        diod.as_ref().map(|(d, _)| d),
+        &aname,
+        file_len,
+    )?;
+    idle_rss_part(
+        ctx,
+        report,
+        &export,
+        sock_dir.path(),
+        diod.as_ref().map(|(d, _)| d),
+        &aname,
+        file_len,
+    )?;
+
     // Ours only, past diod's cap.
     let larger: Vec<u32> = ctx.pick(
         vec![128 * KIB, 512 * KIB, 1 << 20, 4 << 20, 16 << 20],
@@ -511,5 +728,253 @@ pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         iters / 2,
     ));
     drop(diod);
+    Ok(())
+}
+
+/// Runs `mine` and, if there is one, `theirs` in alternation; NaN for a
+/// missing peer.
+fn pair(
+    reps: usize,
+    mine: &mut dyn FnMut() -> Res<f64>,
+    theirs: Option<&mut dyn FnMut() -> Res<f64>>,
+) -> Res<[f64; 2]> {
+    match theirs {
+        Some(t) => alternate(reps, &mut [mine, t]),
+        None => Ok([alternate(reps, &mut [mine])?[0], f64::NAN]),
+    }
+}
+
+/// Sequential reads on each of `sessions` at once, `depth` outstanding on
+/// each, `total` bytes in all; aggregate GiB/s.
+fn par_read(sessions: &mut [Session], depth: u16, total: u64) -> Res<f64> {
+    let per = total / sessions.len() as u64;
+    let start = Instant::now();
+    let results: Vec<Result<f64, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = sessions
+            .iter_mut()
+            .map(|se| s.spawn(move || se.read_depth(depth, per).map_err(|e| e.to_string())))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("reader panicked".into())))
+            .collect()
+    });
+    for r in results {
+        r?;
+    }
+    Ok(per as f64 * sessions.len() as f64 / GIB / start.elapsed().as_secs_f64())
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v.get(i).copied().unwrap_or(f64::NAN)
+}
+
+fn median_of(mut v: Vec<f64>) -> f64 {
+    percentile(std::mem::take(&mut v), 0.5)
+}
+
+/// Issue 19: requests outstanding on one connection, both servers at
+/// msize 64 KiB (diod's cap), and a slow request beside a Tgetattr stream.
+#[allow(clippy::too_many_arguments)]
+fn depth_part(
+    ctx: &Ctx,
+    report: &mut SuiteReport,
+    table: &mut Table,
+    ours: &mut OursSocket,
+    diod: Option<&Diod>,
+    aname: &[u8],
+    file_len: u64,
+) -> Res<()> {
+    let msize = 64 * KIB;
+    let total: u64 = ctx.pick(512 << 20, 16 << 20);
+    let iters = ctx.pick(20_000, 1_000);
+    let reps = ctx.reps();
+    let open = |stream: Res<UnixStream>| Session::open(stream?, msize, aname, file_len);
+    let mut row = |report: &mut SuiteReport, what: String, key: &str, a: f64, b: f64| {
+        report.metric(&format!("sock_{key}"), a);
+        if b.is_nan() {
+            table.row(&[what, format_value(a), "-".into(), "-".into()]);
+        } else {
+            report.metric(&format!("diod_{key}"), b);
+            table.row(&[what, format_value(a), format_value(b), format_value(a / b)]);
+        }
+    };
+    let mut depth1 = f64::NAN;
+    for depth in [1u16, 4, 16] {
+        let mut mine = open(ours.connect())?;
+        mine.read_depth(depth, total / 8)?;
+        let mut theirs = match diod {
+            Some(d) => {
+                let mut s = open(d.connect())?;
+                s.read_depth(depth, total / 8)?;
+                Some(s)
+            }
+            None => None,
+        };
+        let mut t_read = theirs.as_mut().map(|t| move || t.read_depth(depth, total));
+        let [a, b] = pair(
+            reps,
+            &mut || mine.read_depth(depth, total),
+            t_read.as_mut().map(|f| f as &mut dyn FnMut() -> Res<f64>),
+        )?;
+        row(
+            report,
+            format!("sequential read, {depth} outstanding, msize 64 KiB (GiB/s)"),
+            &format!("read_gib_per_s_depth{depth}"),
+            a,
+            b,
+        );
+        if !b.is_nan() {
+            report.metric(&format!("ratio_read_vs_diod_depth{depth}"), a / b);
+        }
+        if depth == 1 {
+            depth1 = a;
+        }
+        if depth == 4 {
+            report.metric("sock_depth4_vs_depth1", a / depth1);
+        }
+        mine.getattr_depth_us(depth, iters / 10)?;
+        if let Some(t) = theirs.as_mut() {
+            t.getattr_depth_us(depth, iters / 10)?;
+        }
+        let mut t_get = theirs
+            .as_mut()
+            .map(|t| move || t.getattr_depth_us(depth, iters));
+        let [a, b] = pair(
+            reps,
+            &mut || mine.getattr_depth_us(depth, iters),
+            t_get.as_mut().map(|f| f as &mut dyn FnMut() -> Res<f64>),
+        )?;
+        row(
+            report,
+            format!("Tgetattr, {depth} outstanding (µs per request)"),
+            &format!("getattr_us_depth{depth}"),
+            a,
+            b,
+        );
+        if !b.is_nan() {
+            report.metric(&format!("ratio_getattr_vs_diod_depth{depth}"), a / b);
+        }
+    }
+    // 4 connections of 4 outstanding each.
+    let mut mine: Vec<Session> = (0..4).map(|_| open(ours.connect())).collect::<Res<_>>()?;
+    par_read(&mut mine, 4, total / 8)?;
+    let mut theirs: Option<Vec<Session>> = match diod {
+        Some(d) => {
+            let mut v: Vec<Session> = (0..4).map(|_| open(d.connect())).collect::<Res<_>>()?;
+            par_read(&mut v, 4, total / 8)?;
+            Some(v)
+        }
+        None => None,
+    };
+    let mut t_par = theirs.as_mut().map(|t| move || par_read(t, 4, total));
+    let [a, b] = pair(
+        reps,
+        &mut || par_read(&mut mine, 4, total),
+        t_par.as_mut().map(|f| f as &mut dyn FnMut() -> Res<f64>),
+    )?;
+    row(
+        report,
+        "sequential read, 4 connections x 4 outstanding, msize 64 KiB (GiB/s)".into(),
+        "read_gib_per_s_4conns",
+        a,
+        b,
+    );
+    if !b.is_nan() {
+        report.metric("ratio_read_vs_diod_4conns", a / b);
+    }
+    drop(mine);
+    drop(theirs);
+
+    // A slow request (a Tlock blocked by another connection's lock) on the
+    // connection that runs a Tgetattr stream.
+    let mut holder = open(ours.connect())?;
+    holder.client.walk(ROOT, 5, &[b"f"])?;
+    holder.client.lopen(5, open_flags::RDWR)?;
+    if holder.client.lock(5, lock::TYPE_WRLCK, 0, 0, 0)? != lock::SUCCESS {
+        return Err("the lock holder did not get its lock".into());
+    }
+    let mut m = open(ours.connect())?;
+    m.client.walk(ROOT, 6, &[b"f"])?;
+    m.client.lopen(6, open_flags::RDWR)?;
+    let n = ctx.pick(5_000, 300);
+    m.getattr_latencies(n / 5, None)?;
+    let (mut idle, mut slow) = (Vec::new(), Vec::new());
+    for _ in 0..reps.max(1) {
+        idle.push(percentile(m.getattr_latencies(n, None)?, 0.99));
+        slow.push(percentile(m.getattr_latencies(n, Some(6))?, 0.99));
+    }
+    let (idle, slow) = (median_of(idle), median_of(slow));
+    report
+        .metric("sock_getattr_p99_us_idle", idle)
+        .metric("sock_getattr_p99_us_with_slow", slow)
+        .metric("sock_getattr_p99_slow_vs_idle", slow / idle);
+    table.row(&[
+        "Tgetattr p99, alone on its connection (µs)".into(),
+        format_value(idle),
+        "-".into(),
+        "-".into(),
+    ]);
+    table.row(&[
+        "Tgetattr p99, beside a blocked Tlock on the same connection (µs)".into(),
+        format_value(slow),
+        "-".into(),
+        format!("{} x alone", format_value(slow / idle)),
+    ]);
+    Ok(())
+}
+
+/// Issue 19: the RSS of a server process after `n` connections each did
+/// one 16 MiB read and went idle (ours at msize 16 MiB: one Tread; diod at
+/// its 64 KiB cap: 256 of them).
+fn idle_rss_part(
+    ctx: &Ctx,
+    report: &mut SuiteReport,
+    export: &Path,
+    sock_dir: &Path,
+    diod: Option<&Diod>,
+    aname: &[u8],
+    file_len: u64,
+) -> Res<()> {
+    let n = ctx.pick(64, 8);
+    let read: u64 = ctx.pick(16 << 20, 1 << 20);
+    let ours = OursProcess::start(export, sock_dir.join("rss.sock"))?;
+    let mut keep = Vec::new();
+    for _ in 0..n {
+        let stream = UnixStream::connect(&ours.sock)?;
+        let mut s = Session::open(stream, read as u32 + IOHDRSZ, aname, file_len)?;
+        s.read(read)?;
+        // The load generator's own buffer is not what is measured.
+        s.reply = Vec::new();
+        keep.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let rss = rss_mib(ours.child.id())?;
+    report.metric("sock_idle_rss_mib", rss);
+    drop(keep);
+    if let Some(d) = diod {
+        let mut keep = Vec::new();
+        for _ in 0..n {
+            let mut s = Session::open(d.connect()?, 64 * KIB, aname, file_len)?;
+            s.read(read)?;
+            s.reply = Vec::new();
+            keep.push(s);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        report.metric("diod_idle_rss_mib", rss_mib(d.child.id())?);
+    }
+    report.note(format!(
+        "Issue 19 figures: depth N keeps N requests outstanding on one connection (tags 1..N, \
+         a new request as each reply arrives), msize 64 KiB for both servers; 4conns is four \
+         connections of 4 outstanding each at once. The p99 pair runs {} Tgetattr one at a time \
+         on one connection, alone and beside a blocking Tlock (held off by another \
+         connection's lock, re-sent at each BLOCKED) on the same connection. Idle RSS: VmRSS \
+         of a server process (ours: `Listener::serve_with` in a child process) after {n} \
+         connections each read {} MiB and went idle for 300 ms.",
+        ctx.pick(5_000, 300),
+        read >> 20
+    ));
     Ok(())
 }
