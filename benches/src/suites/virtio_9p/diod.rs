@@ -686,6 +686,7 @@ pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         &aname,
         file_len,
     )?;
+    check_issue19_metrics(report, diod.is_some())?;
 
     // Ours only, past diod's cap.
     let larger: Vec<u32> = ctx.pick(
@@ -728,6 +729,55 @@ pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         iters / 2,
     ));
     drop(diod);
+    Ok(())
+}
+
+/// The metrics of issue 19 this part reports (the `diod_` and `ratio_`
+/// ones only when diod runs); checked at the end of the part.
+const ISSUE19_METRICS: &[&str] = &[
+    "sock_read_gib_per_s_depth1",
+    "sock_read_gib_per_s_depth4",
+    "sock_read_gib_per_s_depth16",
+    "sock_read_gib_per_s_4conns",
+    "sock_depth4_vs_depth1",
+    "sock_getattr_us_depth1",
+    "sock_getattr_us_depth4",
+    "sock_getattr_us_depth16",
+    "sock_getattr_p99_us_idle",
+    "sock_getattr_p99_us_with_slow",
+    "sock_getattr_p99_slow_vs_idle",
+    "sock_idle_rss_mib",
+];
+/// The same against diod.
+const ISSUE19_DIOD_METRICS: &[&str] = &[
+    "diod_read_gib_per_s_depth1",
+    "diod_read_gib_per_s_depth4",
+    "diod_read_gib_per_s_depth16",
+    "diod_read_gib_per_s_4conns",
+    "diod_getattr_us_depth1",
+    "diod_getattr_us_depth4",
+    "diod_getattr_us_depth16",
+    "diod_idle_rss_mib",
+    "ratio_read_vs_diod_depth1",
+    "ratio_read_vs_diod_depth4",
+    "ratio_read_vs_diod_depth16",
+    "ratio_read_vs_diod_4conns",
+    "ratio_getattr_vs_diod_depth1",
+    "ratio_getattr_vs_diod_depth4",
+    "ratio_getattr_vs_diod_depth16",
+];
+
+/// Fails if a metric of issue 19 is missing from `report`.
+fn check_issue19_metrics(report: &SuiteReport, with_diod: bool) -> Res<()> {
+    let names: Vec<&str> = report.metrics().iter().map(|(n, _)| n.as_str()).collect();
+    let wanted = ISSUE19_METRICS
+        .iter()
+        .chain(if with_diod { ISSUE19_DIOD_METRICS } else { &[] });
+    for m in wanted {
+        if !names.contains(m) {
+            return Err(format!("metric {m} was not reported").into());
+        }
+    }
     Ok(())
 }
 
