@@ -270,6 +270,13 @@ pub const SMALL_BUFFER: usize = 8 << 10;
 /// Default of [`SocketLimits::max_in_flight`].
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 
+/// A connection whose unwritten replies reach this many bytes reads no
+/// further request until the client has taken some: a client that does not
+/// read its replies makes the server stop reading, and the replies in the
+/// making stay few (and warm in the cache) however many requests the client
+/// keeps outstanding.
+pub const OUT_HIGH_WATER: usize = 256 << 10;
+
 /// Default of [`SocketLimits::max_requests`]: as many as one vhost-user
 /// queue of 1024 entries.
 pub const DEFAULT_MAX_REQUESTS: usize = 1024;
@@ -643,6 +650,8 @@ struct Conn<F: Filesystem> {
     out_pos: usize,
     /// Requests started, or answered and not yet written.
     in_flight: usize,
+    /// Bytes of the replies waiting to be written.
+    out_bytes: usize,
     /// The epoll events registered now.
     interest: EventSet,
 }
@@ -681,6 +690,8 @@ struct Loop<F: Filesystem> {
     free_tokens: Vec<u16>,
     /// Requests of this thread in flight (all connections).
     live: usize,
+    /// Replies in pooled buffers waiting to be written.
+    queued: usize,
     /// Most requests this thread runs at once (its share of
     /// [`SocketLimits::max_requests`]).
     thread_cap: usize,
@@ -790,6 +801,7 @@ fn run_thread<F: Filesystem + 'static>(ctx: ThreadCtx<F>, single: bool) -> io::R
         free_tokens: Vec::new(),
         live: 0,
         thread_cap,
+        queued: 0,
         starved: Vec::new(),
         done: Vec::new(),
         dirty: Vec::new(),
@@ -874,6 +886,7 @@ impl<F: Filesystem + 'static> Loop<F> {
                 out: VecDeque::new(),
                 out_pos: 0,
                 in_flight: 0,
+                out_bytes: 0,
                 interest: EventSet::IN,
             },
         );
@@ -898,6 +911,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         }
         for o in conn.out {
             if o.pooled {
+                self.queued -= 1;
                 self.bufs.put(o.buf, self.keep());
             }
         }
@@ -926,11 +940,12 @@ impl<F: Filesystem + 'static> Loop<F> {
     /// Free buffers the pool may keep: a request and a reply buffer for
     /// each request in flight, and a few more.
     fn keep(&self) -> usize {
-        2 * self.live + 4
+        2 * (self.live + self.queued) + 4
     }
 
     fn can_read(&self, c: &Conn<F>) -> bool {
         c.in_flight < self.shared.limits.max_in_flight.max(1)
+            && c.out_bytes < OUT_HIGH_WATER
             && self.live < self.thread_cap
             && !matches!(c.input, Input::Streaming)
     }
@@ -939,10 +954,15 @@ impl<F: Filesystem + 'static> Loop<F> {
     fn read_conn(&mut self, id: u32) -> std::result::Result<(), Close> {
         // A bounded number of frames per wakeup keeps connections fair.
         for _ in 0..64 {
+            // Send what finished at once (a cached read runs inline), so
+            // the client reads replies while the next requests run.
+            self.collect();
+            self.flush_out(id).map_err(Close::Failed)?;
             let Some(c) = self.conns.get_mut(&id) else {
                 return Ok(());
             };
             if c.in_flight >= self.shared.limits.max_in_flight.max(1)
+                || c.out_bytes >= OUT_HIGH_WATER
                 || matches!(c.input, Input::Streaming)
             {
                 break;
@@ -1092,6 +1112,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         let frame = Rmessage::Lerror(errno).encode_frame(tag);
         let len = frame.len();
         c.in_flight += 1;
+        c.out_bytes += len;
         c.out.push_back(Out {
             buf: frame,
             len,
@@ -1300,6 +1321,8 @@ impl<F: Filesystem + 'static> Loop<F> {
             }
             match reply {
                 Some(buf) if len > 0 && len as usize <= buf.len() => {
+                    self.queued += 1;
+                    c.out_bytes += len as usize;
                     c.out.push_back(Out {
                         buf,
                         len: len as usize,
@@ -1379,8 +1402,10 @@ impl<F: Filesystem + 'static> Loop<F> {
             if c.out_pos == front.len {
                 c.out_pos = 0;
                 c.in_flight -= 1;
+                c.out_bytes -= front.len;
                 if let Some(o) = c.out.pop_front() {
                     if o.pooled {
+                        self.queued -= 1;
                         self.bufs.put(o.buf, keep);
                     }
                 }
