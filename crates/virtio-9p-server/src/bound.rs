@@ -7,8 +7,8 @@
 //!
 //! ```text
 //! socket:     BASE + C x PER_CONNECTION
-//!                  + min(buffer_bytes, C x F x 2 x msize)      buffers above SMALL_BUFFER
-//!                  + min(C x F, R) x (2 x SMALL_BUFFER + STACK)  small buffers, coroutines
+//!                  + min(buffer_bytes, C x F x 2 x msize)      buffers above KEEP_BUFFER
+//!                  + min(C x F, R) x (2 x KEEP_BUFFER + STACK) smaller buffers, coroutines
 //!                  + min(C x max_xattr_bytes, max_total_xattr_bytes)
 //!                  + min(C x max_fids, max_total_fids) x FID_COST
 //!                  + QID_TABLE
@@ -33,7 +33,7 @@
 use crate::engine::DEFAULT_STACK_SIZE;
 use crate::fs::passthrough::qid::{DEFAULT_MAX_EXACT, MAX_PREFIX};
 use crate::server::Config;
-use crate::transport::socket::{SocketLimits, KEEP_BUFFER, SMALL_BUFFER};
+use crate::transport::socket::{SocketLimits, KEEP_BUFFER};
 use crate::virtio::{MAX_CHAIN_DESCRIPTORS, MAX_IN_FLIGHT_SEGMENTS};
 
 /// What the binary, its libraries, the logger and the sandbox hold before
@@ -69,7 +69,7 @@ pub fn socket(config: &Config, limits: &SocketLimits, msize: u32, clients: usize
     let f = limits.max_in_flight.max(1) as u64;
     let buffers = (c * f * 2 * u64::from(msize)).min(limits.buffer_bytes as u64);
     let requests = (c * f).min(limits.max_requests as u64);
-    let in_flight = requests * (2 * SMALL_BUFFER as u64 + DEFAULT_STACK_SIZE as u64);
+    let in_flight = requests * (2 * KEEP_BUFFER as u64 + DEFAULT_STACK_SIZE as u64);
     socket_idle(config, limits, clients) + buffers + in_flight
 }
 
@@ -105,11 +105,11 @@ mod tests {
         let mib = |b: u64| b >> 20;
         assert_eq!(
             mib(socket(&c, &l, 128 << 20, 256) - socket_idle(&c, &l, 256)),
-            512 + 272
+            512 + 384
         );
         // The figures the README gives.
-        assert_eq!(mib(socket(&c, &l, 128 << 20, 256)), 1069);
-        assert_eq!(mib(socket(&c, &l, 128 << 20, 10_000)), 1069);
+        assert_eq!(mib(socket(&c, &l, 128 << 20, 256)), 1181);
+        assert_eq!(mib(socket(&c, &l, 128 << 20, 10_000)), 1181);
         assert_eq!(mib(socket_idle(&c, &l, 1)), 49);
         assert_eq!(mib(vhost_user(&c, 1024, 512_000, 1)), 311);
     }

@@ -56,8 +56,9 @@
 //! the socket thread, sized by what is in flight, not by msize: a buffer
 //! is exactly what the request or its reply needs (a Tread or Treaddir
 //! asks for `count` bytes; every other reply fits [`SMALL_BUFFER`]), and
-//! the pool keeps at most as many free buffers as the thread has requests
-//! in flight. Buffers above [`SMALL_BUFFER`] are charged to the listener's
+//! the pool keeps at most two free buffers per request the thread has in
+//! flight or waiting to be written, and four more. Buffers above
+//! [`KEEP_BUFFER`] are charged to the listener's
 //! shared budget ([`SocketLimits::buffer_bytes`]): a request frame over
 //! the budget is read, dropped and answered with `ENOMEM`; a Tread or
 //! Treaddir gets a shorter reply. A Twrite larger than [`KEEP_BUFFER`] is
@@ -253,16 +254,17 @@ pub trait Stream: io::Read + io::Write + Send + AsFd {}
 impl<T: io::Read + io::Write + Send + AsFd> Stream for T {}
 
 /// Twrite frames larger than this are streamed from the socket to the file
-/// instead of being buffered.
+/// instead of being buffered, and buffers up to this size are not charged
+/// to the shared budget (so a client always gets a reply of this size,
+/// whatever others hold).
 pub const KEEP_BUFFER: usize = 64 << 10;
 
 /// How long a socket thread must have had nothing in flight before it
 /// frees its buffer pool.
 pub const IDLE_RELEASE: Duration = Duration::from_millis(20);
 
-/// Buffers up to this size come from the socket thread's pool without a
-/// charge to the shared budget: every reply other than Rread/Rreaddir fits
-/// (the largest is an Rgetlock or Rreadlink with a
+/// The smallest buffer: every reply other than Rread/Rreaddir fits (the
+/// largest is an Rgetlock or Rreadlink with a
 /// [`MAX_PATH_LEN`](crate::protocol::MAX_PATH_LEN) string), and so do most
 /// requests.
 pub const SMALL_BUFFER: usize = 8 << 10;
@@ -316,7 +318,7 @@ pub struct SocketLimits {
     /// accept.
     pub max_connections: usize,
     /// Bytes all connections together may hold in request and reply
-    /// buffers above [`SMALL_BUFFER`] (streamed Twrite data never counts).
+    /// buffers above [`KEEP_BUFFER`] (streamed Twrite data never counts).
     /// A request frame that does not fit is read and dropped and answered
     /// with `ENOMEM`; a Tread or Treaddir whose reply does not fit gets a
     /// shorter reply (as POSIX allows).
@@ -379,7 +381,7 @@ impl BufferBudget {
 }
 
 /// The buffer pool of one socket thread. A buffer's length is its size
-/// (it is zeroed once, when allocated); one above [`SMALL_BUFFER`] is
+/// (it is zeroed once, when allocated); one above [`KEEP_BUFFER`] is
 /// charged to the budget for as long as it exists, in use or pooled.
 struct BufPool {
     free: Vec<Vec<u8>>,
@@ -402,7 +404,7 @@ impl BufPool {
         if let Some(i) = best {
             return Some(self.free.swap_remove(i));
         }
-        if n > SMALL_BUFFER && !self.budget.try_take(n) {
+        if n > KEEP_BUFFER && !self.budget.try_take(n) {
             return None;
         }
         // calloc: pages are only touched as the request uses them.
@@ -419,7 +421,7 @@ impl BufPool {
     }
 
     fn release(&self, buf: Vec<u8>) {
-        if buf.len() > SMALL_BUFFER {
+        if buf.len() > KEEP_BUFFER {
             self.budget.give(buf.len());
         }
     }
@@ -1153,7 +1155,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             Some(r) => r,
             None => {
                 // A shorter Rread/Rreaddir, as POSIX allows.
-                room = SMALL_BUFFER.min(limit as usize);
+                room = KEEP_BUFFER.min(limit as usize);
                 match self.bufs.take(room) {
                     Some(r) => r,
                     None => {
