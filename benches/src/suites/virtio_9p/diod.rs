@@ -21,6 +21,7 @@
 use std::error::Error;
 use std::fs::File;
 use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -686,6 +687,7 @@ pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         &aname,
         file_len,
     )?;
+    splice_part(ctx, report, &export)?;
     check_issue19_metrics(report, diod.is_some())?;
 
     // Ours only, past diod's cap.
@@ -747,6 +749,9 @@ const ISSUE19_METRICS: &[&str] = &[
     "sock_getattr_p99_us_with_slow",
     "sock_getattr_p99_slow_vs_idle",
     "sock_idle_rss_mib",
+    "rread_copy_gib_per_s",
+    "rread_splice_gib_per_s",
+    "rread_splice_vs_copy",
 ];
 /// The same against diod.
 const ISSUE19_DIOD_METRICS: &[&str] = &[
@@ -1025,6 +1030,129 @@ fn idle_rss_part(
          connections each read {} MiB and went idle for 300 ms.",
         ctx.pick(5_000, 300),
         read >> 20
+    ));
+    Ok(())
+}
+
+/// Sends `total` bytes of `file` (cached) into a unix socket whose peer
+/// drains it, `chunk` bytes per Rread-sized step: by `pread` into one
+/// buffer and `send` (what the socket transport does), or by `splice`
+/// through a pipe (file to pipe, pipe to socket: no user-space copy).
+/// GiB/s.
+fn rread_to_socket(file: &File, total: u64, chunk: usize, splice: bool) -> Res<f64> {
+    use std::os::fd::AsRawFd;
+    let (tx, mut rx) = UnixStream::pair()?;
+    let drain = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0u64;
+        while let Ok(n) = rx.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got += n as u64;
+        }
+        got
+    });
+    let len = file.metadata()?.len();
+    let fd = file.as_raw_fd();
+    let mut pipe = [0i32; 2];
+    if splice {
+        // SAFETY: pipe2 writes two fds into the array.
+        if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: F_SETPIPE_SZ on the pipe just made.
+        unsafe { libc::fcntl(pipe[1], libc::F_SETPIPE_SZ, chunk.max(1 << 16) as i32) };
+    }
+    let mut buf = vec![0u8; chunk];
+    let start = Instant::now();
+    let (mut done, mut off) = (0u64, 0u64);
+    while done < total {
+        if off + chunk as u64 > len {
+            off = 0;
+        }
+        if splice {
+            let mut left = chunk;
+            let mut o = off as libc::loff_t;
+            while left > 0 {
+                // SAFETY: splice between fds we hold; `o` is valid for the call.
+                let n = unsafe {
+                    libc::splice(
+                        fd,
+                        &mut o,
+                        pipe[1],
+                        std::ptr::null_mut(),
+                        left,
+                        libc::SPLICE_F_MOVE,
+                    )
+                };
+                if n <= 0 {
+                    return Err(std::io::Error::last_os_error().into());
+                }
+                let mut out = n as usize;
+                while out > 0 {
+                    // SAFETY: as above, no offsets.
+                    let m = unsafe {
+                        libc::splice(
+                            pipe[0],
+                            std::ptr::null_mut(),
+                            tx.as_raw_fd(),
+                            std::ptr::null_mut(),
+                            out,
+                            libc::SPLICE_F_MOVE,
+                        )
+                    };
+                    if m <= 0 {
+                        return Err(std::io::Error::last_os_error().into());
+                    }
+                    out -= m as usize;
+                }
+                left -= n as usize;
+            }
+        } else {
+            virtio_9p_server::io::pread(file.as_fd(), &mut buf, off)?;
+            (&tx).write_all(&buf)?;
+        }
+        done += chunk as u64;
+        off += chunk as u64;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if splice {
+        // SAFETY: closing the pipe fds made above.
+        unsafe {
+            libc::close(pipe[0]);
+            libc::close(pipe[1]);
+        }
+    }
+    drop(tx);
+    let _ = drain.join();
+    Ok(done as f64 / GIB / secs)
+}
+
+/// Issue 19: is splicing Rread data into the socket faster than the copy?
+fn splice_part(ctx: &Ctx, report: &mut SuiteReport, export: &Path) -> Res<()> {
+    let file = File::open(export.join("big"))?;
+    let total: u64 = ctx.pick(1 << 30, 32 << 20);
+    let chunk = 64 << 10;
+    rread_to_socket(&file, total / 8, chunk, false)?;
+    rread_to_socket(&file, total / 8, chunk, true)?;
+    let [copy, splice] = alternate(
+        ctx.reps(),
+        &mut [
+            &mut || rread_to_socket(&file, total, chunk, false),
+            &mut || rread_to_socket(&file, total, chunk, true),
+        ],
+    )?;
+    report
+        .metric("rread_copy_gib_per_s", copy)
+        .metric("rread_splice_gib_per_s", splice)
+        .metric("rread_splice_vs_copy", splice / copy);
+    report.note(format!(
+        "Rread by splice: 64 KiB of a cached file into a unix socket whose peer drains it, \
+         {} MiB per run: pread into one buffer and send (the socket transport's path) \
+         {copy:.2} GiB/s, splice file -> pipe -> socket {splice:.2} GiB/s ({:.2}x).",
+        total >> 20,
+        splice / copy
     ));
     Ok(())
 }
