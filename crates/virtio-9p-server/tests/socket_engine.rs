@@ -116,6 +116,13 @@ fn recv_within(c: &mut Sock, d: Duration) -> Option<(u16, Rmessage)> {
     (r > 0).then(|| recv(c))
 }
 
+/// The next `n` replies, sorted by tag.
+fn recv_sorted(c: &mut Sock, n: usize) -> Vec<(u16, Rmessage)> {
+    let mut replies: Vec<_> = (0..n).map(|_| recv(c)).collect();
+    replies.sort_by_key(|(t, _)| *t);
+    replies
+}
+
 /// A connection with `HOLDER` holding a write lock on "f" and `waiters`
 /// fids opened on it.
 fn locked_session(sock: &Path, waiters: u32) -> Sock {
@@ -148,10 +155,8 @@ fn test_socket_replies_out_of_order_by_tag() {
     assert!(matches!(r, Rmessage::Getattr(_)), "{r:?}");
     send(&mut c, 3, &tlock(HOLDER, lock::TYPE_UNLCK, 0));
     // The unlock answers, and then the waiter gets the lock.
-    let mut replies = vec![recv(&mut c), recv(&mut c)];
-    replies.sort_by_key(|(t, _)| *t);
     assert_eq!(
-        replies,
+        recv_sorted(&mut c, 2),
         vec![
             (1, Rmessage::Lock(lock::SUCCESS)),
             (3, Rmessage::Lock(lock::SUCCESS))
@@ -237,10 +242,8 @@ fn test_socket_duplicate_tag_is_refused_without_disturbing_the_holder() {
     );
     // The holder of tag 4 still waits, and gets the lock when it frees.
     send(&mut c, 5, &tlock(HOLDER, lock::TYPE_UNLCK, 0));
-    let mut replies = vec![recv(&mut c), recv(&mut c)];
-    replies.sort_by_key(|(t, _)| *t);
     assert_eq!(
-        replies,
+        recv_sorted(&mut c, 2),
         vec![
             (4, Rmessage::Lock(lock::SUCCESS)),
             (5, Rmessage::Lock(lock::SUCCESS))

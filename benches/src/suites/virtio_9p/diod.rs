@@ -799,6 +799,27 @@ fn pair(
     }
 }
 
+/// One measurement on a session.
+type SessionOp<'a> = dyn Fn(&mut Session) -> Res<f64> + 'a;
+
+/// `op` on our session and diod's (if any) in alternation; NaN for a
+/// missing peer.
+fn versus(
+    reps: usize,
+    mine: &mut Session,
+    theirs: Option<&mut Session>,
+    op: &SessionOp,
+) -> Res<[f64; 2]> {
+    let mut m = || op(mine);
+    match theirs {
+        Some(t) => {
+            let mut th = || op(t);
+            alternate(reps, &mut [&mut m, &mut th])
+        }
+        None => Ok([alternate(reps, &mut [&mut m])?[0], f64::NAN]),
+    }
+}
+
 /// Sequential reads on each of `sessions` at once, `depth` outstanding on
 /// each, `total` bytes in all; aggregate GiB/s.
 fn par_read(sessions: &mut [Session], depth: u16, total: u64) -> Res<f64> {
@@ -859,58 +880,43 @@ fn depth_part(
     let mut depth1 = f64::NAN;
     for depth in [1u16, 4, 16] {
         let mut mine = open(ours.connect())?;
-        mine.read_depth(depth, total / 8)?;
         let mut theirs = match diod {
-            Some(d) => {
-                let mut s = open(d.connect())?;
-                s.read_depth(depth, total / 8)?;
-                Some(s)
-            }
+            Some(d) => Some(open(d.connect())?),
             None => None,
         };
-        let mut t_read = theirs.as_mut().map(|t| move || t.read_depth(depth, total));
-        let [a, b] = pair(
-            reps,
-            &mut || mine.read_depth(depth, total),
-            t_read.as_mut().map(|f| f as &mut dyn FnMut() -> Res<f64>),
-        )?;
-        row(
-            report,
-            format!("sequential read, {depth} outstanding, msize 64 KiB (GiB/s)"),
-            &format!("read_gib_per_s_depth{depth}"),
-            a,
-            b,
-        );
-        if !b.is_nan() {
-            report.metric(&format!("ratio_read_vs_diod_depth{depth}"), a / b);
+        let read = |s: &mut Session| s.read_depth(depth, total);
+        let getattr = |s: &mut Session| s.getattr_depth_us(depth, iters);
+        // Warm both sessions with a shorter run of each.
+        for s in std::iter::once(&mut mine).chain(theirs.as_mut()) {
+            s.read_depth(depth, total / 8)?;
+            s.getattr_depth_us(depth, iters / 10)?;
         }
-        if depth == 1 {
-            depth1 = a;
-        }
-        if depth == 4 {
-            report.metric("sock_depth4_vs_depth1", a / depth1);
-        }
-        mine.getattr_depth_us(depth, iters / 10)?;
-        if let Some(t) = theirs.as_mut() {
-            t.getattr_depth_us(depth, iters / 10)?;
-        }
-        let mut t_get = theirs
-            .as_mut()
-            .map(|t| move || t.getattr_depth_us(depth, iters));
-        let [a, b] = pair(
-            reps,
-            &mut || mine.getattr_depth_us(depth, iters),
-            t_get.as_mut().map(|f| f as &mut dyn FnMut() -> Res<f64>),
-        )?;
-        row(
-            report,
-            format!("Tgetattr, {depth} outstanding (µs per request)"),
-            &format!("getattr_us_depth{depth}"),
-            a,
-            b,
-        );
-        if !b.is_nan() {
-            report.metric(&format!("ratio_getattr_vs_diod_depth{depth}"), a / b);
+        let cases: [(String, &str, &str, &SessionOp); 2] = [
+            (
+                format!("sequential read, {depth} outstanding, msize 64 KiB (GiB/s)"),
+                "read_gib_per_s_depth",
+                "ratio_read_vs_diod_depth",
+                &read,
+            ),
+            (
+                format!("Tgetattr, {depth} outstanding (µs per request)"),
+                "getattr_us_depth",
+                "ratio_getattr_vs_diod_depth",
+                &getattr,
+            ),
+        ];
+        for (what, key, ratio, op) in cases {
+            let [a, b] = versus(reps, &mut mine, theirs.as_mut(), op)?;
+            row(report, what, &format!("{key}{depth}"), a, b);
+            if !b.is_nan() {
+                report.metric(&format!("{ratio}{depth}"), a / b);
+            }
+            if key.starts_with("read") && depth == 1 {
+                depth1 = a;
+            }
+            if key.starts_with("read") && depth == 4 {
+                report.metric("sock_depth4_vs_depth1", a / depth1);
+            }
         }
     }
     // 4 connections of 4 outstanding each.

@@ -1037,7 +1037,8 @@ fn wait_readable(fd: RawFd, timeout: Duration) {
     let _ = unsafe { libc::poll(&mut pfd, 1, ms) };
 }
 
-fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+/// Sets `O_NONBLOCK` on `fd`.
+pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     // SAFETY: F_GETFL/F_SETFL on an fd we own; no memory is involved.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if flags < 0 {

@@ -81,7 +81,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{self, Read};
 use std::net::{TcpListener, ToSocketAddrs};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -96,8 +96,8 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::engine::{
-    self, Engine, EngineConfig, EngineExec, Executor, ThreadPool, DEFAULT_STACK_SIZE,
-    DEFAULT_WORKERS,
+    self, set_nonblocking, Engine, EngineConfig, EngineExec, Executor, ThreadPool,
+    DEFAULT_STACK_SIZE, DEFAULT_WORKERS,
 };
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
@@ -708,20 +708,6 @@ struct Loop<F: Filesystem> {
     ctx_wake: EventFd,
     conns_count: Arc<AtomicUsize>,
     active: Arc<AtomicUsize>,
-}
-
-fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: F_GETFL/F_SETFL on an fd the caller holds; no memory is
-    // involved.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// `read(2)` on a nonblocking socket: `Ok(None)` for `EAGAIN`.
