@@ -274,22 +274,13 @@ impl Session {
         let mut done = 0u64;
         let start = Instant::now();
         while done < total {
-            if self.offset + u64::from(count) > self.file_len {
-                self.offset = 0;
-            }
-            let frame = Tmessage::Read(Tread {
-                fid: BIG,
-                offset: self.offset,
-                count,
-            })
-            .encode_frame(1);
+            let frame = self.next_read(1);
             let (ty, size) = self.call(&frame)?;
             let got = u32::from_le_bytes(self.reply[7..11].try_into()?);
             if ty != RREAD || got != count || size != 11 + count as usize {
                 return Err(format!("Tread of {count}: reply type {ty}, {got} bytes").into());
             }
             done += u64::from(got);
-            self.offset += u64::from(got);
         }
         Ok(done as f64 / GIB / start.elapsed().as_secs_f64())
     }
