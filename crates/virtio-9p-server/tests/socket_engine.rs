@@ -430,3 +430,27 @@ fn test_socket_hangup_with_requests_in_flight_frees_fids_and_fds() {
     drop(c);
     d.assert_alive_then_stop("hang-ups with requests in flight");
 }
+
+#[test]
+fn test_serve_connection_serves_one_client_and_reports_a_broken_frame() {
+    use virtio_9p_server::transport::socket::serve_connection;
+    let tmp = tempfile::tempdir().unwrap();
+    let server = server_with(PassthroughConfig::new(tmp.path()), Config::default());
+    // A client that works, then hangs up: Ok.
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let s = server.clone();
+    let t = std::thread::spawn(move || serve_connection(&s, ours));
+    let mut c = Client::new(StreamTransport(theirs));
+    c.version(MSIZE).unwrap();
+    c.attach(ROOT, 0).unwrap();
+    send(&mut c, 1, &tgetattr(ROOT));
+    assert!(matches!(recv(&mut c), (1, Rmessage::Getattr(_))));
+    drop(c);
+    t.join().unwrap().unwrap();
+    // A frame shorter than its header: the connection ends with an error.
+    let (ours, mut theirs) = UnixStream::pair().unwrap();
+    let t = std::thread::spawn(move || serve_connection(&server, ours));
+    theirs.write_all(&[3, 0, 0, 0, 100, 0, 0]).unwrap();
+    let e = t.join().unwrap().unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+}

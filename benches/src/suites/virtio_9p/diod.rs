@@ -7,8 +7,8 @@
 //! lean Tread/Tgetattr loop over the same stream that reuses one reply
 //! buffer). It talks to:
 //!
-//! - ours: `virtio_9p_server::transport::socket::serve_connection` on a
-//!   thread of this process, one per connection, exactly what
+//! - ours: `virtio_9p_server::transport::socket::Listener::serve_with` in
+//!   this process (socket threads on the request engine), exactly what
 //!   `virtio-9p-server --listen unix:PATH` runs;
 //! - diod: `diod -f -n -N -l SOCK -e DIR`, a separate process.
 //!
@@ -711,8 +711,8 @@ pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         .map(|(_, v)| v.clone())
         .unwrap_or_else(|| "diod (not run)".into());
     report.note(format!(
-        "Socket part: one load generator (a 9P client on a unix socket, one request at a time) \
-         against our socket transport (serve_connection on a thread of the bench process, as \
+        "Socket part: one load generator (a 9P client on a unix socket, one request at a time unless a row says how many are outstanding) \
+         against our socket transport (`Listener::serve_with` in the bench process, as \
          `--listen unix:PATH` runs it) and {peer} (`diod -f -n -N -l SOCK -e DIR`, its own \
          process, attached as uid 0 with the export as aname). {} MiB file in the page cache; \
          reads of msize - 24 bytes, {} MiB or more per run; {iters} Tgetattr, {} walk+clunk pairs \

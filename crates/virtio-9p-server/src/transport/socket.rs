@@ -64,17 +64,21 @@
 //! Treaddir gets a shorter reply. A Twrite larger than [`KEEP_BUFFER`] is
 //! not buffered: its data goes from the socket to the file (on a worker)
 //! through a 64 KiB copy buffer, and the connection reads nothing else
-//! until it is done. When a socket thread has had nothing in flight for
-//! [`IDLE_RELEASE`] it frees its pool, so an idle connection holds only its
-//! session and a few hundred bytes of state. See [`crate::bound`] for the
+//! until it is done. A free buffer unused for [`IDLE_RELEASE`] is freed,
+//! so an idle connection holds only its session and a few hundred bytes of
+//! state, however busy the other connections of its thread are. See [`crate::bound`] for the
 //! whole daemon's bound.
 //!
 //! # Zero-copy Rread
 //!
 //! Rread data is `pread` straight into the reply buffer and sent from it:
 //! one copy in, one copy out through the socket. Splicing file pages into
-//! the socket (`splice` through a pipe, or `sendfile`) was measured and is
-//! not faster here (crate README, "Socket transport"), so the copy stays.
+//! the socket through a pipe was measured beside it (`rread_splice_vs_copy`
+//! in the `virtio-9p` suite): 1.38x the copy for 64 KiB Rreads in one run
+//! on a loaded machine. It is not used yet: the reply would have to be sent
+//! as a header plus a file range, with the count fixed before the splice
+//! and a splice of uncached pages kept off the socket thread (crate README,
+//! "Socket transport on the engine").
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -259,8 +263,8 @@ impl<T: io::Read + io::Write + Send + AsFd> Stream for T {}
 /// whatever others hold).
 pub const KEEP_BUFFER: usize = 64 << 10;
 
-/// How long a socket thread must have had nothing in flight before it
-/// frees its buffer pool.
+/// How long a free buffer stays in a socket thread's pool before it is
+/// freed (and the heap trimmed).
 pub const IDLE_RELEASE: Duration = Duration::from_millis(20);
 
 /// The smallest buffer: every reply other than Rread/Rreaddir fits (the
@@ -384,7 +388,8 @@ impl BufferBudget {
 /// (it is zeroed once, when allocated); one above [`KEEP_BUFFER`] is
 /// charged to the budget for as long as it exists, in use or pooled.
 struct BufPool {
-    free: Vec<Vec<u8>>,
+    /// Free buffers and when each was put back.
+    free: Vec<(Vec<u8>, Instant)>,
     budget: Arc<BufferBudget>,
 }
 
@@ -398,11 +403,11 @@ impl BufPool {
             .free
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.len() >= n && b.len() <= n.saturating_mul(4))
-            .min_by_key(|(_, b)| b.len())
+            .filter(|(_, (b, _))| b.len() >= n && b.len() <= n.saturating_mul(4))
+            .min_by_key(|(_, (b, _))| b.len())
             .map(|(i, _)| i);
         if let Some(i) = best {
-            return Some(self.free.swap_remove(i));
+            return Some(self.free.swap_remove(i).0);
         }
         if n > KEEP_BUFFER && !self.budget.try_take(n) {
             return None;
@@ -414,7 +419,7 @@ impl BufPool {
     /// Returns `buf`, keeping at most `keep` free buffers.
     fn put(&mut self, buf: Vec<u8>, keep: usize) {
         if self.free.len() < keep {
-            self.free.push(buf);
+            self.free.push((buf, Instant::now()));
         } else {
             self.release(buf);
         }
@@ -429,10 +434,33 @@ impl BufPool {
     /// Frees every pooled buffer; true if there were any.
     fn clear(&mut self) -> bool {
         let any = !self.free.is_empty();
-        for b in std::mem::take(&mut self.free) {
+        for (b, _) in std::mem::take(&mut self.free) {
             self.release(b);
         }
         any
+    }
+
+    /// Frees the buffers unused for [`IDLE_RELEASE`]; true if any.
+    fn expire(&mut self) -> bool {
+        let before = self.free.len();
+        let mut kept = Vec::with_capacity(before);
+        for (b, since) in std::mem::take(&mut self.free) {
+            if since.elapsed() >= IDLE_RELEASE {
+                self.release(b);
+            } else {
+                kept.push((b, since));
+            }
+        }
+        self.free = kept;
+        self.free.len() < before
+    }
+
+    /// How long until the oldest free buffer expires.
+    fn next_expiry(&self) -> Option<Duration> {
+        self.free
+            .iter()
+            .map(|(_, since)| IDLE_RELEASE.saturating_sub(since.elapsed()))
+            .min()
     }
 }
 
@@ -703,7 +731,8 @@ struct Loop<F: Filesystem> {
     done: Vec<(u16, u32)>,
     /// Connections whose output or interest may need work.
     dirty: Vec<u32>,
-    idle_since: Option<Instant>,
+    /// Why the last connection that failed ended (for [`serve_connection`]).
+    last_error: Option<io::Error>,
     ctx_rx: mpsc::Receiver<OwnedFd>,
     ctx_wake: EventFd,
     conns_count: Arc<AtomicUsize>,
@@ -793,7 +822,7 @@ fn run_thread<F: Filesystem + 'static>(ctx: ThreadCtx<F>, single: bool) -> io::R
         starved: Vec::new(),
         done: Vec::new(),
         dirty: Vec::new(),
-        idle_since: None,
+        last_error: None,
         ctx_rx: ctx.rx,
         ctx_wake: ctx.wake,
         conns_count: ctx.conns,
@@ -809,11 +838,8 @@ impl<F: Filesystem + 'static> Loop<F> {
         let mut events = vec![EpollEvent::default(); 64];
         let mut served_one = false;
         loop {
-            let timeout = match self.idle_since {
-                Some(t) => {
-                    let left = IDLE_RELEASE.saturating_sub(t.elapsed());
-                    left.as_millis().clamp(1, i32::MAX as u128) as i32
-                }
+            let timeout = match self.bufs.next_expiry() {
+                Some(left) => left.as_millis().clamp(1, i32::MAX as u128) as i32,
                 None => -1,
             };
             let n = match self.epoll.wait(timeout, &mut events) {
@@ -845,7 +871,7 @@ impl<F: Filesystem + 'static> Loop<F> {
                         std::thread::sleep(Duration::from_millis(1));
                     }
                 }
-                return Ok(());
+                return self.last_error.take().map_or(Ok(()), Err);
             }
         }
     }
@@ -892,7 +918,10 @@ impl<F: Filesystem + 'static> Loop<F> {
         let left = self.engine.cancel_group(id);
         match why {
             Close::HungUp => info!("9p: connection {id} closed"),
-            Close::Failed(e) => warn!("9p: connection {id} ended: {e}"),
+            Close::Failed(e) => {
+                warn!("9p: connection {id} ended: {e}");
+                self.last_error = Some(e);
+            }
         }
         if left > 0 {
             debug!("9p: connection {id}: {left} requests still in filesystem calls");
@@ -1249,7 +1278,6 @@ impl<F: Filesystem + 'static> Loop<F> {
             c.in_flight += 1;
         }
         self.live += 1;
-        self.idle_since = None;
         // Its interest may change (in-flight limit, streaming).
         self.dirty.push(id);
         let cancel = Cancel::new();
@@ -1333,9 +1361,6 @@ impl<F: Filesystem + 'static> Loop<F> {
             let starved = std::mem::take(&mut self.starved);
             self.dirty.extend(starved);
         }
-        if self.live == 0 && self.idle_since.is_none() {
-            self.idle_since = Some(Instant::now());
-        }
     }
 
     /// Writes queued replies, resumes reading where a slot freed, updates
@@ -1366,12 +1391,11 @@ impl<F: Filesystem + 'static> Loop<F> {
             }
             self.collect();
         }
-        if let Some(t) = self.idle_since {
-            if self.live == 0 && t.elapsed() >= IDLE_RELEASE {
-                self.idle_since = None;
-                if self.bufs.clear() {
-                    trim_heap();
-                }
+        // Buffers unused for IDLE_RELEASE go back to the kernel, whether
+        // or not other connections of the thread are busy.
+        if self.bufs.expire() {
+            trim_heap();
+            if self.live == 0 {
                 self.shared.pool.trim();
             }
         }
