@@ -1018,12 +1018,8 @@ impl<F: Filesystem + 'static> Loop<F> {
                     }
                     *have += n;
                     if *have == *size {
-                        let size = *size;
-                        let Input::Body { buf, .. } =
-                            std::mem::replace(&mut c.input, Input::header())
-                        else {
-                            unreachable!()
-                        };
+                        let (size, buf) = (*size, std::mem::take(buf));
+                        c.input = Input::header();
                         self.start(id, buf, size);
                     }
                 }
