@@ -44,6 +44,15 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // The child process of the virtio-9p suite's idle-RSS figure.
+    let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if raw.len() == 4 && raw[1] == "__socket-server" {
+        let (dir, sock) = (PathBuf::from(&raw[2]), PathBuf::from(&raw[3]));
+        if let Err(e) = suites::virtio_9p_socket_server(&dir, &sock) {
+            eprintln!("vmm-benches: socket server: {e}");
+        }
+        return ExitCode::FAILURE;
+    }
     let args = Args::parse();
     if args.suites.iter().any(|s| s == "list") {
         for suite in suites::SUITES {

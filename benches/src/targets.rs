@@ -239,6 +239,86 @@ pub const TARGETS: &[Target] = &[
         bound: 0.7,
         context: &["pread_vs_memcpy", "read_128m_vs_pread"],
     },
+    Target {
+        suite: "virtio-9p",
+        claim: "socket sequential read vs diod, depth1 (issue 19)",
+        figure: "ratio_read_vs_diod_depth1",
+        op: Op::AtLeast,
+        bound: 1.0,
+        context: &["sock_read_gib_per_s_depth1", "diod_read_gib_per_s_depth1"],
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "socket sequential read vs diod, depth4 (issue 19)",
+        figure: "ratio_read_vs_diod_depth4",
+        op: Op::AtLeast,
+        bound: 1.0,
+        context: &["sock_read_gib_per_s_depth4", "diod_read_gib_per_s_depth4"],
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "socket sequential read vs diod, depth16 (issue 19)",
+        figure: "ratio_read_vs_diod_depth16",
+        op: Op::AtLeast,
+        bound: 1.0,
+        context: &["sock_read_gib_per_s_depth16", "diod_read_gib_per_s_depth16"],
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "socket sequential read vs diod, 4conns (issue 19)",
+        figure: "ratio_read_vs_diod_4conns",
+        op: Op::AtLeast,
+        bound: 1.0,
+        context: &["sock_read_gib_per_s_4conns", "diod_read_gib_per_s_4conns"],
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "socket Tgetattr vs diod, depth1 (issue 19)",
+        figure: "ratio_getattr_vs_diod_depth1",
+        op: Op::AtMost,
+        bound: 1.0,
+        context: &["sock_getattr_us_depth1", "diod_getattr_us_depth1"],
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "socket Tgetattr vs diod, depth4 (issue 19)",
+        figure: "ratio_getattr_vs_diod_depth4",
+        op: Op::AtMost,
+        bound: 1.0,
+        context: &["sock_getattr_us_depth4", "diod_getattr_us_depth4"],
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "socket Tgetattr vs diod, depth16 (issue 19)",
+        figure: "ratio_getattr_vs_diod_depth16",
+        op: Op::AtMost,
+        bound: 1.0,
+        context: &["sock_getattr_us_depth16", "diod_getattr_us_depth16"],
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "socket read throughput grows with requests outstanding (issue 19)",
+        figure: "sock_depth4_vs_depth1",
+        op: Op::AtLeast,
+        bound: 1.6,
+        context: &["sock_read_gib_per_s_depth1", "sock_read_gib_per_s_depth4"],
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "a slow request does not stall Tgetattr on its connection (issue 19)",
+        figure: "sock_getattr_p99_slow_vs_idle",
+        op: Op::AtMost,
+        bound: 2.0,
+        context: &["sock_getattr_p99_us_idle", "sock_getattr_p99_us_with_slow"],
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "socket daemon RSS after 64 idle connections that each read 16 MiB (issue 19)",
+        figure: "sock_idle_rss_mib",
+        op: Op::AtMost,
+        bound: 64.0,
+        context: &["diod_idle_rss_mib"],
+    },
 ];
 
 impl Target {
@@ -301,7 +381,8 @@ mod tests {
                 "virtio-9p",
                 concat!(
                     include_str!("suites/virtio_9p/inproc.rs"),
-                    include_str!("suites/virtio_9p/vhost.rs")
+                    include_str!("suites/virtio_9p/vhost.rs"),
+                    include_str!("suites/virtio_9p/diod.rs")
                 ),
             ),
         ];

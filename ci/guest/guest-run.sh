@@ -6,6 +6,7 @@
 # ci/guest/run.sh parses:
 #   CI-MOUNT <line of /proc/mounts>          POSIX PASS|FAIL <name>[: why]
 #   PJD <pjdfstest line>                     CI-DD read|write bytes=N centis=N
+#   CI-PDD read bytes=N centis=N (4 parallel readers)
 #   CI-DONE
 # Settings come from the kernel command line (the kernel hands unknown
 # key=value words to init as environment variables):
@@ -83,6 +84,25 @@ if has_test dd; then
         echo "CI-DD read bytes=$(stat -c %s "$mnt/data/big.bin") centis=$((t1 - t0))"
     else
         echo "CI-DD read failed"
+    fi
+    # Parallel readers: four dd at once, a quarter of the file each, so
+    # the mount has requests of several processes in flight (issue 19).
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    q=$(($(stat -c %s "$mnt/data/big.bin") / 1048576 / 4))
+    t0=$(uptime_centis)
+    pids=
+    for i in 0 1 2 3; do
+        dd if="$mnt/data/big.bin" of=/dev/null bs=1M skip=$((i * q)) count=$q 2>/dev/null &
+        pids="$pids $!"
+    done
+    pdd_ok=1
+    for p in $pids; do wait "$p" || pdd_ok=0; done
+    t1=$(uptime_centis)
+    if [ $pdd_ok = 1 ]; then
+        echo "CI-PDD read bytes=$((4 * q * 1048576)) centis=$((t1 - t0))"
+    else
+        echo "CI-PDD read failed"
     fi
 fi
 

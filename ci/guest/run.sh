@@ -348,7 +348,7 @@ pjd_results() { # console -> "name status" lines
     sed -n 's/\r$//; s/^PJD \([^ \t]*\) *\(ok\|FAILED\|skipped\|PASSED UNEXPECTEDLY\|failed as expected\)$/\1 \2/p' "$1" \
         | sed 's/ PASSED UNEXPECTEDLY$/ FAILED/; s/ failed as expected$/ ok/'
 }
-declare -A R_POSIX R_PJD R_READ R_WRITE R_STATUS R_MOUNT R_ATTACH
+declare -A R_POSIX R_PJD R_READ R_WRITE R_STATUS R_MOUNT R_ATTACH R_PREAD
 for s in "${server_list[@]}"; do
     dir=$out/$s
     st=$(cat "$dir/status" 2>/dev/null || echo "not run")
@@ -376,6 +376,8 @@ for s in "${server_list[@]}"; do
     r=$(sed -n 's/^CI-DD read bytes=\([0-9]*\) centis=\([0-9]*\)$/\1 \2/p' "$con" | head -1)
     R_WRITE[$s]=$( [ -n "$w" ] && rate $w || echo -)
     R_READ[$s]=$( [ -n "$r" ] && rate $r || echo -)
+    pr=$(sed -n 's/^CI-PDD read bytes=\([0-9]*\) centis=\([0-9]*\)$/\1 \2/p' "$con" | head -1)
+    R_PREAD[$s]=$( [ -n "$pr" ] && rate $pr || echo -)
     R_ATTACH[$s]=
     if [ -f "$dir/server.log" ] && grep -qi 'attach' "$dir/server.log"; then
         R_ATTACH[$s]=yes
@@ -386,14 +388,14 @@ base_read=${R_READ[qemu]:--}
 base_write=${R_WRITE[qemu]:--}
 printf '\n9p guest conformance (kernel %s, TCG, msize=512000, %s MiB dd, %s)\n' \
     "$(basename "$KERNEL" | sed 's/^vmlinuz-//')" "$mib" "$(date -u +%Y-%m-%dT%H:%MZ)"
-fmt='%-12s | %-9s | %-16s | %-13s | %-13s | %-14s | %s\n'
-printf "$fmt" server POSIX "pjdfstest p/f/s" "dd read MiB/s" "dd write MiB/s" "vs qemu r / w" notes
-printf "$fmt" ------------ --------- ---------------- ------------- ------------- -------------- -----
+fmt='%-12s | %-9s | %-16s | %-13s | %-13s | %-14s | %-16s | %s\n'
+printf "$fmt" server POSIX "pjdfstest p/f/s" "dd read MiB/s" "dd write MiB/s" "vs qemu r / w" "4x dd read MiB/s" notes
+printf "$fmt" ------------ --------- ---------------- ------------- ------------- -------------- ---------------- -----
 for s in "${server_list[@]}"; do
     st=${R_STATUS[$s]}
     case $st in
     "not available:"*|"server failed:"*)
-        printf "$fmt" "$s" - - - - - "$st"
+        printf "$fmt" "$s" - - - - - - "$st"
         continue ;;
     esac
     notes=
@@ -404,7 +406,7 @@ for s in "${server_list[@]}"; do
     case $s in ours-*) [ "${R_ATTACH[$s]:-}" = yes ] && notes="${notes}daemon log shows attach" || notes="${notes}no attach in daemon log" ;; esac
     rr=$(ratio "${R_READ[$s]:--}" "$base_read")
     rw=$(ratio "${R_WRITE[$s]:--}" "$base_write")
-    printf "$fmt" "$s" "${R_POSIX[$s]:--}" "${R_PJD[$s]:--}" "${R_READ[$s]:--}" "${R_WRITE[$s]:--}" "$rr / $rw" "${notes%; }"
+    printf "$fmt" "$s" "${R_POSIX[$s]:--}" "${R_PJD[$s]:--}" "${R_READ[$s]:--}" "${R_WRITE[$s]:--}" "$rr / $rw" "${R_PREAD[$s]:--}" "${notes%; }"
 done
 
 # Proof of each mount: the guest's own /proc/mounts line.
@@ -453,8 +455,8 @@ echo "logs: $out"
 # Machine-readable summary for ci/guest-conformance.sh.
 {
     for s in "${server_list[@]}"; do
-        printf '%s\tstatus=%s\tposix=%s\tpjdfstest=%s\tread=%s\twrite=%s\n' "$s" "${R_STATUS[$s]}" \
-            "${R_POSIX[$s]:--}" "${R_PJD[$s]:--}" "${R_READ[$s]:--}" "${R_WRITE[$s]:--}"
+        printf '%s\tstatus=%s\tposix=%s\tpjdfstest=%s\tread=%s\twrite=%s\tpread4=%s\n' "$s" "${R_STATUS[$s]}" \
+            "${R_POSIX[$s]:--}" "${R_PJD[$s]:--}" "${R_READ[$s]:--}" "${R_WRITE[$s]:--}" "${R_PREAD[$s]:--}"
     done
 } >"$out/summary.tsv"
 

@@ -10,6 +10,8 @@ mod selftest;
 mod virtio_9p;
 mod virtqueue_large;
 
+pub use virtio_9p::serve_socket_forever as virtio_9p_socket_server;
+
 use crate::harness::{Ctx, SuiteResult};
 
 /// One entry of the registry.

@@ -10,6 +10,8 @@ mod diod;
 mod inproc;
 mod vhost;
 
+pub use diod::serve_socket_forever;
+
 use crate::harness::{Ctx, SuiteResult};
 
 /// One-line description.

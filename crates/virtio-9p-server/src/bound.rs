@@ -7,7 +7,8 @@
 //!
 //! ```text
 //! socket:     BASE + C x PER_CONNECTION
-//!                  + min(buffer_bytes, C x 2 x msize)          reply (and oversized request) buffers
+//!                  + min(buffer_bytes, C x F x 2 x msize)      buffers above KEEP_BUFFER
+//!                  + min(C x F, R) x (2 x KEEP_BUFFER + STACK) smaller buffers, coroutines
 //!                  + min(C x max_xattr_bytes, max_total_xattr_bytes)
 //!                  + min(C x max_fids, max_total_fids) x FID_COST
 //!                  + QID_TABLE
@@ -21,7 +22,10 @@
 //! ```
 //!
 //! `C` is the number of socket clients (at most
-//! [`SocketLimits::max_connections`]), `D` the number of vhost-user
+//! [`SocketLimits::max_connections`]), `F` the requests one of them may
+//! have in flight ([`SocketLimits::max_in_flight`]), `R` the requests
+//! all of them may have in flight ([`SocketLimits::max_requests`]), `D`
+//! the number of vhost-user
 //! devices (one per daemon). When no request is in flight the socket
 //! buffer term drops out: an idle connection holds only its
 //! `PER_CONNECTION` share ([`socket_idle`]).
@@ -35,10 +39,11 @@ use crate::virtio::{MAX_CHAIN_DESCRIPTORS, MAX_IN_FLIGHT_SEGMENTS};
 /// What the binary, its libraries, the logger and the sandbox hold before
 /// any client (measured at 6 MiB on Linux 6.18; 16 MiB leaves room).
 pub const BASE: u64 = 16 << 20;
-/// What one socket connection holds when idle: its request and reply
-/// buffers of [`KEEP_BUFFER`], the per-thread reply-encoding buffer (at
-/// most 64 KiB) and the touched part of its thread stack and allocator
-/// arena.
+/// What one socket connection holds when idle, with room to spare: its
+/// state and session on a socket thread, and that thread's share of the
+/// reply-encoding buffer (at most 64 KiB), stack and allocator arena. (An
+/// idle connection keeps no buffer since the socket transport runs on the
+/// engine; the figure is the one of the thread-per-connection design.)
 pub const PER_CONNECTION: u64 = 3 * KEEP_BUFFER as u64 + (320 << 10);
 /// Upper bound on one fid: the table entry, the shared fid record and an
 /// inode record of its own.
@@ -61,8 +66,11 @@ fn shared_terms(config: &Config, sessions: u64) -> u64 {
 /// `limits.max_connections`) and a negotiated `msize`.
 pub fn socket(config: &Config, limits: &SocketLimits, msize: u32, clients: usize) -> u64 {
     let c = clients.min(limits.max_connections) as u64;
-    let buffers = (c * 2 * u64::from(msize)).min(limits.buffer_bytes as u64);
-    socket_idle(config, limits, clients) + buffers
+    let f = limits.max_in_flight.max(1) as u64;
+    let buffers = (c * f * 2 * u64::from(msize)).min(limits.buffer_bytes as u64);
+    let requests = (c * f).min(limits.max_requests as u64);
+    let in_flight = requests * (2 * KEEP_BUFFER as u64 + DEFAULT_STACK_SIZE as u64);
+    socket_idle(config, limits, clients) + buffers + in_flight
 }
 
 /// The most the socket daemon holds with `clients` connections when none
@@ -92,15 +100,16 @@ mod tests {
     fn test_default_bounds() {
         let c = Config::default();
         let l = SocketLimits::default();
-        // 256 clients at 128 MiB msize: the shared buffer budget caps it.
+        // 256 clients at 128 MiB msize: the shared buffer budget caps the
+        // large buffers, max_requests the coroutines and small buffers.
         let mib = |b: u64| b >> 20;
         assert_eq!(
             mib(socket(&c, &l, 128 << 20, 256) - socket_idle(&c, &l, 256)),
-            512
+            512 + 384
         );
         // The figures the README gives.
-        assert_eq!(mib(socket(&c, &l, 128 << 20, 256)), 797);
-        assert_eq!(mib(socket(&c, &l, 128 << 20, 10_000)), 797);
+        assert_eq!(mib(socket(&c, &l, 128 << 20, 256)), 1181);
+        assert_eq!(mib(socket(&c, &l, 128 << 20, 10_000)), 1181);
         assert_eq!(mib(socket_idle(&c, &l, 1)), 49);
         assert_eq!(mib(vhost_user(&c, 1024, 512_000, 1)), 311);
     }

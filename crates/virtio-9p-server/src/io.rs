@@ -115,6 +115,35 @@ pub fn pread(file: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize
     }
 }
 
+/// `preadv2(RWF_NOWAIT)`: reads what is in the page cache without
+/// blocking; `EAGAIN` (or any error) when nothing is.
+fn pread_nowait(file: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    loop {
+        // SAFETY: one iovec over `buf`, valid and writable for the call;
+        // the fd is borrowed.
+        let n = unsafe {
+            libc::preadv2(
+                file.as_raw_fd(),
+                &iov,
+                1,
+                off as libc::off64_t,
+                libc::RWF_NOWAIT,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
 /// `pwrite` until everything is written, a zero-length write, or an error
 /// after some progress (then the progress is returned).
 pub fn pwrite_all(file: BorrowedFd<'_>, buf: &[u8], off: u64) -> io::Result<usize> {
@@ -242,6 +271,10 @@ impl ReplyWriter for SliceWriter<'_> {
         Ok(SliceWriter { buf: tail, pos: 0 })
     }
 
+    /// Reads straight into the slice. On an engine coroutine whose Tread
+    /// the engine placed by hint, the part already in the page cache is
+    /// read here (`preadv2(RWF_NOWAIT)`) and only the rest goes to a
+    /// worker ([`crate::engine::offload_read`]).
     fn write_from_file_at(
         &mut self,
         file: BorrowedFd<'_>,
@@ -249,21 +282,34 @@ impl ReplyWriter for SliceWriter<'_> {
         off: u64,
     ) -> io::Result<usize> {
         let count = count.min(self.available_bytes());
-        let mut done = 0;
-        while done < count {
-            let start = self.pos + done;
-            let got = pread(
-                file,
-                &mut self.buf[start..self.pos + count],
-                off + done as u64,
-            )?;
-            if got == 0 {
-                break;
-            }
-            done += got;
-        }
-        self.pos += done;
-        Ok(done)
+        // The slice, the bytes read so far, and whether the rest needs no
+        // blocking read (both closures reach it; only one runs at a time).
+        let state = std::sync::Mutex::new((&mut self.buf[self.pos..self.pos + count], 0, false));
+        let n = crate::engine::offload_read(
+            || {
+                let mut g = state.lock().unwrap_or_else(|e| e.into_inner());
+                let (buf, done, complete) = &mut *g;
+                if let Ok(n) = pread_nowait(file, buf, off) {
+                    // 0: end of file (nothing would block).
+                    (*done, *complete) = (n, n == buf.len() || n == 0);
+                }
+                *complete
+            },
+            || {
+                let mut g = state.lock().unwrap_or_else(|e| e.into_inner());
+                let (buf, done, complete) = &mut *g;
+                let (mut done, complete) = (*done, *complete);
+                while !complete && done < buf.len() {
+                    match pread(file, &mut buf[done..], off + done as u64)? {
+                        0 => break,
+                        n => done += n,
+                    }
+                }
+                Ok::<_, io::Error>(done)
+            },
+        )?;
+        self.pos += n;
+        Ok(n)
     }
 }
 

@@ -14,7 +14,7 @@ use log::{info, warn};
 use virtio_9p_server::fs::ids::{IdRules, IdTranslation};
 use virtio_9p_server::fs::Filesystem;
 use virtio_9p_server::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
-use virtio_9p_server::transport::socket::{ListenAddr, Listener};
+use virtio_9p_server::transport::socket::{ListenAddr, Listener, SocketLimits};
 use virtio_9p_server::transport::unix;
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, Server};
 
@@ -232,7 +232,7 @@ fn check_tcp_exposure(cli: &Cli) -> Result<(), String> {
     Ok(())
 }
 
-/// Socket mode: bind, then serve every client on its own thread.
+/// Socket mode: bind, then serve every client on the socket threads.
 fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
     // Lock the pid file, then bind: both live outside the export.
     let mut pid_file = None;
@@ -280,7 +280,11 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
         if cli.readonly { "read-only, " } else { "" },
         cli.msize_max
     );
-    let result = listener.serve(server).map_err(|e| e.to_string());
+    let mut limits = SocketLimits::default();
+    limits.workers = cli.vhost.thread_pool_size;
+    let result = listener
+        .serve_with(server, limits)
+        .map_err(|e| e.to_string());
     if let Some(files) = CLEANUP.get() {
         remove_files(files);
     }

@@ -218,11 +218,6 @@ fn test_options_of_the_other_mode_are_refused() {
     let cases: &[(Kind, &[&str], &str)] = &[
         (Kind::Socket, &["--tag", "t"], "--tag"),
         (Kind::Socket, &["--queue-size", "256"], "--queue-size"),
-        (
-            Kind::Socket,
-            &["--thread-pool-size", "2"],
-            "--thread-pool-size",
-        ),
         (Kind::Socket, &["--mlock", "on"], "--mlock"),
         (Kind::Socket, &["--keep-serving"], "--keep-serving"),
         (Kind::Socket, &["--socket-path", "/tmp/v"], "--socket-path"),

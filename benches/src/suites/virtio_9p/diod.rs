@@ -7,8 +7,8 @@
 //! lean Tread/Tgetattr loop over the same stream that reuses one reply
 //! buffer). It talks to:
 //!
-//! - ours: `virtio_9p_server::transport::socket::serve_connection` on a
-//!   thread of this process, one per connection, exactly what
+//! - ours: `virtio_9p_server::transport::socket::Listener::serve_with` in
+//!   this process (socket threads on the request engine), exactly what
 //!   `virtio-9p-server --listen unix:PATH` runs;
 //! - diod: `diod -f -n -N -l SOCK -e DIR`, a separate process.
 //!
@@ -21,18 +21,19 @@
 use std::error::Error;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use virtio_9p_server::client::{Client, StreamTransport};
 use virtio_9p_server::protocol::{
-    getattr, open_flags, Rmessage, Tattach, Tfid, Tgetattr, Tmessage, Tread, Twalk, IOHDRSZ, NOFID,
+    getattr, lock, open_flags, Rmessage, Tattach, Tfid, Tgetattr, Tlock, Tmessage, Tread, Twalk,
+    IOHDRSZ, NOFID,
 };
-use virtio_9p_server::transport::socket::serve_connection;
+use virtio_9p_server::transport::socket::{ListenAddr, Listener, SocketLimits};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
 
 use crate::harness::{alternate, format_value, Ctx, SuiteReport, Table};
@@ -44,6 +45,7 @@ const KIB: u32 = 1024;
 /// 9P message types the lean loop checks by number.
 const RLERROR: u8 = 7;
 const RGETATTR: u8 = 25;
+const RLOCK: u8 = 53;
 const RREAD: u8 = 117;
 
 const ROOT: u32 = 0;
@@ -51,49 +53,85 @@ const BIG: u32 = 1;
 const SMALL: u32 = 2;
 const WALKED: u32 = 3;
 
-/// Our socket server on a listener of this process.
+/// Our socket server on a listener of this process: `Listener::serve_with`,
+/// what `virtio-9p-server --listen unix:PATH` runs (socket threads on the
+/// request engine, the default limits). Its accept thread runs until the
+/// bench process exits.
 struct OursSocket {
-    listener: UnixListener,
     path: PathBuf,
-    server: Arc<Server<PassthroughFs>>,
-    threads: Vec<JoinHandle<()>>,
 }
 
 impl OursSocket {
     fn new(dir: &Path, sock: PathBuf) -> Res<Self> {
         let fs = PassthroughFs::new(PassthroughConfig::new(dir))?;
         let server = Arc::new(Server::new(fs, Config::default())?);
-        let listener = UnixListener::bind(&sock)?;
-        Ok(OursSocket {
-            listener,
-            path: sock,
-            server,
-            threads: Vec::new(),
-        })
+        let listener = Listener::bind(&ListenAddr::Unix(sock.clone()))?;
+        std::thread::Builder::new()
+            .name("ours-accept".into())
+            .spawn(move || listener.serve_with(server, SocketLimits::default()))?;
+        Ok(OursSocket { path: sock })
     }
 
-    /// A new client connection, served on its own thread until it hangs up.
     fn connect(&mut self) -> Res<UnixStream> {
-        let client = UnixStream::connect(&self.path)?;
-        let (conn, _) = self.listener.accept()?;
-        let server = Arc::clone(&self.server);
-        self.threads.push(std::thread::spawn(move || {
-            if let Err(e) = serve_connection(&server, conn) {
-                eprintln!("virtio-9p diod part: our connection ended: {e}");
-            }
-        }));
-        Ok(client)
+        Ok(UnixStream::connect(&self.path)?)
     }
 }
 
-impl Drop for OursSocket {
-    fn drop(&mut self) {
-        // The clients are gone by now (sessions are dropped first), so each
-        // connection thread sees end-of-stream and returns.
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+/// Serves `dir` on the unix socket `sock` in this process, forever: the
+/// child process whose memory the idle-RSS figure reads
+/// (`vmm-benches __socket-server DIR SOCK`).
+pub fn serve_socket_forever(dir: &Path, sock: &Path) -> Res<()> {
+    let fs = PassthroughFs::new(PassthroughConfig::new(dir))?;
+    let server = Arc::new(Server::new(fs, Config::default())?);
+    let listener = Listener::bind(&ListenAddr::Unix(sock.to_path_buf()))?;
+    listener.serve_with(server, SocketLimits::default())?;
+    Ok(())
+}
+
+/// Our server in a child process (see [`serve_socket_forever`]).
+struct OursProcess {
+    child: Child,
+    sock: PathBuf,
+}
+
+impl OursProcess {
+    fn start(dir: &Path, sock: PathBuf) -> Res<Self> {
+        let child = Command::new(std::env::current_exe()?)
+            .arg("__socket-server")
+            .arg(dir)
+            .arg(&sock)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let me = OursProcess { child, sock };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(&me.sock).is_err() {
+            if Instant::now() > deadline {
+                return Err("our socket server did not listen within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(me)
     }
+}
+
+impl Drop for OursProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// VmRSS of process `pid`, MiB.
+fn rss_mib(pid: u32) -> Res<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or("no VmRSS")?;
+    Ok(kib / 1024.0)
 }
 
 /// A diod process, killed and reaped on drop.
@@ -236,22 +274,13 @@ impl Session {
         let mut done = 0u64;
         let start = Instant::now();
         while done < total {
-            if self.offset + u64::from(count) > self.file_len {
-                self.offset = 0;
-            }
-            let frame = Tmessage::Read(Tread {
-                fid: BIG,
-                offset: self.offset,
-                count,
-            })
-            .encode_frame(1);
+            let frame = self.next_read(1);
             let (ty, size) = self.call(&frame)?;
             let got = u32::from_le_bytes(self.reply[7..11].try_into()?);
             if ty != RREAD || got != count || size != 11 + count as usize {
                 return Err(format!("Tread of {count}: reply type {ty}, {got} bytes").into());
             }
             done += u64::from(got);
-            self.offset += u64::from(got);
         }
         Ok(done as f64 / GIB / start.elapsed().as_secs_f64())
     }
@@ -271,6 +300,167 @@ impl Session {
             }
         }
         Ok(start.elapsed().as_secs_f64() * 1e6 / iters as f64)
+    }
+
+    /// Sends one frame.
+    fn send(&mut self, frame: &[u8]) -> Res<()> {
+        self.client.transport().0.write_all(frame)?;
+        Ok(())
+    }
+
+    /// Reads one reply into the reused buffer: (tag, type, size).
+    fn recv(&mut self) -> Res<(u16, u8, usize)> {
+        let stream = &mut self.client.transport().0;
+        stream.read_exact(&mut self.reply[..4])?;
+        let size = u32::from_le_bytes(self.reply[..4].try_into()?) as usize;
+        if size < 7 || size > self.reply.len() {
+            return Err(format!("reply of {size} bytes at msize {}", self.msize).into());
+        }
+        stream.read_exact(&mut self.reply[4..size])?;
+        let tag = u16::from_le_bytes(self.reply[5..7].try_into()?);
+        Ok((tag, self.reply[4], size))
+    }
+
+    /// The next sequential Tread of `msize - IOHDRSZ` bytes, as a frame
+    /// with `tag`.
+    fn next_read(&mut self, tag: u16) -> Vec<u8> {
+        let count = self.msize - IOHDRSZ;
+        if self.offset + u64::from(count) > self.file_len {
+            self.offset = 0;
+        }
+        let frame = Tmessage::Read(Tread {
+            fid: BIG,
+            offset: self.offset,
+            count,
+        })
+        .encode_frame(tag);
+        self.offset += u64::from(count);
+        frame
+    }
+
+    /// Sequential Treads with `depth` outstanding on this connection until
+    /// `total` bytes came back; GiB/s.
+    fn read_depth(&mut self, depth: u16, total: u64) -> Res<f64> {
+        let count = u64::from(self.msize - IOHDRSZ);
+        let n = total.div_ceil(count);
+        let start = Instant::now();
+        let mut sent = 0u64;
+        for tag in 1..=depth {
+            if sent < n {
+                let f = self.next_read(tag);
+                self.send(&f)?;
+                sent += 1;
+            }
+        }
+        let mut done = 0u64;
+        for _ in 0..n {
+            let (tag, ty, size) = self.recv()?;
+            let got = u32::from_le_bytes(self.reply[7..11].try_into()?);
+            if ty != RREAD || u64::from(got) != count || size != 11 + count as usize {
+                return Err(format!("Tread of {count}: reply type {ty}, {got} bytes").into());
+            }
+            done += u64::from(got);
+            if sent < n {
+                let f = self.next_read(tag);
+                self.send(&f)?;
+                sent += 1;
+            }
+        }
+        Ok(done as f64 / GIB / start.elapsed().as_secs_f64())
+    }
+
+    /// µs per Tgetattr with `depth` outstanding (wall time / requests).
+    fn getattr_depth_us(&mut self, depth: u16, iters: usize) -> Res<f64> {
+        let frames: Vec<Vec<u8>> = (1..=depth)
+            .map(|tag| {
+                Tmessage::Getattr(Tgetattr {
+                    fid: SMALL,
+                    request_mask: getattr::BASIC,
+                })
+                .encode_frame(tag)
+            })
+            .collect();
+        let start = Instant::now();
+        let mut sent = 0usize;
+        for f in &frames {
+            if sent < iters {
+                self.send(f)?;
+                sent += 1;
+            }
+        }
+        for _ in 0..iters {
+            let (tag, ty, _) = self.recv()?;
+            if ty != RGETATTR {
+                return Err(format!("Tgetattr: reply type {ty}").into());
+            }
+            if sent < iters {
+                self.send(&frames[usize::from(tag) - 1])?;
+                sent += 1;
+            }
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e6 / iters as f64)
+    }
+
+    /// Tgetattr latencies (µs), one at a time, `iters` of them; with
+    /// `slow_fid`, a blocking Tlock on it (tag 100) stays outstanding the
+    /// whole time on the same connection (re-sent whenever the server
+    /// answers BLOCKED).
+    fn getattr_latencies(&mut self, iters: usize, slow_fid: Option<u32>) -> Res<Vec<f64>> {
+        const SLOW_TAG: u16 = 100;
+        let getattr = Tmessage::Getattr(Tgetattr {
+            fid: SMALL,
+            request_mask: getattr::BASIC,
+        })
+        .encode_frame(1);
+        let tlock = slow_fid.map(|fid| {
+            Tmessage::Lock(Tlock {
+                fid,
+                ty: lock::TYPE_WRLCK,
+                flags: lock::FLAGS_BLOCK,
+                start: 0,
+                length: 0,
+                proc_id: 2,
+                client_id: b"bench".to_vec(),
+            })
+            .encode_frame(SLOW_TAG)
+        });
+        if let Some(t) = &tlock {
+            self.send(t)?;
+        }
+        let mut out = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let t0 = Instant::now();
+            self.send(&getattr)?;
+            loop {
+                let (tag, ty, _) = self.recv()?;
+                if tag == SLOW_TAG && ty == RLOCK {
+                    // BLOCKED after the server's lock wait: ask again.
+                    if let Some(t) = &tlock {
+                        self.send(t)?;
+                    }
+                    continue;
+                }
+                if ty != RGETATTR {
+                    return Err(format!("Tgetattr: reply type {ty}").into());
+                }
+                break;
+            }
+            out.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        if tlock.is_some() {
+            // Leave the connection without an outstanding lock.
+            self.send(
+                &Tmessage::Flush(virtio_9p_server::protocol::Tflush { oldtag: SLOW_TAG })
+                    .encode_frame(101),
+            )?;
+            loop {
+                let (tag, _, _) = self.recv()?;
+                if tag == 101 {
+                    break;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// µs per Twalk of one name plus the Tclunk of the new fid.
@@ -470,6 +660,27 @@ pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         }
     }
 
+    depth_part(
+        ctx,
+        report,
+        &mut table,
+        &mut ours,
+        diod.as_ref().map(|(d, _)| d),
+        &aname,
+        file_len,
+    )?;
+    idle_rss_part(
+        ctx,
+        report,
+        &export,
+        sock_dir.path(),
+        diod.as_ref().map(|(d, _)| d),
+        &aname,
+        file_len,
+    )?;
+    splice_part(ctx, report, &export)?;
+    check_issue19_metrics(report, diod.is_some())?;
+
     // Ours only, past diod's cap.
     let larger: Vec<u32> = ctx.pick(
         vec![128 * KIB, 512 * KIB, 1 << 20, 4 << 20, 16 << 20],
@@ -500,8 +711,8 @@ pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         .map(|(_, v)| v.clone())
         .unwrap_or_else(|| "diod (not run)".into());
     report.note(format!(
-        "Socket part: one load generator (a 9P client on a unix socket, one request at a time) \
-         against our socket transport (serve_connection on a thread of the bench process, as \
+        "Socket part: one load generator (a 9P client on a unix socket, one request at a time unless a row says how many are outstanding) \
+         against our socket transport (`Listener::serve_with` in the bench process, as \
          `--listen unix:PATH` runs it) and {peer} (`diod -f -n -N -l SOCK -e DIR`, its own \
          process, attached as uid 0 with the export as aname). {} MiB file in the page cache; \
          reads of msize - 24 bytes, {} MiB or more per run; {iters} Tgetattr, {} walk+clunk pairs \
@@ -511,5 +722,434 @@ pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         iters / 2,
     ));
     drop(diod);
+    Ok(())
+}
+
+/// The metrics of issue 19 this part reports (the `diod_` and `ratio_`
+/// ones only when diod runs); checked at the end of the part.
+const ISSUE19_METRICS: &[&str] = &[
+    "sock_read_gib_per_s_depth1",
+    "sock_read_gib_per_s_depth4",
+    "sock_read_gib_per_s_depth16",
+    "sock_read_gib_per_s_4conns",
+    "sock_depth4_vs_depth1",
+    "sock_getattr_us_depth1",
+    "sock_getattr_us_depth4",
+    "sock_getattr_us_depth16",
+    "sock_getattr_p99_us_idle",
+    "sock_getattr_p99_us_with_slow",
+    "sock_getattr_p99_slow_vs_idle",
+    "sock_idle_rss_mib",
+    "rread_copy_gib_per_s",
+    "rread_splice_gib_per_s",
+    "rread_splice_vs_copy",
+];
+/// The same against diod.
+const ISSUE19_DIOD_METRICS: &[&str] = &[
+    "diod_read_gib_per_s_depth1",
+    "diod_read_gib_per_s_depth4",
+    "diod_read_gib_per_s_depth16",
+    "diod_read_gib_per_s_4conns",
+    "diod_getattr_us_depth1",
+    "diod_getattr_us_depth4",
+    "diod_getattr_us_depth16",
+    "diod_idle_rss_mib",
+    "ratio_read_vs_diod_depth1",
+    "ratio_read_vs_diod_depth4",
+    "ratio_read_vs_diod_depth16",
+    "ratio_read_vs_diod_4conns",
+    "ratio_getattr_vs_diod_depth1",
+    "ratio_getattr_vs_diod_depth4",
+    "ratio_getattr_vs_diod_depth16",
+];
+
+/// Fails if a metric of issue 19 is missing from `report`.
+fn check_issue19_metrics(report: &SuiteReport, with_diod: bool) -> Res<()> {
+    let names: Vec<&str> = report.metrics().iter().map(|(n, _)| n.as_str()).collect();
+    let wanted = ISSUE19_METRICS
+        .iter()
+        .chain(if with_diod { ISSUE19_DIOD_METRICS } else { &[] });
+    for m in wanted {
+        if !names.contains(m) {
+            return Err(format!("metric {m} was not reported").into());
+        }
+    }
+    Ok(())
+}
+
+/// Runs `mine` and, if there is one, `theirs` in alternation; NaN for a
+/// missing peer.
+fn pair(
+    reps: usize,
+    mine: &mut dyn FnMut() -> Res<f64>,
+    theirs: Option<&mut dyn FnMut() -> Res<f64>>,
+) -> Res<[f64; 2]> {
+    match theirs {
+        Some(t) => alternate(reps, &mut [mine, t]),
+        None => Ok([alternate(reps, &mut [mine])?[0], f64::NAN]),
+    }
+}
+
+/// One measurement on a session.
+type SessionOp<'a> = dyn Fn(&mut Session) -> Res<f64> + 'a;
+
+/// `op` on our session and diod's (if any) in alternation; NaN for a
+/// missing peer.
+fn versus(
+    reps: usize,
+    mine: &mut Session,
+    theirs: Option<&mut Session>,
+    op: &SessionOp,
+) -> Res<[f64; 2]> {
+    let mut m = || op(mine);
+    match theirs {
+        Some(t) => {
+            let mut th = || op(t);
+            alternate(reps, &mut [&mut m, &mut th])
+        }
+        None => Ok([alternate(reps, &mut [&mut m])?[0], f64::NAN]),
+    }
+}
+
+/// Sequential reads on each of `sessions` at once, `depth` outstanding on
+/// each, `total` bytes in all; aggregate GiB/s.
+fn par_read(sessions: &mut [Session], depth: u16, total: u64) -> Res<f64> {
+    let per = total / sessions.len() as u64;
+    let start = Instant::now();
+    let results: Vec<Result<f64, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = sessions
+            .iter_mut()
+            .map(|se| s.spawn(move || se.read_depth(depth, per).map_err(|e| e.to_string())))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("reader panicked".into())))
+            .collect()
+    });
+    for r in results {
+        r?;
+    }
+    Ok(per as f64 * sessions.len() as f64 / GIB / start.elapsed().as_secs_f64())
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v.get(i).copied().unwrap_or(f64::NAN)
+}
+
+fn median_of(mut v: Vec<f64>) -> f64 {
+    percentile(std::mem::take(&mut v), 0.5)
+}
+
+/// Issue 19: requests outstanding on one connection, both servers at
+/// msize 64 KiB (diod's cap), and a slow request beside a Tgetattr stream.
+#[allow(clippy::too_many_arguments)]
+fn depth_part(
+    ctx: &Ctx,
+    report: &mut SuiteReport,
+    table: &mut Table,
+    ours: &mut OursSocket,
+    diod: Option<&Diod>,
+    aname: &[u8],
+    file_len: u64,
+) -> Res<()> {
+    let msize = 64 * KIB;
+    let total: u64 = ctx.pick(512 << 20, 16 << 20);
+    let iters = ctx.pick(20_000, 1_000);
+    let reps = ctx.reps();
+    let open = |stream: Res<UnixStream>| Session::open(stream?, msize, aname, file_len);
+    let mut row = |report: &mut SuiteReport, what: String, key: &str, a: f64, b: f64| {
+        report.metric(&format!("sock_{key}"), a);
+        if b.is_nan() {
+            table.row(&[what, format_value(a), "-".into(), "-".into()]);
+        } else {
+            report.metric(&format!("diod_{key}"), b);
+            table.row(&[what, format_value(a), format_value(b), format_value(a / b)]);
+        }
+    };
+    let mut depth1 = f64::NAN;
+    for depth in [1u16, 4, 16] {
+        let mut mine = open(ours.connect())?;
+        let mut theirs = match diod {
+            Some(d) => Some(open(d.connect())?),
+            None => None,
+        };
+        let read = |s: &mut Session| s.read_depth(depth, total);
+        let getattr = |s: &mut Session| s.getattr_depth_us(depth, iters);
+        // Warm both sessions with a shorter run of each.
+        for s in std::iter::once(&mut mine).chain(theirs.as_mut()) {
+            s.read_depth(depth, total / 8)?;
+            s.getattr_depth_us(depth, iters / 10)?;
+        }
+        let cases: [(String, &str, &str, &SessionOp); 2] = [
+            (
+                format!("sequential read, {depth} outstanding, msize 64 KiB (GiB/s)"),
+                "read_gib_per_s_depth",
+                "ratio_read_vs_diod_depth",
+                &read,
+            ),
+            (
+                format!("Tgetattr, {depth} outstanding (µs per request)"),
+                "getattr_us_depth",
+                "ratio_getattr_vs_diod_depth",
+                &getattr,
+            ),
+        ];
+        for (what, key, ratio, op) in cases {
+            let [a, b] = versus(reps, &mut mine, theirs.as_mut(), op)?;
+            row(report, what, &format!("{key}{depth}"), a, b);
+            if !b.is_nan() {
+                report.metric(&format!("{ratio}{depth}"), a / b);
+            }
+            if key.starts_with("read") && depth == 1 {
+                depth1 = a;
+            }
+            if key.starts_with("read") && depth == 4 {
+                report.metric("sock_depth4_vs_depth1", a / depth1);
+            }
+        }
+    }
+    // 4 connections of 4 outstanding each.
+    let mut mine: Vec<Session> = (0..4).map(|_| open(ours.connect())).collect::<Res<_>>()?;
+    par_read(&mut mine, 4, total / 8)?;
+    let mut theirs: Option<Vec<Session>> = match diod {
+        Some(d) => {
+            let mut v: Vec<Session> = (0..4).map(|_| open(d.connect())).collect::<Res<_>>()?;
+            par_read(&mut v, 4, total / 8)?;
+            Some(v)
+        }
+        None => None,
+    };
+    let mut t_par = theirs.as_mut().map(|t| move || par_read(t, 4, total));
+    let [a, b] = pair(
+        reps,
+        &mut || par_read(&mut mine, 4, total),
+        t_par.as_mut().map(|f| f as &mut dyn FnMut() -> Res<f64>),
+    )?;
+    row(
+        report,
+        "sequential read, 4 connections x 4 outstanding, msize 64 KiB (GiB/s)".into(),
+        "read_gib_per_s_4conns",
+        a,
+        b,
+    );
+    if !b.is_nan() {
+        report.metric("ratio_read_vs_diod_4conns", a / b);
+    }
+    drop(mine);
+    drop(theirs);
+
+    // A slow request (a Tlock blocked by another connection's lock) on the
+    // connection that runs a Tgetattr stream.
+    let mut holder = open(ours.connect())?;
+    holder.client.walk(ROOT, 5, &[b"f"])?;
+    holder.client.lopen(5, open_flags::RDWR)?;
+    if holder.client.lock(5, lock::TYPE_WRLCK, 0, 0, 0)? != lock::SUCCESS {
+        return Err("the lock holder did not get its lock".into());
+    }
+    let mut m = open(ours.connect())?;
+    m.client.walk(ROOT, 6, &[b"f"])?;
+    m.client.lopen(6, open_flags::RDWR)?;
+    let n = ctx.pick(5_000, 300);
+    m.getattr_latencies(n / 5, None)?;
+    let (mut idle, mut slow) = (Vec::new(), Vec::new());
+    for _ in 0..reps.max(1) {
+        idle.push(percentile(m.getattr_latencies(n, None)?, 0.99));
+        slow.push(percentile(m.getattr_latencies(n, Some(6))?, 0.99));
+    }
+    let (idle, slow) = (median_of(idle), median_of(slow));
+    report
+        .metric("sock_getattr_p99_us_idle", idle)
+        .metric("sock_getattr_p99_us_with_slow", slow)
+        .metric("sock_getattr_p99_slow_vs_idle", slow / idle);
+    table.row(&[
+        "Tgetattr p99, alone on its connection (µs)".into(),
+        format_value(idle),
+        "-".into(),
+        "-".into(),
+    ]);
+    table.row(&[
+        "Tgetattr p99, beside a blocked Tlock on the same connection (µs)".into(),
+        format_value(slow),
+        "-".into(),
+        format!("{} x alone", format_value(slow / idle)),
+    ]);
+    Ok(())
+}
+
+/// Issue 19: the RSS of a server process after `n` connections each did
+/// one 16 MiB read and went idle (ours at msize 16 MiB: one Tread; diod at
+/// its 64 KiB cap: 256 of them).
+fn idle_rss_part(
+    ctx: &Ctx,
+    report: &mut SuiteReport,
+    export: &Path,
+    sock_dir: &Path,
+    diod: Option<&Diod>,
+    aname: &[u8],
+    file_len: u64,
+) -> Res<()> {
+    let n = ctx.pick(64, 8);
+    let read: u64 = ctx.pick(16 << 20, 1 << 20);
+    let ours = OursProcess::start(export, sock_dir.join("rss.sock"))?;
+    let mut keep = Vec::new();
+    for _ in 0..n {
+        let stream = UnixStream::connect(&ours.sock)?;
+        let mut s = Session::open(stream, read as u32 + IOHDRSZ, aname, file_len)?;
+        s.read(read)?;
+        // The load generator's own buffer is not what is measured.
+        s.reply = Vec::new();
+        keep.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let rss = rss_mib(ours.child.id())?;
+    report.metric("sock_idle_rss_mib", rss);
+    drop(keep);
+    if let Some(d) = diod {
+        let mut keep = Vec::new();
+        for _ in 0..n {
+            let mut s = Session::open(d.connect()?, 64 * KIB, aname, file_len)?;
+            s.read(read)?;
+            s.reply = Vec::new();
+            keep.push(s);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        report.metric("diod_idle_rss_mib", rss_mib(d.child.id())?);
+    }
+    report.note(format!(
+        "Issue 19 figures: depth N keeps N requests outstanding on one connection (tags 1..N, \
+         a new request as each reply arrives), msize 64 KiB for both servers; 4conns is four \
+         connections of 4 outstanding each at once. The p99 pair runs {} Tgetattr one at a time \
+         on one connection, alone and beside a blocking Tlock (held off by another \
+         connection's lock, re-sent at each BLOCKED) on the same connection. Idle RSS: VmRSS \
+         of a server process (ours: `Listener::serve_with` in a child process) after {n} \
+         connections each read {} MiB and went idle for 300 ms.",
+        ctx.pick(5_000, 300),
+        read >> 20
+    ));
+    Ok(())
+}
+
+/// Sends `total` bytes of `file` (cached) into a unix socket whose peer
+/// drains it, `chunk` bytes per Rread-sized step: by `pread` into one
+/// buffer and `send` (what the socket transport does), or by `splice`
+/// through a pipe (file to pipe, pipe to socket: no user-space copy).
+/// GiB/s.
+fn rread_to_socket(file: &File, total: u64, chunk: usize, splice: bool) -> Res<f64> {
+    use std::os::fd::AsRawFd;
+    let (tx, mut rx) = UnixStream::pair()?;
+    let drain = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0u64;
+        while let Ok(n) = rx.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got += n as u64;
+        }
+        got
+    });
+    let len = file.metadata()?.len();
+    let fd = file.as_raw_fd();
+    let mut pipe = [0i32; 2];
+    if splice {
+        // SAFETY: pipe2 writes two fds into the array.
+        if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: F_SETPIPE_SZ on the pipe just made.
+        unsafe { libc::fcntl(pipe[1], libc::F_SETPIPE_SZ, chunk.max(1 << 16) as i32) };
+    }
+    let mut buf = vec![0u8; chunk];
+    let start = Instant::now();
+    let (mut done, mut off) = (0u64, 0u64);
+    while done < total {
+        if off + chunk as u64 > len {
+            off = 0;
+        }
+        if splice {
+            let mut left = chunk;
+            let mut o = off as libc::loff_t;
+            while left > 0 {
+                // SAFETY: splice between fds we hold; `o` is valid for the call.
+                let n = unsafe {
+                    libc::splice(
+                        fd,
+                        &mut o,
+                        pipe[1],
+                        std::ptr::null_mut(),
+                        left,
+                        libc::SPLICE_F_MOVE,
+                    )
+                };
+                if n <= 0 {
+                    return Err(std::io::Error::last_os_error().into());
+                }
+                let mut out = n as usize;
+                while out > 0 {
+                    // SAFETY: as above, no offsets.
+                    let m = unsafe {
+                        libc::splice(
+                            pipe[0],
+                            std::ptr::null_mut(),
+                            tx.as_raw_fd(),
+                            std::ptr::null_mut(),
+                            out,
+                            libc::SPLICE_F_MOVE,
+                        )
+                    };
+                    if m <= 0 {
+                        return Err(std::io::Error::last_os_error().into());
+                    }
+                    out -= m as usize;
+                }
+                left -= n as usize;
+            }
+        } else {
+            virtio_9p_server::io::pread(file.as_fd(), &mut buf, off)?;
+            (&tx).write_all(&buf)?;
+        }
+        done += chunk as u64;
+        off += chunk as u64;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if splice {
+        // SAFETY: closing the pipe fds made above.
+        unsafe {
+            libc::close(pipe[0]);
+            libc::close(pipe[1]);
+        }
+    }
+    drop(tx);
+    let _ = drain.join();
+    Ok(done as f64 / GIB / secs)
+}
+
+/// Issue 19: is splicing Rread data into the socket faster than the copy?
+fn splice_part(ctx: &Ctx, report: &mut SuiteReport, export: &Path) -> Res<()> {
+    let file = File::open(export.join("big"))?;
+    let total: u64 = ctx.pick(1 << 30, 32 << 20);
+    let chunk = 64 << 10;
+    rread_to_socket(&file, total / 8, chunk, false)?;
+    rread_to_socket(&file, total / 8, chunk, true)?;
+    let [copy, splice] = alternate(
+        ctx.reps(),
+        &mut [
+            &mut || rread_to_socket(&file, total, chunk, false),
+            &mut || rread_to_socket(&file, total, chunk, true),
+        ],
+    )?;
+    report
+        .metric("rread_copy_gib_per_s", copy)
+        .metric("rread_splice_gib_per_s", splice)
+        .metric("rread_splice_vs_copy", splice / copy);
+    report.note(format!(
+        "Rread by splice: 64 KiB of a cached file into a unix socket whose peer drains it, \
+         {} MiB per run: pread into one buffer and send (the socket transport's path) \
+         {copy:.2} GiB/s, splice file -> pipe -> socket {splice:.2} GiB/s ({:.2}x).",
+        total >> 20,
+        splice / copy
+    ));
     Ok(())
 }

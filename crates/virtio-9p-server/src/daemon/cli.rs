@@ -136,15 +136,16 @@ fn parse_nofile(s: &str) -> Result<u64, String> {
 
 /// The options of the vhost-user daemon, which do nothing in socket mode
 /// (`--listen`): every option of [`VhostUserArgs`] (clap id and flag) but
-/// `--print-capabilities`, which runs before anything else. An option
-/// added there is refused in socket mode without a change here.
+/// `--print-capabilities`, which runs before anything else, and
+/// `--thread-pool-size`, which sizes the socket mode's worker pool too. An
+/// option added there is refused in socket mode without a change here.
 ///
 /// [`VhostUserArgs`]: super::vhost::VhostUserArgs
 pub fn vhost_user_only() -> Vec<(String, String)> {
     use clap::Args;
     super::vhost::VhostUserArgs::augment_args(clap::Command::new("vhost-user"))
         .get_arguments()
-        .filter(|a| a.get_id() != "print_capabilities")
+        .filter(|a| a.get_id() != "print_capabilities" && a.get_id() != "thread_pool_size")
         .filter_map(|a| Some((a.get_id().to_string(), format!("--{}", a.get_long()?))))
         .collect()
 }
@@ -210,7 +211,6 @@ mod tests {
         for (opt, value) in [
             ("--tag", Some("t")),
             ("--queue-size", Some("256")),
-            ("--thread-pool-size", Some("4")),
             ("--mlock", Some("on")),
             ("--socket-path", Some("/v")),
             ("--fd", Some("3")),
@@ -242,13 +242,14 @@ mod tests {
             "--fd",
             "--tag",
             "--queue-size",
-            "--thread-pool-size",
             "--mlock",
             "--keep-serving",
         ] {
             assert!(flags.iter().any(|x| x == f), "{f} missing from {flags:?}");
         }
         assert!(!flags.iter().any(|x| x == "--print-capabilities"));
+        // It sizes the socket mode's worker pool too.
+        assert!(!flags.iter().any(|x| x == "--thread-pool-size"));
         // Each listed id is a real argument (clap panics on unknown ids).
         let m = Cli::command()
             .try_get_matches_from(["x", "--shared-dir", "/d"])
@@ -274,7 +275,14 @@ mod tests {
             "--translate-uid",
             "forbid-guest:1:10",
         ];
-        let mut a = vec!["--shared-dir", "/d", "--listen", "unix:/s"];
+        let mut a = vec![
+            "--shared-dir",
+            "/d",
+            "--listen",
+            "unix:/s",
+            "--thread-pool-size",
+            "2",
+        ];
         a.extend(common);
         check(&a).unwrap();
         let mut a = vec![

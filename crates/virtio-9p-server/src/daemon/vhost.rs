@@ -51,7 +51,8 @@ pub struct VhostUserArgs {
 
     /// Worker threads that run blocking filesystem calls while request
     /// coroutines wait. 0, as in virtiofsd, runs every request on the
-    /// vring thread.
+    /// vring thread (in socket mode: on the socket threads, whose workers
+    /// every connection shares).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_WORKERS,
           value_parser = parse_workers)]
     pub thread_pool_size: usize,

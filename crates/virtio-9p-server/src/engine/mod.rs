@@ -43,9 +43,18 @@
 //! counts the attempts (always 0; a debug build asserts it), and such a
 //! coroutine would be leaked rather than unwound.
 //!
-//! Tflush finds the request with `oldtag`, cancels it as above and
-//! completes only once the old request has finished, so the guest sees the
-//! old request's buffers before the Rflush, as the protocol requires.
+//! # Tflush
+//!
+//! The engine is the one owner of Tflush, for every transport. The
+//! server's Tflush arm calls [`Blocking::flush`], which [`EngineExec`]
+//! implements with [`flush`]: it finds the request with `oldtag` in the
+//! Tflush's own tag space (one per connection, [`Engine::spawn_in`]),
+//! cancels it as above and returns only once the old request has finished;
+//! the server then encodes Rflush with the protocol codec. So the old
+//! request's reply (if it answered before it was cancelled) goes out before
+//! the Rflush, a request cancelled before it answered gets no reply (its
+//! transport drops an interrupted Rlerror, see [`flushed_silently`]), and a
+//! Tflush of an unknown tag is answered at once.
 //!
 //! # Teardown
 //!
@@ -85,10 +94,11 @@ use log::{debug, error};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::protocol::{TLOCK, TREAD, TVERSION};
+use crate::protocol::{RLERROR, TLOCK, TREAD, TVERSION};
 use crate::server::{Blocking, Cancel, Interrupted};
 
-use workers::{Completions, Done, JobCell, JobFn, JobId, Outcome, ThreadPool};
+pub(crate) use workers::ThreadPool;
+use workers::{Completions, Done, JobCell, JobFn, JobId, Outcome};
 pub use workers::{Executor, Job, StartHook, MAX_WORKERS, WORKER_JOIN_TIMEOUT};
 
 /// Default number of worker threads (`--thread-pool-size`).
@@ -218,6 +228,8 @@ struct Slot {
     co: Co,
     generation: u64,
     token: u16,
+    /// The tag space (one per 9P connection; 0 for [`Engine::spawn`]).
+    group: u32,
     tag: Option<u16>,
     cancel: Cancel,
     state: State,
@@ -358,6 +370,14 @@ pub fn flush(tag: u16) {
     let _ = suspend(Suspend::Flush(tag));
 }
 
+/// Whether a finished request's reply is dropped: it was flushed and
+/// interrupted before it answered (an Rlerror after its [`Cancel`] was
+/// set). A request that completed keeps its reply, which may record a
+/// change; QEMU does the same.
+pub fn flushed_silently(reply_type: u8, cancel: &Cancel) -> bool {
+    cancel.is_cancelled() && reply_type == RLERROR
+}
+
 /// The [`Blocking`] executor the engine hands to the server.
 #[derive(Debug, Clone, Copy)]
 pub struct EngineExec {
@@ -401,6 +421,11 @@ impl Blocking for EngineExec {
     fn sleep(&self, d: Duration) {
         // On a coroutine: a timer, no thread held (a waiting Tlock).
         sleep(d);
+    }
+
+    fn flush(&self, oldtag: u16) {
+        // The engine owns Tflush: cancel `oldtag` and wait for its end.
+        flush(oldtag);
     }
 }
 
@@ -446,7 +471,7 @@ pub struct Engine {
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
     next_generation: u64,
-    tags: HashMap<u16, usize>,
+    tags: HashMap<(u32, u16), usize>,
     runq: VecDeque<(usize, Resume)>,
     completed: Vec<(u16, u32)>,
     done_scratch: Vec<Done>,
@@ -552,6 +577,23 @@ impl Engine {
     where
         F: FnOnce() -> u32 + 'static,
     {
+        self.spawn_in(0, token, tag, cancel, task)
+    }
+
+    /// [`Engine::spawn`] in the tag space `group`: one engine can serve
+    /// many 9P connections (the socket transport gives each its own
+    /// group), and a Tflush only finds requests of its own group.
+    pub fn spawn_in<F>(
+        &mut self,
+        group: u32,
+        token: u16,
+        tag: Option<u16>,
+        cancel: Cancel,
+        task: F,
+    ) -> Result<(), EngineError>
+    where
+        F: FnOnce() -> u32 + 'static,
+    {
         if self.live >= self.max_in_flight {
             return Err(EngineError::TooManyRequests(self.max_in_flight));
         }
@@ -580,6 +622,7 @@ impl Engine {
             co,
             generation,
             token,
+            group,
             tag,
             cancel,
             state: State::Runnable,
@@ -598,7 +641,7 @@ impl Engine {
             }
         };
         if let Some(tag) = tag {
-            self.tags.insert(tag, idx);
+            self.tags.insert((group, tag), idx);
         }
         self.live += 1;
         self.stats.started += 1;
@@ -606,6 +649,32 @@ impl Engine {
         self.runq.push_back((idx, Resume::Go));
         self.run();
         Ok(())
+    }
+
+    /// Whether a request with `tag` is in flight in the tag space `group`.
+    pub fn has_tag(&self, group: u32, tag: u16) -> bool {
+        self.tags.contains_key(&(group, tag))
+    }
+
+    /// Cancels every request of `group` without waiting: the suspended
+    /// ones are resumed with "cancelled" and return now; one whose call
+    /// runs on a worker returns when the call does (and is cancelled at
+    /// its next suspension). Their completions still come out of
+    /// [`Engine::take_completed`]. Returns the requests of the group still
+    /// in flight.
+    pub fn cancel_group(&mut self, group: u32) -> usize {
+        for idx in 0..self.slots.len() {
+            if let Some(s) = self.slots[idx].as_ref().filter(|s| s.group == group) {
+                s.cancel.cancel();
+                self.try_cancel(idx);
+            }
+        }
+        self.run();
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|s| s.group == group)
+            .count()
     }
 
     /// Collects finished jobs and due sleepers and resumes their requests.
@@ -712,8 +781,8 @@ impl Engine {
             self.free.push(idx);
             self.live -= 1;
             if let Some(tag) = slot.tag {
-                if self.tags.get(&tag) == Some(&idx) {
-                    self.tags.remove(&tag);
+                if self.tags.get(&(slot.group, tag)) == Some(&idx) {
+                    self.tags.remove(&(slot.group, tag));
                 }
             }
             // The chain goes back empty; its buffers stay with the call.
@@ -788,8 +857,8 @@ impl Engine {
         self.free.push(idx);
         self.live -= 1;
         if let Some(tag) = slot.tag {
-            if self.tags.get(&tag) == Some(&idx) {
-                self.tags.remove(&tag);
+            if self.tags.get(&(slot.group, tag)) == Some(&idx) {
+                self.tags.remove(&(slot.group, tag));
             }
         }
         if slot.cancelled || slot.cancel.is_cancelled() {
@@ -893,7 +962,11 @@ impl Engine {
                 Suspend::Flush(oldtag) => {
                     slot.state = State::Flushing;
                     let generation = slot.generation;
-                    let target = self.tags.get(&oldtag).copied().filter(|t| *t != idx);
+                    let target = self
+                        .tags
+                        .get(&(slot.group, oldtag))
+                        .copied()
+                        .filter(|t| *t != idx);
                     match target {
                         None => {
                             slot.state = State::Runnable;
@@ -965,7 +1038,8 @@ fn wait_readable(fd: RawFd, timeout: Duration) {
     let _ = unsafe { libc::poll(&mut pfd, 1, ms) };
 }
 
-fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+/// Sets `O_NONBLOCK` on `fd`.
+pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     // SAFETY: F_GETFL/F_SETFL on an fd we own; no memory is involved.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if flags < 0 {

@@ -32,6 +32,14 @@ pub trait Blocking {
     fn sleep(&self, d: Duration) {
         std::thread::sleep(d);
     }
+
+    /// Tflush of `oldtag`: returns once that request has finished. The
+    /// default returns at once, which is right where requests run one
+    /// after another; the coroutine engine cancels the request and waits
+    /// for it ([`crate::engine`], "Tflush").
+    fn flush(&self, oldtag: u16) {
+        let _ = oldtag;
+    }
 }
 
 /// The result of a call that was cancelled before it ran (Tflush, reset):

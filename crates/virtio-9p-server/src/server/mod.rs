@@ -29,14 +29,11 @@
 //!
 //! A `Server` is `Sync` and a [`Session`] is `Sync`: an engine may run many
 //! requests of one session at once (fids are reference counted, so a Tclunk
-//! during a Tread is safe). The server answers Tflush with Rflush at once,
-//! which is right for an engine that runs requests one after another. An
-//! engine that keeps requests in flight handles Tflush itself: it parses
-//! the header ([`Header::from_bytes`]) and `oldtag` from a copy of the
-//! request, cancels the old request's [`Cancel`] token, waits until that
-//! request has finished (the only server operation that waits on a token is
-//! a blocking Tlock, which then answers EINTR), drops the old reply, and
-//! only then sends Rflush, as the protocol requires.
+//! during a Tread is safe). The server answers Tflush with Rflush (encoded
+//! by the protocol codec) after [`Blocking::flush`] returns: at once for [`Inline`], which runs
+//! requests one after another; once the old request has finished for the
+//! coroutine engine, which owns Tflush for every transport
+//! ([`crate::engine`], "Tflush").
 
 // One file per step of the request path: `handle` below decodes and
 // dispatches; each operation lives in the file of its area.
@@ -322,7 +319,10 @@ impl<F: Filesystem> Server<F> {
             }
             Tmessage::Read(m) => return self.read(session, &h, &m, reply, exec, msize),
             Tmessage::Auth(_) => Err(errno::EOPNOTSUPP),
-            Tmessage::Flush(_) => Ok(Rmessage::Flush),
+            Tmessage::Flush(m) => {
+                exec.flush(m.oldtag);
+                Ok(Rmessage::Flush)
+            }
             Tmessage::Attach(m) => self.attach(session, &m, exec),
             Tmessage::Walk(m) => self.walk(session, m, exec),
             Tmessage::Write(_) => unreachable_write(),

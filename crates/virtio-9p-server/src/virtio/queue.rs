@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Serving one request queue: pop, start a coroutine per chain, complete.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
 use coro_pool::StackPool;
-use log::{debug, error, warn};
+use log::{error, warn};
 use virtio_queue::QueueT;
 use virtqueue_large::{ChainWalker, WalkerStats};
 use vm_memory::GuestMemoryBackend;
@@ -16,7 +16,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::io::{ChainReader, ChainWriter};
 use crate::engine::{self, Engine, EngineConfig, EngineError, EngineExec, EngineStats};
 use crate::fs::Filesystem;
-use crate::protocol::{Header, HEADER_SIZE, RLERROR, TFLUSH};
+use crate::protocol::{Header, HEADER_SIZE};
 use crate::server::{Cancel, Server, Session};
 
 /// Descriptors one [`RequestQueue::process`] call walks at most (a chain
@@ -307,71 +307,31 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         let reader = chain.reader();
         let writer = chain.writer();
         drop(chain);
-        // Peek at the header (a copy of the reader) for the tag and Tflush.
+        // Peek at the header (a copy of the reader) for the tag: Tflush
+        // (owned by the engine, see `engine`) finds requests by it.
         let mut peek = reader.clone();
-        let mut hdr = [0u8; HEADER_SIZE + 2];
-        let header = if peek.available_bytes() >= HEADER_SIZE
-            && peek.read_exact(&mut hdr[..HEADER_SIZE]).is_ok()
-        {
-            let mut h7 = [0u8; HEADER_SIZE];
-            h7.copy_from_slice(&hdr[..HEADER_SIZE]);
-            Some(Header::from_bytes(&h7))
-        } else {
-            None
-        };
+        let mut hdr = [0u8; HEADER_SIZE];
+        let tag = (peek.available_bytes() >= HEADER_SIZE && peek.read_exact(&mut hdr).is_ok())
+            .then(|| Header::from_bytes(&hdr).tag);
         let cancel = Cancel::new();
-        let result = match header {
-            Some(h)
-                if h.ty == TFLUSH
-                    && h.size as usize == HEADER_SIZE + 2
-                    && peek.read_exact(&mut hdr[HEADER_SIZE..]).is_ok() =>
-            {
-                let oldtag = u16::from_le_bytes([hdr[HEADER_SIZE], hdr[HEADER_SIZE + 1]]);
-                debug!("9p: tag {} Tflush oldtag {oldtag}", h.tag);
-                let mut w = ChainWriter(writer);
-                let tag = h.tag;
-                self.engine.spawn(head, None, cancel, move || {
-                    engine::flush(oldtag);
-                    let rflush = Header {
-                        size: HEADER_SIZE as u32,
-                        ty: TFLUSH + 1,
-                        tag,
+        let server = Arc::clone(&self.server);
+        let session = Arc::clone(&self.session);
+        let exec = self.exec;
+        let token = cancel.clone();
+        let mut w = ChainWriter(writer);
+        let mut r = ChainReader(reader);
+        let result = self.engine.spawn(head, tag, cancel, move || {
+            match server.handle(&session, &mut r, &mut w, &exec, &token) {
+                Ok(reply) if engine::flushed_silently(reply.reply_type, &token) => 0,
+                Ok(reply) => reply.size,
+                Err(e) => {
+                    if server.log_limit().admit() {
+                        warn!("9p: request on chain {head} not answered: {e}");
                     }
-                    .to_bytes();
-                    match w.write_all(&rflush) {
-                        Ok(()) => HEADER_SIZE as u32,
-                        Err(e) => {
-                            error!("9p: cannot write Rflush: {e}");
-                            0
-                        }
-                    }
-                })
+                    0
+                }
             }
-            _ => {
-                let server = Arc::clone(&self.server);
-                let session = Arc::clone(&self.session);
-                let exec = self.exec;
-                let token = cancel.clone();
-                let mut w = ChainWriter(writer);
-                let mut r = ChainReader(reader);
-                self.engine
-                    .spawn(head, header.map(|h| h.tag), cancel, move || {
-                        match server.handle(&session, &mut r, &mut w, &exec, &token) {
-                            // A flushed request that was interrupted gets no
-                            // reply (QEMU does the same); one that completed
-                            // keeps its reply, which may record a change.
-                            Ok(reply) if token.is_cancelled() && reply.reply_type == RLERROR => 0,
-                            Ok(reply) => reply.size,
-                            Err(e) => {
-                                if server.log_limit().admit() {
-                                    warn!("9p: request on chain {head} not answered: {e}");
-                                }
-                                0
-                            }
-                        }
-                    })
-            }
-        };
+        });
         if let Err(e) = result {
             // The closure (and with it the chain's buffers) is dropped: the
             // chain goes back empty.
