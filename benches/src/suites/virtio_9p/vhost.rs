@@ -120,6 +120,7 @@ fn session(run: &Running, msize: u32, name: &str, flags: u32) -> Res<FakeVmm> {
             event_idx: true,
             indirect: true,
             split: None,
+            packed: false,
         },
     )?;
     call(
