@@ -82,6 +82,7 @@ fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<R
                 offload,
                 ..EngineConfig::default()
             },
+            packed_ring: true,
         },
         stack_policy: policy,
         stack_trim_interval: Some(coro_pool::DEFAULT_TRIM_INTERVAL),

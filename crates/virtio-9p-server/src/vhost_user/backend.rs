@@ -11,6 +11,7 @@ use coro_pool::StackPool;
 use log::{debug, error, info};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_queue::QueueT;
 use virtqueue_large::{AnyRing, DeviceRing, PackedQueue};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
@@ -58,6 +59,9 @@ pub struct BackendConfig {
     pub queue_size: u16,
     /// Engine settings; `max_in_flight` is set to the queue size.
     pub engine: EngineConfig,
+    /// Offer packed virtqueues (`VIRTIO_F_RING_PACKED`); the driver
+    /// chooses. Without it every driver uses the split ring.
+    pub packed_ring: bool,
 }
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
@@ -123,6 +127,7 @@ pub struct Virtio9pBackend<F: Filesystem> {
     config_space: DeviceConfig,
     queue_size: u16,
     engine: EngineConfig,
+    features: u64,
     acked: AtomicU64,
     event_idx: AtomicBool,
     mem: RwLock<Option<Mem>>,
@@ -175,6 +180,11 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             config_space,
             queue_size,
             engine,
+            features: if config.packed_ring {
+                DEVICE_FEATURES
+            } else {
+                DEVICE_FEATURES & !(1 << VIRTIO_F_RING_PACKED)
+            },
             acked: AtomicU64::new(0),
             event_idx: AtomicBool::new(false),
             mem: RwLock::new(None),
@@ -490,7 +500,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
     }
 
     fn features(&self) -> u64 {
-        DEVICE_FEATURES | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        self.features | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
     }
 
     fn acked_features(&self, features: u64) {
