@@ -72,6 +72,20 @@ pub fn attach_open(vmm: &mut FakeVmm, name: &str, flags: u32) {
     assert!(matches!(r, Rmessage::Lopen(..)), "{r:?}");
 }
 
+/// Up to 64 bytes of fid 1 from offset 0 (a direct chain).
+fn read_fid1(vmm: &mut FakeVmm) -> Vec<u8> {
+    let read = Tmessage::Read(Tread {
+        fid: 1,
+        offset: 0,
+        count: 64,
+    });
+    let r = vmm.call(&frame(9, read), 128, Layout::Direct).unwrap();
+    match decode(&r).1 {
+        Rmessage::Read(data) => data,
+        other => panic!("Tread answered {other:?}"),
+    }
+}
+
 /// A 128 MiB Tread through one indirect chain of 32768 data descriptors.
 pub fn read_128m_through_indirect_chain(
     dir: &Path,
@@ -336,21 +350,7 @@ pub fn malformed_chains_and_messages(
 
     // Still serving.
     attach_open(&mut vmm, "f", 0);
-    let r = vmm
-        .call(
-            &frame(
-                9,
-                Tmessage::Read(Tread {
-                    fid: 1,
-                    offset: 0,
-                    count: 64,
-                }),
-            ),
-            128,
-            Layout::Direct,
-        )
-        .unwrap();
-    assert_eq!(decode(&r).1, Rmessage::Read(b"data".to_vec()));
+    assert_eq!(read_fid1(&mut vmm), b"data");
 }
 
 /// The ring is stopped (GET_VRING_BASE, as a VMM does on a device reset)
@@ -411,21 +411,7 @@ pub fn reset_with_requests_in_flight(
     // A new session on the new ring.
     version(&mut vmm, 65536);
     attach_open(&mut vmm, "f", 0);
-    let r = vmm
-        .call(
-            &frame(
-                9,
-                Tmessage::Read(Tread {
-                    fid: 1,
-                    offset: 0,
-                    count: 64,
-                }),
-            ),
-            128,
-            Layout::Direct,
-        )
-        .unwrap();
-    assert_eq!(decode(&r).1, Rmessage::Read(b"after reset".to_vec()));
+    assert_eq!(read_fid1(&mut vmm), b"after reset");
     std::thread::sleep(Duration::from_millis(200));
     assert!(
         vmm.collect_used().unwrap().is_empty(),

@@ -576,12 +576,7 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
         addrs: &[GuestAddress],
         table: Option<GuestAddress>,
     ) -> Result<ChainLayout, MockError> {
-        if bufs.is_empty() {
-            return Err(MockError::EmptyChain);
-        }
-        if bufs.len() != addrs.len() {
-            return Err(MockError::AddressCount(bufs.len(), addrs.len()));
-        }
+        check_placed(bufs, addrs)?;
         let mut buffers = Vec::with_capacity(bufs.len());
         let mut descs = Vec::with_capacity(bufs.len());
         for (b, &addr) in bufs.iter().zip(addrs) {
@@ -911,6 +906,17 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
         };
         Ok(Some(head))
     }
+}
+
+/// A chain to place needs buffers, and one address for each.
+fn check_placed(bufs: &[Buf], addrs: &[GuestAddress]) -> Result<(), MockError> {
+    if bufs.is_empty() {
+        return Err(MockError::EmptyChain);
+    }
+    if bufs.len() != addrs.len() {
+        return Err(MockError::AddressCount(bufs.len(), addrs.len()));
+    }
+    Ok(())
 }
 
 /// The guest memory of a mock driver: borrowed, or owned by the driver.

@@ -17,8 +17,8 @@ use virtio_queue::desc::packed::Descriptor;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::{
-    bump_alloc, fill_readable, read_bytes, read_writable, write_bytes, Buf, ChainLayout, Layout,
-    MemRef, MockError, F_INDIRECT, F_NEXT, F_WRITE,
+    bump_alloc, check_placed, fill_readable, read_bytes, read_writable, write_bytes, Buf,
+    ChainLayout, Layout, MemRef, MockError, F_INDIRECT, F_NEXT, F_WRITE,
 };
 use crate::limits::{ChainLimits, LARGE_MAX_BYTES, LARGE_MAX_DESCRIPTORS};
 use crate::packed::{EventSuppression, PackedQueue, EVENT_FLAG_DESC, F_AVAIL, F_USED, WRAP_BIT};
@@ -475,12 +475,7 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
         table: Option<GuestAddress>,
         id: u16,
     ) -> Result<ChainLayout, MockError> {
-        if bufs.is_empty() {
-            return Err(MockError::EmptyChain);
-        }
-        if bufs.len() != addrs.len() {
-            return Err(MockError::AddressCount(bufs.len(), addrs.len()));
-        }
+        check_placed(bufs, addrs)?;
         let mut buffers = Vec::with_capacity(bufs.len());
         let mut descs = Vec::with_capacity(bufs.len());
         for (b, &addr) in bufs.iter().zip(addrs) {
