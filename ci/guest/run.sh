@@ -419,9 +419,9 @@ base_read=${R_READ[qemu]:--}
 base_write=${R_WRITE[qemu]:--}
 printf '\n9p guest conformance (kernel %s, TCG, msize=512000, %s MiB dd, %s)\n' \
     "$(basename "$KERNEL" | sed 's/^vmlinuz-//')" "$mib" "$(date -u +%Y-%m-%dT%H:%MZ)"
-fmt='%-12s | %-9s | %-16s | %-13s | %-13s | %-14s | %s\n'
+fmt='%-17s | %-9s | %-16s | %-13s | %-13s | %-14s | %s\n'
 printf "$fmt" server POSIX "pjdfstest p/f/s" "dd read MiB/s" "dd write MiB/s" "vs qemu r / w" notes
-printf "$fmt" ------------ --------- ---------------- ------------- ------------- -------------- -----
+printf "$fmt" ----------------- --------- ---------------- ------------- ------------- -------------- -----
 for s in "${server_list[@]}"; do
     st=${R_STATUS[$s]}
     case $st in
