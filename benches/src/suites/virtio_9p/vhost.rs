@@ -383,6 +383,9 @@ fn random_4k(
         if used.is_empty() {
             return Err("random reads stalled".into());
         }
+        // Every used head first: the driver may hand a head (or buffer
+        // id) of this batch to the next submit at once.
+        let mut done = Vec::with_capacity(used.len());
         for (head, len) in used {
             if len != 4096 + 11 {
                 return Err(format!("4 KiB read returned {len} bytes").into());
@@ -390,6 +393,9 @@ fn random_4k(
             let slot = head_slot.remove(&head).ok_or("unknown head")?;
             lat.push(started[slot].elapsed().as_secs_f64() * 1e6);
             ops += 1;
+            done.push(slot);
+        }
+        for slot in done {
             let h = submit(&mut vmm, slot, next_offset())?;
             head_slot.insert(h, slot);
             started[slot] = Instant::now();

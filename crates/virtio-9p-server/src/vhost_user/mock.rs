@@ -233,7 +233,7 @@ impl FakeVmm {
 
         let kick = EventFd::new(EFD_NONBLOCK)?;
         let call = EventFd::new(EFD_NONBLOCK)?;
-        let driver = start_ring(&mut frontend, mem, &opts, host, &kick, &call)?;
+        let driver = start_ring(&mut frontend, mem, &opts, host, &kick, &call, None)?;
         Ok(FakeVmm {
             frontend,
             driver,
@@ -274,6 +274,12 @@ impl FakeVmm {
     /// a reset: fresh rings at base 0 in the same memory, new kick and
     /// call eventfds, enable. Chains that were in flight are forgotten.
     pub fn restart_ring(&mut self) -> MockResult<()> {
+        self.restart_ring_at(None)
+    }
+
+    /// [`FakeVmm::restart_ring`], but SET_VRING_BASE sends `base` (any
+    /// value, for a frontend that lies) instead of the fresh ring's.
+    pub fn restart_ring_at(&mut self, base: Option<u16>) -> MockResult<()> {
         let mem = self.memory().clone();
         self.kick = EventFd::new(EFD_NONBLOCK)?;
         self.call = EventFd::new(EFD_NONBLOCK)?;
@@ -284,6 +290,7 @@ impl FakeVmm {
             self.host,
             &self.kick,
             &self.call,
+            base,
         )?;
         self.pending.clear();
         self.raw.clear();
@@ -586,7 +593,8 @@ impl FakeVmm {
 /// Lays out a fresh ring of either layout in `mem` (from guest address 0,
 /// as the mocks do) and starts it: size, addresses (packed: descriptor
 /// ring, driver area and device area, which vhost-user carries as desc,
-/// avail and used), base, call and kick eventfds, enable.
+/// avail and used), base (the fresh ring's unless `base`), call and kick
+/// eventfds, enable.
 fn start_ring(
     frontend: &mut Frontend,
     mem: Mem,
@@ -594,9 +602,10 @@ fn start_ring(
     host: u64,
     kick: &EventFd,
     call: &EventFd,
+    base: Option<u16>,
 ) -> MockResult<Driver> {
     let q = opts.queue_size;
-    let (driver, (desc, avail, used), base) = if opts.packed {
+    let (driver, (desc, avail, used), fresh_base) = if opts.packed {
         let d = MockPackedDriver::new_owned(mem, q);
         let addrs = d.create_queue().addresses();
         // Position 0 with the wrap counter (bit 15) set.
@@ -622,7 +631,7 @@ fn start_ring(
             log_addr: None,
         },
     )?;
-    frontend.set_vring_base(0, base)?;
+    frontend.set_vring_base(0, base.unwrap_or(fresh_base))?;
     frontend.set_vring_call(0, call)?;
     frontend.set_vring_kick(0, kick)?;
     frontend.set_vring_enable(0, true)?;

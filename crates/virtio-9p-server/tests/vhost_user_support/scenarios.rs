@@ -356,8 +356,9 @@ pub fn malformed_chains_and_messages(
 /// The ring is stopped (GET_VRING_BASE, as a VMM does on a device reset)
 /// with 60 Tlocks blocked in flight on a 64-entry ring, and started again
 /// from scratch: the base the device reports is the driver's position (for
-/// packed, past the end of the ring: the wrap counter flipped), the
-/// stopped requests never come back, and the new ring serves.
+/// packed, past the end of the ring: the wrap counter flipped), a start
+/// at a base past the ring is refused, the stopped requests never come
+/// back, and the new ring serves.
 pub fn reset_with_requests_in_flight(
     dir: &Path,
     connect: impl FnOnce(VmmOptions) -> FakeVmm,
@@ -405,6 +406,25 @@ pub fn reset_with_requests_in_flight(
         assert_eq!(expected, 64);
     }
     assert_eq!(vmm.stop_ring().unwrap(), expected);
+
+    // A frontend that starts the ring at a base past its end (slot 4096
+    // of 64; for split, an available index 4096 ahead of the ring's): the
+    // device refuses the ring and serves nothing from it, without
+    // breaking the connection.
+    vmm.restart_ring_at(Some(0x8000 | 4096)).unwrap();
+    vmm.submit(
+        &frame(200, Tmessage::Clunk(Tfid { fid: 1 })),
+        64,
+        Layout::Direct,
+    )
+    .unwrap();
+    vmm.kick().unwrap();
+    assert!(vmm
+        .wait_used(Duration::from_millis(300))
+        .unwrap()
+        .is_empty());
+    vmm.stop_ring().unwrap();
+
     vmm.restart_ring().unwrap();
     ofd_lock(&holder, libc::F_UNLCK);
 
