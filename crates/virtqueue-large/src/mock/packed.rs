@@ -509,7 +509,7 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
         }
         // An id out of range is refused by the device and never comes back.
         self.publish(&descs, id, false, id < self.size)?;
-        if let Some(pos) = self.free_ids.iter().position(|&i| i == id) {
+        if let Some(pos) = self.free_ids.iter().rposition(|&i| i == id) {
             self.free_ids.remove(pos);
         }
         Ok(ChainLayout {
