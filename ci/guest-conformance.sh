@@ -12,8 +12,8 @@
 #
 # Environment:
 #   GUEST_CONFORMANCE_SERVERS  default qemu,ours-socket,ours-vhost,
-#                              ours-vhost-mapped (add diod for the second
-#                              peer)
+#                              ours-vhost-mapped,ours-vhost-packed (add diod
+#                              for the second peer)
 #   GUEST_CONFORMANCE_KERNEL   default 6.12
 #   GUEST_CONFORMANCE_MIB      default 256
 #   GUEST_CONFORMANCE_SERVER_BIN  a prebuilt virtio-9p-server (default: build it)
@@ -30,7 +30,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 77
 fi
 
-servers=${GUEST_CONFORMANCE_SERVERS:-qemu,ours-socket,ours-vhost,ours-vhost-mapped}
+servers=${GUEST_CONFORMANCE_SERVERS:-qemu,ours-socket,ours-vhost,ours-vhost-mapped,ours-vhost-packed}
 case ",$servers," in *,qemu,*) ;; *) servers=qemu,$servers ;; esac
 out=${GUEST_CONFORMANCE_OUT:-$(mktemp -d /tmp/guest-conformance.XXXXXX)}
 

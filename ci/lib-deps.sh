@@ -23,6 +23,7 @@ cargo test --locked -p "$crate" --no-default-features --lib
 cargo check --locked -p "$crate" --no-default-features --features vhost-user --lib
 # The VMM-side embedding example needs only the core.
 cargo check --locked -p "$crate" --no-default-features --features test-utils --example embed_abort
+cargo check --locked -p "$crate" --no-default-features --example embed_vmm
 
 # The default build (what `cargo install` and ci/guest build) has the
 # binary, and the binary has no test hooks.

@@ -213,6 +213,14 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
+        claim: "4 KiB IOPS, 64 in flight, packed ring vs split ring",
+        figure: "packed_vs_split_iops_4k",
+        op: Op::AtLeast,
+        bound: 0.9,
+        context: &["iops_4k_packed", "iops_4k_split"],
+    },
+    Target {
+        suite: "virtio-9p",
         claim: "Tgetattr over vhost-user vs the eventfd round-trip floor",
         figure: "getattr_vs_floor",
         op: Op::AtMost,

@@ -7,6 +7,9 @@
 #   CI-MOUNT <line of /proc/mounts>          POSIX PASS|FAIL <name>[: why]
 #   PJD <pjdfstest line>                     CI-DD read|write bytes=N centis=N
 #   CI-PDD read bytes=N centis=N (4 parallel readers)
+#   CI-VIRTIO-9P <dev> features=<bits>       (one per virtio 9p device: the
+#                                             negotiated feature bits, bit 0
+#                                             first, as sysfs prints them)
 #   CI-DONE
 # Settings come from the kernel command line (the kernel hands unknown
 # key=value words to init as environment variables):
@@ -50,6 +53,11 @@ if [ -z "$line" ]; then
     exit 1
 fi
 echo "CI-MOUNT $line"
+# The features the driver negotiated (bit 34: VIRTIO_F_RING_PACKED).
+for d in /sys/bus/virtio/devices/*; do
+    [ "$(cat "$d/device" 2>/dev/null)" = 0x0009 ] || continue
+    echo "CI-VIRTIO-9P $(basename "$d") features=$(cat "$d/features" 2>/dev/null)"
+done
 
 has_test() { case ",$CI_TESTS," in *",$1,"*) return 0 ;; esac; return 1; }
 mib=${CI_DD_MIB:-256}

@@ -6,7 +6,9 @@
 # Usage: ci/guest/run.sh [options]
 #   --servers LIST   comma list from: qemu, diod, ours-socket, ours-vhost,
 #                    ours-vhost-mapped (ours-vhost with --security-model
-#                    mapped-xattr) (default: all five)
+#                    mapped-xattr), ours-vhost-packed (ours-vhost with
+#                    packed virtqueues; the other vhost rows run
+#                    --no-packed-ring) (default: all six)
 #   --kernel K       6.12 (default) or 6.1
 #   --tests LIST     comma list from: posix, pjdfstest, dd (default: all)
 #   --mib N          size of the dd transfers and checksummed file (default 256)
@@ -29,7 +31,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
-servers=qemu,diod,ours-socket,ours-vhost,ours-vhost-mapped
+servers=qemu,diod,ours-socket,ours-vhost,ours-vhost-mapped,ours-vhost-packed
 kernel=6.12
 tests=posix,pjdfstest,dd
 mib=256
@@ -49,7 +51,7 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift ;;
         --gate) gate=1 ;;
         --report-only) report_only=1 ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -65,7 +67,7 @@ if [ "$report_only" -eq 1 ]; then
 else
 # ---------------------------------------------------------------- preparation
 need_vhost_qemu=0
-case ",$servers," in *,ours-vhost,*|*,ours-vhost-mapped,*) need_vhost_qemu=1 ;; esac
+case ",$servers," in *,ours-vhost,*|*,ours-vhost-mapped,*|*,ours-vhost-packed,*) need_vhost_qemu=1 ;; esac
 prep_args=(--kernel "$kernel")
 [ "$need_vhost_qemu" -eq 1 ] || prep_args+=(--no-vhost-qemu)
 vhost_qemu_err=
@@ -248,7 +250,7 @@ run_row() {
         opts="$opts,uname=root"
         extra=("${serial[@]}")
         ;;
-    ours-vhost|ours-vhost-mapped)
+    ours-vhost|ours-vhost-mapped|ours-vhost-packed)
         if [ -z "$ours_bin" ]; then echo "not available: $ours_err" >"$dir/status"; return; fi
         if ! grep -q -- '--socket-path' <<<"$ours_help"; then
             echo "not available: virtio-9p-server has no --socket-path (vhost-user mode, issue 8) yet" >"$dir/status"
@@ -264,13 +266,26 @@ run_row() {
             fi
             model=(--security-model mapped-xattr)
         fi
+        # The daemon offers packed rings and QEMU's generic vhost-user
+        # device passes that through, so the guest picks packed unless the
+        # daemon declines: ours-vhost-packed is the packed row, the others
+        # stay split (a daemon without the option has split rings only).
+        local ring=()
+        if [ "$name" = ours-vhost-packed ]; then
+            if ! grep -q -- '--no-packed-ring' <<<"$ours_help"; then
+                echo "not available: virtio-9p-server has no --no-packed-ring (packed rings) yet" >"$dir/status"
+                return
+            fi
+        elif grep -q -- '--no-packed-ring' <<<"$ours_help"; then
+            ring=(--no-packed-ring)
+        fi
         if [ -n "$vhost_qemu_err" ] || [ ! -x "$VHOST_QEMU" ]; then
             echo "not available: ${vhost_qemu_err:-no rebuilt QEMU at $VHOST_QEMU}" >"$dir/status"
             return
         fi
         qemu=$VHOST_QEMU
         RUST_LOG=${RUST_LOG:-debug} "$ours_bin" --socket-path "$sock" --shared-dir "$share" --tag share \
-            "${model[@]}" "${ours_log[@]}" >"$dir/server.log" 2>&1 &
+            "${model[@]}" "${ring[@]}" "${ours_log[@]}" >"$dir/server.log" 2>&1 &
         server_pid=$!
         extra=(-object memory-backend-memfd,id=mem,size=512M,share=on
             -chardev "socket,id=vu,path=$sock"
@@ -291,7 +306,7 @@ run_row() {
         fi
     fi
     local machine=q35
-    case $name in ours-vhost|ours-vhost-mapped) machine=q35,memory-backend=mem ;; esac
+    case $name in ours-vhost|ours-vhost-mapped|ours-vhost-packed) machine=q35,memory-backend=mem ;; esac
     local append="console=ttyS0 loglevel=4 panic=-1 CI_MODE=$mode CI_SRC=$src CI_OPTS=$opts CI_TESTS=$tests CI_DD_MIB=$mib"
     log "$name: booting guest ($(basename "$KERNEL"), timeout ${timeout_s}s)"
     local t0 rc
@@ -348,7 +363,7 @@ pjd_results() { # console -> "name status" lines
     sed -n 's/\r$//; s/^PJD \([^ \t]*\) *\(ok\|FAILED\|skipped\|PASSED UNEXPECTEDLY\|failed as expected\)$/\1 \2/p' "$1" \
         | sed 's/ PASSED UNEXPECTEDLY$/ FAILED/; s/ failed as expected$/ ok/'
 }
-declare -A R_POSIX R_PJD R_READ R_WRITE R_STATUS R_MOUNT R_ATTACH R_PREAD
+declare -A R_POSIX R_PJD R_READ R_WRITE R_STATUS R_MOUNT R_ATTACH R_PREAD R_RING
 for s in "${server_list[@]}"; do
     dir=$out/$s
     st=$(cat "$dir/status" 2>/dev/null || echo "not run")
@@ -382,15 +397,33 @@ for s in "${server_list[@]}"; do
     if [ -f "$dir/server.log" ] && grep -qi 'attach' "$dir/server.log"; then
         R_ATTACH[$s]=yes
     fi
+    # The ring layout, from both ends: the guest's negotiated feature bits
+    # (bit 34, VIRTIO_F_RING_PACKED, is the 35th character) and the
+    # daemon's "driver acked features ... (packed ring)" line.
+    R_RING[$s]=
+    feat=$(sed -n 's/^CI-VIRTIO-9P [^ ]* features=\([01]*\)$/\1/p' "$con" | head -1)
+    if [ -n "$feat" ]; then
+        ring=split
+        [ "${feat:34:1}" = 1 ] && ring=packed
+        R_RING[$s]="$ring ring"
+        case $s in ours-vhost*)
+            if [ -f "$dir/server.log" ] && grep -q "acked features .*($ring ring)" "$dir/server.log"; then
+                R_RING[$s]="$ring ring (guest and daemon)"
+            else
+                R_RING[$s]="$ring ring (guest; daemon log disagrees)"
+            fi
+            ;;
+        esac
+    fi
 done
 
 base_read=${R_READ[qemu]:--}
 base_write=${R_WRITE[qemu]:--}
 printf '\n9p guest conformance (kernel %s, TCG, msize=512000, %s MiB dd, %s)\n' \
     "$(basename "$KERNEL" | sed 's/^vmlinuz-//')" "$mib" "$(date -u +%Y-%m-%dT%H:%MZ)"
-fmt='%-12s | %-9s | %-16s | %-13s | %-13s | %-14s | %-16s | %s\n'
+fmt='%-17s | %-9s | %-16s | %-13s | %-13s | %-14s | %-16s | %s\n'
 printf "$fmt" server POSIX "pjdfstest p/f/s" "dd read MiB/s" "dd write MiB/s" "vs qemu r / w" "4x dd read MiB/s" notes
-printf "$fmt" ------------ --------- ---------------- ------------- ------------- -------------- ---------------- -----
+printf "$fmt" ----------------- --------- ---------------- ------------- ------------- -------------- ---------------- -----
 for s in "${server_list[@]}"; do
     st=${R_STATUS[$s]}
     case $st in
@@ -404,6 +437,7 @@ for s in "${server_list[@]}"; do
     fi
     [ "$st" = ok ] || notes="$notes$st; "
     case $s in ours-*) [ "${R_ATTACH[$s]:-}" = yes ] && notes="${notes}daemon log shows attach" || notes="${notes}no attach in daemon log" ;; esac
+    [ -n "${R_RING[$s]:-}" ] && notes="$notes; ${R_RING[$s]}"
     rr=$(ratio "${R_READ[$s]:--}" "$base_read")
     rw=$(ratio "${R_WRITE[$s]:--}" "$base_write")
     printf "$fmt" "$s" "${R_POSIX[$s]:--}" "${R_PJD[$s]:--}" "${R_READ[$s]:--}" "${R_WRITE[$s]:--}" "$rr / $rw" "${R_PREAD[$s]:--}" "${notes%; }"
@@ -440,6 +474,15 @@ for s in "${server_list[@]}"; do
         echo "POSIX failures on $s:"
         grep '^POSIX FAIL' "$out/$s/posix.txt" | sed 's/^POSIX FAIL /  /'
         case $s in ours-*) gate_fail=1 ;; esac
+    fi
+done
+# The packed row must really run packed, on both ends.
+for s in "${server_list[@]}"; do
+    [ "$s" = ours-vhost-packed ] || continue
+    case ${R_STATUS[$s]} in "not available:"*|"server failed:"*) continue ;; esac
+    if [ "${R_RING[$s]:-}" != "packed ring (guest and daemon)" ]; then
+        echo "$s: the packed ring was not negotiated (${R_RING[$s]:-no CI-VIRTIO-9P line})"
+        gate_fail=1
     fi
 done
 for s in "${server_list[@]}"; do

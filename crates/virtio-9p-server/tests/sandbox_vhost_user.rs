@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vhost_user_support::scenarios;
+use vhost_user_support::scenarios::{self, Ring};
 use virtio_9p_server::vhost_user::mock::{FakeVmm, VmmOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtio-9p-server");
@@ -123,7 +123,7 @@ fn test_sandboxed_128m_read_through_indirect_chain() {
     let Some(d) = BinDaemon::try_start(2) else {
         return;
     };
-    scenarios::read_128m_through_indirect_chain(&d.dir(), |o| d.connect(o));
+    scenarios::read_128m_through_indirect_chain(&d.dir(), |o| d.connect(o), Ring::Split);
     d.stop();
 }
 
@@ -132,7 +132,7 @@ fn test_sandboxed_1024_requests_in_flight() {
     let Some(d) = BinDaemon::try_start(2) else {
         return;
     };
-    scenarios::requests_1024_in_flight(&d.dir(), |o| d.connect(o));
+    scenarios::requests_1024_in_flight(&d.dir(), |o| d.connect(o), Ring::Split);
     d.stop();
 }
 
@@ -141,7 +141,7 @@ fn test_sandboxed_blocked_locks_then_flushed() {
     let Some(d) = BinDaemon::try_start(4) else {
         return;
     };
-    scenarios::blocked_locks_then_flushed(&d.dir(), |o| d.connect(o));
+    scenarios::blocked_locks_then_flushed(&d.dir(), |o| d.connect(o), Ring::Split);
     d.stop();
 }
 
@@ -150,7 +150,19 @@ fn test_sandboxed_malformed_chains_and_messages() {
     let Some(d) = BinDaemon::try_start(2) else {
         return;
     };
-    scenarios::malformed_chains_and_messages(&d.dir(), |o| d.connect(o));
+    scenarios::malformed_chains_and_messages(&d.dir(), |o| d.connect(o), Ring::Split);
+    d.stop();
+}
+
+#[test]
+fn test_sandboxed_packed_ring_reset_and_malformed_chains() {
+    // The packed ring's paths (GET_VRING_BASE sync, packed walk and used
+    // writes) under the binary's seccomp filter.
+    let Some(d) = BinDaemon::try_start(2) else {
+        return;
+    };
+    scenarios::reset_with_requests_in_flight(&d.dir(), |o| d.connect(o), Ring::Packed);
+    scenarios::malformed_chains_and_messages(&d.dir(), |o| d.connect(o), Ring::Packed);
     d.stop();
 }
 

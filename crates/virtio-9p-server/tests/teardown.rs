@@ -315,6 +315,7 @@ fn test_disconnect_with_a_stuck_call_is_bounded_and_the_daemon_serves_on() {
                 quiesce_timeout: QUIESCE,
                 ..EngineConfig::default()
             },
+            packed_ring: true,
         },
         stack_policy: coro_pool::Policy::Bounded,
         stack_trim_interval: None,

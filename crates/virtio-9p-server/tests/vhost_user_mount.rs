@@ -7,9 +7,10 @@ mod vhost_user_support;
 use std::io::Write;
 
 use vhost_user_support::*;
+use virtio_9p_server::engine::OffloadPolicy;
 use virtio_9p_server::io::{SliceReader, SliceWriter};
 use virtio_9p_server::protocol::*;
-use virtio_9p_server::vhost_user::mock::{Layout, VmmOptions};
+use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 use virtio_9p_server::{Cancel, Inline, Session};
 
 #[test]
@@ -21,6 +22,39 @@ fn test_config_space_and_features() {
     for bit in [0u32, 28, 29, 30, 32] {
         assert_ne!(f & (1 << bit), 0, "feature bit {bit} missing in {f:#x}");
     }
+    // Packed rings are offered, and declined by a split-ring driver.
+    assert_eq!(f & (1 << 34), 0, "{f:#x}");
+    assert!(!vmm.is_packed());
+    drop(vmm);
+    let vmm = d.connect(VmmOptions {
+        packed: true,
+        ..VmmOptions::default()
+    });
+    assert_ne!(vmm.features() & (1 << 34), 0);
+    assert!(vmm.is_packed());
+    drop(vmm);
+    d.stop();
+}
+
+#[test]
+fn test_packed_ring_not_offered_when_turned_off() {
+    let d = TestDaemon::start_offering(2, 1024, OffloadPolicy::Auto, false);
+    let e = FakeVmm::connect(
+        &d.socket,
+        VmmOptions {
+            packed: true,
+            ..VmmOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the device does not offer VIRTIO_F_RING_PACKED"
+    );
+    // A split-ring driver is served as before.
+    let mut vmm = d.connect(VmmOptions::default());
+    assert_eq!(vmm.features() & (1 << 34), 0);
+    assert_eq!(version(&mut vmm, 8192), 8192);
     drop(vmm);
     d.stop();
 }

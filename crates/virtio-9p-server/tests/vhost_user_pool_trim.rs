@@ -30,6 +30,7 @@ fn test_daemon_pool_falls_back_within_two_trim_intervals() {
                 offload: OffloadPolicy::Auto,
                 ..EngineConfig::default()
             },
+            packed_ring: true,
         },
         stack_policy: coro_pool::Policy::Bounded,
         stack_trim_interval: Some(interval),

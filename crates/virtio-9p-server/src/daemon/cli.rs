@@ -215,6 +215,7 @@ mod tests {
             ("--socket-path", Some("/v")),
             ("--fd", Some("3")),
             ("--keep-serving", None),
+            ("--no-packed-ring", None),
         ] {
             let mut args = sock.to_vec();
             args.push(opt);
@@ -244,6 +245,7 @@ mod tests {
             "--queue-size",
             "--mlock",
             "--keep-serving",
+            "--no-packed-ring",
         ] {
             assert!(flags.iter().any(|x| x == f), "{f} missing from {flags:?}");
         }

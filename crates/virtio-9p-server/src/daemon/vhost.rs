@@ -57,6 +57,11 @@ pub struct VhostUserArgs {
           value_parser = parse_workers)]
     pub thread_pool_size: usize,
 
+    /// Do not offer packed virtqueues (VIRTIO_F_RING_PACKED): every driver
+    /// then uses the split ring. Default: offered, the driver chooses.
+    #[arg(long)]
+    pub no_packed_ring: bool,
+
     /// Serve the next frontend after one disconnects. Default: exit when
     /// the frontend disconnects, as virtiofsd does.
     #[arg(long)]
@@ -125,6 +130,7 @@ pub fn run_daemon<F: Filesystem + 'static>(
                 on_worker_start: Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker))),
                 ..EngineConfig::default()
             },
+            packed_ring: !args.no_packed_ring,
         },
         stack_policy: coro_pool::Policy::Bounded,
         stack_trim_interval: (args.stack_trim_interval_ms > 0)

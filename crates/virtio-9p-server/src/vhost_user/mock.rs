@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A fake VMM for tests and benchmarks (feature `test-utils`): it connects
 //! to a vhost-user backend with `vhost::vhost_user::Frontend`, shares a
-//! memfd as guest memory, and plays the virtio driver on a split ring it
-//! lays out itself: direct and indirect chains, event-idx, and raw
-//! descriptor writes for malformed chains.
+//! memfd as guest memory, and plays the virtio driver on a split or a
+//! packed ring ([`VmmOptions::packed`]): direct and indirect chains,
+//! event-idx, and malformed chains. The rings are laid out, published and
+//! read back by virtqueue-large's `MockDriver` and `MockPackedDriver`, the
+//! one driver-side ring implementation of the workspace; the fake VMM adds
+//! the vhost-user control path, its own buffer allocation and 9P calls.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -16,22 +19,40 @@ use vhost::vhost_user::message::{
 };
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtqueue_large::mock::{self as ring_mock, Buf, MockDriver, MockPackedDriver};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::virtio::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-
 /// Descriptor flag: the chain continues.
-pub const DESC_F_NEXT: u16 = 1;
+pub const DESC_F_NEXT: u16 = ring_mock::F_NEXT;
 /// Descriptor flag: device-writable.
-pub const DESC_F_WRITE: u16 = 2;
+pub const DESC_F_WRITE: u16 = ring_mock::F_WRITE;
 /// Descriptor flag: an indirect table.
-pub const DESC_F_INDIRECT: u16 = 4;
+pub const DESC_F_INDIRECT: u16 = ring_mock::F_INDIRECT;
 
-const DESC_TABLE: u64 = 0;
-const AVAIL_RING: u64 = 0x10_0000;
-const USED_RING: u64 = 0x12_0000;
+/// Where the buffers of [`FakeVmm::alloc`] start: past the rings of the
+/// largest queue (the mock drivers lay them out from guest address 0).
 const DATA_START: u64 = 0x20_0000;
+
+type Mem = GuestMemoryMmap<()>;
+
+/// The driver side of the ring, in either layout: virtqueue-large's mocks,
+/// owning the guest memory.
+enum Driver {
+    Split(MockDriver<'static, Mem>),
+    Packed(MockPackedDriver<'static, Mem>),
+}
+
+impl Driver {
+    fn memory(&self) -> &Mem {
+        match self {
+            Driver::Split(d) => d.memory(),
+            Driver::Packed(d) => d.memory(),
+        }
+    }
+}
 
 /// Settings of a [`FakeVmm`].
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +65,10 @@ pub struct VmmOptions {
     pub event_idx: bool,
     /// Negotiate `VIRTIO_RING_F_INDIRECT_DESC`.
     pub indirect: bool,
+    /// Negotiate `VIRTIO_F_RING_PACKED` and drive a packed ring (buffer
+    /// ids instead of head indices); otherwise the feature is declined
+    /// and the ring is split.
+    pub packed: bool,
     /// Split guest RAM into two memory regions (two mappings in the
     /// daemon) as a VMM does around its PCI hole: `Some((at, hole))` puts
     /// the first `at` bytes at guest address 0 and the rest at
@@ -61,6 +86,7 @@ impl Default for VmmOptions {
             event_idx: true,
             indirect: true,
             split: None,
+            packed: false,
         }
     }
 }
@@ -89,13 +115,13 @@ pub enum Layout {
 /// A request handed to the device.
 #[derive(Debug, Clone, Copy)]
 pub struct Submitted {
-    /// The chain's head index.
+    /// The chain's head index (split) or buffer id (packed): what the
+    /// used ring names it by.
     pub head: u16,
     /// Guest address of the reply buffer (contiguous).
     pub reply_addr: u64,
     /// Its length.
     pub reply_len: u32,
-    descs: u16,
 }
 
 /// Errors of the fake VMM (tests unwrap them).
@@ -104,15 +130,17 @@ pub type MockResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 /// The fake VMM. See the module docs.
 pub struct FakeVmm {
     frontend: Frontend,
-    mem: GuestMemoryMmap<()>,
+    driver: Driver,
     opts: VmmOptions,
     features: u64,
     kick: EventFd,
     call: EventFd,
-    free: Vec<u16>,
-    avail_idx: u16,
-    last_used: u16,
+    /// Ring descriptors taken by [`FakeVmm::take_desc`] for the raw chain
+    /// the next [`FakeVmm::push_avail`] publishes.
+    raw: Vec<u16>,
     bump: u64,
+    /// Frontend virtual address of guest address 0.
+    host: u64,
     pending: HashMap<u16, Submitted>,
 }
 
@@ -154,6 +182,12 @@ impl FakeVmm {
         let offered = frontend.get_features()?;
         frontend.set_owner()?;
         let mut features = offered;
+        if opts.packed && features & (1 << VIRTIO_F_RING_PACKED) == 0 {
+            return Err("the device does not offer VIRTIO_F_RING_PACKED".into());
+        }
+        if !opts.packed {
+            features &= !(1 << VIRTIO_F_RING_PACKED);
+        }
         if !opts.event_idx {
             features &= !(1 << VIRTIO_RING_F_EVENT_IDX);
         }
@@ -197,39 +231,99 @@ impl FakeVmm {
         let host = mem.get_host_address(GuestAddress(0))? as u64;
         frontend.set_mem_table(&regions)?;
 
-        let q = opts.queue_size;
-        frontend.set_vring_num(0, q)?;
-        frontend.set_vring_addr(
-            0,
-            &VringConfigData {
-                queue_max_size: q,
-                queue_size: q,
-                flags: 0,
-                desc_table_addr: host + DESC_TABLE,
-                used_ring_addr: host + USED_RING,
-                avail_ring_addr: host + AVAIL_RING,
-                log_addr: None,
-            },
-        )?;
-        frontend.set_vring_base(0, 0)?;
         let kick = EventFd::new(EFD_NONBLOCK)?;
         let call = EventFd::new(EFD_NONBLOCK)?;
-        frontend.set_vring_call(0, &call)?;
-        frontend.set_vring_kick(0, &kick)?;
-        frontend.set_vring_enable(0, true)?;
+        let driver = start_ring(&mut frontend, mem, &opts, host, &kick, &call, None)?;
         Ok(FakeVmm {
             frontend,
-            mem,
+            driver,
             opts,
             features,
             kick,
             call,
-            free: (0..q).rev().collect(),
-            avail_idx: 0,
-            last_used: 0,
+            raw: Vec::new(),
             bump: DATA_START,
+            host,
             pending: HashMap::new(),
         })
+    }
+
+    /// Stops the ring as a VMM does on a device reset or before
+    /// migration (GET_VRING_BASE, with requests possibly in flight) and
+    /// returns the base the device reports: the next available index
+    /// (split), or the next available slot with its wrap counter in bit 15
+    /// (packed).
+    pub fn stop_ring(&mut self) -> MockResult<u32> {
+        Ok(self.frontend.get_vring_base(0)?)
+    }
+
+    /// The base [`FakeVmm::stop_ring`] should report: the driver's
+    /// available index (split), or its next available slot and wrap
+    /// counter (packed).
+    pub fn driver_ring_base(&self) -> u32 {
+        match &self.driver {
+            Driver::Split(d) => u32::from(d.avail_idx()),
+            Driver::Packed(d) => {
+                let (slot, wrap) = d.avail_position();
+                u32::from(virtqueue_large::packed::encode_position(slot, wrap))
+            }
+        }
+    }
+
+    /// Starts the stopped ring again from scratch, as a driver does after
+    /// a reset: fresh rings at base 0 in the same memory, new kick and
+    /// call eventfds, enable. Chains that were in flight are forgotten.
+    pub fn restart_ring(&mut self) -> MockResult<()> {
+        self.restart_ring_at(None)
+    }
+
+    /// [`FakeVmm::restart_ring`], but SET_VRING_BASE sends `base` (any
+    /// value, for a frontend that lies) instead of the fresh ring's.
+    pub fn restart_ring_at(&mut self, base: Option<u16>) -> MockResult<()> {
+        let mem = self.memory().clone();
+        self.kick = EventFd::new(EFD_NONBLOCK)?;
+        self.call = EventFd::new(EFD_NONBLOCK)?;
+        self.driver = start_ring(
+            &mut self.frontend,
+            mem,
+            &self.opts,
+            self.host,
+            &self.kick,
+            &self.call,
+            base,
+        )?;
+        self.pending.clear();
+        self.raw.clear();
+        self.bump = DATA_START;
+        Ok(())
+    }
+
+    /// Whether the ring is packed ([`VmmOptions::packed`]).
+    pub fn is_packed(&self) -> bool {
+        matches!(self.driver, Driver::Packed(_))
+    }
+
+    /// The split ring's driver (`None` for a packed ring), for chains
+    /// laid out by hand or [`Malicious`](ring_mock::Malicious) patterns.
+    pub fn split_driver(&mut self) -> Option<&mut MockDriver<'static, Mem>> {
+        match &mut self.driver {
+            Driver::Split(d) => Some(d),
+            Driver::Packed(_) => None,
+        }
+    }
+
+    /// The packed ring's driver (`None` for a split ring), for
+    /// [`PackedMalicious`](ring_mock::PackedMalicious) patterns.
+    pub fn packed_driver(&mut self) -> Option<&mut MockPackedDriver<'static, Mem>> {
+        match &mut self.driver {
+            Driver::Packed(d) => Some(d),
+            Driver::Split(_) => None,
+        }
+    }
+
+    fn split_only(&mut self) -> MockResult<&mut MockDriver<'static, Mem>> {
+        self.split_driver()
+            .ok_or_else(|| "raw descriptor writes need a split ring".into())
     }
 
     /// The features the device offered and this driver acked.
@@ -239,7 +333,7 @@ impl FakeVmm {
 
     /// The guest memory.
     pub fn memory(&self) -> &GuestMemoryMmap<()> {
-        &self.mem
+        self.driver.memory()
     }
 
     /// The frontend connection (for raw control messages).
@@ -273,22 +367,23 @@ impl FakeVmm {
         Ok(addr)
     }
 
-    /// Writes a descriptor of the ring's table.
+    /// Writes a descriptor of the split ring's table.
     pub fn write_desc(
-        &self,
+        &mut self,
         index: u16,
         addr: u64,
         len: u32,
         flags: u16,
         next: u16,
     ) -> MockResult<()> {
-        let at = GuestAddress(DESC_TABLE + 16 * u64::from(index));
-        write_desc_at(&self.mem, at, addr, len, flags, next)
+        let d = self.split_only()?;
+        d.write_desc(index, ring_mock::desc(addr, len, flags, next))?;
+        Ok(())
     }
 
-    /// Writes descriptor `i` of an indirect table at `table`.
+    /// Writes descriptor `i` of a split indirect table at `table`.
     pub fn write_table_desc(
-        &self,
+        &mut self,
         table: u64,
         i: u32,
         addr: u64,
@@ -296,34 +391,25 @@ impl FakeVmm {
         flags: u16,
         next: u16,
     ) -> MockResult<()> {
-        write_desc_at(
-            &self.mem,
-            GuestAddress(table + 16 * u64::from(i)),
-            addr,
-            len,
-            flags,
-            next,
-        )
-    }
-
-    /// Publishes `head` in the available ring (no kick).
-    pub fn push_avail(&mut self, head: u16) -> MockResult<()> {
-        let q = self.opts.queue_size;
-        let slot = u64::from(self.avail_idx % q);
-        self.mem
-            .write_obj(head.to_le(), GuestAddress(AVAIL_RING + 4 + 2 * slot))?;
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        self.mem
-            .write_obj(self.avail_idx.to_le(), GuestAddress(AVAIL_RING + 2))?;
+        let d = self.split_only()?;
+        let at = GuestAddress(table + 16 * u64::from(i));
+        d.write_table_at(at, &[ring_mock::desc(addr, len, flags, next)])?;
         Ok(())
     }
 
-    /// Sets the available index to any value (malformed-ring tests).
+    /// Publishes `head` in the split ring's available ring (no kick); the
+    /// descriptors taken with [`FakeVmm::take_desc`] since the last call
+    /// go back to the free list when the device returns it.
+    pub fn push_avail(&mut self, head: u16) -> MockResult<()> {
+        let raw = std::mem::take(&mut self.raw);
+        self.split_only()?.publish(head, raw)?;
+        Ok(())
+    }
+
+    /// Sets the split ring's available index to any value (malformed-ring
+    /// tests; the driver's own index is kept).
     pub fn set_avail_idx(&mut self, idx: u16) -> MockResult<()> {
-        self.avail_idx = idx;
-        self.mem
-            .write_obj(idx.to_le(), GuestAddress(AVAIL_RING + 2))?;
+        self.split_only()?.set_avail_idx(idx)?;
         Ok(())
     }
 
@@ -333,9 +419,11 @@ impl FakeVmm {
         Ok(())
     }
 
-    /// Takes a free descriptor index out of the free list (for raw chains).
+    /// Takes a free descriptor index of the split ring (for raw chains).
     pub fn take_desc(&mut self) -> MockResult<u16> {
-        self.free.pop().ok_or_else(|| "no free descriptor".into())
+        let i = self.split_only()?.alloc_ring(1)?[0];
+        self.raw.push(i);
+        Ok(i)
     }
 
     /// Lays out `request` and a `reply_len`-byte reply buffer as a chain and
@@ -350,7 +438,7 @@ impl FakeVmm {
             self.bump = DATA_START;
         }
         let req_addr = self.alloc(request.len() as u64)?;
-        self.mem.write_slice(request, GuestAddress(req_addr))?;
+        self.memory().write_slice(request, GuestAddress(req_addr))?;
         let reply_addr = self.alloc(u64::from(reply_len))?;
         let table = match layout {
             Layout::Direct | Layout::Chain { .. } => 0,
@@ -383,76 +471,39 @@ impl FakeVmm {
         layout: Layout,
         table: u64,
     ) -> MockResult<Submitted> {
-        let sub = match layout {
-            Layout::Direct => {
-                if self.free.len() < 2 {
-                    return Err("no free descriptors".into());
-                }
-                let d0 = self.take_desc()?;
-                let d1 = self.take_desc()?;
-                self.write_desc(d0, req_addr, req_len, DESC_F_NEXT, d1)?;
-                self.write_desc(d1, reply_addr, reply_len, DESC_F_WRITE, 0)?;
-                Submitted {
-                    head: d0,
-                    reply_addr,
-                    reply_len,
-                    descs: 2,
-                }
-            }
+        let mut bufs = vec![Buf::r(req_len)];
+        let mut addrs = vec![GuestAddress(req_addr)];
+        let (ring_layout, seg) = match layout {
+            Layout::Direct => (ring_mock::Layout::Direct, reply_len.max(1)),
             Layout::Chain { seg } => {
-                let seg = seg.max(1);
-                let n = 1 + reply_len.div_ceil(seg);
                 if reply_len == 0 {
                     return Err("a chain needs room for a reply".into());
                 }
-                if self.free.len() < n as usize || n > u32::from(u16::MAX) {
-                    return Err(format!("{n} descriptors do not fit in the free ring").into());
-                }
-                let descs: Vec<u16> = (0..n).filter_map(|_| self.free.pop()).collect();
-                self.write_desc(descs[0], req_addr, req_len, DESC_F_NEXT, descs[1])?;
-                let mut off = 0u32;
-                for i in 1..n as usize {
-                    let len = seg.min(reply_len - off);
-                    let last = i + 1 == descs.len();
-                    let (flags, next) = if last {
-                        (DESC_F_WRITE, 0)
-                    } else {
-                        (DESC_F_WRITE | DESC_F_NEXT, descs[i + 1])
-                    };
-                    self.write_desc(descs[i], reply_addr + u64::from(off), len, flags, next)?;
-                    off += len;
-                }
-                Submitted {
-                    head: descs[0],
-                    reply_addr,
-                    reply_len,
-                    descs: n as u16,
-                }
+                (ring_mock::Layout::Direct, seg.max(1))
             }
-            Layout::Indirect { seg } => {
-                let seg = seg.max(1);
-                let n = 1 + reply_len.div_ceil(seg);
-                self.write_table_desc(table, 0, req_addr, req_len, DESC_F_NEXT, 1)?;
-                let mut off = 0u32;
-                for i in 1..n {
-                    let len = seg.min(reply_len - off);
-                    let flags = DESC_F_WRITE | if i + 1 < n { DESC_F_NEXT } else { 0 };
-                    let next = if i + 1 < n { (i + 1) as u16 } else { 0 };
-                    self.write_table_desc(table, i, reply_addr + u64::from(off), len, flags, next)?;
-                    off += len;
-                }
-                let head = self.take_desc()?;
-                self.write_desc(head, table, 16 * n, DESC_F_INDIRECT, 0)?;
-                Submitted {
-                    head,
-                    reply_addr,
-                    reply_len,
-                    descs: 1,
-                }
+            Layout::Indirect { seg } => (ring_mock::Layout::Indirect, seg.max(1)),
+        };
+        let mut off = 0;
+        loop {
+            let len = seg.min(reply_len - off);
+            bufs.push(Buf::w(len));
+            addrs.push(GuestAddress(reply_addr + u64::from(off)));
+            off += len;
+            if off >= reply_len {
+                break;
             }
+        }
+        let table = Some(GuestAddress(table));
+        let chain = match &mut self.driver {
+            Driver::Split(d) => d.add_chain_placed(ring_layout, &bufs, &addrs, table)?,
+            Driver::Packed(d) => d.add_chain_placed(ring_layout, &bufs, &addrs, table)?,
+        };
+        let sub = Submitted {
+            head: chain.head,
+            reply_addr,
+            reply_len,
         };
         self.pending.insert(sub.head, sub);
-        self.push_avail(sub.head)?;
         Ok(sub)
     }
 
@@ -482,53 +533,39 @@ impl FakeVmm {
         }
     }
 
-    /// Used entries so far, without waiting.
+    /// Used entries so far, without waiting; their descriptors go back to
+    /// the free list.
     pub fn collect_used(&mut self) -> MockResult<Vec<(u16, u32)>> {
-        let q = self.opts.queue_size;
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        let used_idx = u16::from_le(self.mem.read_obj::<u16>(GuestAddress(USED_RING + 2))?);
-        let mut out = Vec::new();
-        while self.last_used != used_idx {
-            let slot = u64::from(self.last_used % q);
-            let base = USED_RING + 4 + 8 * slot;
-            let id = u32::from_le(self.mem.read_obj::<u32>(GuestAddress(base))?);
-            let len = u32::from_le(self.mem.read_obj::<u32>(GuestAddress(base + 4))?);
-            self.last_used = self.last_used.wrapping_add(1);
-            let head = id as u16;
-            if let Some(sub) = self.pending.remove(&head) {
-                self.release(head, sub.descs);
+        let event_idx = self.features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        let out: Vec<(u16, u32)> = match &mut self.driver {
+            Driver::Split(d) => {
+                let used = d.take_used();
+                if event_idx {
+                    // used_event: notify me at the next used entry.
+                    d.set_used_event(d.used_seen())?;
+                }
+                used.into_iter().map(|(id, len)| (id as u16, len)).collect()
             }
-            out.push((head, len));
-        }
-        if self.features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0 {
-            // used_event: notify me at the next used entry.
-            let at = AVAIL_RING + 4 + 2 * u64::from(q);
-            self.mem
-                .write_obj(self.last_used.to_le(), GuestAddress(at))?;
+            Driver::Packed(d) => {
+                let used = d.take_used();
+                if event_idx {
+                    let (slot, wrap) = d.used_position();
+                    d.set_used_event(slot, wrap)?;
+                }
+                used
+            }
+        };
+        for (head, _) in &out {
+            self.pending.remove(head);
         }
         Ok(out)
-    }
-
-    fn release(&mut self, head: u16, descs: u16) {
-        let mut i = head;
-        for k in 0..descs {
-            self.free.push(i);
-            if k + 1 < descs {
-                let at = GuestAddress(DESC_TABLE + 16 * u64::from(i) + 14);
-                i = self.mem.read_obj::<u16>(at).map(u16::from_le).unwrap_or(0);
-            }
-        }
-    }
-
-    /// Returns a raw chain's descriptors to the free list after it was used.
-    pub fn release_raw(&mut self, descs: &[u16]) {
-        self.free.extend_from_slice(descs);
     }
 
     /// Reads `len` bytes of guest memory.
     pub fn read(&self, addr: u64, len: usize) -> MockResult<Vec<u8>> {
         let mut v = vec![0u8; len];
-        self.mem.read_slice(&mut v, GuestAddress(addr))?;
+        self.memory().read_slice(&mut v, GuestAddress(addr))?;
         Ok(v)
     }
 
@@ -553,21 +590,52 @@ impl FakeVmm {
     }
 }
 
-fn write_desc_at(
-    mem: &GuestMemoryMmap<()>,
-    at: GuestAddress,
-    addr: u64,
-    len: u32,
-    flags: u16,
-    next: u16,
-) -> MockResult<()> {
-    let mut d = [0u8; 16];
-    d[0..8].copy_from_slice(&addr.to_le_bytes());
-    d[8..12].copy_from_slice(&len.to_le_bytes());
-    d[12..14].copy_from_slice(&flags.to_le_bytes());
-    d[14..16].copy_from_slice(&next.to_le_bytes());
-    mem.write_slice(&d, at)?;
-    Ok(())
+/// Lays out a fresh ring of either layout in `mem` (from guest address 0,
+/// as the mocks do) and starts it: size, addresses (packed: descriptor
+/// ring, driver area and device area, which vhost-user carries as desc,
+/// avail and used), base (the fresh ring's unless `base`), call and kick
+/// eventfds, enable.
+fn start_ring(
+    frontend: &mut Frontend,
+    mem: Mem,
+    opts: &VmmOptions,
+    host: u64,
+    kick: &EventFd,
+    call: &EventFd,
+    base: Option<u16>,
+) -> MockResult<Driver> {
+    let q = opts.queue_size;
+    let (driver, (desc, avail, used), fresh_base) = if opts.packed {
+        let d = MockPackedDriver::new_owned(mem, q);
+        let addrs = d.create_queue().addresses();
+        // Position 0 with the wrap counter (bit 15) set.
+        (Driver::Packed(d), addrs, 0x8000)
+    } else {
+        let d = MockDriver::new_owned(mem, q);
+        let addrs = d.ring_addresses();
+        (Driver::Split(d), addrs, 0)
+    };
+    if used.0 + 8 * u64::from(q) + 6 > DATA_START {
+        return Err(format!("queue size {q} does not fit below the data area").into());
+    }
+    frontend.set_vring_num(0, q)?;
+    frontend.set_vring_addr(
+        0,
+        &VringConfigData {
+            queue_max_size: q,
+            queue_size: q,
+            flags: 0,
+            desc_table_addr: host + desc.0,
+            used_ring_addr: host + used.0,
+            avail_ring_addr: host + avail.0,
+            log_addr: None,
+        },
+    )?;
+    frontend.set_vring_base(0, base.unwrap_or(fresh_base))?;
+    frontend.set_vring_call(0, call)?;
+    frontend.set_vring_kick(0, kick)?;
+    frontend.set_vring_enable(0, true)?;
+    Ok(driver)
 }
 
 /// Protocol features a frontend sees (re-exported for tests).

@@ -39,6 +39,7 @@
 //!         tag: "share".into(),
 //!         queue_size: 1024,
 //!         engine: EngineConfig::default(),
+//!         packed_ring: true,
 //!     },
 //!     stack_policy: coro_pool::Policy::Bounded,
 //!     stack_trim_interval: Some(coro_pool::DEFAULT_TRIM_INTERVAL),

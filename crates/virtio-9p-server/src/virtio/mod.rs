@@ -11,6 +11,13 @@
 //! the chain goes to the used ring with the reply's length, and the driver
 //! is signalled if event-idx (or the no-notify flag) says so.
 //!
+//! The ring may be split or packed (`VIRTIO_F_RING_PACKED`, offered in
+//! [`DEVICE_FEATURES`]): [`RequestQueue::process_ring`] and
+//! [`RequestQueue::complete_ring`] take any
+//! [`DeviceRing`](virtqueue_large::DeviceRing), so both layouts share one
+//! request path; [`RequestQueue::process`] and [`RequestQueue::complete`]
+//! are the same for a split `virtio_queue::Queue`.
+//!
 //! Tflush never reaches the server: the queue starts a coroutine that
 //! cancels the old request through the engine and writes the Rflush only
 //! once the old chain is back in the used ring.
@@ -21,26 +28,32 @@ mod queue;
 pub use io::{ChainReader, ChainWriter};
 pub use queue::{QueueError, RequestQueue, KICK_BUDGET, MAX_IN_FLIGHT_SEGMENTS};
 
+use virtio_bindings::virtio_config::{VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtqueue_large::ChainLimits;
 
-/// Virtio device id of a 9P transport.
-pub const VIRTIO_ID_9P: u32 = 9;
-/// Feature bit: the config space holds a mount tag.
+/// Feature bit: the config space holds a mount tag (`VIRTIO_9P_MOUNT_TAG`
+/// of Linux's `virtio_9p.h`, which virtio-bindings 0.2 does not cover).
 pub const VIRTIO_9P_MOUNT_TAG: u32 = 0;
-/// Feature bit: indirect descriptors.
-pub const VIRTIO_RING_F_INDIRECT_DESC: u32 = 28;
-/// Feature bit: used/avail event index notification suppression.
-pub const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
-/// Feature bit: vhost-user protocol features (vhost-user only).
-pub const VHOST_USER_F_PROTOCOL_FEATURES: u32 = 30;
-/// Feature bit: virtio 1.0.
-pub const VIRTIO_F_VERSION_1: u32 = 32;
 
-/// The virtio features the device offers.
+/// The virtio features the device offers: the mount tag, indirect
+/// descriptors, event-idx, virtio 1.0 and packed rings (the other feature
+/// bits come from virtio-bindings).
 pub const DEVICE_FEATURES: u64 = (1 << VIRTIO_9P_MOUNT_TAG)
     | (1 << VIRTIO_RING_F_INDIRECT_DESC)
     | (1 << VIRTIO_RING_F_EVENT_IDX)
-    | (1 << VIRTIO_F_VERSION_1);
+    | (1 << VIRTIO_F_VERSION_1)
+    | (1 << VIRTIO_F_RING_PACKED);
+
+/// Whether `acked` (the driver's features) selects the packed ring layout.
+pub fn packed_ring(acked: u64) -> bool {
+    acked & (1 << VIRTIO_F_RING_PACKED) != 0
+}
+
+/// Whether `acked` enables indirect descriptors.
+pub fn indirect_descriptors(acked: u64) -> bool {
+    acked & (1 << VIRTIO_RING_F_INDIRECT_DESC) != 0
+}
 
 /// Longest mount tag: the config space (2 + tag bytes) must fit the
 /// 256 bytes a vhost-user GET_CONFIG message carries.
@@ -157,10 +170,15 @@ mod tests {
 
     #[test]
     fn test_feature_bits() {
-        assert_eq!(DEVICE_FEATURES & 1, 1);
-        assert_ne!(DEVICE_FEATURES & (1 << 32), 0);
-        assert_ne!(DEVICE_FEATURES & (1 << 28), 0);
-        assert_ne!(DEVICE_FEATURES & (1 << 29), 0);
+        // The numbers of the virtio spec, not only the bindings' names.
+        assert_eq!(
+            DEVICE_FEATURES,
+            1 | (1 << 28) | (1 << 29) | (1 << 32) | (1 << 34)
+        );
+        assert!(packed_ring(1 << 34));
+        assert!(!packed_ring(DEVICE_FEATURES & !(1 << 34)));
+        assert!(indirect_descriptors(1 << 28));
+        assert!(!indirect_descriptors(1 << 29));
     }
 
     #[test]

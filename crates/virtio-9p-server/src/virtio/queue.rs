@@ -9,7 +9,7 @@ use std::time::Duration;
 use coro_pool::StackPool;
 use log::{error, warn};
 use virtio_queue::QueueT;
-use virtqueue_large::{ChainWalker, WalkerStats};
+use virtqueue_large::{ChainWalker, DeviceRing, SplitRing, WalkerStats};
 use vm_memory::GuestMemoryBackend;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -44,9 +44,9 @@ pub enum QueueError {
     /// the queue stops until the driver resets it.
     #[error("virtqueue is broken: {0}")]
     Ring(#[source] virtqueue_large::Error),
-    /// Writing the used ring failed.
+    /// Writing the used ring (or the notification fields) failed.
     #[error("cannot add to the used ring: {0}")]
-    Used(#[source] virtio_queue::Error),
+    Used(#[source] virtqueue_large::Error),
     /// The eventfd that resumes a queue left with work could not be made.
     #[error("cannot create the queue's resume eventfd: {0}")]
     ResumeFd(#[source] std::io::Error),
@@ -193,12 +193,25 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         Ok(())
     }
 
-    /// Pops every available chain and starts its request. With event-idx
-    /// the avail event is rearmed and the ring rechecked, so no kick is
-    /// lost. Finished requests are left for [`RequestQueue::complete`].
+    /// Pops every available chain of a split queue and starts its
+    /// request: [`process_ring`](Self::process_ring) on a
+    /// [`SplitRing`].
     pub fn process<Q, M>(&mut self, queue: &mut Q, mem: M) -> Result<(), QueueError>
     where
         Q: QueueT,
+        M: Deref + Clone + Send + 'static,
+        M::Target: GuestMemoryBackend + Sized,
+    {
+        self.process_ring(&mut SplitRing(queue), mem)
+    }
+
+    /// Pops every available chain of `ring` (split or packed) and starts
+    /// its request. With event-idx the avail event is rearmed and the ring
+    /// rechecked, so no kick is lost. Finished requests are left for
+    /// [`RequestQueue::complete_ring`].
+    pub fn process_ring<R, M>(&mut self, ring: &mut R, mem: M) -> Result<(), QueueError>
+    where
+        R: DeviceRing,
         M: Deref + Clone + Send + 'static,
         M::Target: GuestMemoryBackend + Sized,
     {
@@ -207,9 +220,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         }
         let mut budget = KICK_BUDGET;
         loop {
-            if let Err(e) = queue.disable_notification(mem.deref()) {
-                return Err(QueueError::Used(e));
-            }
+            ring.disable_kicks(mem.deref()).map_err(QueueError::Used)?;
             loop {
                 // Notifications stay disabled when chains are left: the
                 // queue resumes itself through `more`.
@@ -221,7 +232,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                     self.resume_later();
                     return Ok(());
                 }
-                match self.walker.pop(queue, mem.clone()) {
+                match ring.pop_chain(&mut self.walker, mem.clone()) {
                     Ok(Some(chain)) => {
                         budget = budget.saturating_sub(chain.descriptor_count());
                         self.start(chain);
@@ -238,7 +249,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                     }
                 }
             }
-            match queue.enable_notification(mem.deref()) {
+            match ring.enable_kicks(mem.deref()) {
                 Ok(true) => continue,
                 Ok(false) => return Ok(()),
                 Err(e) => return Err(QueueError::Used(e)),
@@ -252,19 +263,32 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         self.engine.poll();
     }
 
-    /// Puts finished requests on the used ring. Returns true if any, in
-    /// which case the caller signals the driver if
-    /// `queue.needs_notification()` says so.
+    /// Puts finished requests on the used ring of a split queue:
+    /// [`complete_ring`](Self::complete_ring) on a [`SplitRing`]. The
+    /// caller signals the driver if `queue.needs_notification()` says so.
     pub fn complete<Q, G>(&mut self, queue: &mut Q, mem: &G) -> Result<bool, QueueError>
     where
         Q: QueueT,
+        G: GuestMemoryBackend,
+    {
+        self.complete_ring(&mut SplitRing(queue), mem)
+    }
+
+    /// Puts finished requests on the used ring of `ring` (split or
+    /// packed; for packed, the buffer id of each chain). Returns true if
+    /// any, in which case the caller signals the driver if
+    /// [`DeviceRing::notify_needed`] says so (or when it fails: a driver
+    /// with a broken event area is signalled rather than left waiting).
+    pub fn complete_ring<R, G>(&mut self, ring: &mut R, mem: &G) -> Result<bool, QueueError>
+    where
+        R: DeviceRing,
         G: GuestMemoryBackend,
     {
         self.engine.take_completed(&mut self.done);
         self.finish_done();
         let any = !self.done.is_empty();
         for (head, len) in self.done.drain(..) {
-            queue.add_used(mem, head, len).map_err(QueueError::Used)?;
+            ring.push_used(mem, head, len).map_err(QueueError::Used)?;
         }
         Ok(any)
     }

@@ -30,6 +30,16 @@ impl TestDaemon {
     }
 
     pub fn start_with(workers: usize, queue_size: u16, offload: OffloadPolicy) -> TestDaemon {
+        Self::start_offering(workers, queue_size, offload, true)
+    }
+
+    /// `packed_ring`: offer `VIRTIO_F_RING_PACKED`.
+    pub fn start_offering(
+        workers: usize,
+        queue_size: u16,
+        offload: OffloadPolicy,
+        packed_ring: bool,
+    ) -> TestDaemon {
         let dir = tempfile::tempdir().unwrap();
         let sock_dir = tempfile::tempdir().unwrap();
         let socket = sock_dir.path().join("vu.sock");
@@ -46,6 +56,7 @@ impl TestDaemon {
                     offload,
                     ..EngineConfig::default()
                 },
+                packed_ring,
             },
             stack_policy: coro_pool::Policy::Bounded,
             stack_trim_interval: Some(coro_pool::DEFAULT_TRIM_INTERVAL),

@@ -2,19 +2,36 @@
 //! The heavy vhost-user scenarios, shared by the in-process daemon
 //! (`vhost_user_requests.rs`) and the hardened binary
 //! (`sandbox_vhost_user.rs`). Each writes its files under `dir` (the
-//! export), connects through `connect` and drops its `FakeVmm` before it
-//! returns, so the caller can then stop its daemon.
+//! export), connects through `connect` with the ring layout `ring`
+//! (split or packed: every scenario runs on both) and drops its `FakeVmm`
+//! before it returns, so the caller can then stop its daemon.
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use virtio_9p_server::protocol::*;
-use virtio_9p_server::vhost_user::mock::{
-    FakeVmm, Layout, VmmOptions, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE,
-};
+use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
+use virtqueue_large::mock::{Malicious, PackedMalicious};
 
 use super::{decode, frame, version};
+
+/// The ring layout a scenario drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ring {
+    Split,
+    Packed,
+}
+
+impl Ring {
+    /// `opts` with this layout.
+    pub fn opts(self, opts: VmmOptions) -> VmmOptions {
+        VmmOptions {
+            packed: self == Ring::Packed,
+            ..opts
+        }
+    }
+}
 
 /// Takes or drops an OFD lock on the whole file (conflicts with the
 /// daemon's OFD locks even in the same process).
@@ -55,19 +72,38 @@ pub fn attach_open(vmm: &mut FakeVmm, name: &str, flags: u32) {
     assert!(matches!(r, Rmessage::Lopen(..)), "{r:?}");
 }
 
+/// Up to 64 bytes of fid 1 from offset 0 (a direct chain).
+fn read_fid1(vmm: &mut FakeVmm) -> Vec<u8> {
+    let read = Tmessage::Read(Tread {
+        fid: 1,
+        offset: 0,
+        count: 64,
+    });
+    let r = vmm.call(&frame(9, read), 128, Layout::Direct).unwrap();
+    match decode(&r).1 {
+        Rmessage::Read(data) => data,
+        other => panic!("Tread answered {other:?}"),
+    }
+}
+
 /// A 128 MiB Tread through one indirect chain of 32768 data descriptors.
-pub fn read_128m_through_indirect_chain(dir: &Path, connect: impl FnOnce(VmmOptions) -> FakeVmm) {
+pub fn read_128m_through_indirect_chain(
+    dir: &Path,
+    connect: impl FnOnce(VmmOptions) -> FakeVmm,
+    ring: Ring,
+) {
     let size = 128usize << 20;
     let mut data = vec![0u8; size];
     for (i, chunk) in data.chunks_mut(8).enumerate() {
         chunk.copy_from_slice(&(i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
     }
     std::fs::write(dir.join("big"), &data).unwrap();
-    let mut vmm = connect(VmmOptions {
+    let mut vmm = connect(ring.opts(VmmOptions {
         mem_size: 140 << 20,
         queue_size: 1024,
         ..VmmOptions::default()
-    });
+    }));
+    assert_eq!(vmm.is_packed(), ring == Ring::Packed);
     assert_eq!(version(&mut vmm, MAX_MSIZE), MAX_MSIZE);
     attach_open(&mut vmm, "big", 0);
     // Rread header (11 bytes) + 128 MiB - 11 in 32768 writable descriptors
@@ -100,61 +136,57 @@ pub fn read_128m_through_indirect_chain(dir: &Path, connect: impl FnOnce(VmmOpti
     );
 }
 
-/// 1024 Treads in flight (512 direct chains, up to 512 indirect ones).
-pub fn requests_1024_in_flight(dir: &Path, connect: impl FnOnce(VmmOptions) -> FakeVmm) {
+/// Treads in flight on a 1024-entry ring: 512 direct chains (two
+/// descriptors each, the whole ring), then 1024 indirect chains (one each).
+pub fn requests_1024_in_flight(
+    dir: &Path,
+    connect: impl FnOnce(VmmOptions) -> FakeVmm,
+    ring: Ring,
+) {
     std::fs::write(dir.join("f"), vec![0x5au8; 4096]).unwrap();
-    let mut vmm = connect(VmmOptions {
+    let mut vmm = connect(ring.opts(VmmOptions {
         mem_size: 64 << 20,
         ..VmmOptions::default()
-    });
+    }));
     version(&mut vmm, 65536);
     attach_open(&mut vmm, "f", 0);
-    let mut heads = Vec::new();
-    for i in 0..512u16 {
-        // 512 chains of 2 descriptors fill the 1024-entry table...
-        let req = frame(
-            10 + i,
-            Tmessage::Read(Tread {
-                fid: 1,
-                offset: u64::from(i) * 8,
-                count: 8,
-            }),
-        );
-        heads.push(vmm.submit(&req, 64, Layout::Direct).unwrap());
-    }
-    for i in 512..1024u16 {
-        // ...and 512 indirect chains take one descriptor each? No: the
-        // ring has 1024 entries, so use indirect chains for the rest.
-        let req = frame(
-            10 + i,
-            Tmessage::Read(Tread {
-                fid: 1,
-                offset: u64::from(i),
-                count: 8,
-            }),
-        );
-        match vmm.submit(&req, 64, Layout::Indirect { seg: 64 }) {
-            Ok(s) => heads.push(s),
-            Err(_) => break,
+    for (n, layout) in [
+        (512u16, Layout::Direct),
+        (1024, Layout::Indirect { seg: 64 }),
+    ] {
+        for i in 0..n {
+            let req = frame(
+                10 + i,
+                Tmessage::Read(Tread {
+                    fid: 1,
+                    offset: u64::from(i) % 4000,
+                    count: 8,
+                }),
+            );
+            vmm.submit(&req, 64, layout).unwrap();
         }
-    }
-    let total = heads.len();
-    vmm.kick().unwrap();
-    let mut got = 0;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while got < total && Instant::now() < deadline {
-        for (_, len) in vmm.wait_used(Duration::from_secs(1)).unwrap() {
-            assert_eq!(len, 11 + 8);
-            got += 1;
+        assert_eq!(vmm.pending(), usize::from(n));
+        vmm.kick().unwrap();
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while got < n && Instant::now() < deadline {
+            for (_, len) in vmm.wait_used(Duration::from_secs(1)).unwrap() {
+                assert_eq!(len, 11 + 8);
+                got += 1;
+            }
         }
+        assert_eq!(got, n, "{layout:?}");
+        assert_eq!(vmm.pending(), 0);
     }
-    assert_eq!(got, total);
-    assert!(total >= 512);
 }
 
 /// 1023 Tlocks blocked on a lock the test holds, the first one flushed,
 /// then the rest released.
-pub fn blocked_locks_then_flushed(dir: &Path, connect: impl FnOnce(VmmOptions) -> FakeVmm) {
+pub fn blocked_locks_then_flushed(
+    dir: &Path,
+    connect: impl FnOnce(VmmOptions) -> FakeVmm,
+    ring: Ring,
+) {
     let path = dir.join("lockme");
     std::fs::write(&path, b"x").unwrap();
     // Hold an OFD write lock from the test: every guest Tlock blocks.
@@ -165,10 +197,10 @@ pub fn blocked_locks_then_flushed(dir: &Path, connect: impl FnOnce(VmmOptions) -
         .unwrap();
     ofd_lock(&holder, libc::F_WRLCK);
 
-    let mut vmm = connect(VmmOptions {
+    let mut vmm = connect(ring.opts(VmmOptions {
         mem_size: 64 << 20,
         ..VmmOptions::default()
-    });
+    }));
     version(&mut vmm, 65536);
     attach_open(&mut vmm, "lockme", open_flags::RDWR);
     let lock = |tag: u16| {
@@ -242,46 +274,61 @@ pub fn blocked_locks_then_flushed(dir: &Path, connect: impl FnOnce(VmmOptions) -
 }
 
 /// Malformed chains and 9P messages; the queue keeps serving afterwards.
-pub fn malformed_chains_and_messages(dir: &Path, connect: impl FnOnce(VmmOptions) -> FakeVmm) {
+pub fn malformed_chains_and_messages(
+    dir: &Path,
+    connect: impl FnOnce(VmmOptions) -> FakeVmm,
+    ring: Ring,
+) {
     std::fs::write(dir.join("f"), b"data").unwrap();
-    let mut vmm = connect(VmmOptions::default());
+    let mut vmm = connect(ring.opts(VmmOptions::default()));
     version(&mut vmm, 65536);
 
-    // 1. A descriptor pointing outside guest memory.
-    let h = vmm.take_desc().unwrap();
-    vmm.write_desc(h, 1 << 40, 64, 0, 0).unwrap();
-    vmm.push_avail(h).unwrap();
-    // 2. A descriptor loop.
-    let a = vmm.take_desc().unwrap();
-    let b = vmm.take_desc().unwrap();
-    let buf = vmm.alloc(64).unwrap();
-    vmm.write_desc(a, buf, 16, DESC_F_NEXT, b).unwrap();
-    vmm.write_desc(b, buf, 16, DESC_F_NEXT, a).unwrap();
-    vmm.push_avail(a).unwrap();
-    // 3. A readable descriptor after a writable one.
-    let c = vmm.take_desc().unwrap();
-    let e = vmm.take_desc().unwrap();
-    vmm.write_desc(c, buf, 16, DESC_F_WRITE | DESC_F_NEXT, e)
-        .unwrap();
-    vmm.write_desc(e, buf, 16, 0, 0).unwrap();
-    vmm.push_avail(c).unwrap();
-    // 4. An indirect table with a bad length.
-    let i = vmm.take_desc().unwrap();
-    vmm.write_desc(i, buf, 17, DESC_F_INDIRECT, 0).unwrap();
-    vmm.push_avail(i).unwrap();
+    // Chains the walker refuses, from virtqueue-large's malicious
+    // patterns of each layout: a buffer outside guest memory, a loop or a
+    // chain ending in a slot never made available, a readable descriptor
+    // after a writable one, an indirect table with a bad length, and a
+    // table inside a table.
+    let heads: Vec<Option<u16>> = match ring {
+        Ring::Split => {
+            let d = vmm.split_driver().unwrap();
+            [
+                Malicious::BufferPastEnd,
+                Malicious::RingLoop,
+                Malicious::ReadableAfterWritable,
+                Malicious::IndirectTableMisaligned,
+                Malicious::NestedIndirect,
+            ]
+            .into_iter()
+            .map(|p| d.add_malicious(p).unwrap())
+            .collect()
+        }
+        Ring::Packed => {
+            let d = vmm.packed_driver().unwrap();
+            [
+                PackedMalicious::BufferPastEnd,
+                PackedMalicious::ReadableAfterWritable,
+                PackedMalicious::IndirectTableMisaligned,
+                PackedMalicious::NestedIndirect,
+                PackedMalicious::TableOutsideMemory,
+            ]
+            .into_iter()
+            .map(|p| d.add_malicious(p).unwrap())
+            .collect()
+        }
+    };
+    assert!(heads.iter().all(Option::is_some), "{heads:?}");
     vmm.kick().unwrap();
     let mut used = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while used.len() < 4 && Instant::now() < deadline {
+    while used.len() < heads.len() && Instant::now() < deadline {
         used.extend(vmm.wait_used(Duration::from_millis(200)).unwrap());
     }
-    assert_eq!(
-        used.len(),
-        4,
-        "refused chains come back with length 0: {used:?}"
-    );
+    let mut got: Vec<u16> = used.iter().map(|(h, _)| *h).collect();
+    let mut want: Vec<u16> = heads.iter().flatten().copied().collect();
+    got.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(got, want, "refused chains come back: {used:?}");
     assert!(used.iter().all(|(_, len)| *len == 0), "{used:?}");
-    vmm.release_raw(&[h, a, b, c, e, i]);
 
     // 5. Malformed 9P: garbage, a size larger than the buffer, a truncated
     // header, no room for a reply. Each is answered or returned, and the
@@ -303,19 +350,91 @@ pub fn malformed_chains_and_messages(dir: &Path, connect: impl FnOnce(VmmOptions
 
     // Still serving.
     attach_open(&mut vmm, "f", 0);
-    let r = vmm
-        .call(
-            &frame(
-                9,
-                Tmessage::Read(Tread {
-                    fid: 1,
-                    offset: 0,
-                    count: 64,
-                }),
-            ),
-            128,
-            Layout::Direct,
-        )
+    assert_eq!(read_fid1(&mut vmm), b"data");
+}
+
+/// The ring is stopped (GET_VRING_BASE, as a VMM does on a device reset)
+/// with 60 Tlocks blocked in flight on a 64-entry ring, and started again
+/// from scratch: the base the device reports is the driver's position (for
+/// packed, past the end of the ring: the wrap counter flipped), a start
+/// at a base past the ring is refused, the stopped requests never come
+/// back, and the new ring serves.
+pub fn reset_with_requests_in_flight(
+    dir: &Path,
+    connect: impl FnOnce(VmmOptions) -> FakeVmm,
+    ring: Ring,
+) {
+    let path = dir.join("lockme");
+    std::fs::write(&path, b"x").unwrap();
+    std::fs::write(dir.join("f"), b"after reset").unwrap();
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
         .unwrap();
-    assert_eq!(decode(&r).1, Rmessage::Read(b"data".to_vec()));
+    ofd_lock(&holder, libc::F_WRLCK);
+    let mut vmm = connect(ring.opts(VmmOptions {
+        mem_size: 16 << 20,
+        queue_size: 64,
+        ..VmmOptions::default()
+    }));
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "lockme", open_flags::RDWR);
+    for tag in 100..160u16 {
+        let lock = Tmessage::Lock(Tlock {
+            fid: 1,
+            ty: lock::TYPE_WRLCK,
+            flags: lock::FLAGS_BLOCK,
+            start: 0,
+            length: 0,
+            proc_id: u32::from(tag),
+            client_id: b"guest".to_vec(),
+        });
+        vmm.submit(&frame(tag, lock), 64, Layout::Indirect { seg: 64 })
+            .unwrap();
+    }
+    vmm.kick().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(vmm.collect_used().unwrap().is_empty());
+
+    let expected = vmm.driver_ring_base();
+    if ring == Ring::Packed {
+        // 4 direct setup chains (8 slots) and 60 one-slot chains: slot 4
+        // of the second lap, wrap counter 0.
+        assert_eq!(expected, 4);
+    } else {
+        assert_eq!(expected, 64);
+    }
+    assert_eq!(vmm.stop_ring().unwrap(), expected);
+
+    // A frontend that starts the ring at a base past its end (slot 4096
+    // of 64; for split, an available index 4096 ahead of the ring's): the
+    // device refuses the ring and serves nothing from it, without
+    // breaking the connection.
+    vmm.restart_ring_at(Some(0x8000 | 4096)).unwrap();
+    vmm.submit(
+        &frame(200, Tmessage::Clunk(Tfid { fid: 1 })),
+        64,
+        Layout::Direct,
+    )
+    .unwrap();
+    vmm.kick().unwrap();
+    assert!(vmm
+        .wait_used(Duration::from_millis(300))
+        .unwrap()
+        .is_empty());
+    vmm.stop_ring().unwrap();
+
+    vmm.restart_ring().unwrap();
+    ofd_lock(&holder, libc::F_UNLCK);
+
+    // A new session on the new ring.
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "f", 0);
+    assert_eq!(read_fid1(&mut vmm), b"after reset");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "a stopped request came back on the new ring"
+    );
 }

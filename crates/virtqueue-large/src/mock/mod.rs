@@ -86,6 +86,9 @@ pub enum MockError {
     /// Guest memory access failed.
     #[error("guest memory: {0}")]
     Memory(String),
+    /// A placed chain got a different number of addresses than buffers.
+    #[error("{0} buffers but {1} addresses")]
+    AddressCount(usize, usize),
 }
 
 /// One buffer of a chain to build.
@@ -278,7 +281,7 @@ impl Malicious {
 
 /// The driver side of one split queue in guest memory.
 pub struct MockDriver<'a, M: GuestMemoryBackend> {
-    mem: &'a M,
+    mem: MemRef<'a, M>,
     desc_table: GuestAddress,
     avail: GuestAddress,
     used: GuestAddress,
@@ -292,10 +295,22 @@ pub struct MockDriver<'a, M: GuestMemoryBackend> {
     data_end: u64,
 }
 
+impl<M: GuestMemoryBackend> MockDriver<'static, M> {
+    /// Like [`new`](MockDriver::new), but the driver owns the memory (for
+    /// a driver that lives beside its memory, as a fake VMM's does).
+    pub fn new_owned(mem: M, size: u16) -> Self {
+        Self::with_memory(MemRef::Owned(mem), size)
+    }
+}
+
 impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
     /// A queue of `size` entries (a power of two up to 32768) with its rings
     /// at guest address 0.
     pub fn new(mem: &'a M, size: u16) -> Self {
+        Self::with_memory(MemRef::Borrowed(mem), size)
+    }
+
+    fn with_memory(mem: MemRef<'a, M>, size: u16) -> Self {
         assert!(size.is_power_of_two() && size <= 32768, "queue size {size}");
         let n = u64::from(size);
         let desc_table = GuestAddress(0);
@@ -327,13 +342,20 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
     }
 
     /// The guest memory.
-    pub fn memory(&self) -> &'a M {
-        self.mem
+    pub fn memory(&self) -> &M {
+        &self.mem
     }
 
     /// The queue size.
     pub fn queue_size(&self) -> u16 {
         self.size
+    }
+
+    /// The used ring index the driver has read up to (what
+    /// [`take_used`](Self::take_used) returned last); the value a driver
+    /// writes as `used_event` to be told of the next used entry.
+    pub fn used_seen(&self) -> u16 {
+        self.used_seen
     }
 
     /// The first guest address of the data area.
@@ -377,12 +399,12 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
 
     /// Writes bytes to guest memory.
     pub fn write(&self, addr: GuestAddress, data: &[u8]) -> Result<(), MockError> {
-        write_bytes(self.mem, addr, data)
+        write_bytes(&*self.mem, addr, data)
     }
 
     /// Reads bytes from guest memory.
     pub fn read(&self, addr: GuestAddress, len: usize) -> Result<Vec<u8>, MockError> {
-        read_bytes(self.mem, addr, len)
+        read_bytes(&*self.mem, addr, len)
     }
 
     /// Takes `n` free descriptor indices of the ring.
@@ -541,6 +563,23 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
         bufs: &[Buf],
         addrs: &[GuestAddress],
     ) -> Result<ChainLayout, MockError> {
+        self.add_chain_placed(layout, bufs, addrs, None)
+    }
+
+    /// Lays out and publishes a chain of `bufs` at the guest addresses
+    /// `addrs` (one per buffer, which the caller owns), as a VMM's driver
+    /// reusing its buffers does. With [`Layout::Indirect`], the table goes
+    /// to `table` if given (room for 16 bytes per buffer), else it is
+    /// allocated in the data area; [`Layout::ChainedIndirect`] always
+    /// allocates its tables.
+    pub fn add_chain_placed(
+        &mut self,
+        layout: Layout,
+        bufs: &[Buf],
+        addrs: &[GuestAddress],
+        table: Option<GuestAddress>,
+    ) -> Result<ChainLayout, MockError> {
+        check_placed(bufs, addrs)?;
         let mut buffers = Vec::with_capacity(bufs.len());
         let mut descs = Vec::with_capacity(bufs.len());
         for (b, &addr) in bufs.iter().zip(addrs) {
@@ -572,7 +611,13 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
                     return Err(MockError::TooLong(descs.len()));
                 }
                 link_in_order(&mut descs);
-                let table = self.write_table(&descs)?;
+                let table = match table {
+                    Some(at) => {
+                        self.write_table_at(at, &descs)?;
+                        at
+                    }
+                    None => self.write_table(&descs)?,
+                };
                 tables.push(table);
                 let head = self.publish_indirect(table, descs.len())?;
                 Ok(ChainLayout {
@@ -655,12 +700,12 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
 
     /// Spreads `data` over the readable buffers of `chain`, in order.
     pub fn fill_readable(&self, chain: &ChainLayout, data: &[u8]) -> Result<(), MockError> {
-        fill_readable(self.mem, chain, data)
+        fill_readable(&*self.mem, chain, data)
     }
 
     /// The concatenated contents of the writable buffers of `chain`.
     pub fn read_writable(&self, chain: &ChainLayout) -> Result<Vec<u8>, MockError> {
-        read_writable(self.mem, chain)
+        read_writable(&*self.mem, chain)
     }
 
     /// The used ring index written by the device.
@@ -863,6 +908,34 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
             }
         };
         Ok(Some(head))
+    }
+}
+
+/// A chain to place needs buffers, and one address for each.
+fn check_placed(bufs: &[Buf], addrs: &[GuestAddress]) -> Result<(), MockError> {
+    if bufs.is_empty() {
+        return Err(MockError::EmptyChain);
+    }
+    if bufs.len() != addrs.len() {
+        return Err(MockError::AddressCount(bufs.len(), addrs.len()));
+    }
+    Ok(())
+}
+
+/// The guest memory of a mock driver: borrowed, or owned by the driver.
+enum MemRef<'a, M> {
+    Borrowed(&'a M),
+    Owned(M),
+}
+
+impl<M> std::ops::Deref for MemRef<'_, M> {
+    type Target = M;
+
+    fn deref(&self) -> &M {
+        match self {
+            MemRef::Borrowed(m) => m,
+            MemRef::Owned(m) => m,
+        }
     }
 }
 

@@ -17,8 +17,8 @@ use virtio_queue::desc::packed::Descriptor;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::{
-    bump_alloc, fill_readable, read_bytes, read_writable, write_bytes, Buf, ChainLayout, Layout,
-    MockError, F_INDIRECT, F_NEXT, F_WRITE,
+    bump_alloc, check_placed, fill_readable, read_bytes, read_writable, write_bytes, Buf,
+    ChainLayout, Layout, MemRef, MockError, F_INDIRECT, F_NEXT, F_WRITE,
 };
 use crate::limits::{ChainLimits, LARGE_MAX_BYTES, LARGE_MAX_DESCRIPTORS};
 use crate::packed::{EventSuppression, PackedQueue, EVENT_FLAG_DESC, F_AVAIL, F_USED, WRAP_BIT};
@@ -211,7 +211,7 @@ impl PackedMalicious {
 
 /// The driver side of one packed queue in guest memory.
 pub struct MockPackedDriver<'a, M: GuestMemoryBackend> {
-    mem: &'a M,
+    mem: MemRef<'a, M>,
     ring: GuestAddress,
     driver_area: GuestAddress,
     device_area: GuestAddress,
@@ -232,16 +232,28 @@ pub struct MockPackedDriver<'a, M: GuestMemoryBackend> {
     data_end: u64,
 }
 
+impl<M: GuestMemoryBackend> MockPackedDriver<'static, M> {
+    /// Like [`new`](MockPackedDriver::new), but the driver owns the memory.
+    pub fn new_owned(mem: M, size: u16) -> Self {
+        Self::with_memory(MemRef::Owned(mem), size)
+    }
+}
+
 impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
     /// A packed queue of `size` entries (1 to 32768) with its ring at guest address 0.
     pub fn new(mem: &'a M, size: u16) -> Self {
+        Self::with_memory(MemRef::Borrowed(mem), size)
+    }
+
+    fn with_memory(mem: MemRef<'a, M>, size: u16) -> Self {
         assert!((1..=32768).contains(&size), "queue size {size}");
         let ring = GuestAddress(0);
         let ring_len = 16 * u64::from(size);
         let driver_area = GuestAddress(ring_len);
         let device_area = GuestAddress(ring_len + 4);
         let data_start = (ring_len + 8 + 0xfff) & !0xfff;
-        write_bytes(mem, ring, &vec![0u8; ring_len as usize + 8]).expect("mock ring memory");
+        write_bytes(&*mem, ring, &vec![0u8; ring_len as usize + 8]).expect("mock ring memory");
+        let data_end = mem.last_addr().0.saturating_add(1);
         MockPackedDriver {
             mem,
             ring,
@@ -257,13 +269,13 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
             outstanding: HashMap::new(),
             data_start,
             data_next: data_start,
-            data_end: mem.last_addr().0.saturating_add(1),
+            data_end,
         }
     }
 
     /// The guest memory.
-    pub fn memory(&self) -> &'a M {
-        self.mem
+    pub fn memory(&self) -> &M {
+        &self.mem
     }
 
     /// The queue size.
@@ -279,6 +291,13 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
     /// The driver's next available slot and wrap counter.
     pub fn avail_position(&self) -> (u16, bool) {
         (self.avail_pos, self.avail_wrap)
+    }
+
+    /// The driver's next used slot to read and its wrap counter (what a
+    /// driver passes to [`set_used_event`](Self::set_used_event) to be
+    /// told of the next used descriptor).
+    pub fn used_position(&self) -> (u16, bool) {
+        (self.used_pos, self.used_wrap)
     }
 
     /// Ring slots not occupied by outstanding chains.
@@ -311,12 +330,12 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
 
     /// Writes bytes to guest memory.
     pub fn write(&self, addr: GuestAddress, data: &[u8]) -> Result<(), MockError> {
-        write_bytes(self.mem, addr, data)
+        write_bytes(&*self.mem, addr, data)
     }
 
     /// Reads bytes from guest memory.
     pub fn read(&self, addr: GuestAddress, len: usize) -> Result<Vec<u8>, MockError> {
-        read_bytes(self.mem, addr, len)
+        read_bytes(&*self.mem, addr, len)
     }
 
     /// Writes one ring descriptor as is (flags included).
@@ -338,15 +357,9 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
     /// Allocates and writes an indirect table of packed descriptors.
     pub fn write_table(&mut self, descs: &[Descriptor]) -> Result<GuestAddress, MockError> {
         let addr = self.alloc_data(16 * descs.len() as u64)?;
-        // SAFETY: `Descriptor` is `repr(C)` plain data of 16 bytes with no
-        // padding (`ByteValued`), so the slice is `16 * len` initialized
-        // bytes, borrowed for the duration of the copy. One copy instead of
-        // one write per descriptor: a 32769-entry table is laid out per
-        // fuzz input.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(descs.as_ptr().cast::<u8>(), std::mem::size_of_val(descs))
-        };
-        self.write(addr, bytes)?;
+        // One copy instead of one write per descriptor: a 32769-entry
+        // table is laid out per fuzz input.
+        self.write(addr, descriptor_bytes(descs))?;
         Ok(addr)
     }
 
@@ -430,10 +443,43 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
         if bufs.is_empty() {
             return Err(MockError::EmptyChain);
         }
+        let mut addrs = Vec::with_capacity(bufs.len());
+        for b in bufs {
+            addrs.push(self.alloc_data(u64::from(b.len))?);
+        }
+        self.add_chain_placed_with_id(layout, bufs, &addrs, None, id)
+    }
+
+    /// Lays out and publishes a chain of `bufs` at the guest addresses
+    /// `addrs` (one per buffer, which the caller owns) with the next free
+    /// buffer id. With [`Layout::Indirect`], the table goes to `table` if
+    /// given (room for 16 bytes per buffer), else to the data area.
+    pub fn add_chain_placed(
+        &mut self,
+        layout: Layout,
+        bufs: &[Buf],
+        addrs: &[GuestAddress],
+        table: Option<GuestAddress>,
+    ) -> Result<ChainLayout, MockError> {
+        let id = *self
+            .free_ids
+            .last()
+            .ok_or(MockError::RingFull { wanted: 1, free: 0 })?;
+        self.add_chain_placed_with_id(layout, bufs, addrs, table, id)
+    }
+
+    fn add_chain_placed_with_id(
+        &mut self,
+        layout: Layout,
+        bufs: &[Buf],
+        addrs: &[GuestAddress],
+        table: Option<GuestAddress>,
+        id: u16,
+    ) -> Result<ChainLayout, MockError> {
+        check_placed(bufs, addrs)?;
         let mut buffers = Vec::with_capacity(bufs.len());
         let mut descs = Vec::with_capacity(bufs.len());
-        for b in bufs {
-            let addr = self.alloc_data(u64::from(b.len))?;
+        for (b, &addr) in bufs.iter().zip(addrs) {
             buffers.push((addr, b.len, b.writable));
             let flags = if b.writable { F_WRITE } else { 0 };
             descs.push(pdesc(addr.0, b.len, id, flags));
@@ -450,7 +496,13 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
                 if descs.len() > usize::from(u16::MAX) {
                     return Err(MockError::TooLong(descs.len()));
                 }
-                let table = self.write_table(&descs)?;
+                let table = match table {
+                    Some(at) => {
+                        self.write(at, descriptor_bytes(&descs))?;
+                        at
+                    }
+                    None => self.write_table(&descs)?,
+                };
                 tables.push(table);
                 descs = vec![pdesc(table.0, 16 * descs.len() as u32, id, F_INDIRECT)];
             }
@@ -458,7 +510,7 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
         }
         // An id out of range is refused by the device and never comes back.
         self.publish(&descs, id, false, id < self.size)?;
-        if let Some(pos) = self.free_ids.iter().position(|&i| i == id) {
+        if let Some(pos) = self.free_ids.iter().rposition(|&i| i == id) {
             self.free_ids.remove(pos);
         }
         Ok(ChainLayout {
@@ -482,18 +534,18 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
             .chain(writable.iter().map(|w| Buf::w(*w)))
             .collect();
         let chain = self.add_chain(layout, &bufs)?;
-        fill_readable(self.mem, &chain, &readable.concat())?;
+        fill_readable(&*self.mem, &chain, &readable.concat())?;
         Ok(chain)
     }
 
     /// Spreads `data` over the readable buffers of `chain`, in order.
     pub fn fill_readable(&self, chain: &ChainLayout, data: &[u8]) -> Result<(), MockError> {
-        fill_readable(self.mem, chain, data)
+        fill_readable(&*self.mem, chain, data)
     }
 
     /// The concatenated contents of the writable buffers of `chain`.
     pub fn read_writable(&self, chain: &ChainLayout) -> Result<Vec<u8>, MockError> {
-        read_writable(self.mem, chain)
+        read_writable(&*self.mem, chain)
     }
 
     /// Returns the used descriptors (id, len) the device wrote since the
@@ -677,4 +729,12 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
         self.publish(&descs, id, false, track)?;
         Ok(Some(id))
     }
+}
+
+/// The bytes of a descriptor table.
+fn descriptor_bytes(descs: &[Descriptor]) -> &[u8] {
+    // SAFETY: `Descriptor` is `repr(C)` plain data of 16 bytes with no
+    // padding (`ByteValued`), so the slice is `16 * len` initialized bytes,
+    // borrowed as long as `descs`.
+    unsafe { std::slice::from_raw_parts(descs.as_ptr().cast::<u8>(), std::mem::size_of_val(descs)) }
 }
