@@ -54,7 +54,7 @@ fn check_reply(frame: &[u8], reply: &[u8], limit: u32) {
     match &msg {
         Rmessage::Lerror(errno) => assert!((1..4096).contains(errno), "Rlerror with errno {errno}"),
         m => assert_eq!(
-            m.msg_type(),
+            u8::from(m.msg_type()),
             h.ty.wrapping_add(1),
             "reply type for request type {}",
             h.ty

@@ -185,7 +185,7 @@ impl Run<'_> {
             match msg {
                 Rmessage::Lerror(errno) => assert!((1..4096).contains(&errno), "Rlerror {errno}"),
                 m => assert_eq!(
-                    m.msg_type(),
+                    u8::from(m.msg_type()),
                     h.ty.wrapping_add(1),
                     "reply type to request type {}",
                     h.ty

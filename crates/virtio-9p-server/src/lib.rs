@@ -56,7 +56,7 @@
 //!
 //! ```
 //! use virtio_9p_server::io::{SliceReader, SliceWriter};
-//! use virtio_9p_server::protocol::{Rmessage, Tmessage, Tversion};
+//! use virtio_9p_server::protocol::{Rmessage, Rversion, Tmessage, Tversion};
 //! use virtio_9p_server::{Cancel, Config, Inline, PassthroughConfig, PassthroughFs, Server, Session};
 //!
 //! let dir = tempfile::tempdir().unwrap();
@@ -72,7 +72,7 @@
 //!             &Inline, &Cancel::new())
 //!     .unwrap();
 //! let (_, msg) = Rmessage::decode_frame(&reply[..info.size as usize], 65536).unwrap();
-//! assert_eq!(msg, Rmessage::Version(Tversion { msize: 65536, version: b"9P2000.L".to_vec() }));
+//! assert_eq!(msg, Rmessage::Version(Rversion { msize: 65536, version: b"9P2000.L".to_vec() }));
 //! ```
 
 pub mod bound;

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use virtio_9p_server::client::{Client, StreamTransport};
 use virtio_9p_server::protocol::{
-    getattr, open_flags, Rmessage, Tattach, Tfid, Tgetattr, Tmessage, Tread, Twalk, IOHDRSZ, NOFID,
+    GetattrMask, MsgType, OpenFlags, Rmessage, Tattach, Tfid, Tgetattr, Tmessage, Tread, Twalk,
+    IOHDRSZ, NOFID,
 };
 use virtio_9p_server::transport::socket::serve_connection;
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
@@ -41,10 +42,6 @@ type Res<T> = Result<T, Box<dyn Error>>;
 
 const GIB: f64 = (1u64 << 30) as f64;
 const KIB: u32 = 1024;
-/// 9P message types the lean loop checks by number.
-const RLERROR: u8 = 7;
-const RGETATTR: u8 = 25;
-const RREAD: u8 = 117;
 
 const ROOT: u32 = 0;
 const BIG: u32 = 1;
@@ -199,7 +196,7 @@ impl Session {
             r => return Err(format!("attach: unexpected reply {r:?}").into()),
         }
         client.walk(ROOT, BIG, &[b"big"])?;
-        client.lopen(BIG, open_flags::RDONLY)?;
+        client.lopen(BIG, OpenFlags::RDONLY)?;
         client.walk(ROOT, SMALL, &[b"f"])?;
         Ok(Session {
             client,
@@ -222,7 +219,7 @@ impl Session {
         }
         stream.read_exact(&mut self.reply[4..size])?;
         let ty = self.reply[4];
-        if ty == RLERROR {
+        if ty == MsgType::Rlerror {
             let errno = u32::from_le_bytes(self.reply[7..11].try_into()?);
             return Err(format!("Rlerror {errno}").into());
         }
@@ -247,7 +244,7 @@ impl Session {
             .encode_frame(1);
             let (ty, size) = self.call(&frame)?;
             let got = u32::from_le_bytes(self.reply[7..11].try_into()?);
-            if ty != RREAD || got != count || size != 11 + count as usize {
+            if ty != MsgType::Rread || got != count || size != 11 + count as usize {
                 return Err(format!("Tread of {count}: reply type {ty}, {got} bytes").into());
             }
             done += u64::from(got);
@@ -260,13 +257,13 @@ impl Session {
     fn getattr_us(&mut self, iters: usize) -> Res<f64> {
         let frame = Tmessage::Getattr(Tgetattr {
             fid: SMALL,
-            request_mask: getattr::BASIC,
+            request_mask: GetattrMask::BASIC,
         })
         .encode_frame(2);
         let start = Instant::now();
         for _ in 0..iters {
             let (ty, _) = self.call(&frame)?;
-            if ty != RGETATTR {
+            if ty != MsgType::Rgetattr {
                 return Err(format!("Tgetattr: reply type {ty}").into());
             }
         }

@@ -84,7 +84,7 @@ use log::{debug, error};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::protocol::{TLOCK, TREAD, TVERSION};
+use crate::protocol::{MsgType, TLOCK, TREAD, TVERSION};
 use crate::server::{Blocking, Cancel, Interrupted};
 
 use workers::{Completions, Done, JobCell, JobFn, JobId, Outcome, ThreadPool};
@@ -380,7 +380,7 @@ impl Drop for ReadByHint {
 }
 
 impl Blocking for EngineExec {
-    fn run<R: Interrupted + Send>(&self, op: u8, f: impl FnOnce() -> R + Send) -> R {
+    fn run<R: Interrupted + Send>(&self, op: MsgType, f: impl FnOnce() -> R + Send) -> R {
         match self.policy {
             OffloadPolicy::Never => f(),
             OffloadPolicy::Always => offload(f),

@@ -11,7 +11,8 @@ use crate::error::Error;
 use crate::fs::{Cred, Filesystem};
 use crate::io::{ReplyWriter, RequestReader};
 use crate::protocol::{
-    setattr, DirEntry, Qid, Rgetattr, Rgetlock, Rstatfs, Tgetlock, Tlock, Tsetattr,
+    DirEntry, GetattrMask, LockStatus, OpenFlags, Qid, Rgetattr, Rgetlock, Rstatfs, SetattrMask,
+    Tgetlock, Tlock, Tsetattr, UnlinkFlags,
 };
 
 /// One line of a user-namespace id map: `:inside:outside:count:`
@@ -409,7 +410,7 @@ impl<F: Filesystem> Filesystem for Translated<F> {
     fn walk(&self, dir: &Self::Inode, name: &[u8]) -> io::Result<(Self::Inode, Qid)> {
         self.inner.walk(dir, name)
     }
-    fn getattr(&self, inode: &Self::Inode, mask: u64) -> io::Result<Rgetattr> {
+    fn getattr(&self, inode: &Self::Inode, mask: GetattrMask) -> io::Result<Rgetattr> {
         let mut a = self.inner.getattr(inode, mask)?;
         a.uid = self.ids.uid.to_guest(a.uid);
         a.gid = self.ids.gid.to_guest(a.gid);
@@ -422,10 +423,10 @@ impl<F: Filesystem> Filesystem for Translated<F> {
         attr: &Tsetattr,
     ) -> io::Result<()> {
         let mut a = attr.clone();
-        if a.valid & setattr::UID != 0 {
+        if a.valid.contains(SetattrMask::UID) {
             a.uid = self.ids.uid.to_host(a.uid)?;
         }
-        if a.valid & setattr::GID != 0 {
+        if a.valid.contains(SetattrMask::GID) {
             a.gid = self.ids.gid.to_host(a.gid)?;
         }
         self.inner.setattr(inode, file, &a)
@@ -433,14 +434,14 @@ impl<F: Filesystem> Filesystem for Translated<F> {
     fn statfs(&self, inode: &Self::Inode) -> io::Result<Rstatfs> {
         self.inner.statfs(inode)
     }
-    fn open(&self, inode: &Self::Inode, flags: u32) -> io::Result<(Self::File, Qid)> {
+    fn open(&self, inode: &Self::Inode, flags: OpenFlags) -> io::Result<(Self::File, Qid)> {
         self.inner.open(inode, flags)
     }
     fn create(
         &self,
         dir: &Self::Inode,
         name: &[u8],
-        flags: u32,
+        flags: OpenFlags,
         mode: u32,
         cred: Cred,
     ) -> io::Result<(Self::Inode, Self::File, Qid)> {
@@ -517,7 +518,7 @@ impl<F: Filesystem> Filesystem for Translated<F> {
     ) -> io::Result<()> {
         self.inner.renameat(olddir, oldname, newdir, newname)
     }
-    fn unlinkat(&self, dir: &Self::Inode, name: &[u8], flags: u32) -> io::Result<()> {
+    fn unlinkat(&self, dir: &Self::Inode, name: &[u8], flags: UnlinkFlags) -> io::Result<()> {
         self.inner.unlinkat(dir, name, flags)
     }
     fn remove(&self, inode: &Self::Inode) -> io::Result<()> {
@@ -541,7 +542,7 @@ impl<F: Filesystem> Filesystem for Translated<F> {
     fn removexattr(&self, inode: &Self::Inode, name: &[u8]) -> io::Result<()> {
         self.inner.removexattr(inode, name)
     }
-    fn try_lock(&self, file: &Self::File, lock: &Tlock) -> io::Result<u8> {
+    fn try_lock(&self, file: &Self::File, lock: &Tlock) -> io::Result<LockStatus> {
         self.inner.try_lock(file, lock)
     }
     fn getlock(&self, file: &Self::File, lock: &Tgetlock) -> io::Result<Rgetlock> {

@@ -13,7 +13,10 @@ pub mod passthrough;
 use std::io;
 
 use crate::io::{ReplyWriter, RequestReader};
-use crate::protocol::{DirEntry, Qid, Rgetattr, Rgetlock, Rstatfs, Tgetlock, Tlock, Tsetattr};
+use crate::protocol::{
+    DirEntry, GetattrMask, LockStatus, OpenFlags, Qid, Rgetattr, Rgetlock, Rstatfs, Tgetlock,
+    Tlock, Tsetattr, UnlinkFlags,
+};
 
 /// Longest file name accepted (Linux `NAME_MAX`).
 pub const NAME_MAX: usize = 255;
@@ -66,7 +69,7 @@ pub trait Filesystem: Send + Sync {
     /// One walk step; `..` at the root stays at the root.
     fn walk(&self, dir: &Self::Inode, name: &[u8]) -> io::Result<(Self::Inode, Qid)>;
     /// Attributes.
-    fn getattr(&self, inode: &Self::Inode, mask: u64) -> io::Result<Rgetattr>;
+    fn getattr(&self, inode: &Self::Inode, mask: GetattrMask) -> io::Result<Rgetattr>;
     /// Changes attributes; `file` is the open file of the fid, if any.
     fn setattr(
         &self,
@@ -76,14 +79,14 @@ pub trait Filesystem: Send + Sync {
     ) -> io::Result<()>;
     /// Filesystem statistics.
     fn statfs(&self, inode: &Self::Inode) -> io::Result<Rstatfs>;
-    /// Opens with 9P2000.L flags ([`crate::protocol::open_flags`]).
-    fn open(&self, inode: &Self::Inode, flags: u32) -> io::Result<(Self::File, Qid)>;
+    /// Opens with 9P2000.L flags.
+    fn open(&self, inode: &Self::Inode, flags: OpenFlags) -> io::Result<(Self::File, Qid)>;
     /// Creates and opens `name` in `dir`.
     fn create(
         &self,
         dir: &Self::Inode,
         name: &[u8],
-        flags: u32,
+        flags: OpenFlags,
         mode: u32,
         cred: Cred,
     ) -> io::Result<(Self::Inode, Self::File, Qid)>;
@@ -141,8 +144,8 @@ pub trait Filesystem: Send + Sync {
         newdir: &Self::Inode,
         newname: &[u8],
     ) -> io::Result<()>;
-    /// Removes `dir/name`; `flags` is 0 or [`crate::protocol::AT_REMOVEDIR`].
-    fn unlinkat(&self, dir: &Self::Inode, name: &[u8], flags: u32) -> io::Result<()>;
+    /// Removes `dir/name`; `flags` is empty or [`UnlinkFlags::REMOVEDIR`].
+    fn unlinkat(&self, dir: &Self::Inode, name: &[u8], flags: UnlinkFlags) -> io::Result<()>;
     /// Removes the file `inode` names.
     fn remove(&self, inode: &Self::Inode) -> io::Result<()>;
     /// An extended attribute's value, at most `max` bytes (else `E2BIG`).
@@ -159,10 +162,10 @@ pub trait Filesystem: Send + Sync {
     ) -> io::Result<()>;
     /// Removes an attribute.
     fn removexattr(&self, inode: &Self::Inode, name: &[u8]) -> io::Result<()>;
-    /// Tries a byte-range lock without waiting: `SUCCESS` or `BLOCKED`
-    /// ([`crate::protocol::lock`]). The server builds the blocking variant
-    /// on top (see [`crate::Config::lock_wait`]).
-    fn try_lock(&self, file: &Self::File, lock: &Tlock) -> io::Result<u8>;
+    /// Tries a byte-range lock without waiting: [`LockStatus::Success`] or
+    /// [`LockStatus::Blocked`]. The server builds the blocking variant on
+    /// top (see [`crate::Config::lock_wait`]).
+    fn try_lock(&self, file: &Self::File, lock: &Tlock) -> io::Result<LockStatus>;
     /// Tests for a conflicting lock.
     fn getlock(&self, file: &Self::File, lock: &Tgetlock) -> io::Result<Rgetlock>;
 }

@@ -74,7 +74,7 @@ fn encode_reply(out: &mut Vec<u8>, msg: &Rmessage, tag: u16) {
     msg.encode_body(out);
     let hdr = Header {
         size: out.len() as u32,
-        ty: msg.msg_type(),
+        ty: msg.msg_type().into(),
         tag,
     };
     out[..HEADER_SIZE].copy_from_slice(&hdr.to_bytes());
@@ -129,7 +129,7 @@ impl Default for Config {
 /// implements it to hand `f` to a worker thread and yield until it is done;
 /// [`Inline`] just calls it.
 ///
-/// `op` is the request's message type (for example [`TREAD`]), so an
+/// `op` is the request's message type (for example [`MsgType::Tread`]), so an
 /// engine can run cheap requests inline and offload the rest. The closure
 /// borrows the filesystem, the fid and, for Tread/Twrite, the request
 /// reader or reply writer; hence [`Server::handle`] needs them to be `Send`.
@@ -138,7 +138,7 @@ pub trait Blocking {
     /// cancels the request before `f` started returns
     /// [`Interrupted::interrupted`] instead (the request then answers
     /// EINTR and finishes normally; nothing is unwound).
-    fn run<R: Interrupted + Send>(&self, op: u8, f: impl FnOnce() -> R + Send) -> R;
+    fn run<R: Interrupted + Send>(&self, op: MsgType, f: impl FnOnce() -> R + Send) -> R;
 
     /// Waits `d` between the attempts of a blocking Tlock. The default
     /// sleeps the thread; a coroutine engine yields to a timer instead, so
@@ -172,7 +172,7 @@ impl<T> Interrupted for std::result::Result<T, u32> {
 pub struct Inline;
 
 impl Blocking for Inline {
-    fn run<R: Send>(&self, _op: u8, f: impl FnOnce() -> R + Send) -> R {
+    fn run<R: Send>(&self, _op: MsgType, f: impl FnOnce() -> R + Send) -> R {
         f()
     }
 }
@@ -205,7 +205,7 @@ pub struct Reply {
     pub tag: u16,
     /// The request's type.
     pub request_type: u8,
-    /// The reply's type (`RLERROR` for errors).
+    /// The reply's type ([`MsgType::Rlerror`] for errors).
     pub reply_type: u8,
     /// Bytes of the reply, the `size` field.
     pub size: u32,
@@ -425,7 +425,7 @@ impl<F: Filesystem> Server<F> {
             Tmessage::Renameat(m) => self.renameat(session, &m, exec),
             Tmessage::Unlinkat(m) => {
                 self.create_entry(session, m.dirfid, &m.name, exec, TUNLINKAT, |fs, f| {
-                    if m.flags & !AT_REMOVEDIR != 0 {
+                    if !(m.flags - UnlinkFlags::REMOVEDIR).is_empty() {
                         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
                     }
                     fs.unlinkat(&f.inode, &m.name, m.flags)
@@ -492,13 +492,13 @@ impl<F: Filesystem> Server<F> {
         // Only "9P2000.L" and its extensions ("9P2000.L.xyz") are spoken.
         if !m.version.starts_with(VERSION_9P2000_L) {
             session.reset(0);
-            return Rmessage::Version(Tversion {
+            return Rmessage::Version(Rversion {
                 msize,
                 version: VERSION_UNKNOWN.to_vec(),
             });
         }
         session.reset(msize);
-        Rmessage::Version(Tversion {
+        Rmessage::Version(Rversion {
             msize,
             version: VERSION_9P2000_L.to_vec(),
         })
@@ -602,7 +602,7 @@ impl<F: Filesystem> Server<F> {
         session: &Session<F>,
         fid: u32,
         exec: &B,
-        op: u8,
+        op: MsgType,
         f: impl FnOnce(&F, &Fid<F>) -> std::io::Result<Rmessage> + Send,
     ) -> OpResult {
         let fid = session.get(fid)?;
@@ -616,7 +616,7 @@ impl<F: Filesystem> Server<F> {
         session: &Session<F>,
         fid: u32,
         exec: &B,
-        op: u8,
+        op: MsgType,
         f: impl FnOnce(&F, &F::File) -> std::io::Result<Rmessage> + Send,
     ) -> OpResult {
         let fid = session.get(fid)?;
@@ -634,7 +634,7 @@ impl<F: Filesystem> Server<F> {
         dfid: u32,
         name: &[u8],
         exec: &B,
-        op: u8,
+        op: MsgType,
         f: impl FnOnce(&F, &Fid<F>) -> std::io::Result<Rmessage> + Send,
     ) -> OpResult {
         validate_name(name).map_err(|e| errno::from_io(&e))?;
@@ -812,10 +812,8 @@ impl<F: Filesystem> Server<F> {
         exec: &B,
         cancel: &Cancel,
     ) -> OpResult {
-        if m.ty > lock::TYPE_UNLCK {
-            return Err(errno::EINVAL);
-        }
-        let wait = m.flags & lock::FLAGS_BLOCK != 0 && m.ty != lock::TYPE_UNLCK;
+        // The lock type was checked at decode (EINVAL).
+        let wait = m.flags.contains(LockFlags::BLOCK) && m.ty != LockType::Unlck;
         let lock_wait = self.config.lock_wait;
         let fid = session.get(m.fid)?;
         let FidKind::Open { file } = &fid.kind else {
@@ -829,14 +827,14 @@ impl<F: Filesystem> Server<F> {
             let status = exec
                 .run(TLOCK, || self.fs.try_lock(file, m))
                 .map_err(|e| errno::from_io(&e))?;
-            if status != lock::BLOCKED || !wait {
+            if status != LockStatus::Blocked || !wait {
                 return Ok(Rmessage::Lock(status));
             }
             if cancel.is_cancelled() {
                 return Err(errno::EINTR);
             }
             if lock_wait.is_some_and(|w| start.elapsed() >= w) {
-                return Ok(Rmessage::Lock(lock::BLOCKED));
+                return Ok(Rmessage::Lock(LockStatus::Blocked));
             }
             exec.sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(20));
@@ -887,7 +885,7 @@ impl<F: Filesystem> Server<F> {
                 let size = (RHDR_COUNT + n) as u32;
                 let rh = Header {
                     size,
-                    ty: TREAD + 1,
+                    ty: MsgType::Rread.into(),
                     tag: h.tag,
                 };
                 reply.write_all(&rh.to_bytes()).map_err(Error::Transport)?;
@@ -897,7 +895,7 @@ impl<F: Filesystem> Server<F> {
                 Ok(Reply {
                     tag: h.tag,
                     request_type: h.ty,
-                    reply_type: TREAD + 1,
+                    reply_type: MsgType::Rread.into(),
                     size,
                 })
             }

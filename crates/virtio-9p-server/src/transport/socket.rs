@@ -35,7 +35,7 @@ use log::{error, info, warn};
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::io::{RequestReader, SliceReader, SliceWriter};
-use crate::protocol::{Header, Rmessage, HEADER_SIZE, TREAD, TREADDIR, TWRITE};
+use crate::protocol::{Header, MsgType, Rmessage, HEADER_SIZE, TREAD, TREADDIR, TWRITE};
 use crate::server::{Cancel, Inline, Server, Session};
 
 /// Most client connections served at once; further ones are closed at
@@ -222,9 +222,9 @@ const SMALL_REPLY: usize = 8 << 10;
 /// bytes of data (both carry `fid[4] offset[8] count[4]`); any other reply
 /// is small. `frame` starts with the 7-byte header.
 fn reply_room(frame: &[u8], limit: u32) -> usize {
-    let ty = frame.get(4).copied().unwrap_or(0);
+    let ty = frame.get(4).and_then(|&t| MsgType::try_from(t).ok());
     let need = match (ty, frame.get(HEADER_SIZE + 12..HEADER_SIZE + 16)) {
-        (TREAD | TREADDIR, Some(c)) => {
+        (Some(TREAD | TREADDIR), Some(c)) => {
             // size[4] type[1] tag[2] count[4] before the data.
             HEADER_SIZE + 4 + u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize
         }

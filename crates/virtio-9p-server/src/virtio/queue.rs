@@ -16,7 +16,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::io::{ChainReader, ChainWriter};
 use crate::engine::{self, Engine, EngineConfig, EngineError, EngineExec, EngineStats};
 use crate::fs::Filesystem;
-use crate::protocol::{Header, HEADER_SIZE, RLERROR, TFLUSH};
+use crate::protocol::{Header, MsgType, HEADER_SIZE, RLERROR, TFLUSH};
 use crate::server::{Cancel, Server, Session};
 
 /// Descriptors one [`RequestQueue::process`] call walks at most (a chain
@@ -334,7 +334,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                     engine::flush(oldtag);
                     let rflush = Header {
                         size: HEADER_SIZE as u32,
-                        ty: TFLUSH + 1,
+                        ty: MsgType::Rflush.into(),
                         tag,
                     }
                     .to_bytes();

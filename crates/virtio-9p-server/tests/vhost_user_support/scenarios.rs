@@ -29,7 +29,7 @@ pub fn ofd_lock(file: &std::fs::File, ty: i32) {
 }
 
 /// Tattach as fid 0, Twalk to `name` as fid 1, Tlopen fid 1 with `flags`.
-pub fn attach_open(vmm: &mut FakeVmm, name: &str, flags: u32) {
+pub fn attach_open(vmm: &mut FakeVmm, name: &str, flags: OpenFlags) {
     let attach = Tmessage::Attach(Tattach {
         fid: 0,
         afid: NOFID,
@@ -69,7 +69,7 @@ pub fn read_128m_through_indirect_chain(dir: &Path, connect: impl FnOnce(VmmOpti
         ..VmmOptions::default()
     });
     assert_eq!(version(&mut vmm, MAX_MSIZE), MAX_MSIZE);
-    attach_open(&mut vmm, "big", 0);
+    attach_open(&mut vmm, "big", OpenFlags::RDONLY);
     // Rread header (11 bytes) + 128 MiB - 11 in 32768 writable descriptors
     // of 4 KiB: 4096 * 32768 = 128 MiB exactly.
     let count = MAX_MSIZE - 11;
@@ -92,7 +92,7 @@ pub fn read_128m_through_indirect_chain(dir: &Path, connect: impl FnOnce(VmmOpti
     assert_eq!(used, vec![(sub.head, MAX_MSIZE)]);
     let reply = vmm.read(sub.reply_addr, MAX_MSIZE as usize).unwrap();
     assert_eq!(&reply[..4], &MAX_MSIZE.to_le_bytes());
-    assert_eq!(reply[4], TREAD + 1);
+    assert_eq!(reply[4], MsgType::Rread);
     assert_eq!(&reply[7..11], &count.to_le_bytes());
     assert!(
         reply[11..] == data[..count as usize],
@@ -108,7 +108,7 @@ pub fn requests_1024_in_flight(dir: &Path, connect: impl FnOnce(VmmOptions) -> F
         ..VmmOptions::default()
     });
     version(&mut vmm, 65536);
-    attach_open(&mut vmm, "f", 0);
+    attach_open(&mut vmm, "f", OpenFlags::RDONLY);
     let mut heads = Vec::new();
     for i in 0..512u16 {
         // 512 chains of 2 descriptors fill the 1024-entry table...
@@ -170,14 +170,14 @@ pub fn blocked_locks_then_flushed(dir: &Path, connect: impl FnOnce(VmmOptions) -
         ..VmmOptions::default()
     });
     version(&mut vmm, 65536);
-    attach_open(&mut vmm, "lockme", open_flags::RDWR);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
     let lock = |tag: u16| {
         frame(
             tag,
             Tmessage::Lock(Tlock {
                 fid: 1,
-                ty: lock::TYPE_WRLCK,
-                flags: lock::FLAGS_BLOCK,
+                ty: LockType::Wrlck,
+                flags: LockFlags::BLOCK,
                 start: 0,
                 length: 0,
                 proc_id: u32::from(tag),
@@ -287,10 +287,13 @@ pub fn malformed_chains_and_messages(dir: &Path, connect: impl FnOnce(VmmOptions
     // header, no room for a reply. Each is answered or returned, and the
     // queue goes on.
     let garbage = vmm.call(&[0xff; 32], 64, Layout::Direct).unwrap();
-    assert_eq!(garbage[4], RLERROR, "{garbage:?}");
+    assert_eq!(garbage[4], MsgType::Rlerror, "{garbage:?}");
     let mut lying = frame(7, Tmessage::Clunk(Tfid { fid: 1 }));
     lying[0..4].copy_from_slice(&1000u32.to_le_bytes());
-    assert_eq!(vmm.call(&lying, 64, Layout::Direct).unwrap()[4], RLERROR);
+    assert_eq!(
+        vmm.call(&lying, 64, Layout::Direct).unwrap()[4],
+        MsgType::Rlerror
+    );
     assert!(vmm.call(&[1, 2, 3], 64, Layout::Direct).unwrap().is_empty());
     assert!(vmm
         .call(
@@ -302,7 +305,7 @@ pub fn malformed_chains_and_messages(dir: &Path, connect: impl FnOnce(VmmOptions
         .is_empty());
 
     // Still serving.
-    attach_open(&mut vmm, "f", 0);
+    attach_open(&mut vmm, "f", OpenFlags::RDONLY);
     let r = vmm
         .call(
             &frame(
