@@ -87,11 +87,11 @@ pub mod transport;
 pub mod engine;
 pub mod virtio;
 
-// Behind features (see "Library and daemon" in the README): the
-// vhost-user backend needs vhost and vhost-user-backend; the sandbox is
-// the binary's hardening and needs seccompiler.
-#[cfg(feature = "daemon")]
-pub mod sandbox;
+// Behind a feature (see "Library and daemon" in the README): the
+// vhost-user backend needs vhost and vhost-user-backend. The sandbox is the
+// binary's hardening, not library code: it lives in the binary's own
+// module tree (src/daemon/sandbox/, declared by src/daemon/mod.rs), so it
+// is no public item of this crate even with `daemon`.
 #[cfg(feature = "vhost-user")]
 pub mod vhost_user;
 

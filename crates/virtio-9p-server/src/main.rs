@@ -13,13 +13,13 @@ use log::{info, warn};
 
 use virtio_9p_server::fs::ids::{IdRules, IdTranslation, Translated};
 use virtio_9p_server::fs::Filesystem;
-use virtio_9p_server::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
 use virtio_9p_server::transport::socket::{ListenAddr, Listener};
 use virtio_9p_server::transport::unix;
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, Server};
 
 use daemon::cli::{self, Cli};
 use daemon::pidfile::PidFile;
+use daemon::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
 use daemon::{syslog, vhost};
 
 /// The filesystem the binary serves: passthrough behind the id squashing.

@@ -9,6 +9,11 @@
 //! cannot be created.
 
 mod common;
+// The binary's sandbox code (src/daemon/sandbox/), compiled in as the
+// binary does: it is no library module.
+#[allow(dead_code, unused_imports)]
+#[path = "../src/daemon/sandbox/mod.rs"]
+mod sandbox;
 mod sandbox_support;
 
 use std::io::Read;
@@ -680,7 +685,7 @@ fn documented_caps(model: &str) -> u64 {
 
 #[test]
 fn test_capabilities_follow_the_security_model() {
-    use virtio_9p_server::sandbox::caps;
+    use sandbox::caps;
     // SAFETY: plain getter.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("SKIP capabilities per model: not root");

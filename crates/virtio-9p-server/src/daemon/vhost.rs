@@ -8,9 +8,9 @@ use std::sync::Arc;
 use log::info;
 use mlock_policy::MlockPolicy;
 
+use super::sandbox::seccomp::{self, ThreadKind};
 use virtio_9p_server::engine::{EngineConfig, OffloadPolicy, DEFAULT_WORKERS, MAX_WORKERS};
 use virtio_9p_server::fs::Filesystem;
-use virtio_9p_server::sandbox::seccomp::{self, ThreadKind};
 use virtio_9p_server::vhost_user::{
     BackendConfig, Daemon, DaemonConfig, Listen, DEFAULT_SOCKET_PATH,
 };

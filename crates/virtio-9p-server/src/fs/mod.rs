@@ -3,9 +3,9 @@
 //! [`passthrough`] implementation over a host directory.
 //!
 //! The server validates every name before it reaches a `Filesystem`
-//! ([`validate_name`]): no empty names, no `/`, no NUL, not `.` or `..`
+//! (`validate_name`): no empty names, no `/`, no NUL, not `.` or `..`
 //! (walks may pass `..` and `.`, which the filesystem resolves without ever
-//! leaving its root), at most [`NAME_MAX`] bytes.
+//! leaving its root), at most [`NAME_MAX`](crate::protocol::MAX_NAME_LEN) bytes.
 
 pub mod ids;
 pub mod passthrough;
@@ -19,7 +19,7 @@ use crate::protocol::{
 };
 
 /// Longest file name accepted (Linux `NAME_MAX`).
-pub const NAME_MAX: usize = 255;
+pub(crate) const NAME_MAX: usize = 255;
 
 /// Who asks: the user of the fid (from Tattach's `n_uname`) and the group
 /// a create message names.
@@ -32,7 +32,7 @@ pub struct Cred {
 }
 
 /// Checks a name that creates or removes a directory entry.
-pub fn validate_name(name: &[u8]) -> io::Result<()> {
+pub(crate) fn validate_name(name: &[u8]) -> io::Result<()> {
     if name.is_empty() || name == b"." || name == b".." {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
@@ -40,7 +40,7 @@ pub fn validate_name(name: &[u8]) -> io::Result<()> {
 }
 
 /// Checks a Twalk element: like [`validate_name`] but `.` and `..` pass.
-pub fn validate_walk_name(name: &[u8]) -> io::Result<()> {
+pub(crate) fn validate_walk_name(name: &[u8]) -> io::Result<()> {
     if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }

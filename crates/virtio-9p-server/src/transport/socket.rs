@@ -12,12 +12,12 @@
 //! `trans=tcp`).
 //!
 //! Memory: a connection keeps a request and a reply buffer of
-//! [`KEEP_BUFFER`]. A Twrite larger than that is not buffered: its data
+//! `KEEP_BUFFER` (64 KiB). A Twrite larger than that is not buffered: its data
 //! goes from the socket to the file through a 64 KiB copy buffer. A larger
 //! reply (Tread, Treaddir) or any other larger frame (none is valid: names
 //! and strings are bounded at decode) is charged to the listener's shared
 //! budget ([`SocketLimits::buffer_bytes`]) and freed once the connection
-//! has been idle for [`IDLE_RELEASE`]. A frame over the budget is read,
+//! has been idle for `IDLE_RELEASE` (20 ms). A frame over the budget is read,
 //! dropped and answered with `ENOMEM`; a Tread or Treaddir gets a shorter
 //! reply. See [`crate::bound`] for the whole daemon's bound.
 
@@ -206,12 +206,12 @@ impl<T: Read + Write + Send + std::os::fd::AsFd> Stream for T {}
 /// Request and reply buffers a connection keeps between requests. A
 /// larger request or reply gets its own buffer, kept only while the client
 /// keeps sending (see [`IDLE_RELEASE`]).
-pub const KEEP_BUFFER: usize = 64 << 10;
+pub(crate) const KEEP_BUFFER: usize = 64 << 10;
 
 /// How long a connection may wait for its next request before it frees
 /// buffers above [`KEEP_BUFFER`]: an idle connection holds at most two
 /// buffers of `KEEP_BUFFER`, whatever it sent before.
-pub const IDLE_RELEASE: Duration = Duration::from_millis(20);
+pub(crate) const IDLE_RELEASE: Duration = Duration::from_millis(20);
 
 /// Room for a reply other than Rread/Rreaddir: the largest is an Rgetlock
 /// or Rreadlink with a [`MAX_PATH_LEN`](crate::protocol::MAX_PATH_LEN)
@@ -267,7 +267,7 @@ pub struct SocketLimits {
     /// accept.
     pub max_connections: usize,
     /// Bytes all connections together may hold in request and reply
-    /// buffers above [`KEEP_BUFFER`] (Twrite data is streamed and never
+    /// buffers above 64 KiB (Twrite data is streamed and never
     /// counts). A request frame that does not fit is read and dropped and
     /// answered with `ENOMEM`; a Tread or Treaddir whose reply does not fit
     /// gets a shorter reply (as POSIX allows).

@@ -25,7 +25,7 @@
 //!   validated name, so they cannot reach outside either.
 
 mod mapped;
-pub mod qid;
+pub(crate) mod qid;
 pub(crate) mod sys;
 
 use std::ffi::CString;
@@ -49,7 +49,7 @@ use crate::protocol::{
 };
 use sys::check;
 
-pub use qid::QidMap;
+use qid::QidMap;
 
 /// How guest ownership and modes map onto the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -73,16 +73,14 @@ pub enum SecurityModel {
 }
 
 impl FromStr for SecurityModel {
-    type Err = String;
+    type Err = Error;
 
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self> {
         match s {
             "passthrough" => Ok(SecurityModel::Passthrough),
             "mapped-xattr" | "mapped" => Ok(SecurityModel::MappedXattr),
             "none" => Ok(SecurityModel::None),
-            other => Err(format!(
-                "unknown security model {other:?}: expected passthrough, mapped-xattr or none"
-            )),
+            other => Err(Error::SecurityModel(other.to_string())),
         }
     }
 }
@@ -211,7 +209,7 @@ fn qid_version(mtime: i64, size: i64) -> u32 {
 /// Host `open` flags for 9P2000.L flags. `O_DIRECT`, `O_NOATIME`,
 /// `FASYNC` and `O_NOFOLLOW` are dropped (as QEMU does), `O_CREAT` and
 /// `O_EXCL` belong to Tlcreate, and `O_CLOEXEC | O_NOCTTY` are always set.
-pub fn host_open_flags(flags: OpenFlags) -> io::Result<libc::c_int> {
+pub(crate) fn host_open_flags(flags: OpenFlags) -> io::Result<libc::c_int> {
     let mode = flags.access_mode();
     let mut out = if mode == OpenFlags::RDONLY {
         libc::O_RDONLY
@@ -1277,7 +1275,11 @@ mod tests {
             assert_eq!(m.to_string().parse::<SecurityModel>().unwrap(), m);
         }
         let e = "bogus".parse::<SecurityModel>().unwrap_err();
-        assert!(e.contains("unknown security model \"bogus\""), "{e}");
+        assert!(matches!(&e, Error::SecurityModel(m) if m == "bogus"));
+        assert!(
+            e.to_string().contains("unknown security model \"bogus\""),
+            "{e}"
+        );
     }
 
     #[test]

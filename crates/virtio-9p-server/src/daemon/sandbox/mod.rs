@@ -49,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub use crate::fs::ids::{IdMap, IdRule, IdSquash};
+pub use virtio_9p_server::fs::ids::IdMap;
 
 /// Errors of the sandbox setup. Each names the step that failed.
 #[derive(Debug, thiserror::Error)]

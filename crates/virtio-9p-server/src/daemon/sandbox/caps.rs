@@ -23,7 +23,7 @@
 //! `chown`, `fsetid` or `mknod` either.
 
 use super::{sys_err, Error, Result};
-use crate::SecurityModel;
+use virtio_9p_server::SecurityModel;
 
 /// Capability names and numbers (linux/capability.h).
 pub const CAP_NAMES: &[(&str, u32)] = &[
