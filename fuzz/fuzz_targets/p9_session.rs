@@ -90,22 +90,21 @@ fuzz_target!(|data: &[u8]| {
     env.sandbox
         .reset_export_if_changed()
         .expect("reset the export");
-    let cfg = PassthroughConfig {
-        shared_dir: env.sandbox.export().to_path_buf(),
-        readonly: input.config.readonly,
-        security_model: match input.config.security_model {
-            0 => SecurityModel::Passthrough,
-            1 => SecurityModel::MappedXattr,
-            _ => SecurityModel::None,
-        },
-        use_openat2: input.config.openat2,
+    let mut cfg = PassthroughConfig::new(env.sandbox.export().to_path_buf());
+    cfg.readonly = input.config.readonly;
+    cfg.security_model = match input.config.security_model {
+        0 => SecurityModel::Passthrough,
+        1 => SecurityModel::MappedXattr,
+        _ => SecurityModel::None,
     };
+    cfg.use_openat2 = input.config.openat2;
     let fs = PassthroughFs::new(cfg).expect("open the export");
-    let config = Config {
-        msize_max: SERVER_MSIZE,
-        max_fids: 32,
-        lock_wait: Some(Duration::from_millis(1)),
-        ..Config::default()
+    let config = {
+        let mut cfg = Config::default();
+        cfg.msize_max = SERVER_MSIZE;
+        cfg.max_fids = 32;
+        cfg.lock_wait = Some(Duration::from_millis(1));
+        cfg
     };
     let server = Server::new(fs, config).expect("server");
     let session = Session::new();

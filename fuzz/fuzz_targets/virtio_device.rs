@@ -54,29 +54,29 @@ thread_local! {
 
 fn new_queue(state: &State, input: &DeviceInput) -> RequestQueue<PassthroughFs> {
     let c = input.config;
-    let cfg = PassthroughConfig {
-        shared_dir: state.sandbox.export().to_path_buf(),
-        readonly: c.readonly,
-        security_model: match c.security_model {
-            0 => SecurityModel::Passthrough,
-            1 => SecurityModel::MappedXattr,
-            _ => SecurityModel::None,
-        },
-        use_openat2: c.openat2,
+    let mut cfg = PassthroughConfig::new(state.sandbox.export().to_path_buf());
+    cfg.readonly = c.readonly;
+    cfg.security_model = match c.security_model {
+        0 => SecurityModel::Passthrough,
+        1 => SecurityModel::MappedXattr,
+        _ => SecurityModel::None,
     };
+    cfg.use_openat2 = c.openat2;
     let fs = PassthroughFs::new(cfg).expect("open the export");
-    let config = Config {
-        msize_max: SERVER_MSIZE,
-        max_fids: 32,
-        lock_wait: Some(Duration::from_millis(1)),
-        ..Config::default()
+    let config = {
+        let mut cfg = Config::default();
+        cfg.msize_max = SERVER_MSIZE;
+        cfg.max_fids = 32;
+        cfg.lock_wait = Some(Duration::from_millis(1));
+        cfg
     };
     let server = Arc::new(Server::new(fs, config).expect("server"));
-    let engine = EngineConfig {
-        workers: 1,
-        max_in_flight: MAX_QUEUE,
-        offload: OffloadPolicy::Never,
-        ..EngineConfig::default()
+    let engine = {
+        let mut ecfg = EngineConfig::default();
+        ecfg.workers = 1;
+        ecfg.max_in_flight = MAX_QUEUE;
+        ecfg.offload = OffloadPolicy::Never;
+        ecfg
     };
     RequestQueue::new(
         server,

@@ -257,11 +257,12 @@ fn walk(newfid: u32, name: &[u8]) -> Tmessage {
 }
 
 fn new_device(server: &Arc<Server<Fs>>, pool: &Arc<StackPool>) -> RequestQueue<Fs> {
-    let config = EngineConfig {
-        workers: 2,
-        max_in_flight: usize::from(QUEUE_SIZE),
-        offload: OffloadPolicy::Always,
-        ..EngineConfig::default()
+    let config = {
+        let mut ecfg = EngineConfig::default();
+        ecfg.workers = 2;
+        ecfg.max_in_flight = usize::from(QUEUE_SIZE);
+        ecfg.offload = OffloadPolicy::Always;
+        ecfg
     };
     RequestQueue::new(
         Arc::clone(server),
@@ -309,14 +310,12 @@ fn main() -> ExitCode {
     let fs = PassthroughFs::new(PassthroughConfig::new(&dir))
         .unwrap_or_else(|e| fail(format!("cannot open the export: {e}")));
     let server = Arc::new(
-        Server::new(
-            fs,
-            Config {
-                msize_max: MSIZE,
-                lock_wait: None,
-                ..Config::default()
-            },
-        )
+        Server::new(fs, {
+            let mut cfg = Config::default();
+            cfg.msize_max = MSIZE;
+            cfg.lock_wait = None;
+            cfg
+        })
         .unwrap_or_else(|e| fail(format!("server: {e}"))),
     );
     let pool = Arc::new(

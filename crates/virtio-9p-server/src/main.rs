@@ -86,10 +86,11 @@ fn harden(
     for hook in &h.test_hook {
         run_test_hook(hook);
     }
-    let config = Config {
-        msize_max: cli.msize_max,
-        max_fids,
-        ..Config::default()
+    let config = {
+        let mut cfg = Config::default();
+        cfg.msize_max = cli.msize_max;
+        cfg.max_fids = max_fids;
+        cfg
     };
     Ok(Arc::new(
         Server::new(fs, config).map_err(|e| e.to_string())?,
@@ -251,7 +252,7 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
                 }
             }
         }
-        ListenAddr::Tcp(_) => {
+        _ => {
             if cli.socket_group.is_some() {
                 return Err("--socket-group applies to unix sockets only".into());
             }
@@ -262,7 +263,7 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     let cleanup = match addr {
         ListenAddr::Unix(p) => Some(absolute(p)),
-        ListenAddr::Tcp(_) => None,
+        _ => None,
     };
     let pid_path: Vec<PathBuf> = pid_file.iter().map(|f| absolute(f.path())).collect();
     let sandbox = cli.hardening.sandbox;

@@ -242,13 +242,11 @@ fn test_blocking_executor_runs_filesystem_calls() {
 fn test_blocking_lock_waits_until_released_or_cancelled() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("f"), b"x").unwrap();
-    let (server, s) = setup(
-        dir.path(),
-        Config {
-            lock_wait: None,
-            ..Config::default()
-        },
-    );
+    let (server, s) = setup(dir.path(), {
+        let mut cfg = Config::default();
+        cfg.lock_wait = None;
+        cfg
+    });
     walk_open(&server, &s, 1, b"f", OpenFlags::RDWR);
     walk_open(&server, &s, 2, b"f", OpenFlags::RDWR);
     let lock = |fid, ty, flags| {

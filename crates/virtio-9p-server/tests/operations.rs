@@ -427,9 +427,10 @@ mod server_rules {
 
     #[test]
     fn test_version_negotiation() {
-        let (_d, mut c) = raw_client(Config {
-            msize_max: 65536,
-            ..Config::default()
+        let (_d, mut c) = raw_client({
+            let mut cfg = Config::default();
+            cfg.msize_max = 65536;
+            cfg
         });
         // Requests before Tversion are refused.
         assert_eq!(errno(c.attach(ROOT, 0).unwrap_err()), libc::EPROTO);
@@ -472,13 +473,11 @@ mod server_rules {
     fn test_config_rejects_bad_msize() {
         let dir = tempfile::tempdir().unwrap();
         let fs = virtio_9p_server::PassthroughFs::new(PassthroughConfig::new(dir.path())).unwrap();
-        let e = virtio_9p_server::Server::new(
-            fs,
-            Config {
-                msize_max: 1000,
-                ..Config::default()
-            },
-        )
+        let e = virtio_9p_server::Server::new(fs, {
+            let mut cfg = Config::default();
+            cfg.msize_max = 1000;
+            cfg
+        })
         .unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -488,9 +487,10 @@ mod server_rules {
 
     #[test]
     fn test_fid_limit() {
-        let (_d, mut c) = raw_client(Config {
-            max_fids: 3,
-            ..Config::default()
+        let (_d, mut c) = raw_client({
+            let mut cfg = Config::default();
+            cfg.max_fids = 3;
+            cfg
         });
         c.version(8192).unwrap();
         c.attach(0, 0).unwrap();
@@ -505,9 +505,10 @@ mod server_rules {
 
     #[test]
     fn test_xattr_limit_from_config() {
-        let (d, mut c) = raw_client(Config {
-            max_xattr_size: 8,
-            ..Config::default()
+        let (d, mut c) = raw_client({
+            let mut cfg = Config::default();
+            cfg.max_xattr_size = 8;
+            cfg
         });
         std::fs::write(d.path().join("f"), b"").unwrap();
         c.version(8192).unwrap();

@@ -599,7 +599,11 @@ mod server_fuzz {
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("f"), b"data").unwrap();
             let fs = PassthroughFs::new(PassthroughConfig::new(dir.path())).unwrap();
-            let server = Server::new(fs, Config { lock_wait: Some(std::time::Duration::ZERO), ..Config::default() }).unwrap();
+            let server = Server::new(fs, {
+                let mut cfg = Config::default();
+                cfg.lock_wait = Some(std::time::Duration::ZERO);
+                cfg
+            }).unwrap();
             let s = Session::new();
             let setup = |m: Tmessage| {
                 let f = m.encode_frame(1);

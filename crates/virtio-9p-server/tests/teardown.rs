@@ -160,12 +160,13 @@ fn device(gate: &Arc<Gate>) -> (Device, MockDriver<'static, GuestMemoryMmap<()>>
     let queue = driver.create_queue();
     let server = Arc::new(Server::new(StuckFs(Arc::clone(gate)), Config::default()).unwrap());
     let pool = Arc::new(StackPool::new(PoolConfig::default()).unwrap());
-    let config = EngineConfig {
-        workers: 1,
-        max_in_flight: 64,
-        offload: OffloadPolicy::Auto,
-        quiesce_timeout: QUIESCE,
-        ..EngineConfig::default()
+    let config = {
+        let mut ecfg = EngineConfig::default();
+        ecfg.workers = 1;
+        ecfg.max_in_flight = 64;
+        ecfg.offload = OffloadPolicy::Auto;
+        ecfg.quiesce_timeout = QUIESCE;
+        ecfg
     };
     let rq = RequestQueue::new(server, Arc::new(Session::new()), pool, &config, false).unwrap();
     (Device { mem, queue, rq }, driver)
@@ -309,11 +310,12 @@ fn test_disconnect_with_a_stuck_call_is_bounded_and_the_daemon_serves_on() {
         backend: BackendConfig {
             tag: "stuck".into(),
             queue_size: 64,
-            engine: EngineConfig {
-                workers: 1,
-                max_in_flight: 64,
-                quiesce_timeout: QUIESCE,
-                ..EngineConfig::default()
+            engine: {
+                let mut ecfg = EngineConfig::default();
+                ecfg.workers = 1;
+                ecfg.max_in_flight = 64;
+                ecfg.quiesce_timeout = QUIESCE;
+                ecfg
             },
         },
         stack_policy: coro_pool::Policy::Bounded,

@@ -76,11 +76,12 @@ fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<R
         backend: BackendConfig {
             tag: "bench".into(),
             queue_size: 1024,
-            engine: EngineConfig {
-                workers: 4,
-                max_in_flight: 1024,
-                offload,
-                ..EngineConfig::default()
+            engine: {
+                let mut ecfg = EngineConfig::default();
+                ecfg.workers = 4;
+                ecfg.max_in_flight = 1024;
+                ecfg.offload = offload;
+                ecfg
             },
         },
         stack_policy: policy,

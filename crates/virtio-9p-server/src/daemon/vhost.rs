@@ -115,14 +115,15 @@ pub fn run_daemon<F: Filesystem + 'static>(
         backend: BackendConfig {
             tag: args.tag.clone(),
             queue_size: args.queue_size,
-            engine: EngineConfig {
-                workers: args.thread_pool_size,
-                max_in_flight: usize::from(args.queue_size),
-                offload: OffloadPolicy::Auto,
+            engine: {
+                let mut ecfg = EngineConfig::default();
+                ecfg.workers = args.thread_pool_size;
+                ecfg.max_in_flight = usize::from(args.queue_size);
+                ecfg.offload = OffloadPolicy::Auto;
                 // Each worker narrows its own seccomp filter (a no-op
                 // unless the sandbox installed one).
-                on_worker_start: Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker))),
-                ..EngineConfig::default()
+                ecfg.on_worker_start = Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker)));
+                ecfg
             },
         },
         stack_policy: coro_pool::Policy::Bounded,
@@ -156,6 +157,7 @@ pub fn run_daemon<F: Filesystem + 'static>(
             "vhost-user socket on inherited fd {fd} (tag {:?})",
             args.tag
         ),
+        other => info!("vhost-user socket {other:?} (tag {:?})", args.tag),
     }
     daemon.run().map_err(|e| e.to_string())
 }

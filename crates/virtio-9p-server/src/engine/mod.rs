@@ -102,6 +102,7 @@ pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Which filesystem calls leave the engine's thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum OffloadPolicy {
     /// Tread of cached data inline, everything else on a worker (default).
     #[default]
@@ -115,6 +116,7 @@ pub enum OffloadPolicy {
 
 /// Engine settings.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct EngineConfig {
     /// The engine's own worker threads for blocking calls (0 to
     /// [`MAX_WORKERS`] per pool; there are two pools, see [`Job::may_wait`]).

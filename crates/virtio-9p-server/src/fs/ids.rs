@@ -100,6 +100,7 @@ impl IdRange {
 /// Our older forms `squash-guest:HOST` and `squash-host:GUEST` (every id)
 /// are kept as aliases. Ids no rule covers pass unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum IdRule {
     /// Guest ids in `guest` become `host..` on the host.
     Guest {

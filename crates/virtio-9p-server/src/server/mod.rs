@@ -89,6 +89,7 @@ const NONUNAME: u32 = u32::MAX;
 
 /// Server limits. Every limit is named; see the field docs.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// Largest msize granted in Rversion, `MIN_MSIZE..=MAX_MSIZE`.
     pub msize_max: u32,

@@ -44,6 +44,7 @@ pub const MAX_CONNECTIONS: usize = 256;
 
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ListenAddr {
     /// A unix socket path.
     Unix(PathBuf),
@@ -82,6 +83,7 @@ impl std::fmt::Display for ListenAddr {
 
 /// A bound listening socket.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Listener {
     /// Unix.
     Unix(UnixListener),

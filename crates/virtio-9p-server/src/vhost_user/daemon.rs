@@ -24,6 +24,7 @@ pub const DEFAULT_SOCKET_PATH: &str = "virtio-9p.sock";
 
 /// Where the daemon listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Listen {
     /// Bind an owner-only unix socket at this path; only a stale socket
     /// there is replaced ([`crate::transport::unix::bind`]).

@@ -53,6 +53,7 @@ use qid::QidMap;
 
 /// How guest ownership and modes map onto the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum SecurityModel {
     /// Host ownership and modes are the guest's (the server usually runs as
     /// root). Failing chown/chmod are errors. `security.*` and `trusted.*`
@@ -97,6 +98,7 @@ impl fmt::Display for SecurityModel {
 
 /// Passthrough settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PassthroughConfig {
     /// The exported directory.
     pub shared_dir: PathBuf,
