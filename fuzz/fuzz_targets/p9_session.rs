@@ -19,14 +19,11 @@
 #![no_main]
 
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use virtio_9p_server::io::{SliceReader, SliceWriter};
 use virtio_9p_server::protocol::*;
-use virtio_9p_server::{
-    Cancel, Config, Inline, PassthroughConfig, PassthroughFs, SecurityModel, Server, Session,
-};
+use virtio_9p_server::{Cancel, Inline, PassthroughFs, Server, Session};
 use vmm_fuzz_common::p9::{SessionInput, SERVER_MSIZE};
 use vmm_fuzz_common::sandbox::Sandbox;
 
@@ -90,22 +87,9 @@ fuzz_target!(|data: &[u8]| {
     env.sandbox
         .reset_export_if_changed()
         .expect("reset the export");
-    let mut cfg = PassthroughConfig::new(env.sandbox.export().to_path_buf());
-    cfg.readonly = input.config.readonly;
-    cfg.security_model = match input.config.security_model {
-        0 => SecurityModel::Passthrough,
-        1 => SecurityModel::MappedXattr,
-        _ => SecurityModel::None,
-    };
-    cfg.use_openat2 = input.config.openat2;
+    let cfg = input.config.passthrough(env.sandbox.export());
     let fs = PassthroughFs::new(cfg).expect("open the export");
-    let config = {
-        let mut cfg = Config::default();
-        cfg.msize_max = SERVER_MSIZE;
-        cfg.max_fids = 32;
-        cfg.lock_wait = Some(Duration::from_millis(1));
-        cfg
-    };
+    let config = vmm_fuzz_common::p9::server_config();
     let server = Server::new(fs, config).expect("server");
     let session = Session::new();
     let mut reply = std::mem::take(&mut env.reply);

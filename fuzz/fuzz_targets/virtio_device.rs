@@ -28,7 +28,7 @@ use libfuzzer_sys::fuzz_target;
 use virtio_9p_server::engine::{EngineConfig, OffloadPolicy, DEFAULT_STACK_SIZE};
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::virtio::RequestQueue;
-use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, Server, Session};
+use virtio_9p_server::{PassthroughFs, Server, Session};
 use virtio_queue::QueueT;
 use virtqueue_large::mock::{guest_memory, Buf, ChainLayout, Layout, MockDriver};
 use vm_memory::GuestMemoryMmap;
@@ -54,22 +54,9 @@ thread_local! {
 
 fn new_queue(state: &State, input: &DeviceInput) -> RequestQueue<PassthroughFs> {
     let c = input.config;
-    let mut cfg = PassthroughConfig::new(state.sandbox.export().to_path_buf());
-    cfg.readonly = c.readonly;
-    cfg.security_model = match c.security_model {
-        0 => SecurityModel::Passthrough,
-        1 => SecurityModel::MappedXattr,
-        _ => SecurityModel::None,
-    };
-    cfg.use_openat2 = c.openat2;
+    let cfg = c.passthrough(state.sandbox.export());
     let fs = PassthroughFs::new(cfg).expect("open the export");
-    let config = {
-        let mut cfg = Config::default();
-        cfg.msize_max = SERVER_MSIZE;
-        cfg.max_fids = 32;
-        cfg.lock_wait = Some(Duration::from_millis(1));
-        cfg
-    };
+    let config = vmm_fuzz_common::p9::server_config();
     let server = Arc::new(Server::new(fs, config).expect("server"));
     let engine = {
         let mut ecfg = EngineConfig::default();

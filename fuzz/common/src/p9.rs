@@ -78,6 +78,34 @@ pub struct SessionConfig {
     pub openat2: bool,
 }
 
+impl SessionConfig {
+    /// The passthrough settings of this set-up for the export `dir`.
+    pub fn passthrough(
+        &self,
+        dir: impl Into<std::path::PathBuf>,
+    ) -> virtio_9p_server::PassthroughConfig {
+        let mut cfg = virtio_9p_server::PassthroughConfig::new(dir);
+        cfg.readonly = self.readonly;
+        cfg.security_model = match self.security_model {
+            0 => virtio_9p_server::SecurityModel::Passthrough,
+            1 => virtio_9p_server::SecurityModel::MappedXattr,
+            _ => virtio_9p_server::SecurityModel::None,
+        };
+        cfg.use_openat2 = self.openat2;
+        cfg
+    }
+}
+
+/// The server limits both 9P targets run with: [`SERVER_MSIZE`], 32 fids,
+/// blocking locks that wait 1 ms.
+pub fn server_config() -> virtio_9p_server::Config {
+    let mut cfg = virtio_9p_server::Config::default();
+    cfg.msize_max = SERVER_MSIZE;
+    cfg.max_fids = 32;
+    cfg.lock_wait = Some(std::time::Duration::from_millis(1));
+    cfg
+}
+
 /// A session: configuration and request frames in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionInput {

@@ -34,6 +34,7 @@ pub(crate) const VIRTIO_RING_F_INDIRECT_DESC: u32 = 28;
 /// Feature bit: used/avail event index notification suppression.
 pub(crate) const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
 /// Feature bit: vhost-user protocol features (vhost-user only).
+#[cfg(feature = "vhost-user")]
 pub(crate) const VHOST_USER_F_PROTOCOL_FEATURES: u32 = 30;
 /// Feature bit: virtio 1.0.
 pub(crate) const VIRTIO_F_VERSION_1: u32 = 32;
@@ -111,6 +112,7 @@ impl DeviceConfig {
 }
 
 /// Checks a queue size.
+#[cfg(any(test, feature = "vhost-user"))]
 pub(crate) fn validate_queue_size(n: u32) -> Result<u16> {
     if n == 0 || n > u32::from(MAX_QUEUE_SIZE) || !n.is_power_of_two() {
         return Err(Error::QueueSize(n));
