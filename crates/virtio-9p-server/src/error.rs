@@ -85,9 +85,12 @@ pub enum Error {
     /// The engine's timer fd could not be created or armed.
     #[error("engine timer failed: {0}")]
     Timer(#[source] io::Error),
-    /// No coroutine stack could be had (for a new request, or for the pool).
-    #[error("no coroutine stack: {0}")]
-    Stack(#[from] coro_pool::Error),
+    /// No coroutine stack could be had for a new request.
+    #[error("no coroutine stack for a new request: {0}")]
+    Stack(#[source] coro_pool::Error),
+    /// The coroutine stack pool could not be created.
+    #[error("cannot create the coroutine stack pool: {0}")]
+    StackPool(#[source] coro_pool::Error),
     /// More requests than the engine's `max_in_flight`.
     #[error("more than {0} requests in flight")]
     TooManyRequests(usize),

@@ -135,12 +135,15 @@ impl<F: Filesystem + 'static> Daemon<F> {
     /// settings; nothing is served until [`Daemon::run`].
     pub fn new(server: Arc<Server<F>>, config: DaemonConfig) -> Result<Self> {
         // Validate the device settings before touching the socket.
-        let pool = Arc::new(StackPool::new(
-            PoolConfig::default()
-                .stack_size(DEFAULT_STACK_SIZE)
-                .policy(config.stack_policy)
-                .trim_interval(config.stack_trim_interval),
-        )?);
+        let pool = Arc::new(
+            StackPool::new(
+                PoolConfig::default()
+                    .stack_size(DEFAULT_STACK_SIZE)
+                    .policy(config.stack_policy)
+                    .trim_interval(config.stack_trim_interval),
+            )
+            .map_err(Error::StackPool)?,
+        );
         drop(Virtio9pBackend::new(
             Arc::clone(&server),
             Arc::clone(&pool),
