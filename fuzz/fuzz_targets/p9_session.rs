@@ -19,14 +19,11 @@
 #![no_main]
 
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use virtio_9p_server::io::{SliceReader, SliceWriter};
 use virtio_9p_server::protocol::*;
-use virtio_9p_server::{
-    Cancel, Config, Inline, PassthroughConfig, PassthroughFs, SecurityModel, Server, Session,
-};
+use virtio_9p_server::{Cancel, Inline, PassthroughFs, Server, Session};
 use vmm_fuzz_common::p9::{SessionInput, SERVER_MSIZE};
 use vmm_fuzz_common::sandbox::Sandbox;
 
@@ -54,7 +51,7 @@ fn check_reply(frame: &[u8], reply: &[u8], limit: u32) {
     match &msg {
         Rmessage::Lerror(errno) => assert!((1..4096).contains(errno), "Rlerror with errno {errno}"),
         m => assert_eq!(
-            m.msg_type(),
+            u8::from(m.msg_type()),
             h.ty.wrapping_add(1),
             "reply type for request type {}",
             h.ty
@@ -90,23 +87,9 @@ fuzz_target!(|data: &[u8]| {
     env.sandbox
         .reset_export_if_changed()
         .expect("reset the export");
-    let cfg = PassthroughConfig {
-        shared_dir: env.sandbox.export().to_path_buf(),
-        readonly: input.config.readonly,
-        security_model: match input.config.security_model {
-            0 => SecurityModel::Passthrough,
-            1 => SecurityModel::MappedXattr,
-            _ => SecurityModel::None,
-        },
-        use_openat2: input.config.openat2,
-    };
+    let cfg = input.config.passthrough(env.sandbox.export());
     let fs = PassthroughFs::new(cfg).expect("open the export");
-    let config = Config {
-        msize_max: SERVER_MSIZE,
-        max_fids: 32,
-        lock_wait: Some(Duration::from_millis(1)),
-        ..Config::default()
-    };
+    let config = vmm_fuzz_common::p9::server_config();
     let server = Server::new(fs, config).expect("server");
     let session = Session::new();
     let mut reply = std::mem::take(&mut env.reply);

@@ -28,7 +28,7 @@ use libfuzzer_sys::fuzz_target;
 use virtio_9p_server::engine::{EngineConfig, OffloadPolicy, DEFAULT_STACK_SIZE};
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::virtio::RequestQueue;
-use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, Server, Session};
+use virtio_9p_server::{PassthroughFs, Server, Session};
 use virtio_queue::QueueT;
 use virtqueue_large::mock::{guest_memory, Buf, ChainLayout, Layout, MockDriver};
 use vm_memory::GuestMemoryMmap;
@@ -54,29 +54,16 @@ thread_local! {
 
 fn new_queue(state: &State, input: &DeviceInput) -> RequestQueue<PassthroughFs> {
     let c = input.config;
-    let cfg = PassthroughConfig {
-        shared_dir: state.sandbox.export().to_path_buf(),
-        readonly: c.readonly,
-        security_model: match c.security_model {
-            0 => SecurityModel::Passthrough,
-            1 => SecurityModel::MappedXattr,
-            _ => SecurityModel::None,
-        },
-        use_openat2: c.openat2,
-    };
+    let cfg = c.passthrough(state.sandbox.export());
     let fs = PassthroughFs::new(cfg).expect("open the export");
-    let config = Config {
-        msize_max: SERVER_MSIZE,
-        max_fids: 32,
-        lock_wait: Some(Duration::from_millis(1)),
-        ..Config::default()
-    };
+    let config = vmm_fuzz_common::p9::server_config();
     let server = Arc::new(Server::new(fs, config).expect("server"));
-    let engine = EngineConfig {
-        workers: 1,
-        max_in_flight: MAX_QUEUE,
-        offload: OffloadPolicy::Never,
-        ..EngineConfig::default()
+    let engine = {
+        let mut ecfg = EngineConfig::default();
+        ecfg.workers = 1;
+        ecfg.max_in_flight = MAX_QUEUE;
+        ecfg.offload = OffloadPolicy::Never;
+        ecfg
     };
     RequestQueue::new(
         server,
@@ -185,7 +172,7 @@ impl Run<'_> {
             match msg {
                 Rmessage::Lerror(errno) => assert!((1..4096).contains(&errno), "Rlerror {errno}"),
                 m => assert_eq!(
-                    m.msg_type(),
+                    u8::from(m.msg_type()),
                     h.ty.wrapping_add(1),
                     "reply type to request type {}",
                     h.ty

@@ -104,7 +104,7 @@ fn server_getattr(c: &mut Criterion) {
     );
     let getattr = Tmessage::Getattr(Tgetattr {
         fid: 1,
-        request_mask: getattr::BASIC,
+        request_mask: GetattrMask::BASIC,
     })
     .encode_frame(2);
     c.bench_function("server_tgetattr", |b| {

@@ -184,17 +184,20 @@ impl<'a> Guest<'a> {
             walk(LOCK_FID, b"lockme"),
             Tmessage::Lopen(Tlopen {
                 fid: LOCK_FID,
-                flags: libc::O_RDWR as u32,
+                flags: OpenFlags::RDWR,
             }),
             walk(DATA_FID, b"data"),
             Tmessage::Lopen(Tlopen {
                 fid: DATA_FID,
-                flags: libc::O_RDONLY as u32,
+                flags: OpenFlags::RDONLY,
             }),
         ];
         for m in &steps {
             let reply = self.call(rq, m);
-            check!(reply != RLERROR && reply != 0, "setup step {m:?} failed");
+            check!(
+                reply != MsgType::Rlerror && reply != 0,
+                "setup step {m:?} failed"
+            );
         }
     }
 
@@ -225,8 +228,8 @@ impl<'a> Guest<'a> {
         for i in 0..locks {
             let m = Tmessage::Lock(Tlock {
                 fid: LOCK_FID,
-                ty: lock::TYPE_WRLCK,
-                flags: lock::FLAGS_BLOCK,
+                ty: LockType::Wrlck,
+                flags: LockFlags::BLOCK,
                 start: 0,
                 length: 0,
                 proc_id: u32::from(i),
@@ -254,11 +257,12 @@ fn walk(newfid: u32, name: &[u8]) -> Tmessage {
 }
 
 fn new_device(server: &Arc<Server<Fs>>, pool: &Arc<StackPool>) -> RequestQueue<Fs> {
-    let config = EngineConfig {
-        workers: 2,
-        max_in_flight: usize::from(QUEUE_SIZE),
-        offload: OffloadPolicy::Always,
-        ..EngineConfig::default()
+    let config = {
+        let mut ecfg = EngineConfig::default();
+        ecfg.workers = 2;
+        ecfg.max_in_flight = usize::from(QUEUE_SIZE);
+        ecfg.offload = OffloadPolicy::Always;
+        ecfg
     };
     RequestQueue::new(
         Arc::clone(server),
@@ -306,14 +310,12 @@ fn main() -> ExitCode {
     let fs = PassthroughFs::new(PassthroughConfig::new(&dir))
         .unwrap_or_else(|e| fail(format!("cannot open the export: {e}")));
     let server = Arc::new(
-        Server::new(
-            fs,
-            Config {
-                msize_max: MSIZE,
-                lock_wait: None,
-                ..Config::default()
-            },
-        )
+        Server::new(fs, {
+            let mut cfg = Config::default();
+            cfg.msize_max = MSIZE;
+            cfg.lock_wait = None;
+            cfg
+        })
         .unwrap_or_else(|e| fail(format!("server: {e}"))),
     );
     let pool = Arc::new(
@@ -347,12 +349,12 @@ fn main() -> ExitCode {
             );
             let rflush = replies
                 .iter()
-                .filter(|(ty, _, reply)| *ty == TFLUSH && *reply == TFLUSH + 1)
+                .filter(|(ty, _, reply)| *ty == MsgType::Tflush && *reply == MsgType::Rflush)
                 .count();
             check!(rflush == 256, "{rflush} of 256 Tflush got an Rflush");
             let locked = replies
                 .iter()
-                .filter(|(ty, _, reply)| *ty == TLOCK && *reply == TLOCK + 1)
+                .filter(|(ty, _, reply)| *ty == MsgType::Tlock && *reply == MsgType::Rlock)
                 .count();
             check!(locked == 0, "{locked} Tlocks got a lock the host holds");
             check!(

@@ -82,11 +82,9 @@ fn device_thread(a: Activation) -> Res<()> {
     let fs = PassthroughFs::new(PassthroughConfig::new(&shared_dir))?;
     let server = Arc::new(Server::new(fs, Config::default())?);
     let pool = Arc::new(StackPool::new(PoolConfig::default())?);
-    let config = EngineConfig {
-        workers: 2,
-        max_in_flight: usize::from(QUEUE_SIZE),
-        ..EngineConfig::default()
-    };
+    let mut config = EngineConfig::default();
+    config.workers = 2;
+    config.max_in_flight = usize::from(QUEUE_SIZE);
     let mut rq = RequestQueue::new(server, Arc::new(Session::new()), pool, &config, true)?;
 
     // The fds of the device's own epoll loop: the kick, our stop fd, and
@@ -286,7 +284,7 @@ fn session(g: &mut Guest<'_>, dir: &std::path::Path) -> Res<String> {
     }
     g.call(Tmessage::Lopen(Tlopen {
         fid: 1,
-        flags: open_flags::RDONLY,
+        flags: OpenFlags::RDONLY,
     }))?;
     let read = g.call(Tmessage::Read(Tread {
         fid: 1,
@@ -308,7 +306,7 @@ fn session(g: &mut Guest<'_>, dir: &std::path::Path) -> Res<String> {
     g.call(Tmessage::Lcreate(Tlcreate {
         fid: 2,
         name: b"from-guest".to_vec(),
-        flags: open_flags::RDWR | open_flags::CREATE,
+        flags: OpenFlags::RDWR | OpenFlags::CREATE,
         mode: 0o644,
         gid: 0,
     }))?;

@@ -38,19 +38,19 @@ use crate::virtio::{MAX_CHAIN_DESCRIPTORS, MAX_IN_FLIGHT_SEGMENTS};
 
 /// What the binary, its libraries, the logger and the sandbox hold before
 /// any client (measured at 6 MiB on Linux 6.18; 16 MiB leaves room).
-pub const BASE: u64 = 16 << 20;
+pub(crate) const BASE: u64 = 16 << 20;
 /// What one socket connection holds when idle, with room to spare: its
 /// state and session on a socket thread, and that thread's share of the
 /// reply-encoding buffer (at most 64 KiB), stack and allocator arena. (An
 /// idle connection keeps no buffer since the socket transport runs on the
 /// engine; the figure is the one of the thread-per-connection design.)
-pub const PER_CONNECTION: u64 = 3 * KEEP_BUFFER as u64 + (320 << 10);
+pub(crate) const PER_CONNECTION: u64 = 3 * KEEP_BUFFER as u64 + (320 << 10);
 /// Upper bound on one fid: the table entry, the shared fid record and an
 /// inode record of its own.
-pub const FID_COST: u64 = 256;
+pub(crate) const FID_COST: u64 = 256;
 /// The qid remap tables at their caps: the prefix map and the exact map
 /// (about 48 bytes an entry with the hash table's slack).
-pub const QID_TABLE: u64 = (MAX_PREFIX + DEFAULT_MAX_EXACT as u64) * 48;
+pub(crate) const QID_TABLE: u64 = (MAX_PREFIX + DEFAULT_MAX_EXACT as u64) * 48;
 /// Bytes of one chain segment.
 const SEGMENT: u64 = 16;
 /// The walker's pooled segment buffers: 64 buffers of 1024 segments.

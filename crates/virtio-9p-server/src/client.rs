@@ -183,7 +183,7 @@ impl<T: Transport> Client<T> {
     }
 
     /// Tlopen.
-    pub fn lopen(&mut self, fid: u32, flags: u32) -> io::Result<Qid> {
+    pub fn lopen(&mut self, fid: u32, flags: OpenFlags) -> io::Result<Qid> {
         match self.rpc(&Tmessage::Lopen(Tlopen { fid, flags }))? {
             Rmessage::Lopen(q, _) => Ok(q),
             r => Err(unexpected(r)),
@@ -195,7 +195,7 @@ impl<T: Transport> Client<T> {
         &mut self,
         fid: u32,
         name: &[u8],
-        flags: u32,
+        flags: OpenFlags,
         mode: u32,
         gid: u32,
     ) -> io::Result<Qid> {
@@ -259,7 +259,7 @@ impl<T: Transport> Client<T> {
     pub fn getattr(&mut self, fid: u32) -> io::Result<Rgetattr> {
         match self.rpc(&Tmessage::Getattr(Tgetattr {
             fid,
-            request_mask: getattr::ALL,
+            request_mask: GetattrMask::ALL,
         }))? {
             Rmessage::Getattr(a) => Ok(*a),
             r => Err(unexpected(r)),
@@ -413,7 +413,7 @@ impl<T: Transport> Client<T> {
     }
 
     /// Tunlinkat.
-    pub fn unlinkat(&mut self, dirfid: u32, name: &[u8], flags: u32) -> io::Result<()> {
+    pub fn unlinkat(&mut self, dirfid: u32, name: &[u8], flags: UnlinkFlags) -> io::Result<()> {
         self.expect(
             Tmessage::Unlinkat(Tunlinkat {
                 dirfid,
@@ -492,11 +492,11 @@ impl<T: Transport> Client<T> {
     pub fn lock(
         &mut self,
         fid: u32,
-        ty: u8,
-        flags: u32,
+        ty: LockType,
+        flags: LockFlags,
         start: u64,
         length: u64,
-    ) -> io::Result<u8> {
+    ) -> io::Result<LockStatus> {
         match self.rpc(&Tmessage::Lock(Tlock {
             fid,
             ty,
@@ -512,7 +512,13 @@ impl<T: Transport> Client<T> {
     }
 
     /// Tgetlock.
-    pub fn getlock(&mut self, fid: u32, ty: u8, start: u64, length: u64) -> io::Result<Rgetlock> {
+    pub fn getlock(
+        &mut self,
+        fid: u32,
+        ty: LockType,
+        start: u64,
+        length: u64,
+    ) -> io::Result<Rgetlock> {
         match self.rpc(&Tmessage::Getlock(Tgetlock {
             fid,
             ty,

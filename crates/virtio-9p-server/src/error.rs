@@ -1,12 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The crate's error type.
+//! The crate's error type: one enum for the server, the filesystem, the
+//! engine, the virtio device and the vhost-user backend. The 9P codec's
+//! [`DecodeError`](crate::protocol::DecodeError) stays apart: it never
+//! reaches an embedder as a failure, it becomes an Rlerror reply.
 
 use std::io;
 use std::path::PathBuf;
 
-/// Errors of the server, the passthrough filesystem and the transports.
-/// Request-level failures never appear here: they become Rlerror replies.
+/// Errors of the server, the passthrough filesystem, the transports, the
+/// engine, the virtio device and the vhost-user backend. Request-level
+/// failures never appear here: they become Rlerror replies.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The transport handed over fewer bytes than a 9P header.
     #[error("request of {0} bytes is shorter than the 7-byte 9P header")]
@@ -91,6 +96,101 @@ pub enum Error {
     /// A configured msize outside `MIN_MSIZE..=MAX_MSIZE`.
     #[error("msize {0} is outside the supported range 4096..=134217728")]
     InvalidMsize(u32),
+    /// A security model other than `passthrough`, `mapped-xattr`, `none`.
+    #[error("unknown security model {0:?}: expected passthrough, mapped-xattr or none")]
+    SecurityModel(String),
+    /// The engine's worker pool or its eventfd could not be created.
+    #[error("cannot start the engine's workers: {0}")]
+    Workers(#[source] io::Error),
+    /// The engine's timer fd could not be created or armed.
+    #[error("engine timer failed: {0}")]
+    Timer(#[source] io::Error),
+    /// No coroutine stack could be had for a new request.
+    #[error("no coroutine stack for a new request: {0}")]
+    Stack(#[source] coro_pool::Error),
+    /// The coroutine stack pool could not be created.
+    #[error("cannot create the coroutine stack pool: {0}")]
+    StackPool(#[source] coro_pool::Error),
+    /// More requests than the engine's `max_in_flight`.
+    #[error("more than {0} requests in flight")]
+    TooManyRequests(usize),
+    /// The mount tag is empty or longer than
+    /// [`MAX_TAG_LEN`](crate::virtio::MAX_TAG_LEN).
+    #[error("mount tag must be 1 to {max} bytes, got {0}", max = crate::virtio::MAX_TAG_LEN)]
+    TagLength(usize),
+    /// The mount tag contains a NUL byte.
+    #[error("mount tag must not contain NUL bytes")]
+    TagNul,
+    /// The queue size is zero, above
+    /// [`MAX_QUEUE_SIZE`](crate::virtio::MAX_QUEUE_SIZE) or not a power of
+    /// two.
+    #[error("queue size {0} must be a power of two from 1 to {max}", max = crate::virtio::MAX_QUEUE_SIZE)]
+    QueueSize(u32),
+    /// The descriptor chain policy is invalid.
+    #[error("chain policy: {0}")]
+    ChainLimits(#[source] virtqueue_large::Error),
+    /// The ring itself is broken (bad available index, unreadable ring);
+    /// the queue stops until the driver resets it.
+    #[error("virtqueue is broken: {0}")]
+    Ring(#[source] virtqueue_large::Error),
+    /// Writing the used ring failed.
+    #[error("cannot add to the used ring: {0}")]
+    Used(#[source] virtqueue_large::Error),
+    /// The eventfd that resumes a queue left with work could not be made.
+    #[error("cannot create the queue's resume eventfd: {0}")]
+    ResumeFd(#[source] io::Error),
+    /// The vhost-user backend's event fds could not be created or
+    /// registered.
+    #[cfg(feature = "vhost-user")]
+    #[error("cannot set up the backend's event fds: {0}")]
+    BackendEvent(#[source] io::Error),
+    /// The vhost-user socket could not be bound or used.
+    #[cfg(feature = "vhost-user")]
+    #[error("cannot listen on {what}: {source}")]
+    VhostListen {
+        /// The socket.
+        what: String,
+        /// Why.
+        #[source]
+        source: vhost::vhost_user::Error,
+    },
+    /// A `--fd` that is not an open socket.
+    #[cfg(feature = "vhost-user")]
+    #[error("--fd {0} is not an open socket")]
+    BadFd(std::os::fd::RawFd),
+    /// vhost-user-backend could not set up its handler (vrings, epoll).
+    #[cfg(feature = "vhost-user")]
+    #[error("vhost-user: {0}")]
+    VhostUserHandler(#[source] vhost_user_backend::VhostUserHandlerError),
+    /// A vhost-user protocol step (listener, request handler) failed.
+    #[cfg(feature = "vhost-user")]
+    #[error("vhost-user: {0}")]
+    VhostUserProtocol(#[source] vhost::vhost_user::Error),
+    /// A vhost-user-backend thread panicked.
+    #[cfg(feature = "vhost-user")]
+    #[error("vhost-user: a daemon thread panicked")]
+    VhostUserPanicked,
+    /// An eventfd or poll of the vhost-user daemon loop failed.
+    #[cfg(feature = "vhost-user")]
+    #[error("daemon i/o: {0}")]
+    DaemonIo(#[source] io::Error),
+}
+
+#[cfg(feature = "vhost-user")]
+impl From<vhost_user_backend::Error> for Error {
+    fn from(e: vhost_user_backend::Error) -> Self {
+        use vhost_user_backend::Error as E;
+        match e {
+            E::NewVhostUserHandler(h) => Error::VhostUserHandler(h),
+            E::CreateBackendListener(v)
+            | E::CreateBackendReqHandler(v)
+            | E::CreateVhostUserListener(v)
+            | E::HandleRequest(v) => Error::VhostUserProtocol(v),
+            E::StartDaemon(io) => Error::DaemonIo(io),
+            // The panic payload is neither `Sync` nor printable.
+            E::WaitDaemon(_) => Error::VhostUserPanicked,
+        }
+    }
 }
 
 /// `Result` with this crate's [`Error`].

@@ -93,7 +93,7 @@ pub trait ReplyWriter: Write + Sized {
 }
 
 /// `pread` retrying on EINTR.
-pub fn pread(file: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize> {
+pub(crate) fn pread(file: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize> {
     loop {
         // SAFETY: `buf` is a valid writable buffer of `buf.len()` bytes and
         // the fd is borrowed for the duration of the call.
@@ -146,7 +146,7 @@ fn pread_nowait(file: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<us
 
 /// `pwrite` until everything is written, a zero-length write, or an error
 /// after some progress (then the progress is returned).
-pub fn pwrite_all(file: BorrowedFd<'_>, buf: &[u8], off: u64) -> io::Result<usize> {
+pub(crate) fn pwrite_all(file: BorrowedFd<'_>, buf: &[u8], off: u64) -> io::Result<usize> {
     let mut done = 0usize;
     while done < buf.len() {
         let rest = &buf[done..];

@@ -17,31 +17,30 @@
 //! seccompiler, mlock-policy).
 //!
 //! Named public items of the no-default-features library (types, traits,
-//! free functions, constants; not fields or methods), counted from rustdoc
-//! JSON (`RUSTC_BOOTSTRAP=1 cargo rustdoc -p virtio-9p-server
+//! free functions, constants; not fields, variants or methods), counted
+//! from rustdoc JSON (`RUSTC_BOOTSTRAP=1 cargo rustdoc -p virtio-9p-server
 //! --no-default-features --lib -- -Z unstable-options --output-format
-//! json`, the crate's entries in `paths`). Before is main at 45cb0b4, where
-//! the same command still built everything:
+//! json`, the crate's entries in `paths`; `ci/public-items.sh` reruns it).
+//! Before is main at 7127e50 (after the daemon split); after is the narrow
+//! API of issue 18, item 2:
 //!
-//! | module | before | after |
-//! |---|---|---|
-//! | `protocol` | 141 | 141 |
-//! | `fs` (with `fs::ids`, formerly `sandbox::ids`; `passthrough::sys` now private) | 31 | 21 |
-//! | `virtio` | 21 | 21 |
-//! | `engine` | 19 | 19 |
-//! | crate root (`server` re-exports) | 15 | 15 |
-//! | `transport` | 13 | 13 |
-//! | `bound` | 7 | 7 |
-//! | `io` | 6 | 6 |
-//! | `error` | 2 | 2 |
-//! | `sandbox` (now feature `daemon`) | 43 | 0 |
-//! | `vhost_user` (now feature `vhost-user`) | 20 | 0 |
-//! | **total** | **318** | **245** |
-//! | outside `protocol` | 177 | 104 |
+//! | module | before | after | what went |
+//! |---|---|---|---|
+//! | `protocol` | 141 | 60 | loose constants became `MsgType` and typed flag sets |
+//! | crate root (`server` re-exports) | 15 | 15 | |
+//! | `fs` | 21 | 14 | name checks, `host_open_flags`, the qid table |
+//! | `engine` | 19 | 12 | `EngineError` (now [`Error`]), the coroutine helpers, `EngineExec` |
+//! | `virtio` | 21 | 12 | `ConfigError`, `QueueError` (now [`Error`]), feature-bit constants, `chain_limits`, `validate_queue_size` |
+//! | `transport` | 13 | 10 | buffer tuning constants, `unix::clear_stale` |
+//! | `io` | 6 | 4 | `pread`, `pwrite_all` |
+//! | `bound` | 7 | 3 | the formula's constants |
+//! | `error` | 2 | 2 | |
+//! | **total** | **245** | **132** | |
+//! | outside `protocol` | 104 | 72 | |
 //!
-//! With default features the library has 295 (`sandbox` 36, `vhost_user`
-//! 14: the CLI types, `run_daemon` and the signal handlers moved into the
-//! binary).
+//! With default features the library has 144 (before: 295): `vhost_user`
+//! adds 12, and `sandbox` is no library module any more (it is the
+//! binary's, in `src/daemon/sandbox/`).
 //!
 //! Follow one request through the crate:
 //!
@@ -58,7 +57,7 @@
 //!
 //! ```
 //! use virtio_9p_server::io::{SliceReader, SliceWriter};
-//! use virtio_9p_server::protocol::{Rmessage, Tmessage, Tversion};
+//! use virtio_9p_server::protocol::{Rmessage, Rversion, Tmessage, Tversion};
 //! use virtio_9p_server::{Cancel, Config, Inline, PassthroughConfig, PassthroughFs, Server, Session};
 //!
 //! let dir = tempfile::tempdir().unwrap();
@@ -74,7 +73,7 @@
 //!             &Inline, &Cancel::new())
 //!     .unwrap();
 //! let (_, msg) = Rmessage::decode_frame(&reply[..info.size as usize], 65536).unwrap();
-//! assert_eq!(msg, Rmessage::Version(Tversion { msize: 65536, version: b"9P2000.L".to_vec() }));
+//! assert_eq!(msg, Rmessage::Version(Rversion { msize: 65536, version: b"9P2000.L".to_vec() }));
 //! ```
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -97,12 +96,11 @@ pub mod transport;
 pub mod engine;
 pub mod virtio;
 
-// Behind features (see "Library and daemon" in the README): the
-// vhost-user backend needs vhost and vhost-user-backend; the sandbox is
-// the binary's hardening and needs seccompiler.
-#[cfg(feature = "daemon")]
-#[cfg_attr(docsrs, doc(cfg(feature = "daemon")))]
-pub mod sandbox;
+// Behind a feature (see "Library and daemon" in the README): the
+// vhost-user backend needs vhost and vhost-user-backend. The sandbox is the
+// binary's hardening, not library code: it lives in the binary's own
+// module tree (src/daemon/sandbox/, declared by src/daemon/mod.rs), so it
+// is no public item of this crate even with `daemon`.
 #[cfg(feature = "vhost-user")]
 #[cfg_attr(docsrs, doc(cfg(feature = "vhost-user")))]
 pub mod vhost_user;

@@ -13,13 +13,13 @@ use log::{info, warn};
 
 use virtio_9p_server::fs::ids::{IdRules, IdTranslation};
 use virtio_9p_server::fs::Filesystem;
-use virtio_9p_server::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
 use virtio_9p_server::transport::socket::{ListenAddr, Listener, SocketLimits};
 use virtio_9p_server::transport::unix;
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, Server};
 
 use daemon::cli::{self, Cli};
 use daemon::pidfile::PidFile;
+use daemon::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
 use daemon::{syslog, vhost};
 
 /// The filesystem the binary serves: passthrough behind the id squashing.
@@ -86,10 +86,11 @@ fn harden(
     for hook in &h.test_hook {
         run_test_hook(hook);
     }
-    let config = Config {
-        msize_max: cli.msize_max,
-        max_fids,
-        ..Config::default()
+    let config = {
+        let mut cfg = Config::default();
+        cfg.msize_max = cli.msize_max;
+        cfg.max_fids = max_fids;
+        cfg
     };
     Ok(Arc::new(
         Server::new(fs, config).map_err(|e| e.to_string())?,
@@ -251,7 +252,7 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
                 }
             }
         }
-        ListenAddr::Tcp(_) => {
+        _ => {
             if cli.socket_group.is_some() {
                 return Err("--socket-group applies to unix sockets only".into());
             }
@@ -262,7 +263,7 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     let cleanup = match addr {
         ListenAddr::Unix(p) => Some(absolute(p)),
-        ListenAddr::Tcp(_) => None,
+        _ => None,
     };
     let pid_path: Vec<PathBuf> = pid_file.iter().map(|f| absolute(f.path())).collect();
     let sandbox = cli.hardening.sandbox;

@@ -72,7 +72,7 @@ fn setup(dir: &std::path::Path, config: Config) -> (Arc<Server<Fs>>, Arc<Session
     (server, s)
 }
 
-fn walk_open(server: &Server<Fs>, s: &Session<Fs>, fid: u32, name: &[u8], flags: u32) {
+fn walk_open(server: &Server<Fs>, s: &Session<Fs>, fid: u32, name: &[u8], flags: OpenFlags) {
     ok(
         server,
         s,
@@ -91,7 +91,7 @@ fn test_one_session_many_threads_with_clunk_during_reads() {
     let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
     std::fs::write(dir.path().join("f"), &data).unwrap();
     let (server, s) = setup(dir.path(), Config::default());
-    walk_open(&server, &s, 1, b"f", open_flags::RDONLY);
+    walk_open(&server, &s, 1, b"f", OpenFlags::RDONLY);
     let errors = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for t in 0..8u32 {
@@ -148,10 +148,10 @@ fn test_one_session_many_threads_with_clunk_during_reads() {
 }
 
 /// An executor that runs every call on a fresh thread and records the ops.
-struct OtherThread(Mutex<Vec<u8>>);
+struct OtherThread(Mutex<Vec<MsgType>>);
 
 impl Blocking for OtherThread {
-    fn run<R: Send>(&self, op: u8, f: impl FnOnce() -> R + Send) -> R {
+    fn run<R: Send>(&self, op: MsgType, f: impl FnOnce() -> R + Send) -> R {
         self.0.lock().unwrap().push(op);
         std::thread::scope(|scope| scope.spawn(f).join().unwrap())
     }
@@ -182,7 +182,7 @@ fn test_blocking_executor_runs_filesystem_calls() {
         &s,
         &Tmessage::Lopen(Tlopen {
             fid: 1,
-            flags: open_flags::RDWR,
+            flags: OpenFlags::RDWR,
         }),
         3,
         &exec,
@@ -219,7 +219,7 @@ fn test_blocking_executor_runs_filesystem_calls() {
         &s,
         &Tmessage::Getattr(Tgetattr {
             fid: 1,
-            request_mask: getattr::ALL,
+            request_mask: GetattrMask::ALL,
         }),
         6,
         &exec,
@@ -227,7 +227,13 @@ fn test_blocking_executor_runs_filesystem_calls() {
     );
     assert_eq!(
         *exec.0.lock().unwrap(),
-        vec![TWALK, TLOPEN, TREAD, TWRITE, TGETATTR]
+        vec![
+            MsgType::Twalk,
+            MsgType::Tlopen,
+            MsgType::Tread,
+            MsgType::Twrite,
+            MsgType::Tgetattr
+        ]
     );
     assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"ab23456789");
 }
@@ -236,15 +242,13 @@ fn test_blocking_executor_runs_filesystem_calls() {
 fn test_blocking_lock_waits_until_released_or_cancelled() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("f"), b"x").unwrap();
-    let (server, s) = setup(
-        dir.path(),
-        Config {
-            lock_wait: None,
-            ..Config::default()
-        },
-    );
-    walk_open(&server, &s, 1, b"f", open_flags::RDWR);
-    walk_open(&server, &s, 2, b"f", open_flags::RDWR);
+    let (server, s) = setup(dir.path(), {
+        let mut cfg = Config::default();
+        cfg.lock_wait = None;
+        cfg
+    });
+    walk_open(&server, &s, 1, b"f", OpenFlags::RDWR);
+    walk_open(&server, &s, 2, b"f", OpenFlags::RDWR);
     let lock = |fid, ty, flags| {
         Tmessage::Lock(Tlock {
             fid,
@@ -257,8 +261,8 @@ fn test_blocking_lock_waits_until_released_or_cancelled() {
         })
     };
     assert_eq!(
-        ok(&server, &s, lock(1, lock::TYPE_WRLCK, 0)),
-        Rmessage::Lock(lock::SUCCESS)
+        ok(&server, &s, lock(1, LockType::Wrlck, LockFlags::empty())),
+        Rmessage::Lock(LockStatus::Success)
     );
     // A blocking request waits until the holder unlocks.
     std::thread::scope(|scope| {
@@ -267,7 +271,7 @@ fn test_blocking_lock_waits_until_released_or_cancelled() {
             call(
                 server,
                 s,
-                &lock(2, lock::TYPE_WRLCK, lock::FLAGS_BLOCK),
+                &lock(2, LockType::Wrlck, LockFlags::BLOCK),
                 9,
                 &Inline,
                 &Cancel::new(),
@@ -275,8 +279,8 @@ fn test_blocking_lock_waits_until_released_or_cancelled() {
         });
         std::thread::sleep(Duration::from_millis(100));
         assert!(!waiter.is_finished());
-        ok(server, s, lock(1, lock::TYPE_UNLCK, 0));
-        assert_eq!(waiter.join().unwrap(), Rmessage::Lock(lock::SUCCESS));
+        ok(server, s, lock(1, LockType::Unlck, LockFlags::empty()));
+        assert_eq!(waiter.join().unwrap(), Rmessage::Lock(LockStatus::Success));
     });
     // Now fid 2 holds it; a blocking request from fid 1 is cancelled (Tflush).
     std::thread::scope(|scope| {
@@ -286,7 +290,7 @@ fn test_blocking_lock_waits_until_released_or_cancelled() {
             call(
                 server,
                 s,
-                &lock(1, lock::TYPE_RDLCK, lock::FLAGS_BLOCK),
+                &lock(1, LockType::Rdlck, LockFlags::BLOCK),
                 10,
                 &Inline,
                 &c2,
@@ -380,7 +384,7 @@ fn test_qid_paths_unique_across_mounted_devices() {
         &s,
         Tmessage::Lopen(Tlopen {
             fid: 3,
-            flags: open_flags::RDONLY,
+            flags: OpenFlags::RDONLY,
         }),
     );
     let Rmessage::Readdir(d) = ok(

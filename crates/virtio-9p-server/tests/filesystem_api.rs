@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 use virtio_9p_server::client::{Client, InProcess};
 use virtio_9p_server::fs::{Cred, Filesystem};
-use virtio_9p_server::protocol::{lock, setattr, Qid, Rgetattr, Tsetattr, QTDIR, QTFILE};
+use virtio_9p_server::protocol::{
+    GetattrMask, LockFlags, LockType, OpenFlags, Qid, QidType, Rgetattr, SetattrMask, Tsetattr,
+    UnlinkFlags,
+};
 use virtio_9p_server::{Config, Server};
 
 /// One directory `/` holding one file `f`; inode 0 is the root, 1 the file.
@@ -19,7 +22,11 @@ struct Tiny;
 
 fn qid(ino: u64) -> Qid {
     Qid {
-        ty: if ino == 0 { QTDIR } else { QTFILE },
+        ty: if ino == 0 {
+            QidType::DIR
+        } else {
+            QidType::FILE
+        },
         version: 0,
         path: ino,
     }
@@ -41,7 +48,7 @@ impl Filesystem for Tiny {
         }
     }
 
-    fn getattr(&self, inode: &u64, _mask: u64) -> io::Result<Rgetattr> {
+    fn getattr(&self, inode: &u64, _mask: GetattrMask) -> io::Result<Rgetattr> {
         Ok(Rgetattr {
             qid: qid(*inode),
             mode: if *inode == 0 { 0o40755 } else { 0o100644 },
@@ -65,7 +72,7 @@ fn test_required_methods_alone_serve_and_the_rest_default() {
     assert_eq!(errno(c.walk(0, 2, &[b"missing"])), libc::ENOENT);
 
     let enosys = libc::ENOSYS;
-    assert_eq!(errno(c.lopen(1, 0)), enosys);
+    assert_eq!(errno(c.lopen(1, OpenFlags::RDONLY)), enosys);
     assert_eq!(errno(c.statfs(0)), enosys);
     assert_eq!(errno(c.readlink(1)), enosys);
     assert_eq!(errno(c.mkdir(0, b"d", 0o755, 0)), enosys);
@@ -73,10 +80,13 @@ fn test_required_methods_alone_serve_and_the_rest_default() {
     assert_eq!(errno(c.link(0, 1, b"l")), enosys);
     assert_eq!(errno(c.rename(1, 0, b"g")), enosys);
     assert_eq!(errno(c.renameat(0, b"f", 0, b"g")), enosys);
-    assert_eq!(errno(c.unlinkat(0, b"f", 0)), enosys);
-    assert_eq!(errno(c.lcreate(0, b"new", 0, 0o644, 0)), enosys);
+    assert_eq!(errno(c.unlinkat(0, b"f", UnlinkFlags::empty())), enosys);
+    assert_eq!(
+        errno(c.lcreate(0, b"new", OpenFlags::RDONLY, 0o644, 0)),
+        enosys
+    );
     let attr = Tsetattr {
-        valid: setattr::MODE,
+        valid: SetattrMask::MODE,
         mode: 0o600,
         ..common::setattr_base(1)
     };
@@ -95,7 +105,10 @@ fn test_required_methods_alone_serve_and_the_rest_default() {
     // The session still serves.
     assert_eq!(c.getattr(0).unwrap().mode, 0o40755);
     // No open file, so locks never reach the filesystem: EBADF.
-    assert_eq!(errno(c.lock(1, lock::TYPE_WRLCK, 0, 0, 1)), libc::EBADF);
+    assert_eq!(
+        errno(c.lock(1, LockType::Wrlck, LockFlags::empty(), 0, 1)),
+        libc::EBADF
+    );
 }
 
 #[test]
@@ -124,7 +137,7 @@ fn test_passthrough_with_ids_translates_both_ways() {
     assert_eq!(errno(c.attach(0, 7)), libc::EPERM);
     c.attach(0, 5).unwrap();
     c.walk(0, 1, &[]).unwrap();
-    c.lcreate(1, b"f", 0, 0o644, 6).unwrap();
+    c.lcreate(1, b"f", OpenFlags::RDONLY, 0o644, 6).unwrap();
     let host = std::fs::metadata(dir.path().join("f")).unwrap();
     assert_eq!((host.uid(), host.gid()), (1234, 4321));
     let a = c.getattr(1).unwrap();
@@ -132,7 +145,7 @@ fn test_passthrough_with_ids_translates_both_ways() {
     // Tsetattr to a forbidden guest id is refused, to a mapped one lands
     // as the host id.
     let chown = |uid| Tsetattr {
-        valid: setattr::UID,
+        valid: SetattrMask::UID,
         uid,
         ..common::setattr_base(1)
     };

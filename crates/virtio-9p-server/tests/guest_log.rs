@@ -52,10 +52,8 @@ fn test_flood_of_bad_requests_yields_bounded_log_lines() {
     let per_sec = 10;
     let dir = tempfile::tempdir().unwrap();
     let fs = PassthroughFs::new(PassthroughConfig::new(dir.path())).unwrap();
-    let config = Config {
-        guest_log_lines_per_sec: per_sec,
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.guest_log_lines_per_sec = per_sec;
     let server = Arc::new(Server::new(fs, config).unwrap());
     let mut c = Client::new(InProcess::new(server, 8192));
     let start = Instant::now();

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use sandbox_support::{version, Daemon, BIN};
 use virtio_9p_server::client::{Client, StreamTransport};
-use virtio_9p_server::protocol::open_flags as of;
+use virtio_9p_server::protocol::OpenFlags as of;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, VmmOptions};
 
 const TCP_REFUSAL: &str = "virtio-9p-server: refusing a writable --security-model MODEL export \

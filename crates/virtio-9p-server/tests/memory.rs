@@ -62,7 +62,7 @@ fn test_long_names_refused_at_decode() {
     let lcreate = Tmessage::Lcreate(Tlcreate {
         fid: ROOT,
         name: n256.clone(),
-        flags: open_flags::RDWR,
+        flags: OpenFlags::RDWR,
         mode: 0o600,
         gid: 0,
     });
@@ -83,7 +83,7 @@ fn test_long_names_refused_at_decode() {
     assert_eq!(c.fid_count_hint(), 1);
     // 255 bytes is fine, and the session goes on.
     c.walk(ROOT, 1, &[]).unwrap();
-    c.lcreate(1, &[b'n'; 255], open_flags::RDWR, 0o600, 0)
+    c.lcreate(1, &[b'n'; 255], OpenFlags::RDWR, 0o600, 0)
         .unwrap();
     c.getattr(ROOT).unwrap();
 }
@@ -326,7 +326,7 @@ fn test_concurrent_bad_tversion_never_breaks_a_request() {
         handle(&server, &session, 4, walk, &mut reply);
         let lopen = Tmessage::Lopen(Tlopen {
             fid: 1,
-            flags: open_flags::RDONLY,
+            flags: OpenFlags::RDONLY,
         });
         handle(&server, &session, 5, lopen, &mut reply);
     }
@@ -359,7 +359,7 @@ fn test_socket_buffers_within_the_shared_budget() {
     std::thread::spawn(move || listener.serve_with(server, limits));
     let mut c = socket_client(&sock, 8 << 20);
     c.walk(ROOT, 1, &[b"f"]).unwrap();
-    c.lopen(1, open_flags::RDWR).unwrap();
+    c.lopen(1, OpenFlags::RDWR).unwrap();
     // A 2 MiB Twrite is streamed to the file: no buffer, no budget.
     assert_eq!(c.write(1, 0, &vec![9u8; 2 << 20]).unwrap(), 2 << 20);
     assert_eq!(
@@ -377,7 +377,7 @@ fn test_socket_buffers_within_the_shared_budget() {
     // ENOMEM.
     let mut big = Tmessage::Getattr(Tgetattr {
         fid: 1,
-        request_mask: getattr::BASIC,
+        request_mask: GetattrMask::BASIC,
     })
     .encode_frame(9);
     big.resize(2 << 20, 0);
@@ -428,7 +428,7 @@ fn test_kick_budget_leaves_nothing_on_the_ring() {
     for tag in 0..chains {
         let getattr = Tmessage::Getattr(Tgetattr {
             fid: ROOT,
-            request_mask: getattr::BASIC,
+            request_mask: GetattrMask::BASIC,
         });
         let sub = vmm
             .submit(
@@ -472,7 +472,7 @@ fn hostile(sock: &Path, id: u32, payload: &[u8]) -> Vec<String> {
     };
     let name = format!("h{id}");
     c.walk(ROOT, 1, &[]).unwrap();
-    c.lcreate(1, name.as_bytes(), open_flags::RDWR, 0o600, 0)
+    c.lcreate(1, name.as_bytes(), OpenFlags::RDWR, 0o600, 0)
         .unwrap();
     // Xattr fids of 64 KiB until refused.
     c.walk(ROOT, 2, &[b"x"]).unwrap();
@@ -547,7 +547,7 @@ fn test_hostile_socket_clients_stay_within_the_memory_bound() {
         std::thread::spawn(move || {
             let mut c = socket_client(&sock, 65_536);
             c.walk(ROOT, 1, &[b"good"]).unwrap();
-            c.lopen(1, open_flags::RDONLY).unwrap();
+            c.lopen(1, OpenFlags::RDONLY).unwrap();
             let mut rounds = 0u32;
             while !stop.load(Ordering::Acquire) || rounds == 0 {
                 assert_eq!(c.getattr(1).unwrap().size, 8192);

@@ -7,7 +7,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use common::*;
 use virtio_9p_server::protocol::{
-    getattr, lock, open_flags as of, setattr, Tsetattr, AT_REMOVEDIR, QTDIR, QTSYMLINK,
+    GetattrMask, LockFlags, LockStatus, LockType, OpenFlags as of, QidType, Rmessage, SetattrMask,
+    Tlock, Tmessage, Tsetattr, UnlinkFlags, HEADER_SIZE,
 };
 
 #[test]
@@ -18,13 +19,13 @@ fn test_version_attach_walk_getattr() {
     let mut c = client(dir.path());
     let qids = c.walk(ROOT, 1, &[b"sub", b"f"]).unwrap();
     assert_eq!(qids.len(), 2);
-    assert_eq!(qids[0].ty, QTDIR);
+    assert_eq!(qids[0].ty, QidType::DIR);
     let meta = std::fs::metadata(dir.path().join("sub/f")).unwrap();
     assert_eq!(qids[1].path, meta.ino());
     let a = c.getattr(1).unwrap();
     assert_eq!(a.size, 5);
     assert_eq!(a.mode & libc::S_IFMT, libc::S_IFREG);
-    assert_ne!(a.valid & getattr::BASIC, 0);
+    assert!(a.valid.contains(GetattrMask::BASIC));
     // A partial walk returns the qids walked and creates no fid.
     let partial = c.walk(ROOT, 2, &[b"sub", b"missing"]).unwrap();
     assert_eq!(partial.len(), 1);
@@ -99,7 +100,7 @@ fn test_lcreate_mkdir_symlink_mknod_link_readlink() {
     );
 
     let q = c.mkdir(ROOT, b"d", 0o750, 0).unwrap();
-    assert_eq!(q.ty, QTDIR);
+    assert_eq!(q.ty, QidType::DIR);
     assert_eq!(
         std::fs::metadata(dir.path().join("d"))
             .unwrap()
@@ -109,7 +110,7 @@ fn test_lcreate_mkdir_symlink_mknod_link_readlink() {
         0o750
     );
     let q = c.symlink(ROOT, b"l", b"../../etc/passwd", 0).unwrap();
-    assert_eq!(q.ty, QTSYMLINK);
+    assert_eq!(q.ty, QidType::SYMLINK);
     c.walk(ROOT, 4, &[b"l"]).unwrap();
     assert_eq!(c.readlink(4).unwrap(), b"../../etc/passwd");
     c.walk(ROOT, 5, &[b"new"]).unwrap();
@@ -161,15 +162,21 @@ fn test_rename_renameat_unlinkat_remove() {
     assert!(dir.path().join("a/f3").exists());
     c.renameat(1, b"g", 2, b"g2").unwrap();
     assert!(dir.path().join("b/g2").exists());
-    c.unlinkat(2, b"g2", 0).unwrap();
+    c.unlinkat(2, b"g2", UnlinkFlags::empty()).unwrap();
     assert!(!dir.path().join("b/g2").exists());
-    assert_eq!(errno(c.unlinkat(ROOT, b"b", 0).unwrap_err()), libc::EISDIR);
     assert_eq!(
-        errno(c.unlinkat(ROOT, b"b", 0x1).unwrap_err()),
+        errno(c.unlinkat(ROOT, b"b", UnlinkFlags::empty()).unwrap_err()),
+        libc::EISDIR
+    );
+    assert_eq!(
+        errno(
+            c.unlinkat(ROOT, b"b", UnlinkFlags::from_bits_retain(0x1))
+                .unwrap_err()
+        ),
         libc::EINVAL
     );
     c.clunk(2).unwrap();
-    c.unlinkat(ROOT, b"b", AT_REMOVEDIR).unwrap();
+    c.unlinkat(ROOT, b"b", UnlinkFlags::REMOVEDIR).unwrap();
     assert!(!dir.path().join("b").exists());
     c.remove(3).unwrap();
     assert!(!dir.path().join("a/f3").exists());
@@ -196,26 +203,29 @@ fn test_setattr_mode_size_times_owner() {
     c.walk(ROOT, 1, &[b"f"]).unwrap();
     let base = setattr_base(1);
     c.setattr(Tsetattr {
-        valid: setattr::MODE,
+        valid: SetattrMask::MODE,
         mode: 0o604,
         ..base.clone()
     })
     .unwrap();
     c.setattr(Tsetattr {
-        valid: setattr::SIZE,
+        valid: SetattrMask::SIZE,
         size: 4,
         ..base.clone()
     })
     .unwrap();
     c.setattr(Tsetattr {
-        valid: setattr::MTIME | setattr::MTIME_SET | setattr::ATIME | setattr::ATIME_SET,
+        valid: SetattrMask::MTIME
+            | SetattrMask::MTIME_SET
+            | SetattrMask::ATIME
+            | SetattrMask::ATIME_SET,
         mtime_sec: 1_000_000,
         atime_sec: 2_000_000,
         ..base.clone()
     })
     .unwrap();
     c.setattr(Tsetattr {
-        valid: setattr::UID | setattr::GID,
+        valid: SetattrMask::UID | SetattrMask::GID,
         uid: 1234,
         gid: 5678,
         ..base.clone()
@@ -315,32 +325,60 @@ fn test_locks_conflict_between_fids() {
     c.lopen(1, of::RDWR).unwrap();
     c.walk(ROOT, 2, &[b"f"]).unwrap();
     c.lopen(2, of::RDWR).unwrap();
-    assert_eq!(c.lock(1, lock::TYPE_WRLCK, 0, 0, 0).unwrap(), lock::SUCCESS);
-    assert_eq!(c.lock(2, lock::TYPE_WRLCK, 0, 0, 0).unwrap(), lock::BLOCKED);
-    let g = c.getlock(2, lock::TYPE_WRLCK, 0, 0).unwrap();
-    assert_eq!(g.ty, lock::TYPE_WRLCK);
+    assert_eq!(
+        c.lock(1, LockType::Wrlck, LockFlags::empty(), 0, 0)
+            .unwrap(),
+        LockStatus::Success
+    );
+    assert_eq!(
+        c.lock(2, LockType::Wrlck, LockFlags::empty(), 0, 0)
+            .unwrap(),
+        LockStatus::Blocked
+    );
+    let g = c.getlock(2, LockType::Wrlck, 0, 0).unwrap();
+    assert_eq!(g.ty, LockType::Wrlck);
     // Blocking variant gives up after the configured wait (1 s default)
     // with BLOCKED, and the client retries.
     let t = std::time::Instant::now();
     assert_eq!(
-        c.lock(2, lock::TYPE_WRLCK, lock::FLAGS_BLOCK, 0, 0)
-            .unwrap(),
-        lock::BLOCKED
+        c.lock(2, LockType::Wrlck, LockFlags::BLOCK, 0, 0).unwrap(),
+        LockStatus::Blocked
     );
     assert!(t.elapsed() >= std::time::Duration::from_millis(900));
-    assert_eq!(c.lock(1, lock::TYPE_UNLCK, 0, 0, 0).unwrap(), lock::SUCCESS);
     assert_eq!(
-        c.getlock(2, lock::TYPE_WRLCK, 0, 0).unwrap().ty,
-        lock::TYPE_UNLCK
-    );
-    assert_eq!(
-        c.lock(2, lock::TYPE_WRLCK, lock::FLAGS_BLOCK, 0, 0)
+        c.lock(1, LockType::Unlck, LockFlags::empty(), 0, 0)
             .unwrap(),
-        lock::SUCCESS
+        LockStatus::Success
     );
-    assert_eq!(errno(c.lock(2, 7, 0, 0, 0).unwrap_err()), libc::EINVAL);
     assert_eq!(
-        errno(c.lock(2, lock::TYPE_RDLCK, 0, u64::MAX, 0).unwrap_err()),
+        c.getlock(2, LockType::Wrlck, 0, 0).unwrap().ty,
+        LockType::Unlck
+    );
+    assert_eq!(
+        c.lock(2, LockType::Wrlck, LockFlags::BLOCK, 0, 0).unwrap(),
+        LockStatus::Success
+    );
+    // A lock type outside LockType is refused at decode, with EINVAL.
+    let mut bad = Tmessage::Lock(Tlock {
+        fid: 2,
+        ty: LockType::Rdlck,
+        flags: LockFlags::empty(),
+        start: 0,
+        length: 0,
+        proc_id: 1,
+        client_id: b"client".to_vec(),
+    })
+    .encode_frame(9);
+    bad[HEADER_SIZE + 4] = 7;
+    assert_eq!(
+        c.raw(&bad).unwrap(),
+        (9, Rmessage::Lerror(libc::EINVAL as u32))
+    );
+    assert_eq!(
+        errno(
+            c.lock(2, LockType::Rdlck, LockFlags::empty(), u64::MAX, 0)
+                .unwrap_err()
+        ),
         libc::EINVAL
     );
 }
@@ -389,9 +427,10 @@ mod server_rules {
 
     #[test]
     fn test_version_negotiation() {
-        let (_d, mut c) = raw_client(Config {
-            msize_max: 65536,
-            ..Config::default()
+        let (_d, mut c) = raw_client({
+            let mut cfg = Config::default();
+            cfg.msize_max = 65536;
+            cfg
         });
         // Requests before Tversion are refused.
         assert_eq!(errno(c.attach(ROOT, 0).unwrap_err()), libc::EPROTO);
@@ -409,7 +448,7 @@ mod server_rules {
             .unwrap();
         assert_eq!(
             r,
-            Rmessage::Version(Tversion {
+            Rmessage::Version(Rversion {
                 msize: 8192,
                 version: b"unknown".to_vec()
             })
@@ -423,7 +462,7 @@ mod server_rules {
             .unwrap();
         assert_eq!(
             r,
-            Rmessage::Version(Tversion {
+            Rmessage::Version(Rversion {
                 msize: 8192,
                 version: b"9P2000.L".to_vec()
             })
@@ -434,13 +473,11 @@ mod server_rules {
     fn test_config_rejects_bad_msize() {
         let dir = tempfile::tempdir().unwrap();
         let fs = virtio_9p_server::PassthroughFs::new(PassthroughConfig::new(dir.path())).unwrap();
-        let e = virtio_9p_server::Server::new(
-            fs,
-            Config {
-                msize_max: 1000,
-                ..Config::default()
-            },
-        )
+        let e = virtio_9p_server::Server::new(fs, {
+            let mut cfg = Config::default();
+            cfg.msize_max = 1000;
+            cfg
+        })
         .unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -450,9 +487,10 @@ mod server_rules {
 
     #[test]
     fn test_fid_limit() {
-        let (_d, mut c) = raw_client(Config {
-            max_fids: 3,
-            ..Config::default()
+        let (_d, mut c) = raw_client({
+            let mut cfg = Config::default();
+            cfg.max_fids = 3;
+            cfg
         });
         c.version(8192).unwrap();
         c.attach(0, 0).unwrap();
@@ -467,9 +505,10 @@ mod server_rules {
 
     #[test]
     fn test_xattr_limit_from_config() {
-        let (d, mut c) = raw_client(Config {
-            max_xattr_size: 8,
-            ..Config::default()
+        let (d, mut c) = raw_client({
+            let mut cfg = Config::default();
+            cfg.max_xattr_size = 8;
+            cfg
         });
         std::fs::write(d.path().join("f"), b"").unwrap();
         c.version(8192).unwrap();
@@ -552,7 +591,7 @@ mod server_rules {
         // Over the msize.
         let mut big = Header {
             size: 9000,
-            ty: TWRITE,
+            ty: MsgType::Twrite.into(),
             tag: 5,
         }
         .to_bytes()
@@ -565,7 +604,7 @@ mod server_rules {
         // A Twrite too short for its fixed fields, and one whose count lies.
         let mut tw = Header {
             size: 7 + 10,
-            ty: TWRITE,
+            ty: MsgType::Twrite.into(),
             tag: 6,
         }
         .to_bytes()
@@ -606,7 +645,7 @@ mod server_rules {
             &s,
             &Tmessage::Getattr(Tgetattr {
                 fid: 0,
-                request_mask: getattr::ALL,
+                request_mask: GetattrMask::ALL,
             })
             .encode_frame(8),
             100,

@@ -16,7 +16,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use virtio_9p_server::client::{Client, InProcess};
-use virtio_9p_server::protocol::open_flags;
+use virtio_9p_server::protocol::{OpenFlags, SetattrMask, UnlinkFlags};
 use virtio_9p_server::{Config, Error, PassthroughConfig, PassthroughFs, Server};
 
 static FDS: Mutex<()> = Mutex::new(());
@@ -62,10 +62,10 @@ fn workload(fs: PassthroughFs, dir: &std::path::Path) {
     c.version(64 << 10).unwrap();
     c.attach(0, 0).unwrap();
     c.walk(0, 1, &[]).unwrap();
-    c.lcreate(1, b"f", open_flags::RDWR, 0o644, 0).unwrap();
+    c.lcreate(1, b"f", OpenFlags::RDWR, 0o644, 0).unwrap();
     assert_eq!(c.write(1, 0, b"hello").unwrap(), 5);
     c.walk(0, 2, &[b"f"]).unwrap();
-    c.lopen(2, open_flags::RDONLY).unwrap();
+    c.lopen(2, OpenFlags::RDONLY).unwrap();
     assert_eq!(c.read(2, 0, 100).unwrap(), b"hello");
     c.set_xattr(0, 3, b"user.k", b"v", 0).unwrap();
     c.walk(0, 4, &[b"f"]).unwrap();
@@ -88,7 +88,7 @@ fn workload(fs: PassthroughFs, dir: &std::path::Path) {
         mtime_sec: 2,
         mtime_nsec: 0,
     };
-    use virtio_9p_server::protocol::setattr as sa;
+    use SetattrMask as sa;
     c.setattr(set(sa::MODE, 0)).unwrap();
     c.setattr(set(
         sa::ATIME | sa::ATIME_SET | sa::MTIME | sa::MTIME_SET,
@@ -102,7 +102,7 @@ fn workload(fs: PassthroughFs, dir: &std::path::Path) {
     c.renameat(0, b"g", 0, b"h").unwrap();
     let names: Vec<Vec<u8>> = {
         c.walk(0, 6, &[]).unwrap();
-        c.lopen(6, open_flags::RDONLY).unwrap();
+        c.lopen(6, OpenFlags::RDONLY).unwrap();
         c.readdir_all(6, 8192)
             .unwrap()
             .into_iter()
@@ -110,7 +110,7 @@ fn workload(fs: PassthroughFs, dir: &std::path::Path) {
             .collect()
     };
     assert!(names.contains(&b"f".to_vec()) && names.contains(&b"h".to_vec()));
-    c.unlinkat(0, b"h", 0).unwrap();
+    c.unlinkat(0, b"h", UnlinkFlags::empty()).unwrap();
     assert!(dir.join("f").exists() && !dir.join("h").exists());
 }
 

@@ -11,10 +11,28 @@ fn s() -> impl Strategy<Value = Vec<u8>> {
 
 fn qid() -> impl Strategy<Value = Qid> {
     (any::<u8>(), any::<u32>(), any::<u64>()).prop_map(|(ty, version, path)| Qid {
-        ty,
+        ty: QidType::from_bits_retain(ty),
         version,
         path,
     })
+}
+
+fn lock_type() -> impl Strategy<Value = LockType> {
+    prop::sample::select(vec![LockType::Rdlck, LockType::Wrlck, LockType::Unlck])
+}
+
+fn lock_status() -> impl Strategy<Value = LockStatus> {
+    prop::sample::select(vec![
+        LockStatus::Success,
+        LockStatus::Blocked,
+        LockStatus::Error,
+        LockStatus::Grace,
+    ])
+}
+
+/// The type byte of `t`.
+fn t(t: MsgType) -> u8 {
+    t.into()
 }
 
 fn tmessage() -> impl Strategy<Value = Tmessage> {
@@ -62,13 +80,15 @@ fn tmessage() -> impl Strategy<Value = Tmessage> {
         any::<u32>().prop_map(|fid| Tmessage::Clunk(Tfid { fid })),
         any::<u32>().prop_map(|fid| Tmessage::Remove(Tfid { fid })),
         any::<u32>().prop_map(|fid| Tmessage::Statfs(Tfid { fid })),
-        (any::<u32>(), any::<u32>())
-            .prop_map(|(fid, flags)| Tmessage::Lopen(Tlopen { fid, flags })),
+        (any::<u32>(), any::<u32>()).prop_map(|(fid, flags)| Tmessage::Lopen(Tlopen {
+            fid,
+            flags: OpenFlags::from_bits_retain(flags),
+        })),
         (any::<u32>(), s(), any::<u32>(), any::<u32>(), any::<u32>()).prop_map(
             |(fid, name, flags, mode, gid)| Tmessage::Lcreate(Tlcreate {
                 fid,
                 name,
-                flags,
+                flags: OpenFlags::from_bits_retain(flags),
                 mode,
                 gid
             })
@@ -107,11 +127,13 @@ fn tmessage() -> impl Strategy<Value = Tmessage> {
             name
         })),
         any::<u32>().prop_map(|fid| Tmessage::Readlink(Tfid { fid })),
-        (any::<u32>(), any::<u64>())
-            .prop_map(|(fid, request_mask)| Tmessage::Getattr(Tgetattr { fid, request_mask })),
+        (any::<u32>(), any::<u64>()).prop_map(|(fid, mask)| Tmessage::Getattr(Tgetattr {
+            fid,
+            request_mask: GetattrMask::from_bits_retain(mask),
+        })),
         (any::<[u32; 5]>(), any::<[u64; 5]>()).prop_map(|(a, b)| Tmessage::Setattr(Tsetattr {
             fid: a[0],
-            valid: a[1],
+            valid: SetattrMask::from_bits_retain(a[1]),
             mode: a[2],
             uid: a[3],
             gid: a[4],
@@ -139,7 +161,7 @@ fn tmessage() -> impl Strategy<Value = Tmessage> {
             .prop_map(|(fid, datasync)| Tmessage::Fsync(Tfsync { fid, datasync })),
         (
             any::<u32>(),
-            any::<u8>(),
+            lock_type(),
             any::<u32>(),
             any::<u64>(),
             any::<u64>(),
@@ -150,7 +172,7 @@ fn tmessage() -> impl Strategy<Value = Tmessage> {
                 |(fid, ty, flags, start, length, proc_id, client_id)| Tmessage::Lock(Tlock {
                     fid,
                     ty,
-                    flags,
+                    flags: LockFlags::from_bits_retain(flags),
                     start,
                     length,
                     proc_id,
@@ -159,7 +181,7 @@ fn tmessage() -> impl Strategy<Value = Tmessage> {
             ),
         (
             any::<u32>(),
-            any::<u8>(),
+            lock_type(),
             any::<u64>(),
             any::<u64>(),
             any::<u32>(),
@@ -202,7 +224,7 @@ fn tmessage() -> impl Strategy<Value = Tmessage> {
             Tunlinkat {
                 dirfid,
                 name,
-                flags
+                flags: UnlinkFlags::from_bits_retain(flags)
             }
         )),
     ];
@@ -213,7 +235,7 @@ fn rmessage() -> impl Strategy<Value = Rmessage> {
     let a = prop_oneof![
         any::<u32>().prop_map(Rmessage::Lerror),
         (any::<u32>(), s())
-            .prop_map(|(msize, version)| Rmessage::Version(Tversion { msize, version })),
+            .prop_map(|(msize, version)| Rmessage::Version(Rversion { msize, version })),
         qid().prop_map(Rmessage::Auth),
         qid().prop_map(Rmessage::Attach),
         Just(Rmessage::Flush),
@@ -243,7 +265,7 @@ fn rmessage() -> impl Strategy<Value = Rmessage> {
         s().prop_map(Rmessage::Readlink),
         (qid(), any::<[u32; 3]>(), any::<[u64; 16]>()).prop_map(|(qid, a, b)| Rmessage::Getattr(
             Box::new(Rgetattr {
-                valid: b[0],
+                valid: GetattrMask::from_bits_retain(b[0]),
                 qid,
                 mode: a[0],
                 uid: a[1],
@@ -282,8 +304,8 @@ fn rmessage() -> impl Strategy<Value = Rmessage> {
             Rmessage::Readdir(data)
         }),
         Just(Rmessage::Fsync),
-        any::<u8>().prop_map(Rmessage::Lock),
-        (any::<u8>(), any::<u64>(), any::<u64>(), any::<u32>(), s()).prop_map(
+        lock_status().prop_map(Rmessage::Lock),
+        (lock_type(), any::<u64>(), any::<u64>(), any::<u32>(), s()).prop_map(
             |(ty, start, length, proc_id, client_id)| Rmessage::Getlock(Rgetlock {
                 ty,
                 start,
@@ -358,7 +380,7 @@ fn test_decode_error_short_frame() {
 
 #[test]
 fn test_decode_error_size_too_small() {
-    let mut f = frame(TCLUNK, &[0; 4]);
+    let mut f = frame(t(MsgType::Tclunk), &[0; 4]);
     f[..4].copy_from_slice(&3u32.to_le_bytes());
     assert_eq!(
         Tmessage::decode_frame(&f, MAX_MSIZE).unwrap_err(),
@@ -368,7 +390,7 @@ fn test_decode_error_size_too_small() {
 
 #[test]
 fn test_decode_error_size_over_msize() {
-    let f = frame(TWRITE, &[0; 5000]);
+    let f = frame(t(MsgType::Twrite), &[0; 5000]);
     assert_eq!(
         Tmessage::decode_frame(&f, 4096).unwrap_err(),
         DecodeError::SizeOverMsize {
@@ -384,7 +406,7 @@ fn test_decode_error_size_over_msize() {
 
 #[test]
 fn test_decode_error_size_mismatch() {
-    let mut f = frame(TCLUNK, &[0; 4]);
+    let mut f = frame(t(MsgType::Tclunk), &[0; 4]);
     f.push(0);
     assert_eq!(
         Tmessage::decode_frame(&f, MAX_MSIZE).unwrap_err(),
@@ -402,10 +424,11 @@ fn test_decode_error_unknown_and_not_dotl_types() {
         DecodeError::UnknownType(200)
     );
     assert_eq!(
-        Tmessage::decode_body(RLERROR, &[0; 4]).unwrap_err(),
-        DecodeError::UnknownType(RLERROR)
+        Tmessage::decode_body(t(MsgType::Rlerror), &[0; 4]).unwrap_err(),
+        DecodeError::UnknownType(t(MsgType::Rlerror))
     );
-    for ty in [TOPEN, TCREATE, TSTAT, TWSTAT, TERROR] {
+    // Topen, Tcreate, Tstat, Twstat and Terror of 9P2000.
+    for ty in [112, 114, 124, 126, 106] {
         assert_eq!(
             Tmessage::decode_body(ty, &[]).unwrap_err(),
             DecodeError::NotDotL(ty)
@@ -413,22 +436,22 @@ fn test_decode_error_unknown_and_not_dotl_types() {
     }
     assert_eq!(DecodeError::UnknownType(1).errno(), libc::EOPNOTSUPP as u32);
     assert_eq!(
-        Rmessage::decode_body(TCLUNK, &[]).unwrap_err(),
-        DecodeError::UnknownType(TCLUNK)
+        Rmessage::decode_body(t(MsgType::Tclunk), &[]).unwrap_err(),
+        DecodeError::UnknownType(t(MsgType::Tclunk))
     );
 }
 
 #[test]
 fn test_decode_error_truncated() {
     assert_eq!(
-        Tmessage::decode_body(TGETATTR, &[0; 10]).unwrap_err(),
+        Tmessage::decode_body(t(MsgType::Tgetattr), &[0; 10]).unwrap_err(),
         DecodeError::Truncated { needed: 8, left: 6 }
     );
     // A string longer than the body.
     let mut body = 7u32.to_le_bytes().to_vec();
     body.extend_from_slice(&[10, 0, b'a']);
     assert_eq!(
-        Tmessage::decode_body(TVERSION, &body).unwrap_err(),
+        Tmessage::decode_body(t(MsgType::Tversion), &body).unwrap_err(),
         DecodeError::Truncated {
             needed: 10,
             left: 1
@@ -443,11 +466,11 @@ fn test_decode_error_truncated() {
 #[test]
 fn test_decode_error_trailing_bytes() {
     assert_eq!(
-        Tmessage::decode_body(TCLUNK, &[0; 6]).unwrap_err(),
+        Tmessage::decode_body(t(MsgType::Tclunk), &[0; 6]).unwrap_err(),
         DecodeError::TrailingBytes(2)
     );
     assert_eq!(
-        Rmessage::decode_body(TCLUNK + 1, &[0]).unwrap_err(),
+        Rmessage::decode_body(t(MsgType::Rclunk), &[0]).unwrap_err(),
         DecodeError::TrailingBytes(1)
     );
 }
@@ -458,7 +481,7 @@ fn test_decode_error_nul_in_string() {
     body.extend_from_slice(&[3, 0, b'a', 0, b'b']);
     body.extend_from_slice(&[0; 12]);
     assert_eq!(
-        Tmessage::decode_body(TLCREATE, &body).unwrap_err(),
+        Tmessage::decode_body(t(MsgType::Tlcreate), &body).unwrap_err(),
         DecodeError::NulInString
     );
 }
@@ -471,13 +494,13 @@ fn test_decode_error_too_many_walk_elements() {
         body.extend_from_slice(&[1, 0, b'a']);
     }
     assert_eq!(
-        Tmessage::decode_body(TWALK, &body).unwrap_err(),
+        Tmessage::decode_body(t(MsgType::Twalk), &body).unwrap_err(),
         DecodeError::TooManyWalkElements(17)
     );
     let mut rbody = 17u16.to_le_bytes().to_vec();
     rbody.extend_from_slice(&[0; 17 * QID_SIZE]);
     assert_eq!(
-        Rmessage::decode_body(TWALK + 1, &rbody).unwrap_err(),
+        Rmessage::decode_body(t(MsgType::Rwalk), &rbody).unwrap_err(),
         DecodeError::TooManyWalkElements(17)
     );
 }
@@ -488,7 +511,7 @@ fn test_decode_error_count_mismatch() {
     body.extend_from_slice(&10u32.to_le_bytes());
     body.extend_from_slice(&[0; 4]);
     assert_eq!(
-        Tmessage::decode_body(TWRITE, &body).unwrap_err(),
+        Tmessage::decode_body(t(MsgType::Twrite), &body).unwrap_err(),
         DecodeError::CountMismatch { count: 10, left: 4 }
     );
     let raw: [u8; 16] = body[..16].try_into().unwrap();
@@ -499,7 +522,7 @@ fn test_decode_error_count_mismatch() {
     let mut rbody = 5u32.to_le_bytes().to_vec();
     rbody.push(1);
     assert_eq!(
-        Rmessage::decode_body(TREAD + 1, &rbody).unwrap_err(),
+        Rmessage::decode_body(t(MsgType::Rread), &rbody).unwrap_err(),
         DecodeError::CountMismatch { count: 5, left: 1 }
     );
 }
@@ -527,38 +550,40 @@ mod server_fuzz {
         Cancel, Config, Inline, PassthroughConfig, PassthroughFs, Server, Session,
     };
 
-    const TYPES: &[u8] = &[
-        TSTATFS,
-        TLOPEN,
-        TLCREATE,
-        TSYMLINK,
-        TMKNOD,
-        TRENAME,
-        TREADLINK,
-        TGETATTR,
-        TSETATTR,
-        TXATTRWALK,
-        TXATTRCREATE,
-        TREADDIR,
-        TFSYNC,
-        TLOCK,
-        TGETLOCK,
-        TLINK,
-        TMKDIR,
-        TRENAMEAT,
-        TUNLINKAT,
-        TVERSION,
-        TAUTH,
-        TATTACH,
-        TFLUSH,
-        TWALK,
-        TREAD,
-        TWRITE,
-        TCLUNK,
-        TREMOVE,
-        0,
-        255,
-    ];
+    fn types() -> Vec<u8> {
+        vec![
+            t(MsgType::Tstatfs),
+            t(MsgType::Tlopen),
+            t(MsgType::Tlcreate),
+            t(MsgType::Tsymlink),
+            t(MsgType::Tmknod),
+            t(MsgType::Trename),
+            t(MsgType::Treadlink),
+            t(MsgType::Tgetattr),
+            t(MsgType::Tsetattr),
+            t(MsgType::Txattrwalk),
+            t(MsgType::Txattrcreate),
+            t(MsgType::Treaddir),
+            t(MsgType::Tfsync),
+            t(MsgType::Tlock),
+            t(MsgType::Tgetlock),
+            t(MsgType::Tlink),
+            t(MsgType::Tmkdir),
+            t(MsgType::Trenameat),
+            t(MsgType::Tunlinkat),
+            t(MsgType::Tversion),
+            t(MsgType::Tauth),
+            t(MsgType::Tattach),
+            t(MsgType::Tflush),
+            t(MsgType::Twalk),
+            t(MsgType::Tread),
+            t(MsgType::Twrite),
+            t(MsgType::Tclunk),
+            t(MsgType::Tremove),
+            0,
+            255,
+        ]
+    }
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
@@ -567,14 +592,18 @@ mod server_fuzz {
         /// exist, small numbers are likely) always get a reply, never a panic.
         #[test]
         fn test_server_answers_arbitrary_requests(
-            ty in prop::sample::select(TYPES),
+            ty in prop::sample::select(types()),
             body in prop::collection::vec(prop_oneof![Just(0u8), Just(1), Just(2), any::<u8>()], 0..64),
             room in 11usize..300,
         ) {
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("f"), b"data").unwrap();
             let fs = PassthroughFs::new(PassthroughConfig::new(dir.path())).unwrap();
-            let server = Server::new(fs, Config { lock_wait: Some(std::time::Duration::ZERO), ..Config::default() }).unwrap();
+            let server = Server::new(fs, {
+                let mut cfg = Config::default();
+                cfg.lock_wait = Some(std::time::Duration::ZERO);
+                cfg
+            }).unwrap();
             let s = Session::new();
             let setup = |m: Tmessage| {
                 let f = m.encode_frame(1);
@@ -585,7 +614,7 @@ mod server_fuzz {
             setup(Tmessage::Attach(Tattach { fid: 0, afid: NOFID, uname: vec![], aname: vec![], n_uname: 0 }));
             setup(Tmessage::Walk(Twalk { fid: 0, newfid: 1, wnames: vec![b"f".to_vec()] }));
             setup(Tmessage::Walk(Twalk { fid: 0, newfid: 2, wnames: vec![b"f".to_vec()] }));
-            setup(Tmessage::Lopen(Tlopen { fid: 2, flags: open_flags::RDWR }));
+            setup(Tmessage::Lopen(Tlopen { fid: 2, flags: OpenFlags::RDWR }));
             let mut frame = Header { size: (HEADER_SIZE + body.len()) as u32, ty, tag: 3 }.to_bytes().to_vec();
             frame.extend_from_slice(&body);
             let mut reply = vec![0u8; room];

@@ -9,6 +9,11 @@
 //! cannot be created.
 
 mod common;
+// The binary's sandbox code (src/daemon/sandbox/), compiled in as the
+// binary does: it is no library module.
+#[allow(dead_code, unused_imports)]
+#[path = "../src/daemon/sandbox/mod.rs"]
+mod sandbox;
 mod sandbox_support;
 
 use std::io::Read;
@@ -21,7 +26,9 @@ use std::time::Duration;
 use sandbox_support::{
     no_namespaces, version, vhost_mount_sequence, Daemon, SockClient, BIN, MODES,
 };
-use virtio_9p_server::protocol::{lock, open_flags as of, setattr, DirEntry, Tsetattr};
+use virtio_9p_server::protocol::{
+    DirEntry, LockFlags, LockStatus, LockType, OpenFlags as of, SetattrMask, Tsetattr, UnlinkFlags,
+};
 use virtio_9p_server::vhost_user::mock::{FakeVmm, VmmOptions};
 
 const ROOT: u32 = 0;
@@ -90,7 +97,7 @@ fn names(entries: &[DirEntry]) -> Vec<String> {
     v
 }
 
-fn setattr_msg(fid: u32, valid: u32) -> Tsetattr {
+fn setattr_msg(fid: u32, valid: SetattrMask) -> Tsetattr {
     Tsetattr {
         valid,
         ..common::setattr_base(fid)
@@ -119,7 +126,7 @@ fn exercise(c: &mut SockClient, export: &Path) {
     c.fsync(2, true).unwrap();
     let mut a = setattr_msg(
         2,
-        setattr::SIZE | setattr::MODE | setattr::UID | setattr::GID,
+        SetattrMask::SIZE | SetattrMask::MODE | SetattrMask::UID | SetattrMask::GID,
     );
     a.size = 1234;
     a.mode = 0o600;
@@ -128,7 +135,7 @@ fn exercise(c: &mut SockClient, export: &Path) {
     c.setattr(a).unwrap();
     let mut a = setattr_msg(
         2,
-        setattr::ATIME | setattr::MTIME | setattr::ATIME_SET | setattr::MTIME_SET,
+        SetattrMask::ATIME | SetattrMask::MTIME | SetattrMask::ATIME_SET | SetattrMask::MTIME_SET,
     );
     a.mtime_sec = 1_000_000;
     c.setattr(a).unwrap();
@@ -140,10 +147,11 @@ fn exercise(c: &mut SockClient, export: &Path) {
     assert_eq!(c.getattr(2).unwrap().size, 1234);
     // locks
     assert_eq!(
-        c.lock(2, lock::TYPE_WRLCK, 0, 0, 10).unwrap(),
-        lock::SUCCESS
+        c.lock(2, LockType::Wrlck, LockFlags::empty(), 0, 10)
+            .unwrap(),
+        LockStatus::Success
     );
-    c.getlock(2, lock::TYPE_WRLCK, 0, 10).unwrap();
+    c.getlock(2, LockType::Wrlck, 0, 10).unwrap();
     c.clunk(2).unwrap();
     // directories, links, renames, removal
     c.mkdir(ROOT, b"dir", 0o755, 0).unwrap();
@@ -165,12 +173,11 @@ fn exercise(c: &mut SockClient, export: &Path) {
         ["fifo", "hard", "sym"]
     );
     c.clunk(6).unwrap();
-    c.unlinkat(3, b"fifo", 0).unwrap();
-    c.unlinkat(3, b"sym", 0).unwrap();
-    c.unlinkat(3, b"hard", 0).unwrap();
+    c.unlinkat(3, b"fifo", UnlinkFlags::empty()).unwrap();
+    c.unlinkat(3, b"sym", UnlinkFlags::empty()).unwrap();
+    c.unlinkat(3, b"hard", UnlinkFlags::empty()).unwrap();
     c.clunk(3).unwrap();
-    c.unlinkat(ROOT, b"dir", virtio_9p_server::protocol::AT_REMOVEDIR)
-        .unwrap();
+    c.unlinkat(ROOT, b"dir", UnlinkFlags::REMOVEDIR).unwrap();
     c.statfs(ROOT).unwrap();
     // xattrs (through the detached /proc/self/fd, in every mode)
     c.walk(ROOT, 7, &[b"back"]).unwrap();
@@ -616,7 +623,7 @@ fn test_translate_ids_squash() {
     let mut c = session(&t.sock());
     c.walk(ROOT, 1, &[]).unwrap();
     c.lcreate(1, b"owned", of::RDWR, 0o644, 55).unwrap();
-    let mut a = setattr_msg(1, setattr::UID);
+    let mut a = setattr_msg(1, SetattrMask::UID);
     a.uid = 99;
     c.setattr(a).unwrap();
     let st = std::fs::metadata(t.export.join("owned")).unwrap();
@@ -689,7 +696,7 @@ fn documented_caps(model: &str) -> u64 {
 
 #[test]
 fn test_capabilities_follow_the_security_model() {
-    use virtio_9p_server::sandbox::caps;
+    use sandbox::caps;
     // SAFETY: plain getter.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("SKIP capabilities per model: not root");

@@ -22,7 +22,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use sandbox_support::{no_namespaces, socket_daemon, version, Daemon};
-use virtio_9p_server::protocol::open_flags as of;
+use virtio_9p_server::protocol::OpenFlags as of;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, VmmOptions};
 
 const ROOT: u32 = 0;

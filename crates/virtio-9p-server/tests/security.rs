@@ -8,7 +8,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use common::*;
 use virtio_9p_server::protocol::{
-    lock, open_flags as of, setattr, Tsetattr, QTDIR, QTFILE, QTSYMLINK,
+    LockFlags, LockStatus, LockType, OpenFlags as of, QidType, SetattrMask, Tsetattr, UnlinkFlags,
 };
 use virtio_9p_server::SecurityModel;
 
@@ -32,7 +32,11 @@ fn test_readonly_export_refuses_every_change() {
     c.walk(ROOT, 2, &[b"f"]).unwrap();
     c.lopen(2, of::RDONLY).unwrap();
     assert_eq!(c.read(2, 0, 10).unwrap(), b"data");
-    assert_eq!(c.lock(2, lock::TYPE_RDLCK, 0, 0, 0).unwrap(), lock::SUCCESS);
+    assert_eq!(
+        c.lock(2, LockType::Rdlck, LockFlags::empty(), 0, 0)
+            .unwrap(),
+        LockStatus::Success
+    );
     c.getattr(1).unwrap();
     c.statfs(ROOT).unwrap();
     // Every change fails with EROFS.
@@ -55,11 +59,14 @@ fn test_readonly_export_refuses_every_change() {
     assert_eq!(errno(c.link(ROOT, 1, b"hard").unwrap_err()), rofs);
     assert_eq!(errno(c.rename(1, ROOT, b"moved").unwrap_err()), rofs);
     assert_eq!(errno(c.renameat(ROOT, b"f", ROOT, b"g").unwrap_err()), rofs);
-    assert_eq!(errno(c.unlinkat(ROOT, b"f", 0).unwrap_err()), rofs);
+    assert_eq!(
+        errno(c.unlinkat(ROOT, b"f", UnlinkFlags::empty()).unwrap_err()),
+        rofs
+    );
     assert_eq!(
         errno(
             c.setattr(Tsetattr {
-                valid: setattr::MODE,
+                valid: SetattrMask::MODE,
                 mode: 0o777,
                 ..setattr_base(1)
             })
@@ -70,7 +77,7 @@ fn test_readonly_export_refuses_every_change() {
     assert_eq!(
         errno(
             c.setattr(Tsetattr {
-                valid: setattr::SIZE,
+                valid: SetattrMask::SIZE,
                 ..setattr_base(1)
             })
             .unwrap_err()
@@ -130,7 +137,7 @@ fn test_mapped_xattr_create_stores_ownership_in_qemu_layout() {
     assert_eq!((a.uid, a.gid, a.mode), (1000, 100, libc::S_IFREG | 0o644));
     // mkdir: host 0700, mapped S_IFDIR.
     let q = c.mkdir(9, b"dir", 0o755, 100).unwrap();
-    assert_eq!(q.ty, QTDIR);
+    assert_eq!(q.ty, QidType::DIR);
     let d = dir.path().join("dir");
     assert_eq!(
         std::fs::metadata(&d).unwrap().permissions().mode() & 0o777,
@@ -147,7 +154,7 @@ fn test_mapped_xattr_symlink_and_device_are_regular_host_files() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = client_for(dir.path(), SecurityModel::MappedXattr, false, true);
     let q = c.symlink(ROOT, b"link", b"/etc/passwd", 0).unwrap();
-    assert_eq!(q.ty, QTSYMLINK);
+    assert_eq!(q.ty, QidType::SYMLINK);
     let host = dir.path().join("link");
     let meta = std::fs::symlink_metadata(&host).unwrap();
     assert!(meta.file_type().is_file(), "mapped symlinks are host files");
@@ -194,7 +201,7 @@ fn test_mapped_xattr_reads_existing_qemu_share() {
     );
     let mut c = client_for(dir.path(), SecurityModel::MappedXattr, false, true);
     let q = c.walk(ROOT, 1, &[b"old"]).unwrap();
-    assert_eq!(q[0].ty, QTFILE);
+    assert_eq!(q[0].ty, QidType::FILE);
     let a = c.getattr(1).unwrap();
     assert_eq!((a.uid, a.gid, a.mode), (1234, 5678, libc::S_IFREG | 0o640));
 }
@@ -208,14 +215,14 @@ fn test_mapped_xattr_setattr_updates_xattrs_not_host() {
     let mut c = client_for(dir.path(), SecurityModel::MappedXattr, false, true);
     c.walk(ROOT, 1, &[b"f"]).unwrap();
     c.setattr(Tsetattr {
-        valid: setattr::UID | setattr::GID,
+        valid: SetattrMask::UID | SetattrMask::GID,
         uid: 42,
         gid: 43,
         ..setattr_base(1)
     })
     .unwrap();
     c.setattr(Tsetattr {
-        valid: setattr::MODE,
+        valid: SetattrMask::MODE,
         mode: 0o4755,
         ..setattr_base(1)
     })
@@ -278,13 +285,13 @@ fn test_none_model_ignores_failing_chown() {
     let mut strict = client_for(dir.path(), SecurityModel::Passthrough, false, true);
     strict.walk(ROOT, 1, &[b"f"]).unwrap();
     let chown = Tsetattr {
-        valid: setattr::UID | setattr::GID,
+        valid: SetattrMask::UID | SetattrMask::GID,
         uid: 7,
         gid: 7,
         ..setattr_base(1)
     };
     let chmod = Tsetattr {
-        valid: setattr::MODE,
+        valid: SetattrMask::MODE,
         mode: 0o640,
         ..setattr_base(1)
     };

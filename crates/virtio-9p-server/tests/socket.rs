@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use virtio_9p_server::client::{Client, StreamTransport};
-use virtio_9p_server::protocol::{open_flags as of, Header, Rmessage, RLERROR};
+use virtio_9p_server::protocol::{Header, MsgType, OpenFlags as of, Rmessage};
 use virtio_9p_server::transport::socket::{ListenAddr, Listener};
 use virtio_9p_server::{Config, PassthroughConfig};
 
@@ -174,7 +174,7 @@ fn test_socket_garbage_closes_only_that_connection() {
     // Others are unaffected.
     let mut c = session(&sock);
     c.statfs(ROOT).unwrap();
-    let _ = RLERROR;
+    let _ = MsgType::Rlerror;
 }
 
 #[test]

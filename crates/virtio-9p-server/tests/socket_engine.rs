@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use virtio_9p_server::client::{Client, StreamTransport};
 use virtio_9p_server::protocol::{
-    getattr, lock, open_flags as of, Rmessage, Tflush, Tgetattr, Tlock, Tmessage, Tread,
+    GetattrMask, LockFlags, LockStatus, LockType, OpenFlags as of, Rmessage, Tflush, Tgetattr,
+    Tlock, Tmessage, Tread,
 };
 use virtio_9p_server::transport::socket::{
     ListenAddr, Listener, SocketLimits, DUPLICATE_TAG_ERRNO,
@@ -41,10 +42,8 @@ fn start(dir: &Path, limits: SocketLimits) -> PathBuf {
     std::fs::create_dir(&export).unwrap();
     std::fs::write(export.join("f"), vec![5u8; 1 << 20]).unwrap();
     let sock = dir.join("9p.sock");
-    let config = Config {
-        lock_wait: None,
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.lock_wait = None;
     let server = server_with(PassthroughConfig::new(&export), config);
     let listener = Listener::bind(&ListenAddr::Unix(sock.clone())).unwrap();
     // The accept loop runs until the test process exits.
@@ -67,7 +66,7 @@ fn open(c: &mut Sock, fid: u32) {
     c.lopen(fid, of::RDWR).unwrap();
 }
 
-fn tlock(fid: u32, ty: u8, flags: u32) -> Tmessage {
+fn tlock(fid: u32, ty: LockType, flags: LockFlags) -> Tmessage {
     Tmessage::Lock(Tlock {
         fid,
         ty,
@@ -82,7 +81,7 @@ fn tlock(fid: u32, ty: u8, flags: u32) -> Tmessage {
 fn tgetattr(fid: u32) -> Tmessage {
     Tmessage::Getattr(Tgetattr {
         fid,
-        request_mask: getattr::BASIC,
+        request_mask: GetattrMask::BASIC,
     })
 }
 
@@ -129,8 +128,9 @@ fn locked_session(sock: &Path, waiters: u32) -> Sock {
     let mut c = session(sock);
     open(&mut c, HOLDER);
     assert_eq!(
-        c.lock(HOLDER, lock::TYPE_WRLCK, 0, 0, 0).unwrap(),
-        lock::SUCCESS
+        c.lock(HOLDER, LockType::Wrlck, LockFlags::empty(), 0, 0)
+            .unwrap(),
+        LockStatus::Success
     );
     for i in 0..waiters {
         open(&mut c, WAITER + i);
@@ -144,22 +144,22 @@ fn test_socket_replies_out_of_order_by_tag() {
     let sock = start(tmp.path(), SocketLimits::default());
     let mut c = locked_session(&sock, 1);
     // Tag 1 waits for the lock; tag 2 and tag 3 overtake it.
-    send(
-        &mut c,
-        1,
-        &tlock(WAITER, lock::TYPE_WRLCK, lock::FLAGS_BLOCK),
-    );
+    send(&mut c, 1, &tlock(WAITER, LockType::Wrlck, LockFlags::BLOCK));
     send(&mut c, 2, &tgetattr(ROOT));
     let (tag, r) = recv(&mut c);
     assert_eq!(tag, 2);
     assert!(matches!(r, Rmessage::Getattr(_)), "{r:?}");
-    send(&mut c, 3, &tlock(HOLDER, lock::TYPE_UNLCK, 0));
+    send(
+        &mut c,
+        3,
+        &tlock(HOLDER, LockType::Unlck, LockFlags::empty()),
+    );
     // The unlock answers, and then the waiter gets the lock.
     assert_eq!(
         recv_sorted(&mut c, 2),
         vec![
-            (1, Rmessage::Lock(lock::SUCCESS)),
-            (3, Rmessage::Lock(lock::SUCCESS))
+            (1, Rmessage::Lock(LockStatus::Success)),
+            (3, Rmessage::Lock(LockStatus::Success))
         ]
     );
 }
@@ -169,11 +169,7 @@ fn test_socket_tflush_of_a_blocked_tlock_stops_its_wait() {
     let tmp = tempfile::tempdir().unwrap();
     let sock = start(tmp.path(), SocketLimits::default());
     let mut c = locked_session(&sock, 1);
-    send(
-        &mut c,
-        7,
-        &tlock(WAITER, lock::TYPE_WRLCK, lock::FLAGS_BLOCK),
-    );
+    send(&mut c, 7, &tlock(WAITER, LockType::Wrlck, LockFlags::BLOCK));
     // The lock waits without a bound: only the flush ends it.
     assert_eq!(recv_within(&mut c, Duration::from_millis(200)), None);
     send(&mut c, 8, &Tmessage::Flush(Tflush { oldtag: 7 }));
@@ -184,11 +180,12 @@ fn test_socket_tflush_of_a_blocked_tlock_stops_its_wait() {
     assert_eq!(tag, 9, "no reply of the flushed Tlock: {r:?}");
     // The flushed Tlock holds nothing: the holder still has the lock,
     // and once it lets go another waiter gets it at once.
-    c.lock(HOLDER, lock::TYPE_UNLCK, 0, 0, 0).unwrap();
+    c.lock(HOLDER, LockType::Unlck, LockFlags::empty(), 0, 0)
+        .unwrap();
     assert_eq!(
-        c.lock(WAITER, lock::TYPE_WRLCK, lock::FLAGS_BLOCK, 0, 0)
+        c.lock(WAITER, LockType::Wrlck, LockFlags::BLOCK, 0, 0)
             .unwrap(),
-        lock::SUCCESS
+        LockStatus::Success
     );
 }
 
@@ -230,23 +227,23 @@ fn test_socket_duplicate_tag_is_refused_without_disturbing_the_holder() {
     let tmp = tempfile::tempdir().unwrap();
     let sock = start(tmp.path(), SocketLimits::default());
     let mut c = locked_session(&sock, 1);
-    send(
-        &mut c,
-        4,
-        &tlock(WAITER, lock::TYPE_WRLCK, lock::FLAGS_BLOCK),
-    );
+    send(&mut c, 4, &tlock(WAITER, LockType::Wrlck, LockFlags::BLOCK));
     send(&mut c, 4, &tgetattr(ROOT));
     assert_eq!(
         recv(&mut c),
         (4, Rmessage::Lerror(DUPLICATE_TAG_ERRNO as u32))
     );
     // The holder of tag 4 still waits, and gets the lock when it frees.
-    send(&mut c, 5, &tlock(HOLDER, lock::TYPE_UNLCK, 0));
+    send(
+        &mut c,
+        5,
+        &tlock(HOLDER, LockType::Unlck, LockFlags::empty()),
+    );
     assert_eq!(
         recv_sorted(&mut c, 2),
         vec![
-            (4, Rmessage::Lock(lock::SUCCESS)),
-            (5, Rmessage::Lock(lock::SUCCESS))
+            (4, Rmessage::Lock(LockStatus::Success)),
+            (5, Rmessage::Lock(LockStatus::Success))
         ]
     );
 }
@@ -267,20 +264,22 @@ fn test_socket_in_flight_limit_is_reached_then_drained() {
         send(
             &mut c,
             10 + i,
-            &tlock(WAITER + u32::from(i), lock::TYPE_RDLCK, lock::FLAGS_BLOCK),
+            &tlock(WAITER + u32::from(i), LockType::Rdlck, LockFlags::BLOCK),
         );
     }
     // The fifth request stays in the socket: not read, not answered.
     send(&mut c, 20, &tgetattr(ROOT));
     assert_eq!(recv_within(&mut c, Duration::from_millis(300)), None);
     // Free the lock: the four readers get it, then tag 20 is read.
-    holder.lock(HOLDER, lock::TYPE_UNLCK, 0, 0, 0).unwrap();
+    holder
+        .lock(HOLDER, LockType::Unlck, LockFlags::empty(), 0, 0)
+        .unwrap();
     let mut tags: Vec<u16> = (0..5)
         .map(|_| {
             let (tag, r) = recv(&mut c);
             match tag {
                 20 => assert!(matches!(r, Rmessage::Getattr(_)), "{r:?}"),
-                _ => assert_eq!(r, Rmessage::Lock(lock::SUCCESS)),
+                _ => assert_eq!(r, Rmessage::Lock(LockStatus::Success)),
             }
             tag
         })
@@ -403,7 +402,7 @@ fn test_socket_hangup_with_requests_in_flight_frees_fids_and_fds() {
             send(
                 &mut c,
                 10 + i,
-                &tlock(WAITER + u32::from(i), lock::TYPE_WRLCK, lock::FLAGS_BLOCK),
+                &tlock(WAITER + u32::from(i), LockType::Wrlck, LockFlags::BLOCK),
             );
         }
         for i in 0..8u16 {

@@ -147,7 +147,7 @@ fn walk(fid: u32, newfid: u32, names: &[&[u8]]) -> Tmessage {
     })
 }
 
-fn setattr(fid: u32, valid: u32) -> Tmessage {
+fn setattr(fid: u32, valid: SetattrMask) -> Tmessage {
     Tmessage::Setattr(Tsetattr {
         fid,
         valid,
@@ -162,7 +162,7 @@ fn setattr(fid: u32, valid: u32) -> Tmessage {
     })
 }
 
-fn lock(fid: u32, ty: u8, flags: u32) -> Tmessage {
+fn lock(fid: u32, ty: LockType, flags: LockFlags) -> Tmessage {
     Tmessage::Lock(Tlock {
         fid,
         ty,
@@ -201,30 +201,26 @@ fn child(mode: &str) {
     let leaked: &'static GuestMemoryMmap<()> = Box::leak(Box::new((*mem).clone()));
     let driver = MockDriver::new(leaked, 256);
     let queue = driver.create_queue();
-    let config = Config {
-        lock_wait: Some(Duration::from_millis(50)),
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.lock_wait = Some(Duration::from_millis(50));
     let server = Arc::new(Server::new(fs, config).unwrap());
     let pool = Arc::new(StackPool::new(PoolConfig::default()).unwrap());
     let hook = Arc::clone(&worker_filter);
-    let engine = EngineConfig {
-        workers: if workers { 2 } else { 0 },
-        max_in_flight: 64,
-        offload: if workers {
-            OffloadPolicy::Always
-        } else {
-            OffloadPolicy::Auto
-        },
-        on_worker_start: Some(Arc::new(move || {
-            if std::env::var_os("SYSCALLS_NOFILTER").is_none() {
-                seccompiler::apply_filter(&hook).unwrap()
-            } else {
-                eprintln!("MARK-WORKER");
-            }
-        })),
-        ..EngineConfig::default()
+    let mut engine = EngineConfig::default();
+    engine.workers = if workers { 2 } else { 0 };
+    engine.max_in_flight = 64;
+    engine.offload = if workers {
+        OffloadPolicy::Always
+    } else {
+        OffloadPolicy::Auto
     };
+    engine.on_worker_start = Some(Arc::new(move || {
+        if std::env::var_os("SYSCALLS_NOFILTER").is_none() {
+            seccompiler::apply_filter(&hook).unwrap()
+        } else {
+            eprintln!("MARK-WORKER");
+        }
+    }));
     let rq = RequestQueue::new(server, Arc::new(Session::new()), pool, &engine, false).unwrap();
     let mut d = Device {
         mem,
@@ -256,7 +252,7 @@ fn child(mode: &str) {
     d.call(Tmessage::Lcreate(Tlcreate {
         fid: 1,
         name: b"f".to_vec(),
-        flags: open_flags::RDWR,
+        flags: OpenFlags::RDWR,
         mode: 0o644,
         gid: 0,
     }));
@@ -273,7 +269,7 @@ fn child(mode: &str) {
     d.call(walk(0, 2, &[b"data"]));
     d.call(Tmessage::Lopen(Tlopen {
         fid: 2,
-        flags: open_flags::RDONLY,
+        flags: OpenFlags::RDONLY,
     }));
     for _ in 0..2 {
         let r = d.call(Tmessage::Read(Tread {
@@ -285,13 +281,13 @@ fn child(mode: &str) {
     }
     d.call(Tmessage::Getattr(Tgetattr {
         fid: 1,
-        request_mask: getattr::ALL,
+        request_mask: GetattrMask::ALL,
     }));
-    d.call(setattr(1, setattr::MODE));
-    d.call(setattr(1, setattr::SIZE));
+    d.call(setattr(1, SetattrMask::MODE));
+    d.call(setattr(1, SetattrMask::SIZE));
     d.call(setattr(
         1,
-        setattr::ATIME | setattr::ATIME_SET | setattr::MTIME | setattr::MTIME_SET,
+        SetattrMask::ATIME | SetattrMask::ATIME_SET | SetattrMask::MTIME | SetattrMask::MTIME_SET,
     ));
     // Xattrs: set (xattrcreate, write, clunk), get, list.
     d.call(walk(0, 3, &[b"f"]));
@@ -327,10 +323,10 @@ fn child(mode: &str) {
     d.call(Tmessage::Clunk(Tfid { fid: 3 }));
     // Locks: take, test, a blocking attempt that waits on the timer and
     // gives up (another owner holds it), flushed, then unlock.
-    d.call(lock(1, lock::TYPE_WRLCK, 0));
+    d.call(lock(1, LockType::Wrlck, LockFlags::empty()));
     d.call(Tmessage::Getlock(Tgetlock {
         fid: 1,
-        ty: lock::TYPE_WRLCK,
+        ty: LockType::Wrlck,
         start: 0,
         length: 1,
         proc_id: 2,
@@ -339,14 +335,14 @@ fn child(mode: &str) {
     d.call(walk(0, 5, &[b"f"]));
     d.call(Tmessage::Lopen(Tlopen {
         fid: 5,
-        flags: open_flags::RDWR,
+        flags: OpenFlags::RDWR,
     }));
-    let blocked = d.start(2, &lock(5, lock::TYPE_WRLCK, lock::FLAGS_BLOCK), 64);
+    let blocked = d.start(2, &lock(5, LockType::Wrlck, LockFlags::BLOCK), 64);
     let flush = d.start(3, &Tmessage::Flush(Tflush { oldtag: 2 }), 64);
     d.wait(2);
     assert_eq!(d.reply(&flush), Rmessage::Flush);
     let _ = d.reply(&blocked);
-    d.call(lock(1, lock::TYPE_UNLCK, 0));
+    d.call(lock(1, LockType::Unlck, LockFlags::empty()));
     // Names: mkdir, symlink, readlink, link, rename, renameat, readdir,
     // unlinkat, remove.
     d.call(Tmessage::Mkdir(Tmkdir {
@@ -382,7 +378,7 @@ fn child(mode: &str) {
     d.call(walk(0, 7, &[]));
     d.call(Tmessage::Lopen(Tlopen {
         fid: 7,
-        flags: open_flags::RDONLY,
+        flags: OpenFlags::RDONLY,
     }));
     d.call(Tmessage::Readdir(Treaddir {
         fid: 7,
@@ -392,12 +388,12 @@ fn child(mode: &str) {
     d.call(Tmessage::Unlinkat(Tunlinkat {
         dirfid: 0,
         name: b"d".to_vec(),
-        flags: AT_REMOVEDIR,
+        flags: UnlinkFlags::REMOVEDIR,
     }));
     d.call(Tmessage::Unlinkat(Tunlinkat {
         dirfid: 0,
         name: b"l2".to_vec(),
-        flags: 0,
+        flags: UnlinkFlags::empty(),
     }));
     d.call(Tmessage::Remove(Tfid { fid: 6 }));
     d.call(Tmessage::Clunk(Tfid { fid: 1 }));

@@ -71,7 +71,7 @@ impl Filesystem for StuckFs {
     fn walk(&self, _: &(), _: &[u8]) -> io::Result<((), Qid)> {
         enosys()
     }
-    fn getattr(&self, _: &(), _: u64) -> io::Result<Rgetattr> {
+    fn getattr(&self, _: &(), _: GetattrMask) -> io::Result<Rgetattr> {
         self.0.wait();
         Ok(Rgetattr::default())
     }
@@ -81,10 +81,10 @@ impl Filesystem for StuckFs {
     fn statfs(&self, _: &()) -> io::Result<Rstatfs> {
         enosys()
     }
-    fn open(&self, _: &(), _: u32) -> io::Result<((), Qid)> {
+    fn open(&self, _: &(), _: OpenFlags) -> io::Result<((), Qid)> {
         enosys()
     }
-    fn create(&self, _: &(), _: &[u8], _: u32, _: u32, _: Cred) -> io::Result<((), (), Qid)> {
+    fn create(&self, _: &(), _: &[u8], _: OpenFlags, _: u32, _: Cred) -> io::Result<((), (), Qid)> {
         enosys()
     }
     fn read<W: ReplyWriter>(&self, _: &(), _: &mut W, _: usize, _: u64) -> io::Result<usize> {
@@ -120,7 +120,7 @@ impl Filesystem for StuckFs {
     fn renameat(&self, _: &(), _: &[u8], _: &(), _: &[u8]) -> io::Result<()> {
         enosys()
     }
-    fn unlinkat(&self, _: &(), _: &[u8], _: u32) -> io::Result<()> {
+    fn unlinkat(&self, _: &(), _: &[u8], _: UnlinkFlags) -> io::Result<()> {
         enosys()
     }
     fn remove(&self, _: &()) -> io::Result<()> {
@@ -138,7 +138,7 @@ impl Filesystem for StuckFs {
     fn removexattr(&self, _: &(), _: &[u8]) -> io::Result<()> {
         enosys()
     }
-    fn try_lock(&self, _: &(), _: &Tlock) -> io::Result<u8> {
+    fn try_lock(&self, _: &(), _: &Tlock) -> io::Result<LockStatus> {
         enosys()
     }
     fn getlock(&self, _: &(), _: &Tgetlock) -> io::Result<Rgetlock> {
@@ -160,12 +160,13 @@ fn device(gate: &Arc<Gate>) -> (Device, MockDriver<'static, GuestMemoryMmap<()>>
     let queue = driver.create_queue();
     let server = Arc::new(Server::new(StuckFs(Arc::clone(gate)), Config::default()).unwrap());
     let pool = Arc::new(StackPool::new(PoolConfig::default()).unwrap());
-    let config = EngineConfig {
-        workers: 1,
-        max_in_flight: 64,
-        offload: OffloadPolicy::Auto,
-        quiesce_timeout: QUIESCE,
-        ..EngineConfig::default()
+    let config = {
+        let mut ecfg = EngineConfig::default();
+        ecfg.workers = 1;
+        ecfg.max_in_flight = 64;
+        ecfg.offload = OffloadPolicy::Auto;
+        ecfg.quiesce_timeout = QUIESCE;
+        ecfg
     };
     let rq = RequestQueue::new(server, Arc::new(Session::new()), pool, &config, false).unwrap();
     (Device { mem, queue, rq }, driver)
@@ -224,7 +225,7 @@ impl Device {
         for m in [version, attach] {
             let c = self.send(d, 0, &m);
             assert_eq!(self.used(d, 1).len(), 1);
-            assert_ne!(self.reply_type(&c), RLERROR, "{m:?}");
+            assert_ne!(self.reply_type(&c), MsgType::Rlerror, "{m:?}");
         }
     }
 }
@@ -232,7 +233,7 @@ impl Device {
 fn getattr() -> Tmessage {
     Tmessage::Getattr(Tgetattr {
         fid: 0,
-        request_mask: getattr::BASIC,
+        request_mask: GetattrMask::BASIC,
     })
 }
 
@@ -270,7 +271,7 @@ fn test_reset_with_a_stuck_filesystem_call_is_bounded_and_counted() {
     let used = dev.used(&mut d, 1);
     assert_eq!(used.len(), 1);
     assert!(used[0].1 > 0);
-    assert_eq!(dev.reply_type(&c), TGETATTR + 1);
+    assert_eq!(dev.reply_type(&c), MsgType::Rgetattr);
     assert_eq!(dev.rq.engine_stats().leaked, 1);
 }
 
@@ -309,11 +310,12 @@ fn test_disconnect_with_a_stuck_call_is_bounded_and_the_daemon_serves_on() {
         backend: BackendConfig {
             tag: "stuck".into(),
             queue_size: 64,
-            engine: EngineConfig {
-                workers: 1,
-                max_in_flight: 64,
-                quiesce_timeout: QUIESCE,
-                ..EngineConfig::default()
+            engine: {
+                let mut ecfg = EngineConfig::default();
+                ecfg.workers = 1;
+                ecfg.max_in_flight = 64;
+                ecfg.quiesce_timeout = QUIESCE;
+                ecfg
             },
             packed_ring: true,
         },
@@ -357,7 +359,7 @@ fn test_disconnect_with_a_stuck_call_is_bounded_and_the_daemon_serves_on() {
     let mut vmm = FakeVmm::connect(&socket, opts()).unwrap();
     let reply = vmm.call(&version, 64, VmmLayout::Direct).unwrap();
     let took = t0.elapsed();
-    assert_eq!(reply[4], TVERSION + 1);
+    assert_eq!(reply[4], MsgType::Rversion);
     assert!(
         took < QUIESCE + WORKER_JOIN_TIMEOUT + Duration::from_secs(3),
         "reconnect took {took:?}"

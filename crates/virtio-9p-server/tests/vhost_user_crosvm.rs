@@ -41,7 +41,7 @@ fn test_crosvm_style_frontend_reads_through_direct_chains() {
     assert_eq!(tag, b"\x05\x00share");
 
     assert_eq!(version(&mut vmm, msize), msize);
-    attach_open(&mut vmm, "f", 0);
+    attach_open(&mut vmm, "f", OpenFlags::RDONLY);
     // Rread of msize - 24 bytes: the reply (11-byte header + data) spread
     // over 126 page-sized descriptors, plus the request's, in the ring.
     let count = msize - IOHDRSZ;
@@ -122,7 +122,7 @@ fn read_into(
 }
 
 fn check(reply: &[u8], data: &[u8], offset: u64, count: u32) {
-    assert_eq!(reply[4], TREAD + 1);
+    assert_eq!(reply[4], MsgType::Rread);
     assert_eq!(&reply[7..11], &count.to_le_bytes());
     let at = offset as usize;
     assert!(
@@ -145,7 +145,7 @@ fn test_reads_into_both_memory_regions_around_a_hole() {
         ..VmmOptions::default()
     });
     version(&mut vmm, 512_000);
-    attach_open(&mut vmm, "f", 0);
+    attach_open(&mut vmm, "f", OpenFlags::RDONLY);
     let count = 512_000 - IOHDRSZ;
     // Below the hole, then above it (page-sized direct chains).
     let low = read_into(&mut vmm, 20, 0, count, 8 << 20, Layout::Chain { seg: 4096 });
@@ -190,7 +190,7 @@ fn test_read_into_a_buffer_spanning_two_adjacent_regions() {
         ..VmmOptions::default()
     });
     version(&mut vmm, 512_000);
-    attach_open(&mut vmm, "f", 0);
+    attach_open(&mut vmm, "f", OpenFlags::RDONLY);
     // One descriptor of 11 + count bytes, half in each region: two
     // mappings in the daemon, one guest buffer.
     let count = 512_000 - IOHDRSZ;

@@ -106,7 +106,7 @@ fn test_mount_sequence_byte_for_byte() {
             3,
             Tmessage::Lopen(Tlopen {
                 fid: 1,
-                flags: open_flags::RDWR,
+                flags: OpenFlags::RDWR,
             }),
             64,
         ),
@@ -150,7 +150,7 @@ fn test_mount_sequence_byte_for_byte() {
             8,
             Tmessage::Lopen(Tlopen {
                 fid: 2,
-                flags: open_flags::RDONLY | open_flags::DIRECTORY,
+                flags: OpenFlags::RDONLY | OpenFlags::DIRECTORY,
             }),
             64,
         ),
@@ -212,7 +212,7 @@ fn test_mount_sequence_byte_for_byte() {
     let (_, v) = decode(&virtio_replies[0]);
     assert_eq!(
         v,
-        Rmessage::Version(Tversion {
+        Rmessage::Version(Rversion {
             msize,
             version: b"9P2000.L".to_vec()
         })
@@ -263,7 +263,13 @@ fn test_reads_through_indirect_chains_without_event_idx() {
     });
     vmm.call(&frame(2, walk), 64, Layout::Direct).unwrap();
     vmm.call(
-        &frame(3, Tmessage::Lopen(Tlopen { fid: 1, flags: 0 })),
+        &frame(
+            3,
+            Tmessage::Lopen(Tlopen {
+                fid: 1,
+                flags: OpenFlags::RDONLY,
+            }),
+        ),
         64,
         Layout::Direct,
     )

@@ -24,11 +24,12 @@ fn test_daemon_pool_falls_back_within_two_trim_intervals() {
         backend: BackendConfig {
             tag: "share".into(),
             queue_size: 1024,
-            engine: EngineConfig {
-                workers: 2,
-                max_in_flight: 1024,
-                offload: OffloadPolicy::Auto,
-                ..EngineConfig::default()
+            engine: {
+                let mut ecfg = EngineConfig::default();
+                ecfg.workers = 2;
+                ecfg.max_in_flight = 1024;
+                ecfg.offload = OffloadPolicy::Auto;
+                ecfg
             },
             packed_ring: true,
         },

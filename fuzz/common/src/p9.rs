@@ -78,6 +78,34 @@ pub struct SessionConfig {
     pub openat2: bool,
 }
 
+impl SessionConfig {
+    /// The passthrough settings of this set-up for the export `dir`.
+    pub fn passthrough(
+        &self,
+        dir: impl Into<std::path::PathBuf>,
+    ) -> virtio_9p_server::PassthroughConfig {
+        let mut cfg = virtio_9p_server::PassthroughConfig::new(dir);
+        cfg.readonly = self.readonly;
+        cfg.security_model = match self.security_model {
+            0 => virtio_9p_server::SecurityModel::Passthrough,
+            1 => virtio_9p_server::SecurityModel::MappedXattr,
+            _ => virtio_9p_server::SecurityModel::None,
+        };
+        cfg.use_openat2 = self.openat2;
+        cfg
+    }
+}
+
+/// The server limits both 9P targets run with: [`SERVER_MSIZE`], 32 fids,
+/// blocking locks that wait 1 ms.
+pub fn server_config() -> virtio_9p_server::Config {
+    let mut cfg = virtio_9p_server::Config::default();
+    cfg.msize_max = SERVER_MSIZE;
+    cfg.max_fids = 32;
+    cfg.lock_wait = Some(std::time::Duration::from_millis(1));
+    cfg
+}
+
 /// A session: configuration and request frames in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionInput {
@@ -174,22 +202,34 @@ fn count(s: &mut ByteSource<'_>) -> u32 {
     }
 }
 
-const OPEN_FLAGS: [u32; 8] = [
-    open_flags::RDONLY,
-    open_flags::WRONLY,
-    open_flags::RDWR,
-    open_flags::RDWR | open_flags::TRUNC,
-    open_flags::RDONLY | open_flags::DIRECTORY,
-    open_flags::WRONLY | open_flags::APPEND,
-    open_flags::RDWR | open_flags::NOFOLLOW | open_flags::NONBLOCK,
-    3,
+const OPEN_FLAGS: [OpenFlags; 8] = [
+    OpenFlags::RDONLY,
+    OpenFlags::WRONLY,
+    OpenFlags::RDWR,
+    OpenFlags::RDWR.union(OpenFlags::TRUNC),
+    OpenFlags::RDONLY.union(OpenFlags::DIRECTORY),
+    OpenFlags::WRONLY.union(OpenFlags::APPEND),
+    OpenFlags::RDWR
+        .union(OpenFlags::NOFOLLOW)
+        .union(OpenFlags::NONBLOCK),
+    OpenFlags::ACCMODE,
 ];
 
-fn flags(s: &mut ByteSource<'_>) -> u32 {
+/// A lock type: the three 9P2000.L ones (any other byte is refused at
+/// decode, see `DecodeError::LockType`).
+fn lock_type(s: &mut ByteSource<'_>) -> LockType {
+    match s.u8() % 3 {
+        0 => LockType::Rdlck,
+        1 => LockType::Wrlck,
+        _ => LockType::Unlck,
+    }
+}
+
+fn flags(s: &mut ByteSource<'_>) -> OpenFlags {
     let b = s.u8();
     match OPEN_FLAGS.get(usize::from(b)) {
         Some(f) => *f,
-        None => s.u32(),
+        None => OpenFlags::from_bits_retain(s.u32()),
     }
 }
 
@@ -303,11 +343,15 @@ pub fn generate(s: &mut ByteSource<'_>) -> Tmessage {
         17 => Tmessage::Readlink(Tfid { fid: fid(s) }),
         18 => Tmessage::Getattr(Tgetattr {
             fid: fid(s),
-            request_mask: if s.bool() { getattr::ALL } else { s.u64() },
+            request_mask: if s.bool() {
+                GetattrMask::ALL
+            } else {
+                GetattrMask::from_bits_retain(s.u64())
+            },
         }),
         19 => Tmessage::Setattr(Tsetattr {
             fid: fid(s),
-            valid: u32::from(s.u16()),
+            valid: SetattrMask::from_bits_retain(u32::from(s.u16())),
             mode: mode(s),
             uid: uid(s),
             gid: uid(s),
@@ -339,8 +383,8 @@ pub fn generate(s: &mut ByteSource<'_>) -> Tmessage {
         }),
         24 => Tmessage::Lock(Tlock {
             fid: fid(s),
-            ty: s.u8() % 4,
-            flags: u32::from(s.u8() % 4),
+            ty: lock_type(s),
+            flags: LockFlags::from_bits_retain(u32::from(s.u8() % 4)),
             start: small_u64(s),
             length: small_u64(s),
             proc_id: s.u32(),
@@ -348,7 +392,7 @@ pub fn generate(s: &mut ByteSource<'_>) -> Tmessage {
         }),
         25 => Tmessage::Getlock(Tgetlock {
             fid: fid(s),
-            ty: s.u8() % 4,
+            ty: lock_type(s),
             start: small_u64(s),
             length: small_u64(s),
             proc_id: s.u32(),
@@ -375,9 +419,9 @@ pub fn generate(s: &mut ByteSource<'_>) -> Tmessage {
             dirfid: fid(s),
             name: pick(s, NAMES),
             flags: if s.bool() {
-                0
+                UnlinkFlags::empty()
             } else {
-                AT_REMOVEDIR | u32::from(s.u8() & 1)
+                UnlinkFlags::REMOVEDIR | UnlinkFlags::from_bits_retain(u32::from(s.u8() & 1))
             },
         }),
     }
@@ -421,7 +465,7 @@ fn session(config: SessionConfig, msgs: Vec<Tmessage>) -> SessionInput {
 
 const SETATTR_NONE: Tsetattr = Tsetattr {
     fid: 0,
-    valid: 0,
+    valid: SetattrMask::empty(),
     mode: 0,
     uid: 0,
     gid: 0,
@@ -454,7 +498,7 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
     let getattr = |fid| {
         T::Getattr(Tgetattr {
             fid,
-            request_mask: getattr::ALL,
+            request_mask: GetattrMask::ALL,
         })
     };
     let readdir = |fid| {
@@ -476,7 +520,7 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
         T::Lcreate(Tlcreate {
             fid,
             name: name.to_vec(),
-            flags: open_flags::RDWR,
+            flags: OpenFlags::RDWR,
             mode: 0o644,
             gid: 0,
         })
@@ -489,7 +533,7 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                 vec![
                     attach(0, b""),
                     walk(0, 1, &[b"file"]),
-                    open(1, open_flags::RDWR),
+                    open(1, OpenFlags::RDWR),
                     write(1, 0, b"hello 9p"),
                     read(1, 0, 4096),
                     T::Fsync(Tfsync {
@@ -509,7 +553,7 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                 vec![
                     attach(0, b""),
                     walk(0, 1, &[b"dir"]),
-                    open(1, open_flags::RDONLY | open_flags::DIRECTORY),
+                    open(1, OpenFlags::RDONLY | OpenFlags::DIRECTORY),
                     readdir(1),
                     walk(0, 2, &[b"dir"]),
                     lcreate(2, b"new"),
@@ -524,7 +568,7 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                     T::Unlinkat(Tunlinkat {
                         dirfid: 0,
                         name: b"new3".to_vec(),
-                        flags: AT_REMOVEDIR,
+                        flags: UnlinkFlags::REMOVEDIR,
                     }),
                     walk(0, 3, &[b"dir", b"new"]),
                     T::Remove(Tfid { fid: 3 }),
@@ -542,7 +586,7 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                     getattr(2),
                     walk(1, 3, &[b"up", b"secret"]),
                     walk(1, 4, &[b"abs"]),
-                    open(4, open_flags::RDWR | open_flags::TRUNC),
+                    open(4, OpenFlags::RDWR | OpenFlags::TRUNC),
                     walk(1, 5, &[b"up"]),
                     lcreate(5, b"planted"),
                     mkdir(5, b"planted"),
@@ -574,7 +618,7 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                     T::Readlink(Tfid { fid: 5 }),
                     T::Setattr(Tsetattr {
                         fid: 5,
-                        valid: setattr::MODE | setattr::SIZE,
+                        valid: SetattrMask::MODE | SetattrMask::SIZE,
                         mode: 0o777,
                         size: 0,
                         ..SETATTR_NONE
@@ -620,11 +664,11 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                 vec![
                     attach(0, b""),
                     walk(0, 1, &[b"file"]),
-                    open(1, open_flags::RDWR),
+                    open(1, OpenFlags::RDWR),
                     T::Lock(Tlock {
                         fid: 1,
-                        ty: lock::TYPE_WRLCK,
-                        flags: lock::FLAGS_BLOCK,
+                        ty: LockType::Wrlck,
+                        flags: LockFlags::BLOCK,
                         start: 0,
                         length: 10,
                         proc_id: 1,
@@ -632,7 +676,7 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                     }),
                     T::Getlock(Tgetlock {
                         fid: 1,
-                        ty: lock::TYPE_RDLCK,
+                        ty: LockType::Rdlck,
                         start: 0,
                         length: 0,
                         proc_id: 2,
@@ -640,8 +684,8 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                     }),
                     T::Lock(Tlock {
                         fid: 1,
-                        ty: lock::TYPE_UNLCK,
-                        flags: 0,
+                        ty: LockType::Unlck,
+                        flags: LockFlags::empty(),
                         start: 0,
                         length: 0,
                         proc_id: 1,
@@ -665,7 +709,7 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                         gid: 0,
                     }),
                     walk(0, 1, &[b"fifo"]),
-                    open(1, open_flags::RDONLY),
+                    open(1, OpenFlags::RDONLY),
                     T::Symlink(Tsymlink {
                         fid: 0,
                         name: b"sl".to_vec(),
@@ -677,12 +721,12 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                     walk(0, 3, &[b"file"]),
                     T::Setattr(Tsetattr {
                         fid: 3,
-                        valid: setattr::MODE
-                            | setattr::UID
-                            | setattr::GID
-                            | setattr::SIZE
-                            | setattr::MTIME
-                            | setattr::MTIME_SET,
+                        valid: SetattrMask::MODE
+                            | SetattrMask::UID
+                            | SetattrMask::GID
+                            | SetattrMask::SIZE
+                            | SetattrMask::MTIME
+                            | SetattrMask::MTIME_SET,
                         mode: 0o600,
                         uid: 1000,
                         gid: 1000,
@@ -692,7 +736,7 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                     }),
                     getattr(3),
                     walk(0, 4, &[b"loop"]),
-                    open(4, open_flags::RDONLY),
+                    open(4, OpenFlags::RDONLY),
                 ],
             ),
         ),
@@ -728,7 +772,7 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
         vec![
             attach(0, b""),
             walk(0, 1, &[b"file"]),
-            open(1, open_flags::RDWR),
+            open(1, OpenFlags::RDWR),
             lcreate(0, b"new"),
             mkdir(0, b"new2"),
         ],
@@ -753,7 +797,7 @@ pub fn session_seeds() -> Vec<(&'static str, SessionInput)> {
                 lcreate(1, b"f"),
                 T::Setattr(Tsetattr {
                     fid: 1,
-                    valid: setattr::MODE | setattr::UID,
+                    valid: SetattrMask::MODE | SetattrMask::UID,
                     mode: 0o4755,
                     uid: 1000,
                     ..SETATTR_NONE
@@ -784,7 +828,7 @@ pub fn decode_seeds() -> Vec<(String, Vec<u8>)> {
         }
     }
     let qid = Qid {
-        ty: QTDIR,
+        ty: QidType::DIR,
         version: 1,
         path: 42,
     };
@@ -805,7 +849,7 @@ pub fn decode_seeds() -> Vec<(String, Vec<u8>)> {
     .encode(&mut dirents);
     let replies = [
         Rmessage::Lerror(2),
-        Rmessage::Version(Tversion {
+        Rmessage::Version(Rversion {
             msize: 8192,
             version: VERSION_9P2000_L.to_vec(),
         }),
@@ -829,7 +873,7 @@ pub fn decode_seeds() -> Vec<(String, Vec<u8>)> {
         Rmessage::Rename,
         Rmessage::Readlink(b"../target".to_vec()),
         Rmessage::Getattr(Box::new(Rgetattr {
-            valid: getattr::BASIC,
+            valid: GetattrMask::BASIC,
             qid,
             mode: 0o40755,
             ..Default::default()
@@ -839,9 +883,9 @@ pub fn decode_seeds() -> Vec<(String, Vec<u8>)> {
         Rmessage::Xattrcreate,
         Rmessage::Readdir(dirents),
         Rmessage::Fsync,
-        Rmessage::Lock(lock::SUCCESS),
+        Rmessage::Lock(LockStatus::Success),
         Rmessage::Getlock(Rgetlock {
-            ty: lock::TYPE_UNLCK,
+            ty: LockType::Unlck,
             start: 0,
             length: 0,
             proc_id: 7,
@@ -853,7 +897,7 @@ pub fn decode_seeds() -> Vec<(String, Vec<u8>)> {
         Rmessage::Unlinkat,
     ];
     for r in replies {
-        out.push((format!("r-{}", r.msg_type()), r.encode_frame(7)));
+        out.push((format!("r-{}", u8::from(r.msg_type())), r.encode_frame(7)));
     }
     out
 }

@@ -21,7 +21,6 @@
 use std::error::Error;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -30,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use virtio_9p_server::client::{Client, StreamTransport};
 use virtio_9p_server::protocol::{
-    getattr, lock, open_flags, Rmessage, Tattach, Tfid, Tgetattr, Tlock, Tmessage, Tread, Twalk,
-    IOHDRSZ, NOFID,
+    GetattrMask, LockFlags, LockStatus, LockType, MsgType, OpenFlags, Rmessage, Tattach, Tfid,
+    Tgetattr, Tlock, Tmessage, Tread, Twalk, IOHDRSZ, NOFID,
 };
 use virtio_9p_server::transport::socket::{ListenAddr, Listener, SocketLimits};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
@@ -43,10 +42,9 @@ type Res<T> = Result<T, Box<dyn Error>>;
 const GIB: f64 = (1u64 << 30) as f64;
 const KIB: u32 = 1024;
 /// 9P message types the lean loop checks by number.
-const RLERROR: u8 = 7;
-const RGETATTR: u8 = 25;
-const RLOCK: u8 = 53;
-const RREAD: u8 = 117;
+const RGETATTR: u8 = MsgType::Rgetattr as u8;
+const RLOCK: u8 = MsgType::Rlock as u8;
+const RREAD: u8 = MsgType::Rread as u8;
 
 const ROOT: u32 = 0;
 const BIG: u32 = 1;
@@ -237,7 +235,7 @@ impl Session {
             r => return Err(format!("attach: unexpected reply {r:?}").into()),
         }
         client.walk(ROOT, BIG, &[b"big"])?;
-        client.lopen(BIG, open_flags::RDONLY)?;
+        client.lopen(BIG, OpenFlags::RDONLY)?;
         client.walk(ROOT, SMALL, &[b"f"])?;
         Ok(Session {
             client,
@@ -260,7 +258,7 @@ impl Session {
         }
         stream.read_exact(&mut self.reply[4..size])?;
         let ty = self.reply[4];
-        if ty == RLERROR {
+        if ty == MsgType::Rlerror {
             let errno = u32::from_le_bytes(self.reply[7..11].try_into()?);
             return Err(format!("Rlerror {errno}").into());
         }
@@ -277,7 +275,7 @@ impl Session {
             let frame = self.next_read(1);
             let (ty, size) = self.call(&frame)?;
             let got = u32::from_le_bytes(self.reply[7..11].try_into()?);
-            if ty != RREAD || got != count || size != 11 + count as usize {
+            if ty != MsgType::Rread || got != count || size != 11 + count as usize {
                 return Err(format!("Tread of {count}: reply type {ty}, {got} bytes").into());
             }
             done += u64::from(got);
@@ -289,13 +287,13 @@ impl Session {
     fn getattr_us(&mut self, iters: usize) -> Res<f64> {
         let frame = Tmessage::Getattr(Tgetattr {
             fid: SMALL,
-            request_mask: getattr::BASIC,
+            request_mask: GetattrMask::BASIC,
         })
         .encode_frame(2);
         let start = Instant::now();
         for _ in 0..iters {
             let (ty, _) = self.call(&frame)?;
-            if ty != RGETATTR {
+            if ty != MsgType::Rgetattr {
                 return Err(format!("Tgetattr: reply type {ty}").into());
             }
         }
@@ -375,7 +373,7 @@ impl Session {
             .map(|tag| {
                 Tmessage::Getattr(Tgetattr {
                     fid: SMALL,
-                    request_mask: getattr::BASIC,
+                    request_mask: GetattrMask::BASIC,
                 })
                 .encode_frame(tag)
             })
@@ -409,14 +407,14 @@ impl Session {
         const SLOW_TAG: u16 = 100;
         let getattr = Tmessage::Getattr(Tgetattr {
             fid: SMALL,
-            request_mask: getattr::BASIC,
+            request_mask: GetattrMask::BASIC,
         })
         .encode_frame(1);
         let tlock = slow_fid.map(|fid| {
             Tmessage::Lock(Tlock {
                 fid,
-                ty: lock::TYPE_WRLCK,
-                flags: lock::FLAGS_BLOCK,
+                ty: LockType::Wrlck,
+                flags: LockFlags::BLOCK,
                 start: 0,
                 length: 0,
                 proc_id: 2,
@@ -944,13 +942,17 @@ fn depth_part(
     // connection that runs a Tgetattr stream.
     let mut holder = open(ours.connect())?;
     holder.client.walk(ROOT, 5, &[b"f"])?;
-    holder.client.lopen(5, open_flags::RDWR)?;
-    if holder.client.lock(5, lock::TYPE_WRLCK, 0, 0, 0)? != lock::SUCCESS {
+    holder.client.lopen(5, OpenFlags::RDWR)?;
+    if holder
+        .client
+        .lock(5, LockType::Wrlck, LockFlags::empty(), 0, 0)?
+        != LockStatus::Success
+    {
         return Err("the lock holder did not get its lock".into());
     }
     let mut m = open(ours.connect())?;
     m.client.walk(ROOT, 6, &[b"f"])?;
-    m.client.lopen(6, open_flags::RDWR)?;
+    m.client.lopen(6, OpenFlags::RDWR)?;
     let n = ctx.pick(5_000, 300);
     m.getattr_latencies(n / 5, None)?;
     let (mut idle, mut slow) = (Vec::new(), Vec::new());
@@ -1107,7 +1109,7 @@ fn rread_to_socket(file: &File, total: u64, chunk: usize, splice: bool) -> Res<f
                 left -= n as usize;
             }
         } else {
-            virtio_9p_server::io::pread(file.as_fd(), &mut buf, off)?;
+            std::os::unix::fs::FileExt::read_exact_at(file, &mut buf, off)?;
             (&tx).write_all(&buf)?;
         }
         done += chunk as u64;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use virtio_9p_server::io::{SliceReader, SliceWriter};
 use virtio_9p_server::protocol::{
-    getattr, open_flags, Rmessage, Tattach, Tfid, Tgetattr, Tlopen, Tmessage, Tread, Tversion,
+    GetattrMask, OpenFlags, Rmessage, Tattach, Tfid, Tgetattr, Tlopen, Tmessage, Tread, Tversion,
     Twalk, NOFID,
 };
 use virtio_9p_server::{Cancel, Config, Inline, PassthroughConfig, PassthroughFs, Server, Session};
@@ -109,7 +109,7 @@ fn setup(c: &mut dyn Contender) -> Res<()> {
     }
     let open = Tmessage::Lopen(Tlopen {
         fid: BIG,
-        flags: open_flags::RDONLY,
+        flags: OpenFlags::RDONLY,
     });
     expect_ok(c, &open, "lopen")
 }
@@ -216,7 +216,7 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
 
     let getattr = vec![Tmessage::Getattr(Tgetattr {
         fid: FILE,
-        request_mask: getattr::BASIC,
+        request_mask: GetattrMask::BASIC,
     })
     .encode_frame(5)];
     let walk_clunk = vec![

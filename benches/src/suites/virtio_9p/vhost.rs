@@ -31,8 +31,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use virtio_9p_server::engine::{EngineConfig, OffloadPolicy};
 use virtio_9p_server::protocol::{
-    getattr::BASIC as GETATTR_BASIC, Tattach, Tgetattr, Tlopen, Tmessage, Tread, Tversion, Twalk,
-    IOHDRSZ, NOFID,
+    GetattrMask, OpenFlags, Tattach, Tgetattr, Tlopen, Tmessage, Tread, Tversion, Twalk, IOHDRSZ,
+    NOFID,
 };
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen, StopHandle};
@@ -76,11 +76,12 @@ fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<R
         backend: BackendConfig {
             tag: "bench".into(),
             queue_size: 1024,
-            engine: EngineConfig {
-                workers: 4,
-                max_in_flight: 1024,
-                offload,
-                ..EngineConfig::default()
+            engine: {
+                let mut ecfg = EngineConfig::default();
+                ecfg.workers = 4;
+                ecfg.max_in_flight = 1024;
+                ecfg.offload = offload;
+                ecfg
             },
             packed_ring: true,
         },
@@ -113,12 +114,18 @@ fn call(vmm: &mut FakeVmm, tag: u16, msg: Tmessage) -> Res<()> {
 
 /// Connects (split ring), negotiates `msize` and opens `name` as fid 1
 /// with `flags`.
-fn session(run: &Running, msize: u32, name: &str, flags: u32) -> Res<FakeVmm> {
+fn session(run: &Running, msize: u32, name: &str, flags: OpenFlags) -> Res<FakeVmm> {
     session_on(run, msize, name, flags, false)
 }
 
 /// [`session`] on a packed ring if `packed`.
-fn session_on(run: &Running, msize: u32, name: &str, flags: u32, packed: bool) -> Res<FakeVmm> {
+fn session_on(
+    run: &Running,
+    msize: u32,
+    name: &str,
+    flags: OpenFlags,
+    packed: bool,
+) -> Res<FakeVmm> {
     let mut vmm = FakeVmm::connect(
         &run.socket,
         VmmOptions {
@@ -263,7 +270,11 @@ fn eventfd_round_trip_us(n: usize) -> Res<f64> {
 /// Sequential Tread (or Twrite) of `total` bytes at `msize`, one request
 /// at a time; returns GiB/s.
 fn sequential(run: &Running, msize: u32, total: u64, file_len: u64, write: bool) -> Res<f64> {
-    let flags = if write { 2 } else { 0 };
+    let flags = if write {
+        OpenFlags::RDWR
+    } else {
+        OpenFlags::RDONLY
+    };
     let mut vmm = session(run, msize, if write { "out" } else { "big" }, flags)?;
     let chunk = msize - IOHDRSZ;
     let mem = vmm.memory().clone();
@@ -337,7 +348,7 @@ fn random_4k(
     dur: Duration,
     packed: bool,
 ) -> Res<(f64, Vec<f64>)> {
-    let mut vmm = session_on(run, 65536, "big", 0, packed)?;
+    let mut vmm = session_on(run, 65536, "big", OpenFlags::RDONLY, packed)?;
     let mem = vmm.memory().clone();
     let pages = (file_len / 4096).max(1);
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
@@ -425,7 +436,7 @@ fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
 /// memfd guest memory the reads fill (4 KiB shmem pages, already faulted
 /// in), the cost a page-cache-to-guest `preadv` cannot avoid.
 fn memcpy_gib_per_s(run: &Running, size: usize, reps: usize) -> Res<f64> {
-    let vmm = session(run, 65536, "big", 0)?;
+    let vmm = session(run, 65536, "big", OpenFlags::RDONLY)?;
     let mem = vmm.memory().clone();
     let src = vec![0x5au8; size];
     mem.write_slice(&src, GuestAddress(DATA_AREA))?;
@@ -451,7 +462,7 @@ fn pread_gib_per_s(
     rounds: usize,
 ) -> Res<f64> {
     use std::io::{Seek, SeekFrom};
-    let vmm = session(run, 65536, "big", 0)?;
+    let vmm = session(run, 65536, "big", OpenFlags::RDONLY)?;
     let mem = vmm.memory().clone();
     let mut f = std::fs::File::open(file)?;
     let read_at = |offset: u64| -> Res<()> {
@@ -478,7 +489,7 @@ fn mmap_copy_gib_per_s(
     rounds: usize,
 ) -> Res<f64> {
     use std::os::fd::AsRawFd;
-    let vmm = session(run, 65536, "big", 0)?;
+    let vmm = session(run, 65536, "big", OpenFlags::RDONLY)?;
     let mem = vmm.memory().clone();
     let f = std::fs::File::open(file)?;
     let copy_at = |offset: u64| -> Res<()> {
@@ -782,11 +793,11 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
     let mut read4k = Vec::new();
     let n = ctx.pick(5000, 300);
     {
-        let mut vmm = session(&pooled, 64 << 10, "big", 0)?;
-        let mut inline_vmm = session(&never, 64 << 10, "big", 0)?;
+        let mut vmm = session(&pooled, 64 << 10, "big", OpenFlags::RDONLY)?;
+        let mut inline_vmm = session(&never, 64 << 10, "big", OpenFlags::RDONLY)?;
         let getattr_frame = Tmessage::Getattr(Tgetattr {
             fid: 1,
-            request_mask: GETATTR_BASIC,
+            request_mask: GetattrMask::BASIC,
         })
         .encode_frame(10);
         let read_frame = Tmessage::Read(Tread {

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use super::sandbox::seccomp::SeccompMode;
+use super::sandbox::SandboxMode;
 use virtio_9p_server::fs::ids::{IdMap, IdRule};
 use virtio_9p_server::protocol::MAX_MSIZE;
-use virtio_9p_server::sandbox::seccomp::SeccompMode;
-use virtio_9p_server::sandbox::SandboxMode;
 use virtio_9p_server::transport::socket::ListenAddr;
 use virtio_9p_server::SecurityModel;
 

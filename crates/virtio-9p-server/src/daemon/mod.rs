@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod pidfile;
+pub mod sandbox;
 pub mod signals;
 pub mod syslog;
 pub mod vhost;

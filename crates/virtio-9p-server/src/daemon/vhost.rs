@@ -8,9 +8,9 @@ use std::sync::Arc;
 use log::info;
 use mlock_policy::MlockPolicy;
 
+use super::sandbox::seccomp::{self, ThreadKind};
 use virtio_9p_server::engine::{EngineConfig, OffloadPolicy, DEFAULT_WORKERS, MAX_WORKERS};
 use virtio_9p_server::fs::Filesystem;
-use virtio_9p_server::sandbox::seccomp::{self, ThreadKind};
 use virtio_9p_server::vhost_user::{
     BackendConfig, Daemon, DaemonConfig, Listen, DEFAULT_SOCKET_PATH,
 };
@@ -121,14 +121,15 @@ pub fn run_daemon<F: Filesystem + 'static>(
         backend: BackendConfig {
             tag: args.tag.clone(),
             queue_size: args.queue_size,
-            engine: EngineConfig {
-                workers: args.thread_pool_size,
-                max_in_flight: usize::from(args.queue_size),
-                offload: OffloadPolicy::Auto,
+            engine: {
+                let mut ecfg = EngineConfig::default();
+                ecfg.workers = args.thread_pool_size;
+                ecfg.max_in_flight = usize::from(args.queue_size);
+                ecfg.offload = OffloadPolicy::Auto;
                 // Each worker narrows its own seccomp filter (a no-op
                 // unless the sandbox installed one).
-                on_worker_start: Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker))),
-                ..EngineConfig::default()
+                ecfg.on_worker_start = Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker)));
+                ecfg
             },
             packed_ring: !args.no_packed_ring,
         },
@@ -163,6 +164,7 @@ pub fn run_daemon<F: Filesystem + 'static>(
             "vhost-user socket on inherited fd {fd} (tag {:?})",
             args.tag
         ),
+        other => info!("vhost-user socket {other:?} (tag {:?})", args.tag),
     }
     daemon.run().map_err(|e| e.to_string())
 }

@@ -4,7 +4,7 @@
 //! Every in-flight request runs on its own stackful coroutine (from
 //! `coro-pool`), on the engine's thread (the vring thread). A request that
 //! must block hands the call to an [`Executor`] (by default the engine's
-//! own [worker threads](EngineConfig::workers)) and yields ([`offload`]);
+//! own [worker threads](EngineConfig::workers)) and yields (`offload`);
 //! the thread goes on serving other requests and resumes the coroutine
 //! when the call's result is posted. So a handful of OS threads keeps a
 //! whole queue of requests in flight, and the engine's thread itself never
@@ -17,8 +17,8 @@
 //! - Tread whose range is already in the page cache runs inline: the
 //!   `preadv` into guest memory costs less than a thread hop. The reply
 //!   writer gives the hint (`cachestat(2)`), the engine decides
-//!   ([`offload_read`]). Uncached ranges go to a worker.
-//! - A blocking Tlock waits between its attempts in [`sleep`] (a timer:
+//!   (`offload_read`). Uncached ranges go to a worker.
+//! - A blocking Tlock waits between its attempts in `sleep` (a timer:
 //!   the coroutine yields and holds no thread), and its attempts run apart
 //!   from reads and writes ([`Job::may_wait`]), so a pile of blocked locks
 //!   never starves them.
@@ -34,8 +34,8 @@
 //! disconnect) and [`Engine::shutdown`] set the request's [`Cancel`] token
 //! and, when the request is suspended (sleeping, waiting for a flush
 //! target, or its call still queued for a worker), resume it with
-//! "cancelled": the pending [`offload`] returns
-//! [`Interrupted::interrupted`] (EINTR), [`sleep`] and [`flush`] return
+//! "cancelled": the pending `offload` returns
+//! [`Interrupted::interrupted`] (EINTR), `sleep` and `flush` return
 //! early, and every later suspension of that request is answered the same
 //! way at once, so the request returns normally and drops its locals on
 //! the way out. A request whose call is running on a worker is waited for.
@@ -94,7 +94,8 @@ use log::{debug, error};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::protocol::{RLERROR, TLOCK, TREAD, TVERSION};
+use crate::error::Error;
+use crate::protocol::{MsgType, RLERROR, TLOCK, TREAD, TVERSION};
 use crate::server::{Blocking, Cancel, Interrupted};
 
 pub(crate) use workers::ThreadPool;
@@ -112,6 +113,7 @@ pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Which filesystem calls leave the engine's thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum OffloadPolicy {
     /// Tread of cached data inline, everything else on a worker (default).
     #[default]
@@ -125,6 +127,7 @@ pub enum OffloadPolicy {
 
 /// Engine settings.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct EngineConfig {
     /// The engine's own worker threads for blocking calls (0 to
     /// [`MAX_WORKERS`] per pool; there are two pools, see [`Job::may_wait`]).
@@ -171,23 +174,6 @@ impl Default for EngineConfig {
             quiesce_timeout: QUIESCE_TIMEOUT,
         }
     }
-}
-
-/// Errors of the engine.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// The worker pool or its eventfd could not be created.
-    #[error("cannot start the engine's workers: {0}")]
-    Workers(#[source] io::Error),
-    /// The timer fd could not be created or armed.
-    #[error("engine timer failed: {0}")]
-    Timer(#[source] io::Error),
-    /// No coroutine stack could be had for a new request.
-    #[error("no coroutine stack for a new request: {0}")]
-    Stack(#[source] coro_pool::Error),
-    /// More requests than `max_in_flight`.
-    #[error("more than {0} requests in flight")]
-    TooManyRequests(usize),
 }
 
 /// Input of a resumed coroutine.
@@ -288,7 +274,7 @@ fn suspend(s: Suspend) -> Option<Resume> {
 }
 
 /// Whether the caller runs on an engine coroutine.
-pub fn on_coroutine() -> bool {
+pub(crate) fn on_coroutine() -> bool {
     CURRENT.with(|c| c.get().is_some())
 }
 
@@ -297,7 +283,7 @@ pub fn on_coroutine() -> bool {
 /// When the request is cancelled before the call started, `f` never runs
 /// and the result is [`Interrupted::interrupted`]. A panic in `f` is
 /// propagated to the caller.
-pub fn offload<R: Interrupted + Send>(f: impl FnOnce() -> R + Send) -> R {
+pub(crate) fn offload<R: Interrupted + Send>(f: impl FnOnce() -> R + Send) -> R {
     offload_in(false, f)
 }
 
@@ -340,7 +326,7 @@ fn offload_in<R: Interrupted + Send>(may_wait: bool, f: impl FnOnce() -> R + Sen
 /// runs inline under [`OffloadPolicy::Auto`], else on a worker. Off an
 /// engine coroutine, or when the Tread as a whole was already placed by
 /// the policy, `read` simply runs here.
-pub fn offload_read<R: Interrupted + Send>(
+pub(crate) fn offload_read<R: Interrupted + Send>(
     cached: impl FnOnce() -> bool,
     read: impl FnOnce() -> R + Send,
 ) -> R {
@@ -355,7 +341,7 @@ pub fn offload_read<R: Interrupted + Send>(
 /// Sleeps `d`: on an engine coroutine by yielding to a timer (the thread
 /// keeps serving), elsewhere with `std::thread::sleep`. Returns early when
 /// the request is cancelled.
-pub fn sleep(d: Duration) {
+pub(crate) fn sleep(d: Duration) {
     if !on_coroutine() {
         std::thread::sleep(d);
         return;
@@ -366,7 +352,7 @@ pub fn sleep(d: Duration) {
 /// Cancels the in-flight request with `tag` (see the module docs) and
 /// returns once it has finished (or the flush itself was cancelled). Must
 /// run on an engine coroutine; elsewhere it returns at once.
-pub fn flush(tag: u16) {
+pub(crate) fn flush(tag: u16) {
     let _ = suspend(Suspend::Flush(tag));
 }
 
@@ -380,7 +366,7 @@ pub fn flushed_silently(reply_type: u8, cancel: &Cancel) -> bool {
 
 /// The [`Blocking`] executor the engine hands to the server.
 #[derive(Debug, Clone, Copy)]
-pub struct EngineExec {
+pub(crate) struct EngineExec {
     policy: OffloadPolicy,
 }
 
@@ -401,7 +387,7 @@ impl Drop for ReadByHint {
 }
 
 impl Blocking for EngineExec {
-    fn run<R: Interrupted + Send>(&self, op: u8, f: impl FnOnce() -> R + Send) -> R {
+    fn run<R: Interrupted + Send>(&self, op: MsgType, f: impl FnOnce() -> R + Send) -> R {
         match self.policy {
             OffloadPolicy::Never => f(),
             OffloadPolicy::Always => offload(f),
@@ -493,22 +479,20 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     /// An engine whose coroutines take stacks from `pool`; it reserves
     /// `config.max_in_flight` stacks while it lives.
-    pub fn new(pool: Arc<StackPool>, config: &EngineConfig) -> Result<Engine, EngineError> {
-        let wake = EventFd::new(EFD_NONBLOCK).map_err(EngineError::Workers)?;
-        let completions = Arc::new(Completions::new(
-            wake.try_clone().map_err(EngineError::Workers)?,
-        ));
+    pub fn new(pool: Arc<StackPool>, config: &EngineConfig) -> Result<Engine, Error> {
+        let wake = EventFd::new(EFD_NONBLOCK).map_err(Error::Workers)?;
+        let completions = Arc::new(Completions::new(wake.try_clone().map_err(Error::Workers)?));
         let own_pool = if config.executor.is_none() && config.workers > 0 {
             Some(
                 ThreadPool::new(config.workers, config.on_worker_start.as_ref())
-                    .map_err(EngineError::Workers)?,
+                    .map_err(Error::Workers)?,
             )
         } else {
             None
         };
-        let timer = TimerFd::new()
-            .map_err(|e| EngineError::Timer(io::Error::from_raw_os_error(e.errno())))?;
-        set_nonblocking(timer.as_raw_fd()).map_err(EngineError::Timer)?;
+        let timer =
+            TimerFd::new().map_err(|e| Error::Timer(io::Error::from_raw_os_error(e.errno())))?;
+        set_nonblocking(timer.as_raw_fd()).map_err(Error::Timer)?;
         let reservation = pool.reserve(config.max_in_flight);
         Ok(Engine {
             pool,
@@ -573,7 +557,7 @@ impl Engine {
         tag: Option<u16>,
         cancel: Cancel,
         task: F,
-    ) -> Result<(), EngineError>
+    ) -> Result<(), Error>
     where
         F: FnOnce() -> u32 + 'static,
     {
@@ -590,12 +574,12 @@ impl Engine {
         tag: Option<u16>,
         cancel: Cancel,
         task: F,
-    ) -> Result<(), EngineError>
+    ) -> Result<(), Error>
     where
         F: FnOnce() -> u32 + 'static,
     {
         if self.live >= self.max_in_flight {
-            return Err(EngineError::TooManyRequests(self.max_in_flight));
+            return Err(Error::TooManyRequests(self.max_in_flight));
         }
         let co = Coroutine::new_in(
             &self.pool,
@@ -615,7 +599,7 @@ impl Engine {
                 }
             },
         )
-        .map_err(EngineError::Stack)?;
+        .map_err(Error::Stack)?;
         let generation = self.next_generation;
         self.next_generation += 1;
         let slot = Slot {
@@ -1342,7 +1326,7 @@ mod tests {
         .unwrap();
         assert!(matches!(
             e.spawn(2, None, Cancel::new(), || 1),
-            Err(EngineError::TooManyRequests(1))
+            Err(Error::TooManyRequests(1))
         ));
     }
 

@@ -13,7 +13,7 @@ use std::str::FromStr;
 
 use crate::error::Error;
 use crate::fs::Cred;
-use crate::protocol::{setattr, Rgetattr, Tsetattr};
+use crate::protocol::{Rgetattr, SetattrMask, Tsetattr};
 
 /// One line of a user-namespace id map: `:inside:outside:count:`
 /// (virtiofsd's syntax) or `inside:outside:count`.
@@ -100,6 +100,7 @@ impl IdRange {
 /// Our older forms `squash-guest:HOST` and `squash-host:GUEST` (every id)
 /// are kept as aliases. Ids no rule covers pass unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum IdRule {
     /// Guest ids in `guest` become `host..` on the host.
     Guest {
@@ -391,10 +392,10 @@ impl IdTranslation {
     /// forbidden id.
     pub fn to_host_setattr(&self, attr: &Tsetattr) -> io::Result<Tsetattr> {
         let mut a = attr.clone();
-        if a.valid & setattr::UID != 0 {
+        if a.valid.contains(SetattrMask::UID) {
             a.uid = self.uid.to_host(a.uid)?;
         }
-        if a.valid & setattr::GID != 0 {
+        if a.valid.contains(SetattrMask::GID) {
             a.gid = self.gid.to_host(a.gid)?;
         }
         Ok(a)

@@ -3,9 +3,9 @@
 //! [`passthrough`] implementation over a host directory.
 //!
 //! The server validates every name before it reaches a `Filesystem`
-//! ([`validate_name`]): no empty names, no `/`, no NUL, not `.` or `..`
+//! (`validate_name`): no empty names, no `/`, no NUL, not `.` or `..`
 //! (walks may pass `..` and `.`, which the filesystem resolves without ever
-//! leaving its root), at most [`NAME_MAX`] bytes.
+//! leaving its root), at most [`NAME_MAX`](crate::protocol::MAX_NAME_LEN) bytes.
 
 pub mod ids;
 pub mod passthrough;
@@ -13,10 +13,13 @@ pub mod passthrough;
 use std::io;
 
 use crate::io::{ReplyWriter, RequestReader};
-use crate::protocol::{DirEntry, Qid, Rgetattr, Rgetlock, Rstatfs, Tgetlock, Tlock, Tsetattr};
+use crate::protocol::{
+    DirEntry, GetattrMask, LockStatus, OpenFlags, Qid, Rgetattr, Rgetlock, Rstatfs, Tgetlock,
+    Tlock, Tsetattr, UnlinkFlags,
+};
 
 /// Longest file name accepted (Linux `NAME_MAX`).
-pub const NAME_MAX: usize = 255;
+pub(crate) const NAME_MAX: usize = 255;
 
 /// Who asks: the user of the fid (from Tattach's `n_uname`) and the group
 /// a create message names.
@@ -29,7 +32,7 @@ pub struct Cred {
 }
 
 /// Checks a name that creates or removes a directory entry.
-pub fn validate_name(name: &[u8]) -> io::Result<()> {
+pub(crate) fn validate_name(name: &[u8]) -> io::Result<()> {
     if name.is_empty() || name == b"." || name == b".." {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
@@ -37,7 +40,7 @@ pub fn validate_name(name: &[u8]) -> io::Result<()> {
 }
 
 /// Checks a Twalk element: like [`validate_name`] but `.` and `..` pass.
-pub fn validate_walk_name(name: &[u8]) -> io::Result<()> {
+pub(crate) fn validate_walk_name(name: &[u8]) -> io::Result<()> {
     if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
@@ -97,7 +100,7 @@ pub trait Filesystem: Send + Sync {
     /// One walk step; `..` at the root stays at the root. Required.
     fn walk(&self, dir: &Self::Inode, name: &[u8]) -> io::Result<(Self::Inode, Qid)>;
     /// Attributes. Required.
-    fn getattr(&self, inode: &Self::Inode, mask: u64) -> io::Result<Rgetattr>;
+    fn getattr(&self, inode: &Self::Inode, mask: GetattrMask) -> io::Result<Rgetattr>;
     /// Changes attributes; `file` is the open file of the fid, if any.
     fn setattr(
         &self,
@@ -113,8 +116,8 @@ pub trait Filesystem: Send + Sync {
         let _ = inode;
         not_implemented()
     }
-    /// Opens with 9P2000.L flags ([`crate::protocol::open_flags`]).
-    fn open(&self, inode: &Self::Inode, flags: u32) -> io::Result<(Self::File, Qid)> {
+    /// Opens with 9P2000.L flags.
+    fn open(&self, inode: &Self::Inode, flags: OpenFlags) -> io::Result<(Self::File, Qid)> {
         let _ = (inode, flags);
         not_implemented()
     }
@@ -123,7 +126,7 @@ pub trait Filesystem: Send + Sync {
         &self,
         dir: &Self::Inode,
         name: &[u8],
-        flags: u32,
+        flags: OpenFlags,
         mode: u32,
         cred: Cred,
     ) -> io::Result<(Self::Inode, Self::File, Qid)> {
@@ -222,8 +225,8 @@ pub trait Filesystem: Send + Sync {
         let _ = (olddir, oldname, newdir, newname);
         not_implemented()
     }
-    /// Removes `dir/name`; `flags` is 0 or [`crate::protocol::AT_REMOVEDIR`].
-    fn unlinkat(&self, dir: &Self::Inode, name: &[u8], flags: u32) -> io::Result<()> {
+    /// Removes `dir/name`; `flags` is empty or [`UnlinkFlags::REMOVEDIR`].
+    fn unlinkat(&self, dir: &Self::Inode, name: &[u8], flags: UnlinkFlags) -> io::Result<()> {
         let _ = (dir, name, flags);
         not_implemented()
     }
@@ -258,10 +261,10 @@ pub trait Filesystem: Send + Sync {
         let _ = (inode, name);
         not_supported()
     }
-    /// Tries a byte-range lock without waiting: `SUCCESS` or `BLOCKED`
-    /// ([`crate::protocol::lock`]). The server builds the blocking variant
-    /// on top (see [`crate::Config::lock_wait`]).
-    fn try_lock(&self, file: &Self::File, lock: &Tlock) -> io::Result<u8> {
+    /// Tries a byte-range lock without waiting: [`LockStatus::Success`] or
+    /// [`LockStatus::Blocked`]. The server builds the blocking variant on
+    /// top (see [`crate::Config::lock_wait`]).
+    fn try_lock(&self, file: &Self::File, lock: &Tlock) -> io::Result<LockStatus> {
         let _ = (file, lock);
         not_supported()
     }

@@ -8,9 +8,10 @@
 //! counts must match their payload and no trailing bytes are accepted.
 //!
 //! ```
-//! use virtio_9p_server::protocol::{Tmessage, Tversion};
+//! use virtio_9p_server::protocol::{MsgType, Tmessage, Tversion};
 //!
 //! let msg = Tmessage::Version(Tversion { msize: 8192, version: b"9P2000.L".to_vec() });
+//! assert_eq!(msg.msg_type(), MsgType::Tversion);
 //! let frame = msg.encode_frame(0xffff);
 //! let (tag, back) = Tmessage::decode_frame(&frame, 8192).unwrap();
 //! assert_eq!((tag, back), (0xffff, msg));
@@ -20,6 +21,20 @@ mod messages;
 pub mod wire;
 
 pub use messages::*;
+
+// Crate-internal shorthand for the types the server, engine and transports
+// name (the former `u8` constants of the same names), kept so those call
+// sites read as before.
+#[allow(unused_imports)]
+pub(crate) use MsgType::{
+    Rlerror as RLERROR, Tattach as TATTACH, Tclunk as TCLUNK, Tflush as TFLUSH, Tfsync as TFSYNC,
+    Tgetattr as TGETATTR, Tgetlock as TGETLOCK, Tlcreate as TLCREATE, Tlink as TLINK,
+    Tlock as TLOCK, Tlopen as TLOPEN, Tmkdir as TMKDIR, Tmknod as TMKNOD, Tread as TREAD,
+    Treaddir as TREADDIR, Treadlink as TREADLINK, Tremove as TREMOVE, Trename as TRENAME,
+    Trenameat as TRENAMEAT, Tsetattr as TSETATTR, Tstatfs as TSTATFS, Tsymlink as TSYMLINK,
+    Tunlinkat as TUNLINKAT, Tversion as TVERSION, Twalk as TWALK, Twrite as TWRITE,
+    Txattrwalk as TXATTRWALK,
+};
 
 use thiserror::Error;
 
@@ -53,143 +68,226 @@ pub const VERSION_9P2000_L: &[u8] = b"9P2000.L";
 /// The version string a server answers when it does not know the client's.
 pub const VERSION_UNKNOWN: &[u8] = b"unknown";
 
-/// Qid type bit: a directory.
-pub const QTDIR: u8 = 0x80;
-/// Qid type bit: a symbolic link.
-pub const QTSYMLINK: u8 = 0x02;
-/// Qid type: a plain file.
-pub const QTFILE: u8 = 0x00;
+bitflags::bitflags! {
+    /// The type byte of a [`Qid`] (`QT*`). Unknown bits are kept, so a
+    /// decoded qid encodes back to the same bytes.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+    pub struct QidType: u8 {
+        /// A directory (`QTDIR`).
+        const DIR = 0x80;
+        /// An append-only file (`QTAPPEND`).
+        const APPEND = 0x40;
+        /// An exclusive-use file (`QTEXCL`).
+        const EXCL = 0x20;
+        /// A mount point (`QTMOUNT`).
+        const MOUNT = 0x10;
+        /// An authentication file (`QTAUTH`).
+        const AUTH = 0x08;
+        /// A non-backed-up file (`QTTMP`).
+        const TMP = 0x04;
+        /// A symbolic link (`QTSYMLINK`).
+        const SYMLINK = 0x02;
+        /// A hard link (`QTLINK`).
+        const LINK = 0x01;
+    }
 
-/// Tgetattr/Rgetattr mask bits (`P9_GETATTR_*`).
-pub mod getattr {
-    /// `mode` is valid.
-    pub const MODE: u64 = 0x0000_0001;
-    /// `nlink` is valid.
-    pub const NLINK: u64 = 0x0000_0002;
-    /// `uid` is valid.
-    pub const UID: u64 = 0x0000_0004;
-    /// `gid` is valid.
-    pub const GID: u64 = 0x0000_0008;
-    /// `rdev` is valid.
-    pub const RDEV: u64 = 0x0000_0010;
-    /// `atime` is valid.
-    pub const ATIME: u64 = 0x0000_0020;
-    /// `mtime` is valid.
-    pub const MTIME: u64 = 0x0000_0040;
-    /// `ctime` is valid.
-    pub const CTIME: u64 = 0x0000_0080;
-    /// `qid.path` (inode) is valid.
-    pub const INO: u64 = 0x0000_0100;
-    /// `size` is valid.
-    pub const SIZE: u64 = 0x0000_0200;
-    /// `blocks` is valid.
-    pub const BLOCKS: u64 = 0x0000_0400;
-    /// `btime` is valid.
-    pub const BTIME: u64 = 0x0000_0800;
-    /// `gen` is valid.
-    pub const GEN: u64 = 0x0000_1000;
-    /// `data_version` is valid.
-    pub const DATA_VERSION: u64 = 0x0000_2000;
-    /// Everything `stat` returns.
-    pub const BASIC: u64 = 0x0000_07ff;
-    /// Everything.
-    pub const ALL: u64 = 0x0000_3fff;
+    /// Tgetattr request mask and Rgetattr valid mask (`P9_GETATTR_*`).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+    pub struct GetattrMask: u64 {
+        /// `mode` is valid.
+        const MODE = 0x0000_0001;
+        /// `nlink` is valid.
+        const NLINK = 0x0000_0002;
+        /// `uid` is valid.
+        const UID = 0x0000_0004;
+        /// `gid` is valid.
+        const GID = 0x0000_0008;
+        /// `rdev` is valid.
+        const RDEV = 0x0000_0010;
+        /// `atime` is valid.
+        const ATIME = 0x0000_0020;
+        /// `mtime` is valid.
+        const MTIME = 0x0000_0040;
+        /// `ctime` is valid.
+        const CTIME = 0x0000_0080;
+        /// `qid.path` (inode) is valid.
+        const INO = 0x0000_0100;
+        /// `size` is valid.
+        const SIZE = 0x0000_0200;
+        /// `blocks` is valid.
+        const BLOCKS = 0x0000_0400;
+        /// `btime` is valid.
+        const BTIME = 0x0000_0800;
+        /// `gen` is valid.
+        const GEN = 0x0000_1000;
+        /// `data_version` is valid.
+        const DATA_VERSION = 0x0000_2000;
+        /// Everything `stat` returns (`P9_GETATTR_BASIC`).
+        const BASIC = 0x0000_07ff;
+        /// Everything (`P9_GETATTR_ALL`).
+        const ALL = 0x0000_3fff;
+    }
+
+    /// Tsetattr valid mask (`P9_ATTR_*`).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+    pub struct SetattrMask: u32 {
+        /// Set the mode.
+        const MODE = 1 << 0;
+        /// Set the owner.
+        const UID = 1 << 1;
+        /// Set the group.
+        const GID = 1 << 2;
+        /// Truncate or extend.
+        const SIZE = 1 << 3;
+        /// Set atime (to now unless `ATIME_SET`).
+        const ATIME = 1 << 4;
+        /// Set mtime (to now unless `MTIME_SET`).
+        const MTIME = 1 << 5;
+        /// Update ctime.
+        const CTIME = 1 << 6;
+        /// atime comes from the message.
+        const ATIME_SET = 1 << 7;
+        /// mtime comes from the message.
+        const MTIME_SET = 1 << 8;
+    }
+
+    /// Tlopen/Tlcreate flags (`P9_DOTL_*`, the x86 Linux `O_*` values). The
+    /// access mode is the two-bit field under [`OpenFlags::ACCMODE`]:
+    /// [`OpenFlags::RDONLY`] (no bit), `WRONLY` or `RDWR`.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+    pub struct OpenFlags: u32 {
+        /// Access mode mask.
+        const ACCMODE = 0o3;
+        /// Write only.
+        const WRONLY = 0o1;
+        /// Read and write.
+        const RDWR = 0o2;
+        /// Create.
+        const CREATE = 0o100;
+        /// Fail if it exists.
+        const EXCL = 0o200;
+        /// No controlling terminal.
+        const NOCTTY = 0o400;
+        /// Truncate.
+        const TRUNC = 0o1000;
+        /// Append.
+        const APPEND = 0o2000;
+        /// Non-blocking.
+        const NONBLOCK = 0o4000;
+        /// Data sync.
+        const DSYNC = 0o10000;
+        /// Async I/O signals.
+        const FASYNC = 0o20000;
+        /// Direct I/O.
+        const DIRECT = 0o40000;
+        /// Large file.
+        const LARGEFILE = 0o100000;
+        /// Must be a directory.
+        const DIRECTORY = 0o200000;
+        /// Do not follow symlinks.
+        const NOFOLLOW = 0o400000;
+        /// Do not update atime.
+        const NOATIME = 0o1000000;
+        /// Close on exec.
+        const CLOEXEC = 0o2000000;
+        /// Full sync.
+        const SYNC = 0o4000000;
+    }
+
+    /// Tlock flags (`P9_LOCK_FLAGS_*`).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+    pub struct LockFlags: u32 {
+        /// The client waits for the lock (F_SETLKW).
+        const BLOCK = 1;
+        /// Reclaim after a server restart.
+        const RECLAIM = 2;
+    }
+
+    /// Tunlinkat flags.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+    pub struct UnlinkFlags: u32 {
+        /// Remove a directory (`AT_REMOVEDIR`).
+        const REMOVEDIR = 0x200;
+    }
 }
 
-/// Tsetattr valid bits (`P9_ATTR_*`).
-pub mod setattr {
-    /// Set the mode.
-    pub const MODE: u32 = 1 << 0;
-    /// Set the owner.
-    pub const UID: u32 = 1 << 1;
-    /// Set the group.
-    pub const GID: u32 = 1 << 2;
-    /// Truncate or extend.
-    pub const SIZE: u32 = 1 << 3;
-    /// Set atime (to now unless `ATIME_SET`).
-    pub const ATIME: u32 = 1 << 4;
-    /// Set mtime (to now unless `MTIME_SET`).
-    pub const MTIME: u32 = 1 << 5;
-    /// Update ctime.
-    pub const CTIME: u32 = 1 << 6;
-    /// atime comes from the message.
-    pub const ATIME_SET: u32 = 1 << 7;
-    /// mtime comes from the message.
-    pub const MTIME_SET: u32 = 1 << 8;
+impl QidType {
+    /// A plain file: no type bit (`QTFILE`).
+    pub const FILE: Self = Self::empty();
 }
 
-/// Tlopen/Tlcreate flags (`P9_DOTL_*`, the x86 Linux `O_*` values).
-pub mod open_flags {
-    /// Access mode mask.
-    pub const ACCMODE: u32 = 0o3;
-    /// Read only.
-    pub const RDONLY: u32 = 0o0;
-    /// Write only.
-    pub const WRONLY: u32 = 0o1;
-    /// Read and write.
-    pub const RDWR: u32 = 0o2;
-    /// Create.
-    pub const CREATE: u32 = 0o100;
-    /// Fail if it exists.
-    pub const EXCL: u32 = 0o200;
-    /// No controlling terminal.
-    pub const NOCTTY: u32 = 0o400;
-    /// Truncate.
-    pub const TRUNC: u32 = 0o1000;
-    /// Append.
-    pub const APPEND: u32 = 0o2000;
-    /// Non-blocking.
-    pub const NONBLOCK: u32 = 0o4000;
-    /// Data sync.
-    pub const DSYNC: u32 = 0o10000;
-    /// Async I/O signals.
-    pub const FASYNC: u32 = 0o20000;
-    /// Direct I/O.
-    pub const DIRECT: u32 = 0o40000;
-    /// Large file.
-    pub const LARGEFILE: u32 = 0o100000;
-    /// Must be a directory.
-    pub const DIRECTORY: u32 = 0o200000;
-    /// Do not follow symlinks.
-    pub const NOFOLLOW: u32 = 0o400000;
-    /// Do not update atime.
-    pub const NOATIME: u32 = 0o1000000;
-    /// Close on exec.
-    pub const CLOEXEC: u32 = 0o2000000;
-    /// Full sync.
-    pub const SYNC: u32 = 0o4000000;
+impl OpenFlags {
+    /// Read only: the access mode without a bit (`O_RDONLY`).
+    pub const RDONLY: Self = Self::empty();
+
+    /// The access mode alone: `RDONLY`, `WRONLY`, `RDWR` or (invalid)
+    /// both bits.
+    pub fn access_mode(self) -> Self {
+        self & Self::ACCMODE
+    }
 }
 
-/// Tlock types, flags and Rlock status values.
-pub mod lock {
-    /// Read (shared) lock.
-    pub const TYPE_RDLCK: u8 = 0;
-    /// Write (exclusive) lock.
-    pub const TYPE_WRLCK: u8 = 1;
-    /// Unlock.
-    pub const TYPE_UNLCK: u8 = 2;
-    /// The client waits for the lock (F_SETLKW).
-    pub const FLAGS_BLOCK: u32 = 1;
-    /// Reclaim after a server restart.
-    pub const FLAGS_RECLAIM: u32 = 2;
-    /// Granted.
-    pub const SUCCESS: u8 = 0;
-    /// Held by someone else; the client retries.
-    pub const BLOCKED: u8 = 1;
-    /// Failed.
-    pub const ERROR: u8 = 2;
-    /// Server in grace period.
-    pub const GRACE: u8 = 3;
+/// Defines a `#[repr(u8)]` enum decoded strictly from its wire byte.
+macro_rules! byte_enum {
+    ($(#[$m:meta])* $name:ident, $err:ident { $($(#[$vm:meta])* $v:ident = $n:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        #[non_exhaustive]
+        pub enum $name {
+            $($(#[$vm])* $v = $n,)*
+        }
+
+        impl TryFrom<u8> for $name {
+            type Error = DecodeError;
+
+            fn try_from(v: u8) -> Result<Self, DecodeError> {
+                match v {
+                    $($n => Ok($name::$v),)*
+                    other => Err(DecodeError::$err(other)),
+                }
+            }
+        }
+
+        impl From<$name> for u8 {
+            fn from(v: $name) -> u8 {
+                v as u8
+            }
+        }
+    };
 }
 
-/// Tunlinkat flag: remove a directory (`AT_REMOVEDIR`).
-pub const AT_REMOVEDIR: u32 = 0x200;
+byte_enum! {
+    /// The lock type of a Tlock, Tgetlock or Rgetlock (`P9_LOCK_TYPE_*`).
+    LockType, LockType {
+        /// Read (shared) lock.
+        Rdlck = 0,
+        /// Write (exclusive) lock.
+        Wrlck = 1,
+        /// Unlock (in Rgetlock: no conflicting lock).
+        Unlck = 2,
+    }
+}
+
+byte_enum! {
+    /// The status of an Rlock (`P9_LOCK_*`).
+    LockStatus, LockStatus {
+        /// Granted.
+        Success = 0,
+        /// Held by someone else; the client retries.
+        Blocked = 1,
+        /// Failed.
+        Error = 2,
+        /// Server in grace period.
+        Grace = 3,
+    }
+}
 
 /// A qid: the server's unique identity of a file.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Qid {
-    /// `QTDIR`, `QTSYMLINK` or `QTFILE`.
-    pub ty: u8,
+    /// Directory, symlink or plain file.
+    pub ty: QidType,
     /// Version, changing when the file changes.
     pub version: u32,
     /// Unique path (inode) number.
@@ -200,7 +298,7 @@ impl Qid {
     /// Wire form.
     pub fn to_bytes(&self) -> [u8; QID_SIZE] {
         let mut out = [0u8; QID_SIZE];
-        out[0] = self.ty;
+        out[0] = self.ty.bits();
         out[1..5].copy_from_slice(&self.version.to_le_bytes());
         out[5..13].copy_from_slice(&self.path.to_le_bytes());
         out
@@ -213,7 +311,7 @@ impl Qid {
         let mut p = [0u8; 8];
         p.copy_from_slice(&b[5..13]);
         Qid {
-            ty: b[0],
+            ty: QidType::from_bits_retain(b[0]),
             version: u32::from_le_bytes(v),
             path: u64::from_le_bytes(p),
         }
@@ -225,7 +323,8 @@ impl Qid {
 pub struct Header {
     /// Whole message size, header included.
     pub size: u32,
-    /// Message type.
+    /// Message type, raw: a server must read the tag of a request of an
+    /// unknown type to answer it ([`MsgType::try_from`] checks it).
     pub ty: u8,
     /// Request tag.
     pub tag: u16,
@@ -268,6 +367,7 @@ impl Header {
 /// Why a message could not be decoded. Each maps to an errno for Rlerror
 /// through [`DecodeError::errno`].
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum DecodeError {
     /// Fewer than 7 bytes.
     #[error("message of {0} bytes is shorter than the 7-byte header")]
@@ -294,6 +394,12 @@ pub enum DecodeError {
     /// A type this side does not know (or a reply type in a request).
     #[error("unknown message type {0}")]
     UnknownType(u8),
+    /// A lock type other than [`LockType`]'s.
+    #[error("unknown lock type {0}")]
+    LockType(u8),
+    /// A lock status other than [`LockStatus`]'s.
+    #[error("unknown lock status {0}")]
+    LockStatus(u8),
     /// A 9P2000 or 9P2000.u message that 9P2000.L does not use.
     #[error("message type {0} is not part of 9P2000.L")]
     NotDotL(u8),
@@ -341,6 +447,7 @@ impl DecodeError {
             DecodeError::UnknownType(_) | DecodeError::NotDotL(_) => libc::EOPNOTSUPP as u32,
             DecodeError::NameTooLong(_) | DecodeError::PathTooLong(_) => libc::ENAMETOOLONG as u32,
             DecodeError::XattrNameTooLong(_) => libc::ERANGE as u32,
+            DecodeError::LockType(_) | DecodeError::LockStatus(_) => libc::EINVAL as u32,
             _ => libc::EPROTO as u32,
         }
     }

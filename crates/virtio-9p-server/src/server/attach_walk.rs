@@ -25,13 +25,13 @@ impl<F: Filesystem> Server<F> {
         // Only "9P2000.L" and its extensions ("9P2000.L.xyz") are spoken.
         if !m.version.starts_with(VERSION_9P2000_L) {
             session.reset(0);
-            return Rmessage::Version(Tversion {
+            return Rmessage::Version(Rversion {
                 msize,
                 version: VERSION_UNKNOWN.to_vec(),
             });
         }
         session.reset(msize);
-        Rmessage::Version(Tversion {
+        Rmessage::Version(Rversion {
             msize,
             version: VERSION_9P2000_L.to_vec(),
         })

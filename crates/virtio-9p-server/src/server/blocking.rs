@@ -9,13 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::errno;
+use crate::protocol::MsgType;
 
 /// Runs potentially blocking filesystem calls. An engine on coroutines
 /// implements it to hand `f` to a worker thread and yield until it is done;
 /// [`Inline`] just calls it.
 ///
 /// `op` is the request's message type (for example
-/// [`TREAD`](crate::protocol::TREAD)), so an engine can run cheap requests
+/// [`MsgType::Tread`]), so an engine can run cheap requests
 /// inline and offload the rest. The closure borrows the filesystem, the
 /// fid and, for Tread/Twrite, the request reader or reply writer; hence
 /// [`Server::handle`](crate::Server::handle) needs them to be `Send`.
@@ -24,7 +25,7 @@ pub trait Blocking {
     /// cancels the request before `f` started returns
     /// [`Interrupted::interrupted`] instead (the request then answers
     /// EINTR and finishes normally; nothing is unwound).
-    fn run<R: Interrupted + Send>(&self, op: u8, f: impl FnOnce() -> R + Send) -> R;
+    fn run<R: Interrupted + Send>(&self, op: MsgType, f: impl FnOnce() -> R + Send) -> R;
 
     /// Waits `d` between the attempts of a blocking Tlock. The default
     /// sleeps the thread; a coroutine engine yields to a timer instead, so
@@ -66,7 +67,7 @@ impl<T> Interrupted for std::result::Result<T, u32> {
 pub struct Inline;
 
 impl Blocking for Inline {
-    fn run<R: Send>(&self, _op: u8, f: impl FnOnce() -> R + Send) -> R {
+    fn run<R: Send>(&self, _op: MsgType, f: impl FnOnce() -> R + Send) -> R {
         f()
     }
 }

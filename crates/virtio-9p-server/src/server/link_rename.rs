@@ -54,7 +54,7 @@ impl<F: Filesystem> Server<F> {
         exec: &B,
     ) -> OpResult {
         self.create_entry(session, m.dirfid, &m.name, exec, TUNLINKAT, |fs, f| {
-            if m.flags & !AT_REMOVEDIR != 0 {
+            if !(m.flags - UnlinkFlags::REMOVEDIR).is_empty() {
                 return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
             }
             fs.unlinkat(&f.inode, &m.name, m.flags)

@@ -10,9 +10,9 @@ use crate::fs::Filesystem;
 use crate::protocol::*;
 
 impl<F: Filesystem> Server<F> {
-    /// Tlock. A blocking lock (`FLAGS_BLOCK`) retries with backoff until
+    /// Tlock. A blocking lock ([`LockFlags::BLOCK`]) retries with backoff until
     /// granted, cancelled (EINTR) or [`Config::lock_wait`](super::Config)
-    /// has passed (`BLOCKED`).
+    /// has passed ([`LockStatus::Blocked`]).
     pub(super) fn lock<B: Blocking>(
         &self,
         session: &Session<F>,
@@ -20,10 +20,8 @@ impl<F: Filesystem> Server<F> {
         exec: &B,
         cancel: &Cancel,
     ) -> OpResult {
-        if m.ty > lock::TYPE_UNLCK {
-            return Err(errno::EINVAL);
-        }
-        let wait = m.flags & lock::FLAGS_BLOCK != 0 && m.ty != lock::TYPE_UNLCK;
+        // The lock type was checked at decode (EINVAL).
+        let wait = m.flags.contains(LockFlags::BLOCK) && m.ty != LockType::Unlck;
         let lock_wait = self.config.lock_wait;
         let fid = session.get(m.fid)?;
         let FidKind::Open { file } = &fid.kind else {
@@ -37,14 +35,14 @@ impl<F: Filesystem> Server<F> {
             let status = exec
                 .run(TLOCK, || self.fs.try_lock(file, m))
                 .map_err(|e| errno::from_io(&e))?;
-            if status != lock::BLOCKED || !wait {
+            if status != LockStatus::Blocked || !wait {
                 return Ok(Rmessage::Lock(status));
             }
             if cancel.is_cancelled() {
                 return Err(errno::EINTR);
             }
             if lock_wait.is_some_and(|w| start.elapsed() >= w) {
-                return Ok(Rmessage::Lock(lock::BLOCKED));
+                return Ok(Rmessage::Lock(LockStatus::Blocked));
             }
             exec.sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(20));

@@ -99,7 +99,7 @@ fn encode_reply(out: &mut Vec<u8>, msg: &Rmessage, tag: u16) {
     msg.encode_body(out);
     let hdr = Header {
         size: out.len() as u32,
-        ty: msg.msg_type(),
+        ty: msg.msg_type().into(),
         tag,
     };
     out[..HEADER_SIZE].copy_from_slice(&hdr.to_bytes());
@@ -114,6 +114,7 @@ const NONUNAME: u32 = u32::MAX;
 
 /// Server limits. Every limit is named; see the field docs.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// Largest msize granted in Rversion, `MIN_MSIZE..=MAX_MSIZE`.
     pub msize_max: u32,
@@ -162,7 +163,7 @@ pub struct Reply {
     pub tag: u16,
     /// The request's type.
     pub request_type: u8,
-    /// The reply's type (`RLERROR` for errors).
+    /// The reply's type ([`MsgType::Rlerror`] for errors).
     pub reply_type: u8,
     /// Bytes of the reply, the `size` field.
     pub size: u32,
@@ -417,7 +418,7 @@ impl<F: Filesystem> Server<F> {
         session: &Session<F>,
         fid: u32,
         exec: &B,
-        op: u8,
+        op: MsgType,
         f: impl FnOnce(&F, &Fid<F>) -> std::io::Result<Rmessage> + Send,
     ) -> OpResult {
         let fid = session.get(fid)?;
@@ -431,7 +432,7 @@ impl<F: Filesystem> Server<F> {
         session: &Session<F>,
         fid: u32,
         exec: &B,
-        op: u8,
+        op: MsgType,
         f: impl FnOnce(&F, &F::File) -> std::io::Result<Rmessage> + Send,
     ) -> OpResult {
         let fid = session.get(fid)?;
@@ -449,7 +450,7 @@ impl<F: Filesystem> Server<F> {
         dfid: u32,
         name: &[u8],
         exec: &B,
-        op: u8,
+        op: MsgType,
         f: impl FnOnce(&F, &Fid<F>) -> std::io::Result<Rmessage> + Send,
     ) -> OpResult {
         validate_name(name).map_err(|e| errno::from_io(&e))?;

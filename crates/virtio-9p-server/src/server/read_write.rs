@@ -56,7 +56,7 @@ impl<F: Filesystem> Server<F> {
                 let size = (RHDR_COUNT + n) as u32;
                 let rh = Header {
                     size,
-                    ty: TREAD + 1,
+                    ty: MsgType::Rread.into(),
                     tag: h.tag,
                 };
                 reply.write_all(&rh.to_bytes()).map_err(Error::Transport)?;
@@ -66,7 +66,7 @@ impl<F: Filesystem> Server<F> {
                 Ok(Reply {
                     tag: h.tag,
                     request_type: h.ty,
-                    reply_type: TREAD + 1,
+                    reply_type: MsgType::Rread.into(),
                     size,
                 })
             }

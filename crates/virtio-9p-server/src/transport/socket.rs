@@ -106,7 +106,7 @@ use crate::engine::{
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::io::{RequestReader, SliceReader, SliceWriter};
-use crate::protocol::{Header, Rmessage, HEADER_SIZE, TREAD, TREADDIR, TWRITE};
+use crate::protocol::{Header, MsgType, Rmessage, HEADER_SIZE, TREAD, TREADDIR, TWRITE};
 use crate::server::{Cancel, Server, Session};
 
 /// Most client connections served at once; further ones are closed at
@@ -115,6 +115,7 @@ pub const MAX_CONNECTIONS: usize = 256;
 
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ListenAddr {
     /// A unix socket path.
     Unix(PathBuf),
@@ -153,6 +154,7 @@ impl std::fmt::Display for ListenAddr {
 
 /// A bound listening socket.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Listener {
     /// Unix.
     Unix(UnixListener),
@@ -264,11 +266,11 @@ impl<T: io::Read + io::Write + Send + AsFd> Stream for T {}
 /// instead of being buffered, and buffers up to this size are not charged
 /// to the shared budget (so a client always gets a reply of this size,
 /// whatever others hold).
-pub const KEEP_BUFFER: usize = 64 << 10;
+pub(crate) const KEEP_BUFFER: usize = 64 << 10;
 
 /// How long a free buffer stays in a socket thread's pool before it is
 /// freed (and the heap trimmed).
-pub const IDLE_RELEASE: Duration = Duration::from_millis(20);
+pub(crate) const IDLE_RELEASE: Duration = Duration::from_millis(20);
 
 /// The smallest buffer: every reply other than Rread/Rreaddir fits (the
 /// largest is an Rgetlock or Rreadlink with a
@@ -302,9 +304,9 @@ pub const STREAM_STALL: Duration = Duration::from_secs(10);
 /// bytes of data (both carry `fid[4] offset[8] count[4]`); any other reply
 /// is small. `frame` starts with the 7-byte header.
 fn reply_room(frame: &[u8], limit: u32) -> usize {
-    let ty = frame.get(4).copied().unwrap_or(0);
+    let ty = frame.get(4).and_then(|&t| MsgType::try_from(t).ok());
     let need = match (ty, frame.get(HEADER_SIZE + 12..HEADER_SIZE + 16)) {
-        (TREAD | TREADDIR, Some(c)) => {
+        (Some(TREAD | TREADDIR), Some(c)) => {
             // size[4] type[1] tag[2] count[4] before the data.
             HEADER_SIZE + 4 + u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize
         }

@@ -52,7 +52,7 @@ fn refuse(kind: io::ErrorKind, path: &Path, what: &str) -> io::Error {
 
 /// Makes `path` free for a new socket: removes a stale socket, refuses
 /// anything else that is there.
-pub fn clear_stale(path: &Path) -> io::Result<()> {
+pub(crate) fn clear_stale(path: &Path) -> io::Result<()> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -93,7 +93,7 @@ pub fn clear_stale(path: &Path) -> io::Result<()> {
 }
 
 /// Binds a listening unix socket at `path` with `perms`, after
-/// [`clear_stale`].
+/// `clear_stale`.
 pub fn bind(path: &Path, perms: SocketPerms) -> io::Result<UnixListener> {
     clear_stale(path)?;
     // SAFETY: a zeroed sockaddr_un is valid (AF_UNSPEC, empty path).

@@ -25,7 +25,7 @@ use crate::engine::{EngineConfig, WORKER_JOIN_TIMEOUT};
 use crate::fs::Filesystem;
 use crate::server::{Server, Session};
 use crate::virtio::{
-    indirect_descriptors, packed_ring, ConfigError, DeviceConfig, RequestQueue, DEVICE_FEATURES,
+    indirect_descriptors, packed_ring, DeviceConfig, RequestQueue, DEVICE_FEATURES,
 };
 
 /// Epoll data of the request queue's kick.
@@ -150,17 +150,6 @@ impl<F: Filesystem> std::fmt::Debug for Virtio9pBackend<F> {
     }
 }
 
-/// Errors of the backend.
-#[derive(Debug, thiserror::Error)]
-pub enum BackendError {
-    /// Bad mount tag or queue size.
-    #[error("{0}")]
-    Config(#[from] ConfigError),
-    /// An eventfd could not be created or registered.
-    #[error("cannot set up the backend's event fds: {0}")]
-    Event(#[source] std::io::Error),
-}
-
 impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     /// A device serving `server` with a fresh 9P session, its request
     /// coroutines on `pool`.
@@ -168,7 +157,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         server: Arc<Server<F>>,
         pool: Arc<StackPool>,
         config: &BackendConfig,
-    ) -> Result<Self, BackendError> {
+    ) -> crate::Result<Self> {
         let config_space = DeviceConfig::new(&config.tag)?;
         let queue_size = crate::virtio::validate_queue_size(u32::from(config.queue_size))?;
         let mut engine = config.engine.clone();
@@ -194,7 +183,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 packed: None,
             }),
             epoll_fd: AtomicI32::new(-1),
-            control_fd: EventFd::new(EFD_NONBLOCK).map_err(BackendError::Event)?,
+            control_fd: EventFd::new(EFD_NONBLOCK).map_err(crate::Error::BackendEvent)?,
             control: Mutex::new(Control {
                 op: ControlOp::None,
                 requested: 0,
@@ -208,7 +197,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
 
     /// Hooks the backend into the daemon's (single) vring thread: registers
     /// the control eventfd and remembers the epoll fd for the engine's fds.
-    pub fn register(&self, handler: &VringEpollHandler<Arc<Self>>) -> Result<(), BackendError> {
+    pub fn register(&self, handler: &VringEpollHandler<Arc<Self>>) -> crate::Result<()> {
         self.epoll_fd.store(handler.as_raw_fd(), Ordering::Release);
         handler
             .register_listener(
@@ -216,7 +205,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 EventSet::IN,
                 u64::from(CONTROL_EVENT),
             )
-            .map_err(BackendError::Event)
+            .map_err(crate::Error::BackendEvent)
     }
 
     /// The 9P session of this device.

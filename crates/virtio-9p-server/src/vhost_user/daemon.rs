@@ -13,8 +13,9 @@ use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::backend::{BackendConfig, BackendError, Virtio9pBackend};
+use super::backend::{BackendConfig, Virtio9pBackend};
 use crate::engine::DEFAULT_STACK_SIZE;
+use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::server::Server;
 
@@ -23,6 +24,7 @@ pub const DEFAULT_SOCKET_PATH: &str = "virtio-9p.sock";
 
 /// Where the daemon listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Listen {
     /// Bind an owner-only unix socket at this path; only a stale socket
     /// there is replaced ([`crate::transport::unix::bind`]).
@@ -44,35 +46,6 @@ pub struct DaemonConfig {
     /// (`--stack-trim-interval-ms`; default
     /// [`coro_pool::DEFAULT_TRIM_INTERVAL`], `None` for never).
     pub stack_trim_interval: Option<std::time::Duration>,
-}
-
-/// Errors of the daemon.
-#[derive(Debug, thiserror::Error)]
-pub enum DaemonError {
-    /// The socket could not be bound or used.
-    #[error("cannot listen on {what}: {source}")]
-    Listen {
-        /// The socket.
-        what: String,
-        /// Why.
-        #[source]
-        source: vhost::vhost_user::Error,
-    },
-    /// The `--fd` is not an open socket.
-    #[error("--fd {0} is not an open socket")]
-    BadFd(RawFd),
-    /// The device configuration is invalid.
-    #[error("{0}")]
-    Backend(#[from] BackendError),
-    /// The coroutine stack pool could not be created.
-    #[error("cannot create the coroutine stack pool: {0}")]
-    Pool(#[from] coro_pool::Error),
-    /// vhost-user-backend failed.
-    #[error("vhost-user: {0}")]
-    VhostUser(String),
-    /// An eventfd or poll failed.
-    #[error("daemon i/o: {0}")]
-    Io(#[from] std::io::Error),
 }
 
 struct StopState {
@@ -160,14 +133,17 @@ impl<F: Filesystem> std::fmt::Debug for Daemon<F> {
 impl<F: Filesystem + 'static> Daemon<F> {
     /// Binds the socket (or takes over `--fd`) and checks the device
     /// settings; nothing is served until [`Daemon::run`].
-    pub fn new(server: Arc<Server<F>>, config: DaemonConfig) -> Result<Self, DaemonError> {
+    pub fn new(server: Arc<Server<F>>, config: DaemonConfig) -> Result<Self> {
         // Validate the device settings before touching the socket.
-        let pool = Arc::new(StackPool::new(
-            PoolConfig::default()
-                .stack_size(DEFAULT_STACK_SIZE)
-                .policy(config.stack_policy)
-                .trim_interval(config.stack_trim_interval),
-        )?);
+        let pool = Arc::new(
+            StackPool::new(
+                PoolConfig::default()
+                    .stack_size(DEFAULT_STACK_SIZE)
+                    .policy(config.stack_policy)
+                    .trim_interval(config.stack_trim_interval),
+            )
+            .map_err(Error::StackPool)?,
+        );
         drop(Virtio9pBackend::new(
             Arc::clone(&server),
             Arc::clone(&pool),
@@ -176,7 +152,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
         let listener = match &config.listen {
             Listen::Path(p) => crate::transport::unix::bind(p, Default::default())
                 .map(Listener::from)
-                .map_err(|e| DaemonError::Listen {
+                .map_err(|e| Error::VhostListen {
                     what: p.display().to_string(),
                     source: vhost::vhost_user::Error::SocketError(e),
                 })?,
@@ -189,7 +165,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
                     r == 0
                 };
                 if !ok || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-                    return Err(DaemonError::BadFd(*fd));
+                    return Err(Error::BadFd(*fd));
                 }
                 // SAFETY: the caller hands the fd over (`--fd`): it is an
                 // open socket (checked above) that nothing else owns.
@@ -207,7 +183,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
             listener,
             stop: StopHandle(Arc::new(StopState {
                 flag: AtomicBool::new(false),
-                wake: EventFd::new(EFD_NONBLOCK)?,
+                wake: EventFd::new(EFD_NONBLOCK).map_err(Error::DaemonIo)?,
                 conn: Mutex::new(None),
             })),
             connections: AtomicU64::new(0),
@@ -245,12 +221,13 @@ impl<F: Filesystem + 'static> Daemon<F> {
 
     /// Serves frontends one after another until stopped. A disconnect is a
     /// normal end of one connection; the daemon then waits for the next.
-    pub fn run(&mut self) -> Result<(), DaemonError> {
+    pub fn run(&mut self) -> Result<()> {
         let watcher = {
             let stop = self.stop.clone();
             std::thread::Builder::new()
                 .name("9p-stop-watcher".into())
-                .spawn(move || watch_stop(&stop))?
+                .spawn(move || watch_stop(&stop))
+                .map_err(Error::DaemonIo)?
         };
         let result = self.serve_loop();
         // End the watcher (it waits for a stop that may never come).
@@ -260,7 +237,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
         result
     }
 
-    fn serve_loop(&mut self) -> Result<(), DaemonError> {
+    fn serve_loop(&mut self) -> Result<()> {
         loop {
             if !self.wait_for_client()? {
                 info!("virtio-9p: stopping");
@@ -275,8 +252,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
                 "virtio-9p".into(),
                 Arc::clone(&backend),
                 GuestMemoryAtomic::new(GuestMemoryMmap::new()),
-            )
-            .map_err(|e| DaemonError::VhostUser(e.to_string()))?;
+            )?;
             for h in daemon.get_epoll_handlers() {
                 backend.register(&h)?;
             }
@@ -312,7 +288,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
     }
 
     /// Waits until a frontend connects (true) or a stop is requested (false).
-    fn wait_for_client(&self) -> Result<bool, DaemonError> {
+    fn wait_for_client(&self) -> Result<bool> {
         loop {
             if self.stop.is_stopped() {
                 return Ok(false);
@@ -336,7 +312,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
-                return Err(e.into());
+                return Err(Error::DaemonIo(e));
             }
             if self.stop.is_stopped() {
                 return Ok(false);
@@ -346,7 +322,9 @@ impl<F: Filesystem + 'static> Daemon<F> {
             }
             if fds[0].revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
                 error!("virtio-9p: the listening socket failed");
-                return Err(std::io::Error::from_raw_os_error(libc::EBADF).into());
+                return Err(Error::DaemonIo(std::io::Error::from_raw_os_error(
+                    libc::EBADF,
+                )));
             }
         }
     }

@@ -60,7 +60,7 @@ mod daemon;
 pub mod mock;
 
 pub use backend::{
-    protocol_features, BackendConfig, BackendError, Virtio9pBackend, CONTROL_EVENT, QUEUE_EVENT,
-    TIMER_EVENT, WAKE_EVENT,
+    protocol_features, BackendConfig, Virtio9pBackend, CONTROL_EVENT, QUEUE_EVENT, TIMER_EVENT,
+    WAKE_EVENT,
 };
-pub use daemon::{Daemon, DaemonConfig, DaemonError, Listen, StopHandle, DEFAULT_SOCKET_PATH};
+pub use daemon::{Daemon, DaemonConfig, Listen, StopHandle, DEFAULT_SOCKET_PATH};

@@ -26,11 +26,13 @@ mod io;
 mod queue;
 
 pub use io::{ChainReader, ChainWriter};
-pub use queue::{QueueError, RequestQueue, KICK_BUDGET, MAX_IN_FLIGHT_SEGMENTS};
+pub use queue::{RequestQueue, KICK_BUDGET, MAX_IN_FLIGHT_SEGMENTS};
 
 use virtio_bindings::virtio_config::{VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtqueue_large::ChainLimits;
+
+use crate::error::{Error, Result};
 
 /// Feature bit: the config space holds a mount tag (`VIRTIO_9P_MOUNT_TAG`
 /// of Linux's `virtio_9p.h`, which virtio-bindings 0.2 does not cover).
@@ -73,24 +75,10 @@ pub const MAX_CHAIN_DESCRIPTORS: u32 = virtqueue_large::LARGE_MAX_DESCRIPTORS + 
 /// `ChainLimits::large()` (128 MiB plus 64 KiB) with
 /// [`MAX_CHAIN_DESCRIPTORS`], independent of the ring size, and indirect
 /// tables accepted when the driver acked `VIRTIO_RING_F_INDIRECT_DESC`.
-pub fn chain_limits(indirect: bool) -> ChainLimits {
+pub(crate) fn chain_limits(indirect: bool) -> ChainLimits {
     ChainLimits::large()
         .with_max_descriptors(MAX_CHAIN_DESCRIPTORS)
         .with_indirect(indirect)
-}
-
-/// Errors of the device configuration.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConfigError {
-    /// The mount tag is empty or longer than [`MAX_TAG_LEN`].
-    #[error("mount tag must be 1 to {MAX_TAG_LEN} bytes, got {0}")]
-    TagLength(usize),
-    /// The mount tag contains a NUL byte.
-    #[error("mount tag must not contain NUL bytes")]
-    TagNul,
-    /// The queue size is zero, above [`MAX_QUEUE_SIZE`] or not a power of two.
-    #[error("queue size {0} must be a power of two from 1 to {MAX_QUEUE_SIZE}")]
-    QueueSize(u32),
 }
 
 /// The device config space: `le16 tag_len` followed by the tag bytes (no
@@ -102,13 +90,13 @@ pub struct DeviceConfig {
 
 impl DeviceConfig {
     /// The config space for `tag`.
-    pub fn new(tag: &str) -> Result<Self, ConfigError> {
+    pub fn new(tag: &str) -> Result<Self> {
         let t = tag.as_bytes();
         if t.is_empty() || t.len() > MAX_TAG_LEN {
-            return Err(ConfigError::TagLength(t.len()));
+            return Err(Error::TagLength(t.len()));
         }
         if t.contains(&0) {
-            return Err(ConfigError::TagNul);
+            return Err(Error::TagNul);
         }
         let mut bytes = Vec::with_capacity(2 + t.len());
         bytes.extend_from_slice(&(t.len() as u16).to_le_bytes());
@@ -136,9 +124,10 @@ impl DeviceConfig {
 }
 
 /// Checks a queue size.
-pub fn validate_queue_size(n: u32) -> Result<u16, ConfigError> {
+#[cfg(any(test, feature = "vhost-user"))]
+pub(crate) fn validate_queue_size(n: u32) -> Result<u16> {
     if n == 0 || n > u32::from(MAX_QUEUE_SIZE) || !n.is_power_of_two() {
-        return Err(ConfigError::QueueSize(n));
+        return Err(Error::QueueSize(n));
     }
     Ok(n as u16)
 }
@@ -159,13 +148,12 @@ mod tests {
 
     #[test]
     fn test_config_rejects_bad_tags() {
-        assert_eq!(DeviceConfig::new(""), Err(ConfigError::TagLength(0)));
-        assert_eq!(
-            DeviceConfig::new(&"x".repeat(255)),
-            Err(ConfigError::TagLength(255))
-        );
+        assert!(matches!(DeviceConfig::new(""), Err(Error::TagLength(0))));
+        let e = DeviceConfig::new(&"x".repeat(255)).unwrap_err();
+        assert!(matches!(e, Error::TagLength(255)));
+        assert_eq!(e.to_string(), "mount tag must be 1 to 254 bytes, got 255");
         assert!(DeviceConfig::new(&"x".repeat(254)).is_ok());
-        assert_eq!(DeviceConfig::new("a\0b"), Err(ConfigError::TagNul));
+        assert!(matches!(DeviceConfig::new("a\0b"), Err(Error::TagNul)));
     }
 
     #[test]
@@ -183,9 +171,9 @@ mod tests {
 
     #[test]
     fn test_queue_size_validation() {
-        assert_eq!(validate_queue_size(1024), Ok(1024));
-        assert_eq!(validate_queue_size(32768), Ok(32768));
-        assert!(validate_queue_size(0).is_err());
+        assert_eq!(validate_queue_size(1024).unwrap(), 1024);
+        assert_eq!(validate_queue_size(32768).unwrap(), 32768);
+        assert!(matches!(validate_queue_size(0), Err(Error::QueueSize(0))));
         assert!(validate_queue_size(1000).is_err());
         assert!(validate_queue_size(65536).is_err());
     }

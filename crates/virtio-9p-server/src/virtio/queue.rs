@@ -14,7 +14,8 @@ use vm_memory::GuestMemoryBackend;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::io::{ChainReader, ChainWriter};
-use crate::engine::{self, Engine, EngineConfig, EngineError, EngineExec, EngineStats};
+use crate::engine::{self, Engine, EngineConfig, EngineExec, EngineStats};
+use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::protocol::{Header, HEADER_SIZE};
 use crate::server::{Cancel, Server, Session};
@@ -30,27 +31,6 @@ pub const KICK_BUDGET: u32 = 65_536;
 /// While they hold more, no further chain is popped; completions resume
 /// the queue through [`RequestQueue::more_fd`].
 pub const MAX_IN_FLIGHT_SEGMENTS: usize = 1 << 18;
-
-/// Errors of a request queue.
-#[derive(Debug, thiserror::Error)]
-pub enum QueueError {
-    /// The engine could not be started.
-    #[error("request engine: {0}")]
-    Engine(#[from] EngineError),
-    /// The chain policy is invalid.
-    #[error("chain policy: {0}")]
-    Limits(#[source] virtqueue_large::Error),
-    /// The ring itself is broken (bad available index, unreadable ring);
-    /// the queue stops until the driver resets it.
-    #[error("virtqueue is broken: {0}")]
-    Ring(#[source] virtqueue_large::Error),
-    /// Writing the used ring (or the notification fields) failed.
-    #[error("cannot add to the used ring: {0}")]
-    Used(#[source] virtqueue_large::Error),
-    /// The eventfd that resumes a queue left with work could not be made.
-    #[error("cannot create the queue's resume eventfd: {0}")]
-    ResumeFd(#[source] std::io::Error),
-}
 
 /// The request queue of one virtio-9p device: chain walker, engine and the
 /// 9P session of the device.
@@ -100,8 +80,8 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         pool: Arc<StackPool>,
         config: &EngineConfig,
         indirect: bool,
-    ) -> Result<Self, QueueError> {
-        let walker = ChainWalker::new(super::chain_limits(indirect)).map_err(QueueError::Limits)?;
+    ) -> Result<Self> {
+        let walker = ChainWalker::new(super::chain_limits(indirect)).map_err(Error::ChainLimits)?;
         Ok(RequestQueue {
             server,
             session,
@@ -111,7 +91,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
             exec: EngineExec::new(config.offload),
             done: Vec::new(),
             broken: false,
-            more: EventFd::new(EFD_NONBLOCK).map_err(QueueError::ResumeFd)?,
+            more: EventFd::new(EFD_NONBLOCK).map_err(Error::ResumeFd)?,
             stalled: false,
             segments: 0,
             segments_of: Vec::new(),
@@ -178,7 +158,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
     }
 
     /// Forgets a ring-level error (the driver reset the queue).
-    pub fn reset(&mut self, indirect: bool) -> Result<(), QueueError> {
+    pub fn reset(&mut self, indirect: bool) -> Result<()> {
         self.broken = false;
         if self.engine.in_flight() == 0 {
             self.segments = 0;
@@ -187,7 +167,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         }
         if indirect != self.indirect {
             self.walker =
-                ChainWalker::new(super::chain_limits(indirect)).map_err(QueueError::Limits)?;
+                ChainWalker::new(super::chain_limits(indirect)).map_err(Error::ChainLimits)?;
             self.indirect = indirect;
         }
         Ok(())
@@ -196,7 +176,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
     /// Pops every available chain of a split queue and starts its
     /// request: [`process_ring`](Self::process_ring) on a
     /// [`SplitRing`].
-    pub fn process<Q, M>(&mut self, queue: &mut Q, mem: M) -> Result<(), QueueError>
+    pub fn process<Q, M>(&mut self, queue: &mut Q, mem: M) -> Result<()>
     where
         Q: QueueT,
         M: Deref + Clone + Send + 'static,
@@ -209,7 +189,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
     /// its request. With event-idx the avail event is rearmed and the ring
     /// rechecked, so no kick is lost. Finished requests are left for
     /// [`RequestQueue::complete_ring`].
-    pub fn process_ring<R, M>(&mut self, ring: &mut R, mem: M) -> Result<(), QueueError>
+    pub fn process_ring<R, M>(&mut self, ring: &mut R, mem: M) -> Result<()>
     where
         R: DeviceRing,
         M: Deref + Clone + Send + 'static,
@@ -220,7 +200,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         }
         let mut budget = KICK_BUDGET;
         loop {
-            ring.disable_kicks(mem.deref()).map_err(QueueError::Used)?;
+            ring.disable_kicks(mem.deref()).map_err(Error::Used)?;
             loop {
                 // Notifications stay disabled when chains are left: the
                 // queue resumes itself through `more`.
@@ -245,14 +225,14 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                     }
                     Err(e) => {
                         self.broken = true;
-                        return Err(QueueError::Ring(e));
+                        return Err(Error::Ring(e));
                     }
                 }
             }
             match ring.enable_kicks(mem.deref()) {
                 Ok(true) => continue,
                 Ok(false) => return Ok(()),
-                Err(e) => return Err(QueueError::Used(e)),
+                Err(e) => return Err(Error::Used(e)),
             }
         }
     }
@@ -266,7 +246,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
     /// Puts finished requests on the used ring of a split queue:
     /// [`complete_ring`](Self::complete_ring) on a [`SplitRing`]. The
     /// caller signals the driver if `queue.needs_notification()` says so.
-    pub fn complete<Q, G>(&mut self, queue: &mut Q, mem: &G) -> Result<bool, QueueError>
+    pub fn complete<Q, G>(&mut self, queue: &mut Q, mem: &G) -> Result<bool>
     where
         Q: QueueT,
         G: GuestMemoryBackend,
@@ -279,7 +259,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
     /// any, in which case the caller signals the driver if
     /// [`DeviceRing::notify_needed`] says so (or when it fails: a driver
     /// with a broken event area is signalled rather than left waiting).
-    pub fn complete_ring<R, G>(&mut self, ring: &mut R, mem: &G) -> Result<bool, QueueError>
+    pub fn complete_ring<R, G>(&mut self, ring: &mut R, mem: &G) -> Result<bool>
     where
         R: DeviceRing,
         G: GuestMemoryBackend,
@@ -288,7 +268,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         self.finish_done();
         let any = !self.done.is_empty();
         for (head, len) in self.done.drain(..) {
-            ring.push_used(mem, head, len).map_err(QueueError::Used)?;
+            ring.push_used(mem, head, len).map_err(Error::Used)?;
         }
         Ok(any)
     }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use virtio_9p_server::client::{Client, InProcess};
-use virtio_9p_server::protocol::Tsetattr;
+use virtio_9p_server::protocol::{SetattrMask, Tsetattr};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, Server};
 
 pub const ROOT: u32 = 0;
@@ -48,7 +48,7 @@ pub fn errno(e: std::io::Error) -> i32 {
 pub fn setattr_base(fid: u32) -> Tsetattr {
     Tsetattr {
         fid,
-        valid: 0,
+        valid: SetattrMask::empty(),
         mode: 0,
         uid: 0,
         gid: 0,

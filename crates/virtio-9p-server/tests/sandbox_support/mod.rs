@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use virtio_9p_server::client::{Client, StreamTransport};
 use virtio_9p_server::protocol::{
-    open_flags as of, DirEntry, Rmessage, Tattach, Tmessage, Tversion,
+    DirEntry, OpenFlags as of, Rmessage, Tattach, Tmessage, Tversion,
 };
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 

@@ -50,11 +50,12 @@ impl TestDaemon {
             backend: BackendConfig {
                 tag: "share".into(),
                 queue_size,
-                engine: EngineConfig {
-                    workers,
-                    max_in_flight: usize::from(queue_size),
-                    offload,
-                    ..EngineConfig::default()
+                engine: {
+                    let mut ecfg = EngineConfig::default();
+                    ecfg.workers = workers;
+                    ecfg.max_in_flight = usize::from(queue_size);
+                    ecfg.offload = offload;
+                    ecfg
                 },
                 packed_ring,
             },

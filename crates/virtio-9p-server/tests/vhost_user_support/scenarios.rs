@@ -46,7 +46,7 @@ pub fn ofd_lock(file: &std::fs::File, ty: i32) {
 }
 
 /// Tattach as fid 0, Twalk to `name` as fid 1, Tlopen fid 1 with `flags`.
-pub fn attach_open(vmm: &mut FakeVmm, name: &str, flags: u32) {
+pub fn attach_open(vmm: &mut FakeVmm, name: &str, flags: OpenFlags) {
     let attach = Tmessage::Attach(Tattach {
         fid: 0,
         afid: NOFID,
@@ -105,7 +105,7 @@ pub fn read_128m_through_indirect_chain(
     }));
     assert_eq!(vmm.is_packed(), ring == Ring::Packed);
     assert_eq!(version(&mut vmm, MAX_MSIZE), MAX_MSIZE);
-    attach_open(&mut vmm, "big", 0);
+    attach_open(&mut vmm, "big", OpenFlags::RDONLY);
     // Rread header (11 bytes) + 128 MiB - 11 in 32768 writable descriptors
     // of 4 KiB: 4096 * 32768 = 128 MiB exactly.
     let count = MAX_MSIZE - 11;
@@ -128,7 +128,7 @@ pub fn read_128m_through_indirect_chain(
     assert_eq!(used, vec![(sub.head, MAX_MSIZE)]);
     let reply = vmm.read(sub.reply_addr, MAX_MSIZE as usize).unwrap();
     assert_eq!(&reply[..4], &MAX_MSIZE.to_le_bytes());
-    assert_eq!(reply[4], TREAD + 1);
+    assert_eq!(reply[4], MsgType::Rread);
     assert_eq!(&reply[7..11], &count.to_le_bytes());
     assert!(
         reply[11..] == data[..count as usize],
@@ -149,7 +149,7 @@ pub fn requests_1024_in_flight(
         ..VmmOptions::default()
     }));
     version(&mut vmm, 65536);
-    attach_open(&mut vmm, "f", 0);
+    attach_open(&mut vmm, "f", OpenFlags::RDONLY);
     for (n, layout) in [
         (512u16, Layout::Direct),
         (1024, Layout::Indirect { seg: 64 }),
@@ -202,14 +202,14 @@ pub fn blocked_locks_then_flushed(
         ..VmmOptions::default()
     }));
     version(&mut vmm, 65536);
-    attach_open(&mut vmm, "lockme", open_flags::RDWR);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
     let lock = |tag: u16| {
         frame(
             tag,
             Tmessage::Lock(Tlock {
                 fid: 1,
-                ty: lock::TYPE_WRLCK,
-                flags: lock::FLAGS_BLOCK,
+                ty: LockType::Wrlck,
+                flags: LockFlags::BLOCK,
                 start: 0,
                 length: 0,
                 proc_id: u32::from(tag),
@@ -334,10 +334,13 @@ pub fn malformed_chains_and_messages(
     // header, no room for a reply. Each is answered or returned, and the
     // queue goes on.
     let garbage = vmm.call(&[0xff; 32], 64, Layout::Direct).unwrap();
-    assert_eq!(garbage[4], RLERROR, "{garbage:?}");
+    assert_eq!(garbage[4], MsgType::Rlerror, "{garbage:?}");
     let mut lying = frame(7, Tmessage::Clunk(Tfid { fid: 1 }));
     lying[0..4].copy_from_slice(&1000u32.to_le_bytes());
-    assert_eq!(vmm.call(&lying, 64, Layout::Direct).unwrap()[4], RLERROR);
+    assert_eq!(
+        vmm.call(&lying, 64, Layout::Direct).unwrap()[4],
+        MsgType::Rlerror
+    );
     assert!(vmm.call(&[1, 2, 3], 64, Layout::Direct).unwrap().is_empty());
     assert!(vmm
         .call(
@@ -349,7 +352,7 @@ pub fn malformed_chains_and_messages(
         .is_empty());
 
     // Still serving.
-    attach_open(&mut vmm, "f", 0);
+    attach_open(&mut vmm, "f", OpenFlags::RDONLY);
     assert_eq!(read_fid1(&mut vmm), b"data");
 }
 
@@ -379,12 +382,12 @@ pub fn reset_with_requests_in_flight(
         ..VmmOptions::default()
     }));
     version(&mut vmm, 65536);
-    attach_open(&mut vmm, "lockme", open_flags::RDWR);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
     for tag in 100..160u16 {
         let lock = Tmessage::Lock(Tlock {
             fid: 1,
-            ty: lock::TYPE_WRLCK,
-            flags: lock::FLAGS_BLOCK,
+            ty: LockType::Wrlck,
+            flags: LockFlags::BLOCK,
             start: 0,
             length: 0,
             proc_id: u32::from(tag),
@@ -430,7 +433,7 @@ pub fn reset_with_requests_in_flight(
 
     // A new session on the new ring.
     version(&mut vmm, 65536);
-    attach_open(&mut vmm, "f", 0);
+    attach_open(&mut vmm, "f", OpenFlags::RDONLY);
     assert_eq!(read_fid1(&mut vmm), b"after reset");
     std::thread::sleep(Duration::from_millis(200));
     assert!(

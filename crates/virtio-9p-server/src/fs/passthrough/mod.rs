@@ -25,7 +25,7 @@
 //!   validated name, so they cannot reach outside either.
 
 mod mapped;
-pub mod qid;
+pub(crate) mod qid;
 pub(crate) mod sys;
 
 use std::ffi::CString;
@@ -45,15 +45,16 @@ use super::{Cred, Filesystem};
 use crate::error::{Error, Result};
 use crate::io::{ReplyWriter, RequestReader};
 use crate::protocol::{
-    getattr, lock, open_flags as of, setattr, DirEntry, Qid, Rgetattr, Rgetlock, Rstatfs, Tgetlock,
-    Tlock, Tsetattr, AT_REMOVEDIR, QTDIR, QTFILE, QTSYMLINK,
+    DirEntry, GetattrMask, LockStatus, LockType, OpenFlags, Qid, QidType, Rgetattr, Rgetlock,
+    Rstatfs, SetattrMask, Tgetlock, Tlock, Tsetattr, UnlinkFlags,
 };
 use sys::check;
 
-pub use qid::QidMap;
+use qid::QidMap;
 
 /// How guest ownership and modes map onto the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum SecurityModel {
     /// Host ownership and modes are the guest's (the server usually runs as
     /// root). Failing chown/chmod are errors. `security.*` and `trusted.*`
@@ -74,16 +75,14 @@ pub enum SecurityModel {
 }
 
 impl FromStr for SecurityModel {
-    type Err = String;
+    type Err = Error;
 
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self> {
         match s {
             "passthrough" => Ok(SecurityModel::Passthrough),
             "mapped-xattr" | "mapped" => Ok(SecurityModel::MappedXattr),
             "none" => Ok(SecurityModel::None),
-            other => Err(format!(
-                "unknown security model {other:?}: expected passthrough, mapped-xattr or none"
-            )),
+            other => Err(Error::SecurityModel(other.to_string())),
         }
     }
 }
@@ -100,6 +99,7 @@ impl fmt::Display for SecurityModel {
 
 /// Passthrough settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PassthroughConfig {
     /// The exported directory.
     pub shared_dir: PathBuf,
@@ -202,11 +202,11 @@ fn err(errno: i32) -> io::Error {
     io::Error::from_raw_os_error(errno)
 }
 
-fn qid_type(mode: u32) -> u8 {
+fn qid_type(mode: u32) -> QidType {
     match mode & libc::S_IFMT {
-        libc::S_IFDIR => QTDIR,
-        libc::S_IFLNK => QTSYMLINK,
-        _ => QTFILE,
+        libc::S_IFDIR => QidType::DIR,
+        libc::S_IFLNK => QidType::SYMLINK,
+        _ => QidType::FILE,
     }
 }
 
@@ -217,23 +217,27 @@ fn qid_version(mtime: i64, size: i64) -> u32 {
 /// Host `open` flags for 9P2000.L flags. `O_DIRECT`, `O_NOATIME`,
 /// `FASYNC` and `O_NOFOLLOW` are dropped (as QEMU does), `O_CREAT` and
 /// `O_EXCL` belong to Tlcreate, and `O_CLOEXEC | O_NOCTTY` are always set.
-pub fn host_open_flags(flags: u32) -> io::Result<libc::c_int> {
-    let mut out = match flags & of::ACCMODE {
-        of::RDONLY => libc::O_RDONLY,
-        of::WRONLY => libc::O_WRONLY,
-        of::RDWR => libc::O_RDWR,
-        _ => return Err(err(libc::EINVAL)),
+pub(crate) fn host_open_flags(flags: OpenFlags) -> io::Result<libc::c_int> {
+    let mode = flags.access_mode();
+    let mut out = if mode == OpenFlags::RDONLY {
+        libc::O_RDONLY
+    } else if mode == OpenFlags::WRONLY {
+        libc::O_WRONLY
+    } else if mode == OpenFlags::RDWR {
+        libc::O_RDWR
+    } else {
+        return Err(err(libc::EINVAL));
     };
     for (p9, host) in [
-        (of::TRUNC, libc::O_TRUNC),
-        (of::APPEND, libc::O_APPEND),
-        (of::NONBLOCK, libc::O_NONBLOCK),
-        (of::DSYNC, libc::O_DSYNC),
-        (of::DIRECTORY, libc::O_DIRECTORY),
-        (of::SYNC, libc::O_SYNC),
-        (of::LARGEFILE, libc::O_LARGEFILE),
+        (OpenFlags::TRUNC, libc::O_TRUNC),
+        (OpenFlags::APPEND, libc::O_APPEND),
+        (OpenFlags::NONBLOCK, libc::O_NONBLOCK),
+        (OpenFlags::DSYNC, libc::O_DSYNC),
+        (OpenFlags::DIRECTORY, libc::O_DIRECTORY),
+        (OpenFlags::SYNC, libc::O_SYNC),
+        (OpenFlags::LARGEFILE, libc::O_LARGEFILE),
     ] {
-        if flags & p9 != 0 {
+        if flags.contains(p9) {
             out |= host;
         }
     }
@@ -254,8 +258,8 @@ fn host_perm(model: SecurityModel, mode: u32) -> u32 {
     }
 }
 
-fn writes(flags: u32) -> bool {
-    flags & of::ACCMODE != of::RDONLY || flags & of::TRUNC != 0
+fn writes(flags: OpenFlags) -> bool {
+    flags.access_mode() != OpenFlags::RDONLY || flags.contains(OpenFlags::TRUNC)
 }
 
 impl PassthroughFs {
@@ -636,12 +640,11 @@ impl PassthroughFs {
         }
     }
 
-    fn lock_struct(ty: u8, start: u64, length: u64) -> io::Result<libc::flock64> {
+    fn lock_struct(ty: LockType, start: u64, length: u64) -> io::Result<libc::flock64> {
         let l_type = match ty {
-            lock::TYPE_RDLCK => libc::F_RDLCK,
-            lock::TYPE_WRLCK => libc::F_WRLCK,
-            lock::TYPE_UNLCK => libc::F_UNLCK,
-            _ => return Err(err(libc::EINVAL)),
+            LockType::Rdlck => libc::F_RDLCK,
+            LockType::Wrlck => libc::F_WRLCK,
+            LockType::Unlck => libc::F_UNLCK,
         };
         let start = i64::try_from(start).map_err(|_| err(libc::EINVAL))?;
         let len = i64::try_from(length).map_err(|_| err(libc::EINVAL))?;
@@ -704,12 +707,12 @@ impl Filesystem for PassthroughFs {
         }
     }
 
-    fn getattr(&self, inode: &Inode, mask: u64) -> io::Result<Rgetattr> {
-        if mask & getattr::BTIME == 0 {
+    fn getattr(&self, inode: &Inode, mask: GetattrMask) -> io::Result<Rgetattr> {
+        if !mask.contains(GetattrMask::BTIME) {
             // fstat is a little cheaper than statx and has everything else.
             let st = sys::fstat(inode.fd())?;
             let a = Rgetattr {
-                valid: getattr::BASIC,
+                valid: GetattrMask::BASIC,
                 qid: self.make_qid(&st, None)?,
                 mode: st.st_mode,
                 uid: st.st_uid,
@@ -731,7 +734,7 @@ impl Filesystem for PassthroughFs {
         }
         let st = sys::statx(inode.fd())?;
         let mut a = Rgetattr {
-            valid: getattr::BASIC,
+            valid: GetattrMask::BASIC,
             qid: Qid {
                 ty: qid_type(st.stx_mode as u32),
                 version: qid_version(st.stx_mtime.tv_sec, st.stx_size as i64),
@@ -757,7 +760,7 @@ impl Filesystem for PassthroughFs {
             ..Default::default()
         };
         if st.stx_mask & libc::STATX_BTIME != 0 {
-            a.valid |= getattr::BTIME;
+            a.valid |= GetattrMask::BTIME;
             a.btime_sec = st.stx_btime.tv_sec as u64;
             a.btime_nsec = st.stx_btime.tv_nsec as u64;
         }
@@ -777,12 +780,12 @@ impl Filesystem for PassthroughFs {
         let model = self.cfg.security_model;
         if model == SecurityModel::MappedXattr
             && inode.0.host_type == libc::S_IFLNK
-            && v & (setattr::MODE | setattr::UID | setattr::GID) != 0
+            && v.intersects(SetattrMask::MODE | SetattrMask::UID | SetattrMask::GID)
         {
             // Mapped attributes cannot be stored on a host symlink.
             return Err(err(libc::EOPNOTSUPP));
         }
-        if v & setattr::MODE != 0 {
+        if v.intersects(SetattrMask::MODE) {
             if model == SecurityModel::MappedXattr {
                 let cur = self.guest_mode(inode)?;
                 let mode = (cur & libc::S_IFMT) | (attr.mode & 0o7777);
@@ -798,9 +801,9 @@ impl Filesystem for PassthroughFs {
                 }
             }
         }
-        if v & (setattr::UID | setattr::GID) != 0 {
-            let uid = (v & setattr::UID != 0).then_some(attr.uid);
-            let gid = (v & setattr::GID != 0).then_some(attr.gid);
+        if v.intersects(SetattrMask::UID | SetattrMask::GID) {
+            let uid = v.intersects(SetattrMask::UID).then_some(attr.uid);
+            let gid = v.intersects(SetattrMask::GID).then_some(attr.gid);
             if model == SecurityModel::MappedXattr {
                 let m = mapped::Mapped {
                     uid,
@@ -815,7 +818,7 @@ impl Filesystem for PassthroughFs {
                 }
             }
         }
-        if v & setattr::SIZE != 0 {
+        if v.intersects(SetattrMask::SIZE) {
             let size = i64::try_from(attr.size).map_err(|_| err(libc::EFBIG))?;
             if inode.0.host_type == libc::S_IFDIR {
                 return Err(err(libc::EISDIR));
@@ -845,14 +848,14 @@ impl Filesystem for PassthroughFs {
                 }
             }
         }
-        if v & (setattr::ATIME | setattr::MTIME) != 0 {
-            let ts = |set: u32, given: u32, sec: u64, nsec: u64| {
-                if v & set == 0 {
+        if v.intersects(SetattrMask::ATIME | SetattrMask::MTIME) {
+            let ts = |set: SetattrMask, given: SetattrMask, sec: u64, nsec: u64| {
+                if !v.intersects(set) {
                     libc::timespec {
                         tv_sec: 0,
                         tv_nsec: libc::UTIME_OMIT,
                     }
-                } else if v & given != 0 {
+                } else if v.intersects(given) {
                     libc::timespec {
                         tv_sec: sec as libc::time_t,
                         tv_nsec: nsec as libc::c_long,
@@ -866,14 +869,14 @@ impl Filesystem for PassthroughFs {
             };
             let times = [
                 ts(
-                    setattr::ATIME,
-                    setattr::ATIME_SET,
+                    SetattrMask::ATIME,
+                    SetattrMask::ATIME_SET,
                     attr.atime_sec,
                     attr.atime_nsec,
                 ),
                 ts(
-                    setattr::MTIME,
-                    setattr::MTIME_SET,
+                    SetattrMask::MTIME,
+                    SetattrMask::MTIME_SET,
                     attr.mtime_sec,
                     attr.mtime_nsec,
                 ),
@@ -921,7 +924,7 @@ impl Filesystem for PassthroughFs {
         })
     }
 
-    fn open(&self, inode: &Inode, flags: u32) -> io::Result<(File, Qid)> {
+    fn open(&self, inode: &Inode, flags: OpenFlags) -> io::Result<(File, Qid)> {
         if writes(flags) {
             self.check_writable()?;
         }
@@ -942,7 +945,7 @@ impl Filesystem for PassthroughFs {
         &self,
         dir: &Inode,
         name: &[u8],
-        flags: u32,
+        flags: OpenFlags,
         mode: u32,
         cred: Cred,
     ) -> io::Result<(Inode, File, Qid)> {
@@ -970,7 +973,9 @@ impl Filesystem for PassthroughFs {
                     qid,
                 ))
             }
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && flags & of::EXCL == 0 => {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EEXIST) && !flags.contains(OpenFlags::EXCL) =>
+            {
                 // Plain O_CREAT of an existing file: open it, but only if it
                 // is a regular file (never a fifo, device or symlink).
                 let (inode, _) = self.lookup(dir, name)?;
@@ -1041,9 +1046,9 @@ impl Filesystem for PassthroughFs {
                     (dir_st.st_dev, ino)
                 };
                 let ty = match d_type {
-                    libc::DT_DIR => QTDIR,
-                    libc::DT_LNK => QTSYMLINK,
-                    _ => QTFILE,
+                    libc::DT_DIR => QidType::DIR,
+                    libc::DT_LNK => QidType::SYMLINK,
+                    _ => QidType::FILE,
                 };
                 let entry = DirEntry {
                     qid: Qid {
@@ -1253,10 +1258,10 @@ impl Filesystem for PassthroughFs {
         Ok(())
     }
 
-    fn unlinkat(&self, dir: &Inode, name: &[u8], flags: u32) -> io::Result<()> {
+    fn unlinkat(&self, dir: &Inode, name: &[u8], flags: UnlinkFlags) -> io::Result<()> {
         self.check_writable()?;
         let c = sys::cstr(name)?;
-        let host = if flags & AT_REMOVEDIR != 0 {
+        let host = if flags.contains(UnlinkFlags::REMOVEDIR) {
             libc::AT_REMOVEDIR
         } else {
             0
@@ -1340,15 +1345,15 @@ impl Filesystem for PassthroughFs {
         }
     }
 
-    fn try_lock(&self, file: &File, l: &Tlock) -> io::Result<u8> {
+    fn try_lock(&self, file: &File, l: &Tlock) -> io::Result<LockStatus> {
         let fl = Self::lock_struct(l.ty, l.start, l.length)?;
         // SAFETY: valid fd and flock64 pointer.
         let res = check!(unsafe { libc::fcntl(file.fd().as_raw_fd(), libc::F_OFD_SETLK, &fl) });
         match res {
-            Ok(_) => Ok(lock::SUCCESS),
+            Ok(_) => Ok(LockStatus::Success),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
                 debug!("9p: lock {l:?} is held elsewhere");
-                Ok(lock::BLOCKED)
+                Ok(LockStatus::Blocked)
             }
             Err(e) => Err(e),
         }
@@ -1359,9 +1364,9 @@ impl Filesystem for PassthroughFs {
         // SAFETY: valid fd and flock64 pointer.
         check!(unsafe { libc::fcntl(file.fd().as_raw_fd(), libc::F_OFD_GETLK, &mut fl) })?;
         let ty = match fl.l_type as libc::c_int {
-            libc::F_RDLCK => lock::TYPE_RDLCK,
-            libc::F_WRLCK => lock::TYPE_WRLCK,
-            _ => lock::TYPE_UNLCK,
+            libc::F_RDLCK => LockType::Rdlck,
+            libc::F_WRLCK => LockType::Wrlck,
+            _ => LockType::Unlck,
         };
         Ok(Rgetlock {
             ty,
@@ -1391,17 +1396,24 @@ mod tests {
             assert_eq!(m.to_string().parse::<SecurityModel>().unwrap(), m);
         }
         let e = "bogus".parse::<SecurityModel>().unwrap_err();
-        assert!(e.contains("unknown security model \"bogus\""), "{e}");
+        assert!(matches!(&e, Error::SecurityModel(m) if m == "bogus"));
+        assert!(
+            e.to_string().contains("unknown security model \"bogus\""),
+            "{e}"
+        );
     }
 
     #[test]
     fn test_host_open_flags_maps_and_rejects() {
-        let f = host_open_flags(of::RDWR | of::TRUNC | of::DIRECT | of::NOATIME).unwrap();
+        let f = host_open_flags(
+            OpenFlags::RDWR | OpenFlags::TRUNC | OpenFlags::DIRECT | OpenFlags::NOATIME,
+        )
+        .unwrap();
         assert_eq!(f & libc::O_ACCMODE, libc::O_RDWR);
         assert_ne!(f & libc::O_TRUNC, 0);
         assert_eq!(f & libc::O_DIRECT, 0);
         assert_eq!(f & libc::O_NOATIME, 0);
-        assert!(host_open_flags(3).is_err());
+        assert!(host_open_flags(OpenFlags::ACCMODE).is_err());
     }
 
     #[test]

@@ -67,6 +67,7 @@ impl QidMap {
     }
 
     /// Entries in the exact table.
+    #[cfg(test)]
     pub fn exact_entries(&self) -> usize {
         self.exact.lock().unwrap_or_else(|e| e.into_inner()).len()
     }

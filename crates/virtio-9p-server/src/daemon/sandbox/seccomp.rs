@@ -311,12 +311,11 @@ pub const IOCTL_REQUESTS: [u64; 2] = [libc::FIONBIO as u64, libc::FIOCLEX as u64
 pub const PRCTL_OPTIONS: [u64; 2] = [libc::PR_SET_NAME as u64, libc::PR_SET_NO_NEW_PRIVS as u64];
 
 fn cond(arg: u8, len: SeccompCmpArgLen, value: u64) -> Result<SeccompCondition> {
-    SeccompCondition::new(arg, len, SeccompCmpOp::Eq, value)
-        .map_err(|e| Error::Seccomp(e.to_string()))
+    Ok(SeccompCondition::new(arg, len, SeccompCmpOp::Eq, value)?)
 }
 
 fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule> {
-    SeccompRule::new(conditions).map_err(|e| Error::Seccomp(e.to_string()))
+    Ok(SeccompRule::new(conditions)?)
 }
 
 /// The argument-checked entries of the process-wide list: syscall number
@@ -388,13 +387,9 @@ fn compile(
     mismatch: SeccompAction,
     matched: SeccompAction,
 ) -> Result<BpfProgram> {
-    let arch = TargetArch::try_from(std::env::consts::ARCH)
-        .map_err(|e| Error::Seccomp(format!("unsupported architecture: {e}")))?;
-    let filter = SeccompFilter::new(rules, mismatch, matched, arch)
-        .map_err(|e| Error::Seccomp(e.to_string()))?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| Error::Seccomp(e.to_string()))
+    let arch = TargetArch::try_from(std::env::consts::ARCH)?;
+    let filter = SeccompFilter::new(rules, mismatch, matched, arch)?;
+    Ok(filter.try_into()?)
 }
 
 fn unconditional(list: Vec<i64>) -> BTreeMap<i64, Vec<SeccompRule>> {
@@ -506,7 +501,7 @@ pub fn apply(mode: SeccompMode) -> Result<()> {
     let clone3 = build_clone3_enosys()?;
     if let Some(worker) = build_thread(ThreadKind::Worker, mode)? {
         if WORKER_FILTER.set(worker).is_err() {
-            return Err(Error::Seccomp("the filters are already installed".into()));
+            return Err(Error::SeccompInstalled);
         }
     }
     if mode == SeccompMode::Trap {
@@ -527,8 +522,8 @@ pub fn apply(mode: SeccompMode) -> Result<()> {
     }
     // The clone3 filter first: the allow-list lets `seccomp` through only
     // without TSYNC.
-    seccompiler::apply_filter_all_threads(&clone3).map_err(|e| Error::Seccomp(e.to_string()))?;
-    seccompiler::apply_filter_all_threads(&prog).map_err(|e| Error::Seccomp(e.to_string()))
+    seccompiler::apply_filter_all_threads(&clone3)?;
+    Ok(seccompiler::apply_filter_all_threads(&prog)?)
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub use crate::fs::ids::{IdMap, IdRule, IdSquash};
+pub use virtio_9p_server::fs::ids::IdMap;
 
 /// Errors of the sandbox setup. Each names the step that failed.
 #[derive(Debug, thiserror::Error)]
@@ -79,9 +79,15 @@ pub enum Error {
     /// The setup callback failed.
     #[error("{0}")]
     Prepare(String),
-    /// Building or installing the seccomp filter failed.
+    /// Building a seccomp filter failed (also: an unknown architecture).
     #[error("seccomp: {0}")]
-    Seccomp(String),
+    SeccompBuild(#[from] seccompiler::BackendError),
+    /// Installing a seccomp filter failed.
+    #[error("seccomp: {0}")]
+    Seccomp(#[from] seccompiler::Error),
+    /// The filters were installed once already.
+    #[error("seccomp: the filters are already installed")]
+    SeccompInstalled,
 }
 
 /// Result of this module.

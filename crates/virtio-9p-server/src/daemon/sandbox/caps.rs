@@ -23,7 +23,7 @@
 //! `chown`, `fsetid` or `mknod` either.
 
 use super::{sys_err, Error, Result};
-use crate::SecurityModel;
+use virtio_9p_server::SecurityModel;
 
 /// Capability names and numbers (linux/capability.h).
 pub const CAP_NAMES: &[(&str, u32)] = &[
@@ -102,6 +102,8 @@ pub fn for_model(model: SecurityModel, readonly: bool) -> &'static [u32] {
         SecurityModel::Passthrough => DEFAULT_CAPS,
         SecurityModel::MappedXattr => MAPPED_CAPS,
         SecurityModel::None => NONE_CAPS,
+        // A model added later keeps the default set until it gets its own.
+        _ => DEFAULT_CAPS,
     }
 }
 
