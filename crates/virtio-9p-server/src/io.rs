@@ -274,7 +274,7 @@ impl ReplyWriter for SliceWriter<'_> {
     /// Reads straight into the slice. On an engine coroutine whose Tread
     /// the engine placed by hint, the part already in the page cache is
     /// read here (`preadv2(RWF_NOWAIT)`) and only the rest goes to a
-    /// worker ([`crate::engine::offload_read`]).
+    /// worker (`engine::offload_read`).
     fn write_from_file_at(
         &mut self,
         file: BorrowedFd<'_>,

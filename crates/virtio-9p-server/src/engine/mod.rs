@@ -46,14 +46,14 @@
 //! # Tflush
 //!
 //! The engine is the one owner of Tflush, for every transport. The
-//! server's Tflush arm calls [`Blocking::flush`], which [`EngineExec`]
-//! implements with [`flush`]: it finds the request with `oldtag` in the
+//! server's Tflush arm calls [`Blocking::flush`], which `EngineExec`
+//! implements with `flush`: it finds the request with `oldtag` in the
 //! Tflush's own tag space (one per connection, [`Engine::spawn_in`]),
 //! cancels it as above and returns only once the old request has finished;
 //! the server then encodes Rflush with the protocol codec. So the old
 //! request's reply (if it answered before it was cancelled) goes out before
 //! the Rflush, a request cancelled before it answered gets no reply (its
-//! transport drops an interrupted Rlerror, see [`flushed_silently`]), and a
+//! transport drops an interrupted Rlerror, see `flushed_silently`), and a
 //! Tflush of an unknown tag is answered at once.
 //!
 //! # Teardown
@@ -360,7 +360,7 @@ pub(crate) fn flush(tag: u16) {
 /// interrupted before it answered (an Rlerror after its [`Cancel`] was
 /// set). A request that completed keeps its reply, which may record a
 /// change; QEMU does the same.
-pub fn flushed_silently(reply_type: u8, cancel: &Cancel) -> bool {
+pub(crate) fn flushed_silently(reply_type: u8, cancel: &Cancel) -> bool {
     cancel.is_cancelled() && reply_type == RLERROR
 }
 

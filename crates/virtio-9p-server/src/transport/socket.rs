@@ -55,16 +55,16 @@
 //! Request and reply buffers are taken per request from a small pool of
 //! the socket thread, sized by what is in flight, not by msize: a buffer
 //! is exactly what the request or its reply needs (a Tread or Treaddir
-//! asks for `count` bytes; every other reply fits [`SMALL_BUFFER`]), and
+//! asks for `count` bytes; every other reply fits `SMALL_BUFFER`), and
 //! the pool keeps at most two free buffers per request the thread has in
 //! flight or waiting to be written, and four more. Buffers above
-//! [`KEEP_BUFFER`] are charged to the listener's
+//! `KEEP_BUFFER` are charged to the listener's
 //! shared budget ([`SocketLimits::buffer_bytes`]): a request frame over
 //! the budget is read, dropped and answered with `ENOMEM`; a Tread or
-//! Treaddir gets a shorter reply. A Twrite larger than [`KEEP_BUFFER`] is
+//! Treaddir gets a shorter reply. A Twrite larger than `KEEP_BUFFER` is
 //! not buffered: its data goes from the socket to the file (on a worker)
 //! through a 64 KiB copy buffer, and the connection reads nothing else
-//! until it is done. A free buffer unused for [`IDLE_RELEASE`] is freed,
+//! until it is done. A free buffer unused for `IDLE_RELEASE` is freed,
 //! so an idle connection holds only its session and a few hundred bytes of
 //! state, however busy the other connections of its thread are. See [`crate::bound`] for the
 //! whole daemon's bound.
@@ -276,7 +276,7 @@ pub(crate) const IDLE_RELEASE: Duration = Duration::from_millis(20);
 /// largest is an Rgetlock or Rreadlink with a
 /// [`MAX_PATH_LEN`](crate::protocol::MAX_PATH_LEN) string), and so do most
 /// requests.
-pub const SMALL_BUFFER: usize = 8 << 10;
+pub(crate) const SMALL_BUFFER: usize = 8 << 10;
 
 /// Default of [`SocketLimits::max_in_flight`].
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
@@ -286,7 +286,7 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 /// read its replies makes the server stop reading, and the replies in the
 /// making stay few (and warm in the cache) however many requests the client
 /// keeps outstanding.
-pub const OUT_HIGH_WATER: usize = 256 << 10;
+pub(crate) const OUT_HIGH_WATER: usize = 256 << 10;
 
 /// Default of [`SocketLimits::max_requests`]: as many as one vhost-user
 /// queue of 1024 entries.
@@ -298,7 +298,7 @@ pub const DUPLICATE_TAG_ERRNO: i32 = libc::EBUSY;
 
 /// How long a streamed Twrite waits for more of its data before it fails
 /// (and its connection is closed).
-pub const STREAM_STALL: Duration = Duration::from_secs(10);
+pub(crate) const STREAM_STALL: Duration = Duration::from_secs(10);
 
 /// The reply room a request can use: Tread and Treaddir ask for `count`
 /// bytes of data (both carry `fid[4] offset[8] count[4]`); any other reply
@@ -327,7 +327,7 @@ pub struct SocketLimits {
     /// accept.
     pub max_connections: usize,
     /// Bytes all connections together may hold in request and reply
-    /// buffers above [`KEEP_BUFFER`] (streamed Twrite data never counts).
+    /// buffers above `KEEP_BUFFER` (streamed Twrite data never counts).
     /// A request frame that does not fit is read and dropped and answered
     /// with `ENOMEM`; a Tread or Treaddir whose reply does not fit gets a
     /// shorter reply (as POSIX allows).
@@ -390,7 +390,7 @@ impl BufferBudget {
 }
 
 /// The buffer pool of one socket thread. A buffer's length is its size
-/// (it is zeroed once, when allocated); one above [`KEEP_BUFFER`] is
+/// (it is zeroed once, when allocated); one above `KEEP_BUFFER` is
 /// charged to the budget for as long as it exists, in use or pooled.
 struct BufPool {
     /// Free buffers and when each was put back.
@@ -399,7 +399,7 @@ struct BufPool {
 }
 
 impl BufPool {
-    /// A buffer of at least `n` bytes (at least [`SMALL_BUFFER`]), or
+    /// A buffer of at least `n` bytes (at least `SMALL_BUFFER`), or
     /// `None` when a new one would exceed the budget.
     fn take(&mut self, n: usize) -> Option<Vec<u8>> {
         let n = n.max(SMALL_BUFFER);
@@ -445,7 +445,7 @@ impl BufPool {
         any
     }
 
-    /// Frees the buffers unused for [`IDLE_RELEASE`]; true if any.
+    /// Frees the buffers unused for `IDLE_RELEASE`; true if any.
     fn expire(&mut self) -> bool {
         let before = self.free.len();
         let mut kept = Vec::with_capacity(before);
@@ -1498,7 +1498,7 @@ fn reply_len(r: Result<crate::server::Reply>, cancel: &Cancel) -> u32 {
 /// A large Twrite read from the socket as the server consumes it: the
 /// head already read, then at most the rest of the frame. It runs where
 /// the filesystem call runs (a worker, by default), and waits for data
-/// with `poll`, for at most [`STREAM_STALL`] without progress, and not at
+/// with `poll`, for at most `STREAM_STALL` without progress, and not at
 /// all once the request is cancelled.
 struct StreamRequest {
     head: [u8; TWRITE_HEAD],
