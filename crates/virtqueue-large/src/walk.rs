@@ -526,8 +526,31 @@ impl<B: BitmapSlice> Table<'_, B> {
     }
 }
 
-/// Pushes the segments of one buffer, split at region boundaries.
+/// Pushes the segments of one buffer, split at region boundaries. The
+/// common case, a buffer inside the region of the previous one, is inlined
+/// into the walks; the region lookup is not (a call per descriptor cost the
+/// packed direct walk a third of its time).
+#[inline(always)]
 fn push_buffer<G: GuestMemoryBackend>(
+    mem: &G,
+    addr: u64,
+    len: u32,
+    cache: &mut (u64, u64),
+    out: &mut Vec<Segment>,
+) -> Result<()> {
+    if let Some(end) = addr.checked_add(u64::from(len)) {
+        if addr >= cache.0 && end <= cache.1 {
+            out.push(Segment::new(addr, len));
+            return Ok(());
+        }
+    }
+    push_buffer_lookup(mem, addr, len, cache, out)
+}
+
+/// [`push_buffer`] for a buffer outside the cached region: finds its
+/// region(s) and updates the cache.
+#[inline(never)]
+fn push_buffer_lookup<G: GuestMemoryBackend>(
     mem: &G,
     addr: u64,
     len: u32,
@@ -539,10 +562,6 @@ fn push_buffer<G: GuestMemoryBackend>(
         len,
     };
     let end = addr.checked_add(u64::from(len)).ok_or_else(err)?;
-    if addr >= cache.0 && end <= cache.1 {
-        out.push(Segment::new(addr, len));
-        return Ok(());
-    }
     let mut cur = addr;
     while cur < end {
         let region = mem.find_region(GuestAddress(cur)).ok_or_else(err)?;
