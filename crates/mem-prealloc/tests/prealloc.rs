@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
@@ -35,6 +36,53 @@ fn test_memfd_region_is_fully_resident() {
         assert_eq!(report.page_size, mem_prealloc::base_page_size());
         assert!(report.threads >= 1 && report.threads <= 2);
     }
+}
+
+/// A page size larger than the mapping's own pages (2 MiB asked for a
+/// 4 KiB memfd) still populates every base page: the huge-page path faults
+/// each page at its last base page first (so that the kernel clears a real
+/// huge page in ascending order), then over its whole length.
+#[test]
+fn test_page_size_larger_than_the_mapping_populates_every_page() {
+    let huge = 2 * MIB;
+    let len = 8 * MIB;
+    let file = memfd("oversized-page", len, 0).unwrap();
+    // A 2 MiB-aligned window for the file inside a reservation that owns
+    // the whole range (one owner, so nothing is unmapped twice).
+    let window = Mapping::new(
+        None,
+        len + huge,
+        libc::PROT_NONE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+    )
+    .unwrap();
+    let aligned = (window.addr as usize).next_multiple_of(huge);
+    // SAFETY: replaces part of the reservation this test owns.
+    let addr = unsafe {
+        libc::mmap(
+            aligned as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_eq!(addr as usize, aligned);
+    let view = std::mem::ManuallyDrop::new(Mapping {
+        addr: addr.cast(),
+        len,
+    });
+    assert_eq!(view.resident_pages(), 0);
+    let opts = PreallocOptions::new()
+        .threads(2)
+        .page_size(huge)
+        .method(Method::PopulateWrite);
+    let report = preallocate(view.addr, len, &opts).unwrap();
+    assert_eq!(report.page_size, huge);
+    assert_eq!(report.bytes, len as u64);
+    assert!(view.fully_resident(), "every 4 KiB page populated");
+    drop(window);
 }
 
 #[test]

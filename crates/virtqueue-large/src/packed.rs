@@ -23,11 +23,10 @@ use virtio_bindings::bindings::virtio_ring::{
     VRING_PACKED_DESC_F_USED, VRING_PACKED_EVENT_FLAG_DESC, VRING_PACKED_EVENT_FLAG_DISABLE,
     VRING_PACKED_EVENT_FLAG_ENABLE, VRING_PACKED_EVENT_F_WRAP_CTR,
 };
-use virtio_queue::desc::packed::Descriptor;
 use virtio_queue::QueueT;
 use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, Le16};
 
-use crate::walk::{indirect_entries, open_table, Acc, Table, DESC_SIZE};
+use crate::walk::{indirect_entries, open_table, Acc, RawDesc, Table, DESC_SIZE};
 use crate::{Chain, ChainWalker, Error, Result};
 
 /// The largest packed queue (virtio 1.1, 2.8.10: the queue size is at most 2^15).
@@ -49,6 +48,10 @@ pub const EVENT_FLAG_DISABLE: u16 = VRING_PACKED_EVENT_FLAG_DISABLE as u16;
 /// Event suppression flags: notify at the descriptor `off_wrap` names
 /// (needs `VIRTIO_F_EVENT_IDX`).
 pub const EVENT_FLAG_DESC: u16 = VRING_PACKED_EVENT_FLAG_DESC as u16;
+
+// The walk reads packed descriptors with the split walk's 16-byte table reads.
+const _: () =
+    assert!(std::mem::size_of::<virtio_queue::desc::packed::Descriptor>() as u64 == DESC_SIZE);
 
 /// Offset of `flags` in a packed descriptor.
 const FLAGS_OFFSET: u64 = 14;
@@ -523,8 +526,8 @@ where
 {
     let (mut slot, mut wrap) = (q.next_avail, q.avail_wrap);
     for position in 0..u32::from(q.size) {
-        let desc: Descriptor = ring.read(mem, slot)?;
-        let flags = desc.flags();
+        let desc = ring.read(mem, slot)?;
+        let flags = desc.word14;
         if position > 0 && !is_avail(flags, wrap) {
             return Err(Error::DescriptorNotAvailable {
                 slot,
@@ -535,7 +538,7 @@ where
         if flags & F_NEXT == 0 {
             return Ok(Extent {
                 slots: position as u16 + 1,
-                id: desc.id(),
+                id: desc.word12,
             });
         }
         (slot, wrap) = advance(slot, wrap, 1, q.size);
@@ -564,11 +567,12 @@ where
     // Content errors need the chain's extent; structure errors end the walk.
     let content = |e: Error| with_extent(e, mem, ring, q);
     for position in 0..u32::from(size) {
-        let desc: Descriptor = match ring.read(mem, slot) {
+        // Packed layout: id at byte 12, flags at byte 14.
+        let desc = match ring.read(mem, slot) {
             Ok(d) => d,
             Err(e) => return Err((e, None)),
         };
-        let flags = desc.flags();
+        let flags = desc.word14;
         if position > 0 && !is_avail(flags, wrap) {
             return Err((not_available(slot, position, wrap), None));
         }
@@ -586,7 +590,7 @@ where
             }
             let extent = Extent {
                 slots,
-                id: desc.id(),
+                id: desc.word12,
             };
             let fault = |e| (e, Some(extent));
             if !limits.indirect {
@@ -595,13 +599,13 @@ where
             walk_packed_table(mem, &mut acc, desc, out).map_err(fault)?;
             return Ok((extent, acc.finish(out.len())));
         }
-        if let Err(e) = acc.buffer(mem, desc.addr().0, desc.len(), flags & F_WRITE != 0, out) {
+        if let Err(e) = acc.buffer(mem, desc.addr, desc.len, flags & F_WRITE != 0, out) {
             return Err(content(e));
         }
         if flags & F_NEXT == 0 {
             let extent = Extent {
                 slots,
-                id: desc.id(),
+                id: desc.word12,
             };
             return Ok((extent, acc.finish(out.len())));
         }
@@ -615,18 +619,18 @@ where
 fn walk_packed_table<G: GuestMemoryBackend>(
     mem: &G,
     acc: &mut Acc<'_>,
-    desc: Descriptor,
+    desc: RawDesc,
     out: &mut Vec<crate::Segment>,
 ) -> Result<()> {
-    let entries = indirect_entries(desc.len())?;
-    let table = open_table(mem, desc.addr(), entries)?;
+    let entries = indirect_entries(desc.len)?;
+    let table = open_table(mem, GuestAddress(desc.addr), entries)?;
     for i in 0..entries {
-        let d: Descriptor = table.read(mem, i as u16)?;
-        let flags = d.flags();
+        let d = table.read(mem, i as u16)?;
+        let flags = d.word14;
         if flags & F_INDIRECT != 0 {
             return Err(Error::NestedIndirect);
         }
-        acc.buffer(mem, d.addr().0, d.len(), flags & F_WRITE != 0, out)?;
+        acc.buffer(mem, d.addr, d.len, flags & F_WRITE != 0, out)?;
     }
     Ok(())
 }
