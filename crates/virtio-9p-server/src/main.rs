@@ -100,10 +100,10 @@ fn harden(
 /// The `--translate-uid` / `--translate-gid` rules, checked for overlaps.
 fn id_translation(cli: &Cli) -> Result<IdTranslation, String> {
     let h = &cli.hardening;
-    Ok(IdTranslation {
-        uid: IdRules::new(h.translate_uid.clone()).map_err(|e| format!("--translate-uid: {e}"))?,
-        gid: IdRules::new(h.translate_gid.clone()).map_err(|e| format!("--translate-gid: {e}"))?,
-    })
+    let mut ids = IdTranslation::default();
+    ids.uid = IdRules::new(h.translate_uid.clone()).map_err(|e| format!("--translate-uid: {e}"))?;
+    ids.gid = IdRules::new(h.translate_gid.clone()).map_err(|e| format!("--translate-gid: {e}"))?;
+    Ok(ids)
 }
 
 /// Files the signal handler of socket mode removes before it exits
@@ -199,11 +199,11 @@ fn exit_on_signals() {
 
 /// What `--socket-group` asks for.
 fn socket_perms(cli: &Cli) -> Result<unix::SocketPerms, String> {
-    let group = match &cli.socket_group {
-        None => None,
-        Some(g) => Some(unix::group_id(g).map_err(|e| format!("--socket-group {g}: {e}"))?),
-    };
-    Ok(unix::SocketPerms { group })
+    let mut perms = unix::SocketPerms::default();
+    if let Some(g) = &cli.socket_group {
+        perms.group = Some(unix::group_id(g).map_err(|e| format!("--socket-group {g}: {e}"))?);
+    }
+    Ok(perms)
 }
 
 /// The one-line refusal of a writable passthrough export over TCP.

@@ -35,7 +35,7 @@ use virtio_9p_server::protocol::{
     NOFID,
 };
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
-use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen, StopHandle};
+use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, StopHandle};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
 
 use crate::harness::{format_value, median, Ctx, SuiteReport, Table};
@@ -71,23 +71,20 @@ fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<R
     let socket = sock_dir.path().join("vu.sock");
     let fs = PassthroughFs::new(PassthroughConfig::new(dir))?;
     let server = Arc::new(Server::new(fs, Config::default())?);
-    let config = DaemonConfig {
-        listen: Listen::Path(socket.clone()),
-        backend: BackendConfig {
-            tag: "bench".into(),
-            queue_size: 1024,
-            engine: {
-                let mut ecfg = EngineConfig::default();
-                ecfg.workers = 4;
-                ecfg.max_in_flight = 1024;
-                ecfg.offload = offload;
-                ecfg
-            },
-            packed_ring: true,
-        },
-        stack_policy: policy,
-        stack_trim_interval: Some(coro_pool::DEFAULT_TRIM_INTERVAL),
+    let mut config = DaemonConfig::default();
+    config.listen = Listen::Path(socket.clone());
+    config.backend.tag = "bench".into();
+    config.backend.queue_size = 1024;
+    config.backend.engine = {
+        let mut ecfg = EngineConfig::default();
+        ecfg.workers = 4;
+        ecfg.max_in_flight = 1024;
+        ecfg.offload = offload;
+        ecfg
     };
+    config.backend.packed_ring = true;
+    config.stack_policy = policy;
+    config.stack_trim_interval = Some(coro_pool::DEFAULT_TRIM_INTERVAL);
     let mut daemon = Daemon::new(server, config)?;
     let stop = daemon.stop_handle();
     let thread = std::thread::spawn(move || {
@@ -126,17 +123,16 @@ fn session_on(
     flags: OpenFlags,
     packed: bool,
 ) -> Res<FakeVmm> {
-    let mut vmm = FakeVmm::connect(
-        &run.socket,
-        VmmOptions {
-            mem_size: GUEST_MEM,
-            queue_size: 1024,
-            event_idx: true,
-            indirect: true,
-            split: None,
-            packed,
-        },
-    )?;
+    let mut vmm = FakeVmm::connect(&run.socket, {
+        let mut o = VmmOptions::default();
+        o.mem_size = GUEST_MEM;
+        o.queue_size = 1024;
+        o.event_idx = true;
+        o.indirect = true;
+        o.split = None;
+        o.packed = packed;
+        o
+    })?;
     call(
         &mut vmm,
         0xffff,

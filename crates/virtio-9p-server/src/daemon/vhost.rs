@@ -11,9 +11,7 @@ use mlock_policy::MlockPolicy;
 use super::sandbox::seccomp::{self, ThreadKind};
 use virtio_9p_server::engine::{EngineConfig, OffloadPolicy, DEFAULT_WORKERS, MAX_WORKERS};
 use virtio_9p_server::fs::Filesystem;
-use virtio_9p_server::vhost_user::{
-    BackendConfig, Daemon, DaemonConfig, Listen, DEFAULT_SOCKET_PATH,
-};
+use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, DEFAULT_SOCKET_PATH};
 use virtio_9p_server::virtio::{DEFAULT_QUEUE_SIZE, MAX_QUEUE_SIZE};
 use virtio_9p_server::Server;
 
@@ -116,27 +114,24 @@ pub fn run_daemon<F: Filesystem + 'static>(
         (Some(p), None) => (Listen::Path(p.clone()), false),
         (None, None) => (Listen::Path(PathBuf::from(DEFAULT_SOCKET_PATH)), true),
     };
-    let config = DaemonConfig {
-        listen: listen.clone(),
-        backend: BackendConfig {
-            tag: args.tag.clone(),
-            queue_size: args.queue_size,
-            engine: {
-                let mut ecfg = EngineConfig::default();
-                ecfg.workers = args.thread_pool_size;
-                ecfg.max_in_flight = usize::from(args.queue_size);
-                ecfg.offload = OffloadPolicy::Auto;
-                // Each worker narrows its own seccomp filter (a no-op
-                // unless the sandbox installed one).
-                ecfg.on_worker_start = Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker)));
-                ecfg
-            },
-            packed_ring: !args.no_packed_ring,
-        },
-        stack_policy: coro_pool::Policy::Bounded,
-        stack_trim_interval: (args.stack_trim_interval_ms > 0)
-            .then(|| std::time::Duration::from_millis(args.stack_trim_interval_ms)),
+    let mut config = DaemonConfig::default();
+    config.listen = listen.clone();
+    config.backend.tag = args.tag.clone();
+    config.backend.queue_size = args.queue_size;
+    config.backend.engine = {
+        let mut ecfg = EngineConfig::default();
+        ecfg.workers = args.thread_pool_size;
+        ecfg.max_in_flight = usize::from(args.queue_size);
+        ecfg.offload = OffloadPolicy::Auto;
+        // Each worker narrows its own seccomp filter (a no-op
+        // unless the sandbox installed one).
+        ecfg.on_worker_start = Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker)));
+        ecfg
     };
+    config.backend.packed_ring = !args.no_packed_ring;
+    config.stack_policy = coro_pool::Policy::Bounded;
+    config.stack_trim_interval = (args.stack_trim_interval_ms > 0)
+        .then(|| std::time::Duration::from_millis(args.stack_trim_interval_ms));
     args.mlock
         .apply_process()
         .map_err(|e| format!("--mlock {}: {e}", args.mlock))?;
