@@ -8,6 +8,7 @@ use std::sync::Arc;
 use log::info;
 use mlock_policy::MlockPolicy;
 
+use super::error::{Error, Result};
 use super::sandbox::seccomp::{self, ThreadKind};
 use virtio_9p_server::engine::{EngineConfig, OffloadPolicy, DEFAULT_WORKERS, MAX_WORKERS};
 use virtio_9p_server::fs::Filesystem;
@@ -80,12 +81,10 @@ pub struct VhostUserArgs {
     pub print_capabilities: bool,
 }
 
-fn parse_workers(s: &str) -> Result<usize, String> {
+fn parse_workers(s: &str) -> Result<usize> {
     match s.parse::<usize>() {
         Ok(n) if n <= MAX_WORKERS => Ok(n),
-        _ => Err(format!(
-            "expected 0 (requests run on the vring thread) or a number up to {MAX_WORKERS}"
-        )),
+        _ => Err(Error::ThreadPoolSize(s.to_owned())),
     }
 }
 
@@ -102,12 +101,9 @@ pub fn run_daemon<F: Filesystem + 'static>(
     args: &VhostUserArgs,
     server: Arc<Server<F>>,
     readonly: bool,
-) -> Result<(), String> {
+) -> Result<()> {
     if args.queue_size == 0 || !args.queue_size.is_power_of_two() {
-        return Err(format!(
-            "--queue-size {} must be a power of two from 1 to {MAX_QUEUE_SIZE}",
-            args.queue_size
-        ));
+        return Err(Error::QueueSize(args.queue_size));
     }
     let (listen, defaulted) = match (&args.socket_path, args.fd) {
         (_, Some(fd)) => (Listen::Fd(fd), false),
@@ -132,11 +128,12 @@ pub fn run_daemon<F: Filesystem + 'static>(
     config.stack_policy = coro_pool::Policy::Bounded;
     config.stack_trim_interval = (args.stack_trim_interval_ms > 0)
         .then(|| std::time::Duration::from_millis(args.stack_trim_interval_ms));
-    args.mlock
-        .apply_process()
-        .map_err(|e| format!("--mlock {}: {e}", args.mlock))?;
-    signals::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
-    let mut daemon = Daemon::new(server, config).map_err(|e| e.to_string())?;
+    args.mlock.apply_process().map_err(|source| Error::Mlock {
+        policy: args.mlock,
+        source,
+    })?;
+    signals::install().map_err(Error::Signals)?;
+    let mut daemon = Daemon::new(server, config)?;
     let _signals = signals::stop_on_signal(daemon.stop_handle());
     daemon.set_exit_on_disconnect(!args.keep_serving);
     let msize = daemon_msize(&daemon);
@@ -161,7 +158,7 @@ pub fn run_daemon<F: Filesystem + 'static>(
         ),
         other => info!("vhost-user socket {other:?} (tag {:?})", args.tag),
     }
-    daemon.run().map_err(|e| e.to_string())
+    Ok(daemon.run()?)
 }
 
 fn daemon_msize<F: Filesystem + 'static>(d: &Daemon<F>) -> u32 {
