@@ -309,15 +309,9 @@ fn test_disconnect_with_a_stuck_call_is_bounded_and_the_daemon_serves_on() {
     config.listen = Listen::Path(socket.clone());
     config.backend.tag = "stuck".into();
     config.backend.queue_size = 64;
-    config.backend.engine = {
-        let mut ecfg = EngineConfig::default();
-        ecfg.workers = 1;
-        ecfg.max_in_flight = 64;
-        ecfg.quiesce_timeout = QUIESCE;
-        ecfg
-    };
-    config.backend.packed_ring = true;
-    config.stack_policy = coro_pool::Policy::Bounded;
+    config.backend.engine.workers = 1;
+    config.backend.engine.max_in_flight = 64;
+    config.backend.engine.quiesce_timeout = QUIESCE;
     config.stack_trim_interval = None;
     let mut daemon = Daemon::new(server, config).unwrap();
     let stop = daemon.stop_handle();

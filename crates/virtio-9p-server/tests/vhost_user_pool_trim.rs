@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coro_pool::Coroutine;
-use virtio_9p_server::engine::{EngineConfig, OffloadPolicy};
+use virtio_9p_server::engine::OffloadPolicy;
 use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
 
@@ -21,17 +21,9 @@ fn test_daemon_pool_falls_back_within_two_trim_intervals() {
     let interval = Duration::from_millis(100);
     let mut config = DaemonConfig::default();
     config.listen = Listen::Path(sock_dir.path().join("vu.sock"));
-    config.backend.tag = "share".into();
-    config.backend.queue_size = 1024;
-    config.backend.engine = {
-        let mut ecfg = EngineConfig::default();
-        ecfg.workers = 2;
-        ecfg.max_in_flight = 1024;
-        ecfg.offload = OffloadPolicy::Auto;
-        ecfg
-    };
-    config.backend.packed_ring = true;
-    config.stack_policy = coro_pool::Policy::Bounded;
+    config.backend.engine.workers = 2;
+    config.backend.engine.max_in_flight = 1024;
+    config.backend.engine.offload = OffloadPolicy::Auto;
     config.stack_trim_interval = Some(interval);
     let daemon = Daemon::new(server, config).unwrap();
     let pool = daemon.stack_pool();

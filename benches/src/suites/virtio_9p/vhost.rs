@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
 
-use virtio_9p_server::engine::{EngineConfig, OffloadPolicy};
+use virtio_9p_server::engine::OffloadPolicy;
 use virtio_9p_server::protocol::{
     GetattrMask, OpenFlags, Tattach, Tgetattr, Tlopen, Tmessage, Tread, Tversion, Twalk, IOHDRSZ,
     NOFID,
@@ -74,17 +74,10 @@ fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<R
     let mut config = DaemonConfig::default();
     config.listen = Listen::Path(socket.clone());
     config.backend.tag = "bench".into();
-    config.backend.queue_size = 1024;
-    config.backend.engine = {
-        let mut ecfg = EngineConfig::default();
-        ecfg.workers = 4;
-        ecfg.max_in_flight = 1024;
-        ecfg.offload = offload;
-        ecfg
-    };
-    config.backend.packed_ring = true;
+    config.backend.engine.workers = 4;
+    config.backend.engine.max_in_flight = 1024;
+    config.backend.engine.offload = offload;
     config.stack_policy = policy;
-    config.stack_trim_interval = Some(coro_pool::DEFAULT_TRIM_INTERVAL);
     let mut daemon = Daemon::new(server, config)?;
     let stop = daemon.stop_handle();
     let thread = std::thread::spawn(move || {
@@ -126,10 +119,6 @@ fn session_on(
     let mut vmm = FakeVmm::connect(&run.socket, {
         let mut o = VmmOptions::default();
         o.mem_size = GUEST_MEM;
-        o.queue_size = 1024;
-        o.event_idx = true;
-        o.indirect = true;
-        o.split = None;
         o.packed = packed;
         o
     })?;

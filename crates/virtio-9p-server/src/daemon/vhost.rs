@@ -10,7 +10,7 @@ use mlock_policy::MlockPolicy;
 
 use super::error::{Error, Result};
 use super::sandbox::seccomp::{self, ThreadKind};
-use virtio_9p_server::engine::{EngineConfig, OffloadPolicy, DEFAULT_WORKERS, MAX_WORKERS};
+use virtio_9p_server::engine::{OffloadPolicy, DEFAULT_WORKERS, MAX_WORKERS};
 use virtio_9p_server::fs::Filesystem;
 use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, DEFAULT_SOCKET_PATH};
 use virtio_9p_server::virtio::{DEFAULT_QUEUE_SIZE, MAX_QUEUE_SIZE};
@@ -114,18 +114,14 @@ pub fn run_daemon<F: Filesystem + 'static>(
     config.listen = listen.clone();
     config.backend.tag = args.tag.clone();
     config.backend.queue_size = args.queue_size;
-    config.backend.engine = {
-        let mut ecfg = EngineConfig::default();
-        ecfg.workers = args.thread_pool_size;
-        ecfg.max_in_flight = usize::from(args.queue_size);
-        ecfg.offload = OffloadPolicy::Auto;
-        // Each worker narrows its own seccomp filter (a no-op
-        // unless the sandbox installed one).
-        ecfg.on_worker_start = Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker)));
-        ecfg
-    };
+    config.backend.engine.workers = args.thread_pool_size;
+    config.backend.engine.max_in_flight = usize::from(args.queue_size);
+    config.backend.engine.offload = OffloadPolicy::Auto;
+    // Each worker narrows its own seccomp filter (a no-op
+    // unless the sandbox installed one).
+    config.backend.engine.on_worker_start =
+        Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker)));
     config.backend.packed_ring = !args.no_packed_ring;
-    config.stack_policy = coro_pool::Policy::Bounded;
     config.stack_trim_interval = (args.stack_trim_interval_ms > 0)
         .then(|| std::time::Duration::from_millis(args.stack_trim_interval_ms));
     args.mlock.apply_process().map_err(|source| Error::Mlock {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use virtio_9p_server::engine::{EngineConfig, OffloadPolicy};
+use virtio_9p_server::engine::OffloadPolicy;
 use virtio_9p_server::protocol::{Rmessage, Tmessage, Tversion};
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, StopHandle};
@@ -47,18 +47,11 @@ impl TestDaemon {
         let server = Arc::new(Server::new(fs, Config::default()).unwrap());
         let mut config = DaemonConfig::default();
         config.listen = Listen::Path(socket.clone());
-        config.backend.tag = "share".into();
         config.backend.queue_size = queue_size;
-        config.backend.engine = {
-            let mut ecfg = EngineConfig::default();
-            ecfg.workers = workers;
-            ecfg.max_in_flight = usize::from(queue_size);
-            ecfg.offload = offload;
-            ecfg
-        };
+        config.backend.engine.workers = workers;
+        config.backend.engine.max_in_flight = usize::from(queue_size);
+        config.backend.engine.offload = offload;
         config.backend.packed_ring = packed_ring;
-        config.stack_policy = coro_pool::Policy::Bounded;
-        config.stack_trim_interval = Some(coro_pool::DEFAULT_TRIM_INTERVAL);
         let mut daemon = Daemon::new(Arc::clone(&server), config).unwrap();
         let stop = daemon.stop_handle();
         let thread = std::thread::spawn(move || daemon.run().unwrap());
