@@ -315,6 +315,47 @@ mod tests {
     }
 
     #[test]
+    fn test_bad_values_name_what_is_wrong() {
+        // The typed errors of the value parsers reach the user through
+        // clap's one-line "invalid value" error, with the same wording as
+        // before they were typed.
+        for (args, want) in [
+            (
+                ["--sandbox", "jail"],
+                "unknown sandbox mode \"jail\" (namespace, chroot or none)",
+            ),
+            (
+                ["--seccomp", "maybe"],
+                "unknown seccomp mode \"maybe\" (kill, log, trap or none)",
+            ),
+            (
+                ["--rlimit-nofile", "12"],
+                "expected 0 (leave the limit alone) or a number of at least 64",
+            ),
+            (
+                ["--thread-pool-size", "x"],
+                "expected 0 (requests run on the vring thread) or a number up to",
+            ),
+        ] {
+            let e = Cli::command()
+                .try_get_matches_from(["x", "--shared-dir", "/d", args[0], args[1]])
+                .unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation);
+            assert!(e.to_string().contains(want), "{args:?}: {e}");
+        }
+        // A pid file holder without a pid: no empty parentheses.
+        let e = Error::AlreadyRunning {
+            socket: "/run/s".into(),
+            pid_file: "/run/s.pid".into(),
+            holder: None,
+        };
+        assert_eq!(
+            e.to_string(),
+            "another instance is already serving /run/s: its pid file /run/s.pid is locked"
+        );
+    }
+
+    #[test]
     fn test_rlimit_nofile_values() {
         for ok in ["0", "64", "1048576"] {
             assert!(parse_nofile(ok).is_ok(), "{ok}");
