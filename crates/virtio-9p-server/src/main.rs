@@ -21,6 +21,7 @@ use daemon::cli::{self, Cli};
 use daemon::pidfile::PidFile;
 use daemon::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
 use daemon::{syslog, vhost};
+use daemon::{Error, Result};
 
 /// The filesystem the binary serves: passthrough behind the id squashing.
 type Fs = PassthroughFs;
@@ -34,20 +35,22 @@ fn harden(
     sessions: usize,
     cleanup_socket: Option<PathBuf>,
     cleanup_files: Vec<PathBuf>,
-) -> Result<Arc<Server<Fs>>, String> {
+) -> Result<Arc<Server<Fs>>> {
     let h = &cli.hardening;
-    let nofile = limits::set_nofile(h.rlimit_nofile).map_err(|e| e.to_string())?;
+    let nofile = limits::set_nofile(h.rlimit_nofile)?;
     let max_fids = limits::fid_budget(nofile, sessions, virtio_9p_server::DEFAULT_MAX_FIDS);
     if max_fids < limits::MIN_FIDS {
-        return Err(format!(
-            "RLIMIT_NOFILE {nofile} leaves only {max_fids} fids per session for {sessions} session(s); raise --rlimit-nofile"
-        ));
+        return Err(Error::FidBudget {
+            nofile,
+            max_fids,
+            sessions,
+        });
     }
-    let shared_dir = std::fs::canonicalize(&cli.shared_dir).map_err(|e| {
-        format!(
-            "cannot open shared directory {}: {e}",
-            cli.shared_dir.display()
-        )
+    let shared_dir = std::fs::canonicalize(&cli.shared_dir).map_err(|source| {
+        virtio_9p_server::Error::SharedDir {
+            path: cli.shared_dir.clone(),
+            source,
+        }
     })?;
     let mut pcfg = PassthroughConfig::new(&shared_dir);
     pcfg.readonly = cli.readonly;
@@ -59,11 +62,8 @@ fn harden(
     scfg.cleanup_socket = cleanup_socket;
     scfg.cleanup_files = cleanup_files;
     let fs = sb::enter(&scfg, || {
-        PassthroughFs::new(pcfg)
-            .map(|fs| fs.with_ids(ids))
-            .map_err(|e| e.to_string())
-    })
-    .map_err(|e| e.to_string())?;
+        PassthroughFs::new(pcfg).map(|fs| fs.with_ids(ids))
+    })?;
     // Inside the namespace and chroot sandboxes the current directory is
     // the detached /proc/self/fd.
     fs.set_proc_fd_is_cwd(sb::proc_fd_is_cwd());
@@ -72,10 +72,10 @@ fn harden(
         keep = caps::CapSet(keep.0 | 1 << caps::CAP_IPC_LOCK);
     }
     if let Some(m) = &h.modcaps {
-        keep = keep.modify(m).map_err(|e| e.to_string())?;
+        keep = keep.modify(m)?;
     }
-    let kept = caps::drop_to(keep).map_err(|e| e.to_string())?;
-    seccomp::apply(h.seccomp).map_err(|e| e.to_string())?;
+    let kept = caps::drop_to(keep)?;
+    seccomp::apply(h.seccomp)?;
     info!(
         "sandbox {}, seccomp {}, capabilities [{}], RLIMIT_NOFILE {nofile}, {max_fids} fids per session",
         h.sandbox,
@@ -92,18 +92,19 @@ fn harden(
         cfg.max_fids = max_fids;
         cfg
     };
-    Ok(Arc::new(
-        Server::new(fs, config).map_err(|e| e.to_string())?,
-    ))
+    Ok(Arc::new(Server::new(fs, config)?))
 }
 
 /// The `--translate-uid` / `--translate-gid` rules, checked for overlaps.
-fn id_translation(cli: &Cli) -> Result<IdTranslation, String> {
+fn id_translation(cli: &Cli) -> Result<IdTranslation> {
     let h = &cli.hardening;
-    Ok(IdTranslation {
-        uid: IdRules::new(h.translate_uid.clone()).map_err(|e| format!("--translate-uid: {e}"))?,
-        gid: IdRules::new(h.translate_gid.clone()).map_err(|e| format!("--translate-gid: {e}"))?,
-    })
+    let rules = |flag, list: &[_]| {
+        IdRules::new(list.to_vec()).map_err(|source| Error::Translation { flag, source })
+    };
+    let mut ids = IdTranslation::default();
+    ids.uid = rules("--translate-uid", &h.translate_uid)?;
+    ids.gid = rules("--translate-gid", &h.translate_gid)?;
+    Ok(ids)
 }
 
 /// Files the signal handler of socket mode removes before it exits
@@ -198,32 +199,25 @@ fn exit_on_signals() {
 }
 
 /// What `--socket-group` asks for.
-fn socket_perms(cli: &Cli) -> Result<unix::SocketPerms, String> {
-    let group = match &cli.socket_group {
-        None => None,
-        Some(g) => Some(unix::group_id(g).map_err(|e| format!("--socket-group {g}: {e}"))?),
-    };
-    Ok(unix::SocketPerms { group })
-}
-
-/// The one-line refusal of a writable passthrough export over TCP.
-fn tcp_refusal(model: SecurityModel) -> String {
-    format!(
-        "refusing a writable --security-model {model} export over TCP, which has no \
-         authentication (anyone who can connect acts as the guest on the host files); \
-         use --security-model mapped-xattr, --readonly or a unix socket (--listen unix:PATH), \
-         or pass --allow-unauthenticated-tcp-passthrough to accept the risk"
-    )
+fn socket_perms(cli: &Cli) -> Result<unix::SocketPerms> {
+    let mut perms = unix::SocketPerms::default();
+    if let Some(g) = &cli.socket_group {
+        perms.group = Some(unix::group_id(g).map_err(|source| Error::SocketGroup {
+            group: g.clone(),
+            source,
+        })?);
+    }
+    Ok(perms)
 }
 
 /// Refuses (or, with the opt-in, warns about) a TCP export that gives
 /// whoever connects the host's ownership and modes.
-fn check_tcp_exposure(cli: &Cli) -> Result<(), String> {
+fn check_tcp_exposure(cli: &Cli) -> Result<()> {
     if cli.readonly || cli.security_model == SecurityModel::MappedXattr {
         return Ok(());
     }
     if !cli.allow_unauthenticated_tcp_passthrough {
-        return Err(tcp_refusal(cli.security_model));
+        return Err(Error::TcpPassthrough(cli.security_model));
     }
     warn!(
         "--allow-unauthenticated-tcp-passthrough: anyone who can connect may change the \
@@ -234,7 +228,7 @@ fn check_tcp_exposure(cli: &Cli) -> Result<(), String> {
 }
 
 /// Socket mode: bind, then serve every client on the socket threads.
-fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
+fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<()> {
     // Lock the pid file, then bind: both live outside the export.
     let mut pid_file = None;
     let listener = match addr {
@@ -248,19 +242,21 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
                 }
                 Err(e) => {
                     pid.remove();
-                    return Err(format!("cannot listen on {addr}: {e}"));
+                    return Err(listen_error(addr.to_string(), e));
                 }
             }
         }
         _ => {
             if cli.socket_group.is_some() {
-                return Err("--socket-group applies to unix sockets only".into());
+                return Err(Error::SocketGroupNotUnix);
             }
             check_tcp_exposure(cli)?;
-            Listener::bind(addr).map_err(|e| e.to_string())?
+            Listener::bind(addr)?
         }
     };
-    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| listen_error(addr.to_string(), e))?;
     let cleanup = match addr {
         ListenAddr::Unix(p) => Some(absolute(p)),
         _ => None,
@@ -283,9 +279,7 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
     );
     let mut limits = SocketLimits::default();
     limits.workers = cli.vhost.thread_pool_size;
-    let result = listener
-        .serve_with(server, limits)
-        .map_err(|e| e.to_string());
+    let result = listener.serve_with(server, limits).map_err(Error::from);
     if let Some(files) = CLEANUP.get() {
         remove_files(files);
     }
@@ -294,7 +288,7 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<(), String> {
 }
 
 /// vhost-user mode (no --listen): the daemon of `virtio_9p_server::vhost_user`.
-fn run_vhost_user(cli: &Cli) -> Result<(), String> {
+fn run_vhost_user(cli: &Cli) -> Result<()> {
     let mut args = cli.vhost.clone();
     let mut cleanup = None;
     let mut pid_file = None;
@@ -314,7 +308,7 @@ fn run_vhost_user(cli: &Cli) -> Result<(), String> {
             Ok(l) => l,
             Err(e) => {
                 pid.remove();
-                return Err(format!("cannot listen on {}: {e}", path.display()));
+                return Err(listen_error(path.display().to_string(), e));
             }
         };
         pid_file = Some(pid);
@@ -355,8 +349,14 @@ fn run_daemon<F: Filesystem + 'static>(
     args: &vhost::VhostUserArgs,
     server: Arc<Server<F>>,
     readonly: bool,
-) -> Result<(), String> {
+) -> Result<()> {
     vhost::run_daemon(args, server, readonly)
+}
+
+/// A socket that cannot be bound (or read back): the library's
+/// [`virtio_9p_server::Error::Listen`], as `Listener::bind` reports it.
+fn listen_error(addr: String, source: std::io::Error) -> Error {
+    virtio_9p_server::Error::Listen { addr, source }.into()
 }
 
 fn main() -> ExitCode {
@@ -376,8 +376,11 @@ fn main() -> ExitCode {
             "virtio-9p-server",
             cli.log_level,
         )
-        .map_err(|e| format!("--syslog: cannot connect to {}: {e}", syslog::DEV_LOG))
-        .and_then(|l| l.install().map_err(|e| format!("--syslog: {e}")));
+        .map_err(|source| Error::SyslogConnect {
+            path: syslog::DEV_LOG,
+            source,
+        })
+        .and_then(|l| l.install().map_err(Error::SyslogInstall));
         if let Err(e) = logger {
             eprintln!("virtio-9p-server: {e}");
             return ExitCode::FAILURE;

@@ -124,10 +124,9 @@ fn test_passthrough_with_ids_translates_both_ways() {
     }
     let dir = tempfile::tempdir().unwrap();
     let rules = |list: &[&str]| IdRules::new(list.iter().map(|r| r.parse().unwrap()).collect());
-    let ids = IdTranslation {
-        uid: rules(&["map:5:1234:1", "forbid-guest:7:1"]).unwrap(),
-        gid: rules(&["map:6:4321:1"]).unwrap(),
-    };
+    let mut ids = IdTranslation::default();
+    ids.uid = rules(&["map:5:1234:1", "forbid-guest:7:1"]).unwrap();
+    ids.gid = rules(&["map:6:4321:1"]).unwrap();
     let fs = PassthroughFs::new(PassthroughConfig::new(dir.path()))
         .unwrap()
         .with_ids(ids);

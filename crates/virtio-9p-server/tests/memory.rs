@@ -412,9 +412,10 @@ fn test_socket_buffers_within_the_shared_budget() {
 fn test_kick_budget_leaves_nothing_on_the_ring() {
     use vhost_user_support::*;
     let d = TestDaemon::start(2);
-    let mut vmm = d.connect(VmmOptions {
-        mem_size: 64 << 20,
-        ..VmmOptions::default()
+    let mut vmm = d.connect({
+        let mut o = VmmOptions::default();
+        o.mem_size = 64 << 20;
+        o
     });
     assert_eq!(version(&mut vmm, 65_536), 65_536);
     vmm.call(&frame(1, attach_root()), 64, Layout::Direct)

@@ -12,6 +12,9 @@ mod common;
 // The binary's sandbox code (src/daemon/sandbox/), compiled in as the
 // binary does: it is no library module.
 #[allow(dead_code, unused_imports)]
+#[path = "../src/daemon/error.rs"]
+mod error;
+#[allow(dead_code, unused_imports)]
 #[path = "../src/daemon/sandbox/mod.rs"]
 mod sandbox;
 mod sandbox_support;

@@ -14,6 +14,9 @@ use std::process::{Command, ExitStatus};
 // The sandbox is the binary's code (src/daemon/sandbox/), not a library
 // module: this test compiles it in as the binary does.
 #[allow(dead_code, unused_imports)]
+#[path = "../src/daemon/error.rs"]
+mod error;
+#[allow(dead_code, unused_imports)]
 #[path = "../src/daemon/sandbox/mod.rs"]
 mod sandbox;
 

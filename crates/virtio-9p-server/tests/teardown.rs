@@ -299,35 +299,27 @@ fn test_drop_with_a_filesystem_call_that_never_returns_is_bounded() {
 #[test]
 fn test_disconnect_with_a_stuck_call_is_bounded_and_the_daemon_serves_on() {
     use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout as VmmLayout, VmmOptions};
-    use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen};
+    use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen};
 
     let gate = Arc::new(Gate::default());
     let sock_dir = tempfile::tempdir().unwrap();
     let socket = sock_dir.path().join("vu.sock");
     let server = Arc::new(Server::new(StuckFs(Arc::clone(&gate)), Config::default()).unwrap());
-    let config = DaemonConfig {
-        listen: Listen::Path(socket.clone()),
-        backend: BackendConfig {
-            tag: "stuck".into(),
-            queue_size: 64,
-            engine: {
-                let mut ecfg = EngineConfig::default();
-                ecfg.workers = 1;
-                ecfg.max_in_flight = 64;
-                ecfg.quiesce_timeout = QUIESCE;
-                ecfg
-            },
-            packed_ring: true,
-        },
-        stack_policy: coro_pool::Policy::Bounded,
-        stack_trim_interval: None,
-    };
+    let mut config = DaemonConfig::default();
+    config.listen = Listen::Path(socket.clone());
+    config.backend.tag = "stuck".into();
+    config.backend.queue_size = 64;
+    config.backend.engine.workers = 1;
+    config.backend.engine.max_in_flight = 64;
+    config.backend.engine.quiesce_timeout = QUIESCE;
+    config.stack_trim_interval = None;
     let mut daemon = Daemon::new(server, config).unwrap();
     let stop = daemon.stop_handle();
     let thread = std::thread::spawn(move || daemon.run());
-    let opts = || VmmOptions {
-        queue_size: 64,
-        ..VmmOptions::default()
+    let opts = || {
+        let mut o = VmmOptions::default();
+        o.queue_size = 64;
+        o
     };
     let version = Tmessage::Version(Tversion {
         msize: 8192,

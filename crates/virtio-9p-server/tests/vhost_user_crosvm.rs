@@ -28,9 +28,10 @@ fn test_crosvm_style_frontend_reads_through_direct_chains() {
     let msize = 512_000u32;
     let data: Vec<u8> = (0..3 * msize).map(|i| (i % 251) as u8).collect();
     std::fs::write(d.dir.path().join("f"), &data).unwrap();
-    let mut vmm = d.connect(VmmOptions {
-        indirect: false,
-        ..VmmOptions::default()
+    let mut vmm = d.connect({
+        let mut o = VmmOptions::default();
+        o.indirect = false;
+        o
     });
     assert_eq!(vmm.features() & (1 << 28), 0, "indirect descriptors acked");
     assert_eq!(vmm.frontend().get_queue_num().unwrap(), 1);
@@ -138,11 +139,12 @@ fn test_reads_into_both_memory_regions_around_a_hole() {
     std::fs::write(d.dir.path().join("f"), &data).unwrap();
     // 16 MiB at guest address 0, 16 MiB more above a 256 MiB hole.
     let (at, hole) = (16u64 << 20, 256u64 << 20);
-    let mut vmm = d.connect(VmmOptions {
-        mem_size: 32 << 20,
-        indirect: false,
-        split: Some((at, hole)),
-        ..VmmOptions::default()
+    let mut vmm = d.connect({
+        let mut o = VmmOptions::default();
+        o.mem_size = 32 << 20;
+        o.indirect = false;
+        o.split = Some((at, hole));
+        o
     });
     version(&mut vmm, 512_000);
     attach_open(&mut vmm, "f", OpenFlags::RDONLY);
@@ -184,10 +186,11 @@ fn test_read_into_a_buffer_spanning_two_adjacent_regions() {
     let data: Vec<u8> = (0..600_000u32).map(|i| (i % 239) as u8).collect();
     std::fs::write(d.dir.path().join("f"), &data).unwrap();
     let at = 16u64 << 20;
-    let mut vmm = d.connect(VmmOptions {
-        mem_size: 32 << 20,
-        split: Some((at, 0)),
-        ..VmmOptions::default()
+    let mut vmm = d.connect({
+        let mut o = VmmOptions::default();
+        o.mem_size = 32 << 20;
+        o.split = Some((at, 0));
+        o
     });
     version(&mut vmm, 512_000);
     attach_open(&mut vmm, "f", OpenFlags::RDONLY);

@@ -16,10 +16,11 @@ use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 const BIN: &str = env!("CARGO_BIN_EXE_virtio-9p-server");
 
 fn small() -> VmmOptions {
-    VmmOptions {
-        mem_size: 8 << 20,
-        queue_size: 256,
-        ..VmmOptions::default()
+    {
+        let mut o = VmmOptions::default();
+        o.mem_size = 8 << 20;
+        o.queue_size = 256;
+        o
     }
 }
 

@@ -26,9 +26,10 @@ fn test_config_space_and_features() {
     assert_eq!(f & (1 << 34), 0, "{f:#x}");
     assert!(!vmm.is_packed());
     drop(vmm);
-    let vmm = d.connect(VmmOptions {
-        packed: true,
-        ..VmmOptions::default()
+    let vmm = d.connect({
+        let mut o = VmmOptions::default();
+        o.packed = true;
+        o
     });
     assert_ne!(vmm.features() & (1 << 34), 0);
     assert!(vmm.is_packed());
@@ -39,13 +40,11 @@ fn test_config_space_and_features() {
 #[test]
 fn test_packed_ring_not_offered_when_turned_off() {
     let d = TestDaemon::start_offering(2, 1024, OffloadPolicy::Auto, false);
-    let e = FakeVmm::connect(
-        &d.socket,
-        VmmOptions {
-            packed: true,
-            ..VmmOptions::default()
-        },
-    )
+    let e = FakeVmm::connect(&d.socket, {
+        let mut o = VmmOptions::default();
+        o.packed = true;
+        o
+    })
     .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -243,9 +242,10 @@ fn test_reads_through_indirect_chains_without_event_idx() {
     let d = TestDaemon::start(2);
     let data: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
     std::fs::write(d.dir.path().join("f"), &data).unwrap();
-    let mut vmm = d.connect(VmmOptions {
-        event_idx: false,
-        ..VmmOptions::default()
+    let mut vmm = d.connect({
+        let mut o = VmmOptions::default();
+        o.event_idx = false;
+        o
     });
     assert_eq!(version(&mut vmm, 512_000), 512_000);
     let attach = Tmessage::Attach(Tattach {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coro_pool::Coroutine;
-use virtio_9p_server::engine::{EngineConfig, OffloadPolicy};
-use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen};
+use virtio_9p_server::engine::OffloadPolicy;
+use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
 
 #[test]
@@ -19,23 +19,12 @@ fn test_daemon_pool_falls_back_within_two_trim_intervals() {
     let fs = PassthroughFs::new(PassthroughConfig::new(dir.path())).unwrap();
     let server = Arc::new(Server::new(fs, Config::default()).unwrap());
     let interval = Duration::from_millis(100);
-    let config = DaemonConfig {
-        listen: Listen::Path(sock_dir.path().join("vu.sock")),
-        backend: BackendConfig {
-            tag: "share".into(),
-            queue_size: 1024,
-            engine: {
-                let mut ecfg = EngineConfig::default();
-                ecfg.workers = 2;
-                ecfg.max_in_flight = 1024;
-                ecfg.offload = OffloadPolicy::Auto;
-                ecfg
-            },
-            packed_ring: true,
-        },
-        stack_policy: coro_pool::Policy::Bounded,
-        stack_trim_interval: Some(interval),
-    };
+    let mut config = DaemonConfig::default();
+    config.listen = Listen::Path(sock_dir.path().join("vu.sock"));
+    config.backend.engine.workers = 2;
+    config.backend.engine.max_in_flight = 1024;
+    config.backend.engine.offload = OffloadPolicy::Auto;
+    config.stack_trim_interval = Some(interval);
     let daemon = Daemon::new(server, config).unwrap();
     let pool = daemon.stack_pool();
     assert_eq!(pool.trim_interval(), Some(interval));

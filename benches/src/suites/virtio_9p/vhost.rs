@@ -29,13 +29,13 @@ use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
 
-use virtio_9p_server::engine::{EngineConfig, OffloadPolicy};
+use virtio_9p_server::engine::OffloadPolicy;
 use virtio_9p_server::protocol::{
     GetattrMask, OpenFlags, Tattach, Tgetattr, Tlopen, Tmessage, Tread, Tversion, Twalk, IOHDRSZ,
     NOFID,
 };
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
-use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen, StopHandle};
+use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, StopHandle};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
 
 use crate::harness::{format_value, median, Ctx, SuiteReport, Table};
@@ -71,23 +71,13 @@ fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<R
     let socket = sock_dir.path().join("vu.sock");
     let fs = PassthroughFs::new(PassthroughConfig::new(dir))?;
     let server = Arc::new(Server::new(fs, Config::default())?);
-    let config = DaemonConfig {
-        listen: Listen::Path(socket.clone()),
-        backend: BackendConfig {
-            tag: "bench".into(),
-            queue_size: 1024,
-            engine: {
-                let mut ecfg = EngineConfig::default();
-                ecfg.workers = 4;
-                ecfg.max_in_flight = 1024;
-                ecfg.offload = offload;
-                ecfg
-            },
-            packed_ring: true,
-        },
-        stack_policy: policy,
-        stack_trim_interval: Some(coro_pool::DEFAULT_TRIM_INTERVAL),
-    };
+    let mut config = DaemonConfig::default();
+    config.listen = Listen::Path(socket.clone());
+    config.backend.tag = "bench".into();
+    config.backend.engine.workers = 4;
+    config.backend.engine.max_in_flight = 1024;
+    config.backend.engine.offload = offload;
+    config.stack_policy = policy;
     let mut daemon = Daemon::new(server, config)?;
     let stop = daemon.stop_handle();
     let thread = std::thread::spawn(move || {
@@ -126,17 +116,12 @@ fn session_on(
     flags: OpenFlags,
     packed: bool,
 ) -> Res<FakeVmm> {
-    let mut vmm = FakeVmm::connect(
-        &run.socket,
-        VmmOptions {
-            mem_size: GUEST_MEM,
-            queue_size: 1024,
-            event_idx: true,
-            indirect: true,
-            split: None,
-            packed,
-        },
-    )?;
+    let mut vmm = FakeVmm::connect(&run.socket, {
+        let mut o = VmmOptions::default();
+        o.mem_size = GUEST_MEM;
+        o.packed = packed;
+        o
+    })?;
     call(
         &mut vmm,
         0xffff,

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use super::error::{Error, Result};
 use super::sandbox::seccomp::SeccompMode;
 use super::sandbox::SandboxMode;
 use virtio_9p_server::fs::ids::{IdMap, IdRule};
@@ -127,10 +128,10 @@ pub struct Hardening {
 }
 
 /// `--rlimit-nofile`: 0 (leave it alone, as virtiofsd) or at least 64.
-fn parse_nofile(s: &str) -> Result<u64, String> {
+fn parse_nofile(s: &str) -> Result<u64> {
     match s.parse::<u64>() {
         Ok(n) if n == 0 || n >= 64 => Ok(n),
-        _ => Err("expected 0 (leave the limit alone) or a number of at least 64".into()),
+        _ => Err(Error::RlimitNofile(s.to_owned())),
     }
 }
 
@@ -159,7 +160,7 @@ pub const SOCKET_ONLY: &[(&str, &str)] = &[(
 /// Refuses an option given on the command line that the chosen mode
 /// would ignore, so that nobody believes, say, memory is locked when it is
 /// not.
-pub fn check_mode(cli: &Cli, matches: &clap::ArgMatches) -> Result<(), String> {
+pub fn check_mode(cli: &Cli, matches: &clap::ArgMatches) -> Result<()> {
     let given = |id: &str| {
         matches!(
             matches.value_source(id),
@@ -177,7 +178,10 @@ pub fn check_mode(cli: &Cli, matches: &clap::ArgMatches) -> Result<(), String> {
         ),
     };
     match wrong.iter().find(|(id, _)| given(id)) {
-        Some((_, flag)) => Err(format!("{flag} does not apply to {mode}")),
+        Some((_, flag)) => Err(Error::WrongMode {
+            flag: flag.clone(),
+            mode,
+        }),
         None => Ok(()),
     }
 }
@@ -197,11 +201,12 @@ mod tests {
     use super::*;
     use clap::{CommandFactory, FromArgMatches};
 
-    fn check(args: &[&str]) -> Result<(), String> {
+    /// `check_mode` on a command line that clap accepts.
+    fn check(args: &[&str]) -> Result<()> {
         let m = Cli::command()
             .try_get_matches_from(std::iter::once("virtio-9p-server").chain(args.iter().copied()))
-            .map_err(|e| e.to_string())?;
-        let cli = Cli::from_arg_matches(&m).map_err(|e| e.to_string())?;
+            .unwrap();
+        let cli = Cli::from_arg_matches(&m).unwrap();
         check_mode(&cli, &m)
     }
 
@@ -220,7 +225,7 @@ mod tests {
             let mut args = sock.to_vec();
             args.push(opt);
             args.extend(value);
-            let e = check(&args).unwrap_err();
+            let e = check(&args).unwrap_err().to_string();
             assert_eq!(e, format!("{opt} does not apply to socket mode (--listen)"));
         }
         let e = check(&[
@@ -228,7 +233,8 @@ mod tests {
             "/d",
             "--allow-unauthenticated-tcp-passthrough",
         ])
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert_eq!(
             e,
             "--allow-unauthenticated-tcp-passthrough does not apply to the vhost-user daemon (no --listen)"
@@ -309,13 +315,57 @@ mod tests {
     }
 
     #[test]
+    fn test_bad_values_name_what_is_wrong() {
+        // The typed errors of the value parsers reach the user through
+        // clap's one-line "invalid value" error, with the same wording as
+        // before they were typed.
+        for (args, want) in [
+            (
+                ["--sandbox", "jail"],
+                "unknown sandbox mode \"jail\" (namespace, chroot or none)",
+            ),
+            (
+                ["--seccomp", "maybe"],
+                "unknown seccomp mode \"maybe\" (kill, log, trap or none)",
+            ),
+            (
+                ["--rlimit-nofile", "12"],
+                "expected 0 (leave the limit alone) or a number of at least 64",
+            ),
+            (
+                ["--thread-pool-size", "x"],
+                "expected 0 (requests run on the vring thread) or a number up to",
+            ),
+        ] {
+            let e = Cli::command()
+                .try_get_matches_from(["x", "--shared-dir", "/d", args[0], args[1]])
+                .unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation);
+            assert!(e.to_string().contains(want), "{args:?}: {e}");
+        }
+        // A pid file holder without a pid: no empty parentheses.
+        let e = Error::AlreadyRunning {
+            socket: "/run/s".into(),
+            pid_file: "/run/s.pid".into(),
+            holder: None,
+        };
+        assert_eq!(
+            e.to_string(),
+            "another instance is already serving /run/s: its pid file /run/s.pid is locked"
+        );
+    }
+
+    #[test]
     fn test_rlimit_nofile_values() {
         for ok in ["0", "64", "1048576"] {
             assert!(parse_nofile(ok).is_ok(), "{ok}");
         }
         for bad in ["1", "63", "-1", "x", ""] {
             assert!(
-                parse_nofile(bad).unwrap_err().starts_with("expected 0"),
+                parse_nofile(bad)
+                    .unwrap_err()
+                    .to_string()
+                    .starts_with("expected 0"),
                 "{bad}"
             );
         }

@@ -4,8 +4,11 @@
 //! of the library (see "Library and daemon" in the README).
 
 pub mod cli;
+pub mod error;
 pub mod pidfile;
 pub mod sandbox;
 pub mod signals;
 pub mod syslog;
 pub mod vhost;
+
+pub use error::{Error, Result};

@@ -8,6 +8,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use super::error::{Error, Result};
+
 /// An open, locked pid file. The lock lasts as long as the file stays
 /// open in this process or a child that inherited it (the namespace
 /// sandbox's daemon), so it is released however the daemon ends.
@@ -28,9 +30,16 @@ impl PidFile {
     /// Opens and locks the pid file of `socket`, then writes `pid` into it.
     /// A pid file locked by a running daemon is left as it is (not
     /// truncated) and the call fails with a message naming that daemon.
-    pub fn acquire(socket: &Path, pid: u32) -> Result<PidFile, String> {
+    pub fn acquire(socket: &Path, pid: u32) -> Result<PidFile> {
         let path = path_for(socket);
-        let shown = path.display();
+        let fail = |action: &'static str| {
+            let path = path.clone();
+            move |source| Error::PidFile {
+                action,
+                path,
+                source,
+            }
+        };
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -38,12 +47,10 @@ impl PidFile {
             .mode(0o644)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open(&path)
-            .map_err(|e| format!("cannot open the pid file {shown}: {e}"))?;
-        let meta = file
-            .metadata()
-            .map_err(|e| format!("cannot stat the pid file {shown}: {e}"))?;
+            .map_err(fail("open"))?;
+        let meta = file.metadata().map_err(fail("stat"))?;
         if !meta.file_type().is_file() {
-            return Err(format!("the pid file {shown} is not a regular file"));
+            return Err(Error::PidFileNotRegular(path.clone()));
         }
         // SAFETY: flock on an fd this function owns.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -51,22 +58,19 @@ impl PidFile {
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 let mut text = String::new();
                 let _ = file.take(32).read_to_string(&mut text);
-                let holder = match text.trim().parse::<u32>() {
-                    Ok(p) => format!(" (pid {p})"),
-                    Err(_) => String::new(),
-                };
-                return Err(format!(
-                    "another instance is already serving {}{holder}: its pid file {shown} is locked",
-                    socket.display()
-                ));
+                return Err(Error::AlreadyRunning {
+                    socket: socket.to_path_buf(),
+                    pid_file: path.clone(),
+                    holder: text.trim().parse::<u32>().ok(),
+                });
             }
-            return Err(format!("cannot lock the pid file {shown}: {e}"));
+            return Err(fail("lock")(e));
         }
         file.set_len(0)
             .and_then(|()| file.rewind())
             .and_then(|()| writeln!(file, "{pid}"))
             .and_then(|()| file.flush())
-            .map_err(|e| format!("cannot write the pid file {shown}: {e}"))?;
+            .map_err(fail("write"))?;
         Ok(PidFile { path, _file: file })
     }
 
@@ -95,7 +99,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(first.path()).unwrap(), "4242\n");
         // flock locks belong to the open file: a second open conflicts
         // even in the same process.
-        let e = PidFile::acquire(&sock, 1).unwrap_err();
+        let e = PidFile::acquire(&sock, 1).unwrap_err().to_string();
         assert!(e.contains("another instance is already serving"), "{e}");
         assert!(e.contains("(pid 4242)"), "{e}");
         assert_eq!(std::fs::read_to_string(first.path()).unwrap(), "4242\n");
@@ -109,11 +113,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("d");
         std::fs::create_dir(path_for(&sock)).unwrap();
-        let e = PidFile::acquire(&sock, 1).unwrap_err();
+        let e = PidFile::acquire(&sock, 1).unwrap_err().to_string();
         assert!(e.contains("cannot open the pid file"), "{e}");
         let link = dir.path().join("l");
         std::os::unix::fs::symlink("/etc/passwd", path_for(&link)).unwrap();
-        let e = PidFile::acquire(&link, 1).unwrap_err();
+        let e = PidFile::acquire(&link, 1).unwrap_err().to_string();
         assert!(e.contains("cannot open the pid file"), "{e}");
     }
 }

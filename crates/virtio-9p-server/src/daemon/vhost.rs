@@ -8,12 +8,11 @@ use std::sync::Arc;
 use log::info;
 use mlock_policy::MlockPolicy;
 
+use super::error::{Error, Result};
 use super::sandbox::seccomp::{self, ThreadKind};
-use virtio_9p_server::engine::{EngineConfig, OffloadPolicy, DEFAULT_WORKERS, MAX_WORKERS};
+use virtio_9p_server::engine::{OffloadPolicy, DEFAULT_WORKERS, MAX_WORKERS};
 use virtio_9p_server::fs::Filesystem;
-use virtio_9p_server::vhost_user::{
-    BackendConfig, Daemon, DaemonConfig, Listen, DEFAULT_SOCKET_PATH,
-};
+use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, DEFAULT_SOCKET_PATH};
 use virtio_9p_server::virtio::{DEFAULT_QUEUE_SIZE, MAX_QUEUE_SIZE};
 use virtio_9p_server::Server;
 
@@ -82,12 +81,10 @@ pub struct VhostUserArgs {
     pub print_capabilities: bool,
 }
 
-fn parse_workers(s: &str) -> Result<usize, String> {
+fn parse_workers(s: &str) -> Result<usize> {
     match s.parse::<usize>() {
         Ok(n) if n <= MAX_WORKERS => Ok(n),
-        _ => Err(format!(
-            "expected 0 (requests run on the vring thread) or a number up to {MAX_WORKERS}"
-        )),
+        _ => Err(Error::ThreadPoolSize(s.to_owned())),
     }
 }
 
@@ -104,44 +101,35 @@ pub fn run_daemon<F: Filesystem + 'static>(
     args: &VhostUserArgs,
     server: Arc<Server<F>>,
     readonly: bool,
-) -> Result<(), String> {
+) -> Result<()> {
     if args.queue_size == 0 || !args.queue_size.is_power_of_two() {
-        return Err(format!(
-            "--queue-size {} must be a power of two from 1 to {MAX_QUEUE_SIZE}",
-            args.queue_size
-        ));
+        return Err(Error::QueueSize(args.queue_size));
     }
     let (listen, defaulted) = match (&args.socket_path, args.fd) {
         (_, Some(fd)) => (Listen::Fd(fd), false),
         (Some(p), None) => (Listen::Path(p.clone()), false),
         (None, None) => (Listen::Path(PathBuf::from(DEFAULT_SOCKET_PATH)), true),
     };
-    let config = DaemonConfig {
-        listen: listen.clone(),
-        backend: BackendConfig {
-            tag: args.tag.clone(),
-            queue_size: args.queue_size,
-            engine: {
-                let mut ecfg = EngineConfig::default();
-                ecfg.workers = args.thread_pool_size;
-                ecfg.max_in_flight = usize::from(args.queue_size);
-                ecfg.offload = OffloadPolicy::Auto;
-                // Each worker narrows its own seccomp filter (a no-op
-                // unless the sandbox installed one).
-                ecfg.on_worker_start = Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker)));
-                ecfg
-            },
-            packed_ring: !args.no_packed_ring,
-        },
-        stack_policy: coro_pool::Policy::Bounded,
-        stack_trim_interval: (args.stack_trim_interval_ms > 0)
-            .then(|| std::time::Duration::from_millis(args.stack_trim_interval_ms)),
-    };
-    args.mlock
-        .apply_process()
-        .map_err(|e| format!("--mlock {}: {e}", args.mlock))?;
-    signals::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
-    let mut daemon = Daemon::new(server, config).map_err(|e| e.to_string())?;
+    let mut config = DaemonConfig::default();
+    config.listen = listen.clone();
+    config.backend.tag = args.tag.clone();
+    config.backend.queue_size = args.queue_size;
+    config.backend.engine.workers = args.thread_pool_size;
+    config.backend.engine.max_in_flight = usize::from(args.queue_size);
+    config.backend.engine.offload = OffloadPolicy::Auto;
+    // Each worker narrows its own seccomp filter (a no-op
+    // unless the sandbox installed one).
+    config.backend.engine.on_worker_start =
+        Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker)));
+    config.backend.packed_ring = !args.no_packed_ring;
+    config.stack_trim_interval = (args.stack_trim_interval_ms > 0)
+        .then(|| std::time::Duration::from_millis(args.stack_trim_interval_ms));
+    args.mlock.apply_process().map_err(|source| Error::Mlock {
+        policy: args.mlock,
+        source,
+    })?;
+    signals::install().map_err(Error::Signals)?;
+    let mut daemon = Daemon::new(server, config)?;
     let _signals = signals::stop_on_signal(daemon.stop_handle());
     daemon.set_exit_on_disconnect(!args.keep_serving);
     let msize = daemon_msize(&daemon);
@@ -166,7 +154,7 @@ pub fn run_daemon<F: Filesystem + 'static>(
         ),
         other => info!("vhost-user socket {other:?} (tag {:?})", args.tag),
     }
-    daemon.run().map_err(|e| e.to_string())
+    Ok(daemon.run()?)
 }
 
 fn daemon_msize<F: Filesystem + 'static>(d: &Daemon<F>) -> u32 {

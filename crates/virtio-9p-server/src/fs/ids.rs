@@ -359,8 +359,10 @@ impl IdRules {
     }
 }
 
-/// How ids cross between guest and host.
+/// How ids cross between guest and host (`#[non_exhaustive]`: start
+/// from [`IdTranslation::default`], the identity).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct IdTranslation {
     /// For uids.
     pub uid: IdRules,

@@ -28,7 +28,9 @@ use std::path::Path;
 const BACKLOG: libc::c_int = 128;
 
 /// Who may connect to a socket [`bind`] creates.
+/// `#[non_exhaustive]`: start from [`SocketPerms::default`] (owner only).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SocketPerms {
     /// `None`: the owner only (mode 0600). `Some(gid)`: that group too
     /// (mode 0660, group `gid`).

@@ -50,8 +50,10 @@ pub fn protocol_features() -> VhostUserProtocolFeatures {
         | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
 }
 
-/// Settings of one device.
+/// Settings of one device. Build one from [`BackendConfig::default`] and
+/// set the fields that differ: the struct is `#[non_exhaustive]`.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct BackendConfig {
     /// The mount tag the guest sees.
     pub tag: String,
@@ -62,6 +64,20 @@ pub struct BackendConfig {
     /// Offer packed virtqueues (`VIRTIO_F_RING_PACKED`); the driver
     /// chooses. Without it every driver uses the split ring.
     pub packed_ring: bool,
+}
+
+impl Default for BackendConfig {
+    /// Tag `share`, queue size
+    /// [`DEFAULT_QUEUE_SIZE`](crate::virtio::DEFAULT_QUEUE_SIZE), the
+    /// default [`EngineConfig`], packed rings offered.
+    fn default() -> Self {
+        BackendConfig {
+            tag: "share".into(),
+            queue_size: crate::virtio::DEFAULT_QUEUE_SIZE,
+            engine: EngineConfig::default(),
+            packed_ring: true,
+        }
+    }
 }
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap<()>>;

@@ -33,8 +33,10 @@ pub enum Listen {
     Fd(RawFd),
 }
 
-/// Daemon settings.
+/// Daemon settings. Build one from [`DaemonConfig::default`] and set the
+/// fields that differ: the struct is `#[non_exhaustive]`.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DaemonConfig {
     /// The socket.
     pub listen: Listen,
@@ -46,6 +48,20 @@ pub struct DaemonConfig {
     /// (`--stack-trim-interval-ms`; default
     /// [`coro_pool::DEFAULT_TRIM_INTERVAL`], `None` for never).
     pub stack_trim_interval: Option<std::time::Duration>,
+}
+
+impl Default for DaemonConfig {
+    /// The socket [`DEFAULT_SOCKET_PATH`](super::DEFAULT_SOCKET_PATH), the
+    /// default [`BackendConfig`], a [`coro_pool::Policy::Bounded`] stack
+    /// pool trimmed every [`coro_pool::DEFAULT_TRIM_INTERVAL`].
+    fn default() -> Self {
+        DaemonConfig {
+            listen: Listen::Path(PathBuf::from(super::DEFAULT_SOCKET_PATH)),
+            backend: BackendConfig::default(),
+            stack_policy: coro_pool::Policy::Bounded,
+            stack_trim_interval: Some(coro_pool::DEFAULT_TRIM_INTERVAL),
+        }
+    }
 }
 
 struct StopState {

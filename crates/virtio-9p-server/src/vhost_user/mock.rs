@@ -54,8 +54,10 @@ impl Driver {
     }
 }
 
-/// Settings of a [`FakeVmm`].
+/// Settings of a [`FakeVmm`]. Build one from [`VmmOptions::default`] and
+/// set the fields that differ: the struct is `#[non_exhaustive]`.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct VmmOptions {
     /// Guest memory size in bytes (at least 4 MiB).
     pub mem_size: u64,
@@ -93,6 +95,7 @@ impl Default for VmmOptions {
 
 /// How a request's buffers are laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Layout {
     /// One descriptor for the request, one for the reply, in the ring.
     Direct,

@@ -28,22 +28,16 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use virtio_9p_server::engine::EngineConfig;
-//! use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen};
+//! use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen};
 //! use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
 //!
 //! let fs = PassthroughFs::new(PassthroughConfig::new("/srv/share")).unwrap();
 //! let server = Arc::new(Server::new(fs, Config::default()).unwrap());
-//! let config = DaemonConfig {
-//!     listen: Listen::Path("/run/virtio-9p.sock".into()),
-//!     backend: BackendConfig {
-//!         tag: "share".into(),
-//!         queue_size: 1024,
-//!         engine: EngineConfig::default(),
-//!         packed_ring: true,
-//!     },
-//!     stack_policy: coro_pool::Policy::Bounded,
-//!     stack_trim_interval: Some(coro_pool::DEFAULT_TRIM_INTERVAL),
-//! };
+//! // `#[non_exhaustive]`: start from the defaults, set what differs.
+//! let mut config = DaemonConfig::default();
+//! config.listen = Listen::Path("/run/virtio-9p.sock".into());
+//! config.backend.tag = "share".into();
+//! config.backend.engine = EngineConfig::default();
 //! let mut daemon = Daemon::new(server, config).unwrap();
 //! let stop = daemon.stop_handle();
 //! std::thread::spawn(move || {

@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use virtio_9p_server::engine::{EngineConfig, OffloadPolicy};
+use virtio_9p_server::engine::OffloadPolicy;
 use virtio_9p_server::protocol::{Rmessage, Tmessage, Tversion};
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
-use virtio_9p_server::vhost_user::{BackendConfig, Daemon, DaemonConfig, Listen, StopHandle};
+use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, StopHandle};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
 
 pub struct TestDaemon {
@@ -45,23 +45,13 @@ impl TestDaemon {
         let socket = sock_dir.path().join("vu.sock");
         let fs = PassthroughFs::new(PassthroughConfig::new(dir.path())).unwrap();
         let server = Arc::new(Server::new(fs, Config::default()).unwrap());
-        let config = DaemonConfig {
-            listen: Listen::Path(socket.clone()),
-            backend: BackendConfig {
-                tag: "share".into(),
-                queue_size,
-                engine: {
-                    let mut ecfg = EngineConfig::default();
-                    ecfg.workers = workers;
-                    ecfg.max_in_flight = usize::from(queue_size);
-                    ecfg.offload = offload;
-                    ecfg
-                },
-                packed_ring,
-            },
-            stack_policy: coro_pool::Policy::Bounded,
-            stack_trim_interval: Some(coro_pool::DEFAULT_TRIM_INTERVAL),
-        };
+        let mut config = DaemonConfig::default();
+        config.listen = Listen::Path(socket.clone());
+        config.backend.queue_size = queue_size;
+        config.backend.engine.workers = workers;
+        config.backend.engine.max_in_flight = usize::from(queue_size);
+        config.backend.engine.offload = offload;
+        config.backend.packed_ring = packed_ring;
         let mut daemon = Daemon::new(Arc::clone(&server), config).unwrap();
         let stop = daemon.stop_handle();
         let thread = std::thread::spawn(move || daemon.run().unwrap());

@@ -25,11 +25,9 @@ pub enum Ring {
 
 impl Ring {
     /// `opts` with this layout.
-    pub fn opts(self, opts: VmmOptions) -> VmmOptions {
-        VmmOptions {
-            packed: self == Ring::Packed,
-            ..opts
-        }
+    pub fn opts(self, mut opts: VmmOptions) -> VmmOptions {
+        opts.packed = self == Ring::Packed;
+        opts
     }
 }
 
@@ -98,10 +96,11 @@ pub fn read_128m_through_indirect_chain(
         chunk.copy_from_slice(&(i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
     }
     std::fs::write(dir.join("big"), &data).unwrap();
-    let mut vmm = connect(ring.opts(VmmOptions {
-        mem_size: 140 << 20,
-        queue_size: 1024,
-        ..VmmOptions::default()
+    let mut vmm = connect(ring.opts({
+        let mut o = VmmOptions::default();
+        o.mem_size = 140 << 20;
+        o.queue_size = 1024;
+        o
     }));
     assert_eq!(vmm.is_packed(), ring == Ring::Packed);
     assert_eq!(version(&mut vmm, MAX_MSIZE), MAX_MSIZE);
@@ -144,9 +143,10 @@ pub fn requests_1024_in_flight(
     ring: Ring,
 ) {
     std::fs::write(dir.join("f"), vec![0x5au8; 4096]).unwrap();
-    let mut vmm = connect(ring.opts(VmmOptions {
-        mem_size: 64 << 20,
-        ..VmmOptions::default()
+    let mut vmm = connect(ring.opts({
+        let mut o = VmmOptions::default();
+        o.mem_size = 64 << 20;
+        o
     }));
     version(&mut vmm, 65536);
     attach_open(&mut vmm, "f", OpenFlags::RDONLY);
@@ -197,9 +197,10 @@ pub fn blocked_locks_then_flushed(
         .unwrap();
     ofd_lock(&holder, libc::F_WRLCK);
 
-    let mut vmm = connect(ring.opts(VmmOptions {
-        mem_size: 64 << 20,
-        ..VmmOptions::default()
+    let mut vmm = connect(ring.opts({
+        let mut o = VmmOptions::default();
+        o.mem_size = 64 << 20;
+        o
     }));
     version(&mut vmm, 65536);
     attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
@@ -376,10 +377,11 @@ pub fn reset_with_requests_in_flight(
         .open(&path)
         .unwrap();
     ofd_lock(&holder, libc::F_WRLCK);
-    let mut vmm = connect(ring.opts(VmmOptions {
-        mem_size: 16 << 20,
-        queue_size: 64,
-        ..VmmOptions::default()
+    let mut vmm = connect(ring.opts({
+        let mut o = VmmOptions::default();
+        o.mem_size = 16 << 20;
+        o.queue_size = 64;
+        o
     }));
     version(&mut vmm, 65536);
     attach_open(&mut vmm, "lockme", OpenFlags::RDWR);

@@ -149,12 +149,9 @@ impl CapSet {
             } else if let Some(n) = item.strip_prefix('-') {
                 (false, n)
             } else {
-                return Err(Error::Invalid(format!(
-                    "--modcaps {item:?}: expected +name or -name"
-                )));
+                return Err(Error::ModcapsSyntax(item.to_owned()));
             };
-            let cap = cap_number(name)
-                .ok_or_else(|| Error::Invalid(format!("--modcaps: unknown capability {name:?}")))?;
+            let cap = cap_number(name).ok_or_else(|| Error::UnknownCapability(name.to_owned()))?;
             if add {
                 m |= 1 << cap;
             } else {
@@ -249,8 +246,8 @@ pub fn drop_to(keep: CapSet) -> Result<CapSet> {
             // EINVAL: a capability this kernel lacks; EPERM: no CAP_SETPCAP
             // (unprivileged), where the bounding set cannot matter.
             if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EPERM)) {
-                return Err(Error::Sys {
-                    step: format!("drop {} from the bounding set", cap_name(cap)),
+                return Err(Error::BoundingSet {
+                    cap: cap_name(cap),
                     source: e,
                 });
             }

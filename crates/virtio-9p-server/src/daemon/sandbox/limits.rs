@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `RLIMIT_NOFILE` and the fid budget that keeps the fd count below it.
 
-use super::{sys_err, Result};
+use super::{sys_err, Error, Result};
 
 /// fds the daemon needs besides fids: stdio, sockets, eventfds, epoll,
 /// timerfd, /proc, the export root, per-connection vring kicks and calls,
@@ -42,10 +42,11 @@ pub fn set_nofile(want: Option<u64>) -> Result<u64> {
     };
     // SAFETY: `new` is a valid rlimit.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
-        return Err(sys_err(format!(
-            "setrlimit(RLIMIT_NOFILE, {}) (the hard limit is {}; raising it needs CAP_SYS_RESOURCE)",
-            new.rlim_cur, lim.rlim_max
-        )));
+        return Err(Error::SetNofile {
+            want: new.rlim_cur,
+            hard: lim.rlim_max,
+            source: std::io::Error::last_os_error(),
+        });
     }
     Ok(new.rlim_cur)
 }

@@ -28,7 +28,6 @@
 //! // Runs in the sandboxed child; the parent waits and exits with its status.
 //! let fs = sandbox::enter(&cfg, || {
 //!     virtio_9p_server::PassthroughFs::new(virtio_9p_server::PassthroughConfig::new("/srv/share"))
-//!         .map_err(|e| e.to_string())
 //! })
 //! .unwrap();
 //! // `/` is now the export.
@@ -51,51 +50,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use virtio_9p_server::fs::ids::IdMap;
 
-/// Errors of the sandbox setup. Each names the step that failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A system call of the setup failed.
-    #[error("sandbox: {step}: {source}")]
-    Sys {
-        /// What was being done.
-        step: String,
-        /// Why it failed.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Namespaces cannot be created here.
-    #[error(
-        "sandbox: cannot create namespaces: {0}\n\
-         hint: run as root, allow unprivileged user namespaces \
-         (sysctl kernel.unprivileged_userns_clone=1), or choose --sandbox chroot or --sandbox none"
-    )]
-    NoNamespaces(std::io::Error),
-    /// The process already runs several threads (namespaces need one).
-    #[error("sandbox: the process already runs {0} threads; the sandbox must be entered before any thread starts")]
-    Threads(usize),
-    /// A bad option value.
-    #[error("sandbox: {0}")]
-    Invalid(String),
-    /// The setup callback failed.
-    #[error("{0}")]
-    Prepare(String),
-    /// Building a seccomp filter failed (also: an unknown architecture).
-    #[error("seccomp: {0}")]
-    SeccompBuild(#[from] seccompiler::BackendError),
-    /// Installing a seccomp filter failed.
-    #[error("seccomp: {0}")]
-    Seccomp(#[from] seccompiler::Error),
-    /// The filters were installed once already.
-    #[error("seccomp: the filters are already installed")]
-    SeccompInstalled,
-}
+// The daemon's one error type (`../error.rs`); its sandbox variants are
+// `Sys`, `SysPath`, `NoNamespaces`, `Threads` and those that follow.
+pub(crate) use super::error::{Error, Result};
 
-/// Result of this module.
-pub type Result<T> = std::result::Result<T, Error>;
-
-pub(crate) fn sys_err(step: impl Into<String>) -> Error {
+pub(crate) fn sys_err(step: &'static str) -> Error {
     Error::Sys {
-        step: step.into(),
+        step,
         source: std::io::Error::last_os_error(),
     }
 }
@@ -117,15 +78,13 @@ pub enum SandboxMode {
 }
 
 impl FromStr for SandboxMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
         match s {
             "namespace" => Ok(SandboxMode::Namespace),
             "chroot" => Ok(SandboxMode::Chroot),
             "none" => Ok(SandboxMode::None),
-            _ => Err(format!(
-                "unknown sandbox mode {s:?} (namespace, chroot or none)"
-            )),
+            _ => Err(Error::SandboxMode(s.to_owned())),
         }
     }
 }
@@ -197,18 +156,16 @@ pub(crate) fn thread_count() -> usize {
 /// the current directory on that detached fd directory.
 fn chroot<T>(
     cfg: &SandboxConfig,
-    prepare: impl FnOnce() -> std::result::Result<T, String>,
+    prepare: impl FnOnce() -> virtio_9p_server::Result<T>,
 ) -> Result<T> {
     // Without its own mount namespace the daemon would hold an fd on the
     // host's /proc, from which `../../..` is the host's `/`.
     // SAFETY: unshare(2) with a namespace flag only.
     if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
-        return Err(Error::Sys {
-            step: "chroot mode: unshare the mount namespace (needs CAP_SYS_ADMIN) \
-                   to confine /proc/self/fd"
-                .into(),
-            source: std::io::Error::last_os_error(),
-        });
+        return Err(sys_err(
+            "chroot mode: unshare the mount namespace (needs CAP_SYS_ADMIN) \
+             to confine /proc/self/fd",
+        ));
     }
     procfd::make_root_slave()?;
     procfd::mount_proc()?;
@@ -216,7 +173,11 @@ fn chroot<T>(
     let dir = cpath(&cfg.shared_dir)?;
     // SAFETY: valid C string.
     if unsafe { libc::chroot(dir.as_ptr()) } != 0 {
-        return Err(sys_err(format!("chroot {}", cfg.shared_dir.display())));
+        return Err(Error::SysPath {
+            step: "chroot",
+            path: cfg.shared_dir.clone(),
+            source: std::io::Error::last_os_error(),
+        });
     }
     // The current directory is the detached fd directory: outside the new
     // root, but ".." from it leads nowhere (the classic escape through a
@@ -234,8 +195,7 @@ fn chroot<T>(
 }
 
 pub(crate) fn cpath(p: &Path) -> Result<CString> {
-    CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| Error::Invalid(format!("{} contains a NUL byte", p.display())))
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| Error::NulInPath(p.to_path_buf()))
 }
 
 /// Enters the sandbox and runs `prepare` at the point where the export and
@@ -249,20 +209,18 @@ pub(crate) fn cpath(p: &Path) -> Result<CString> {
 /// it while the process is single-threaded, after binding the sockets.
 pub fn enter<T>(
     cfg: &SandboxConfig,
-    prepare: impl FnOnce() -> std::result::Result<T, String>,
+    prepare: impl FnOnce() -> virtio_9p_server::Result<T>,
 ) -> Result<T> {
-    let meta = std::fs::metadata(&cfg.shared_dir).map_err(|source| Error::Sys {
-        step: format!("shared dir {}", cfg.shared_dir.display()),
+    let meta = std::fs::metadata(&cfg.shared_dir).map_err(|source| Error::SysPath {
+        step: "shared dir",
+        path: cfg.shared_dir.clone(),
         source,
     })?;
     if !meta.is_dir() {
-        return Err(Error::Invalid(format!(
-            "shared dir {} is not a directory",
-            cfg.shared_dir.display()
-        )));
+        return Err(Error::NotADirectory(cfg.shared_dir.clone()));
     }
     match cfg.mode {
-        SandboxMode::None => prepare().map_err(Error::Prepare),
+        SandboxMode::None => Ok(prepare()?),
         SandboxMode::Chroot => {
             let n = thread_count();
             if n > 1 {

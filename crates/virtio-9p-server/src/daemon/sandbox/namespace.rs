@@ -22,8 +22,9 @@ extern "C" fn forward(sig: libc::c_int) {
 }
 
 fn write_file(path: &str, data: &str) -> Result<()> {
-    std::fs::write(path, data).map_err(|source| Error::Sys {
-        step: format!("write {path}"),
+    std::fs::write(path, data).map_err(|source| Error::SysPath {
+        step: "write",
+        path: path.into(),
         source,
     })
 }
@@ -39,7 +40,7 @@ fn map_text(maps: &[IdMap], own: u32) -> String {
 
 pub(super) fn enter<T>(
     cfg: &SandboxConfig,
-    prepare: impl FnOnce() -> std::result::Result<T, String>,
+    prepare: impl FnOnce() -> virtio_9p_server::Result<T>,
 ) -> Result<T> {
     // SAFETY: plain getters.
     let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
@@ -50,9 +51,7 @@ pub(super) fn enter<T>(
     if user_ns {
         flags |= libc::CLONE_NEWUSER;
     } else if !cfg.uid_map.is_empty() || !cfg.gid_map.is_empty() {
-        return Err(Error::Invalid(
-            "--uid-map/--gid-map only apply to an unprivileged (user namespace) sandbox".into(),
-        ));
+        return Err(Error::IdMapsNeedUserNs);
     }
     // SAFETY: unshare(2) with namespace flags only.
     if unsafe { libc::unshare(flags) } != 0 {
@@ -128,7 +127,7 @@ fn supervise(pid: libc::pid_t, cfg: &SandboxConfig) -> ! {
 /// The child, pid 1 of the new pid namespace.
 fn child_setup<T>(
     cfg: &SandboxConfig,
-    prepare: impl FnOnce() -> std::result::Result<T, String>,
+    prepare: impl FnOnce() -> virtio_9p_server::Result<T>,
 ) -> Result<T> {
     // Die with the supervisor rather than linger unsupervised.
     // SAFETY: prctl with integer arguments.
@@ -144,7 +143,7 @@ fn child_setup<T>(
     // The export becomes a mount point of its own, so it can be the root.
     procfd::mount(Some(&dir), &dir, None, libc::MS_BIND | libc::MS_REC, None).map_err(
         |source| Error::Sys {
-            step: "bind-mount the shared dir".into(),
+            step: "bind-mount the shared dir",
             source,
         },
     )?;

@@ -61,7 +61,7 @@ pub(super) fn mount(
 /// propagate back to the host while host mounts still show up.
 pub(super) fn make_root_slave() -> Result<()> {
     mount(None, c"/", None, libc::MS_REC | libc::MS_SLAVE, None).map_err(|source| Error::Sys {
-        step: "make / a slave mount".into(),
+        step: "make / a slave mount",
         source,
     })
 }
@@ -94,13 +94,13 @@ pub(super) fn mount_proc() -> Result<()> {
             );
             mount(Some(c"proc"), c"/proc", Some(c"proc"), flags, None).map_err(|source| {
                 Error::Sys {
-                    step: "mount a fresh /proc".into(),
+                    step: "mount a fresh /proc",
                     source,
                 }
             })
         }
         Err(source) => Err(Error::Sys {
-            step: "mount a fresh /proc with subset=pid".into(),
+            step: "mount a fresh /proc with subset=pid",
             source,
         }),
     }
@@ -112,15 +112,15 @@ pub(super) fn mount_proc() -> Result<()> {
 /// opened meanwhile is confined to the detached mount. The mount namespace
 /// must be private to the process.
 pub(super) fn open_confined<T>(
-    prepare: impl FnOnce() -> std::result::Result<T, String>,
+    prepare: impl FnOnce() -> virtio_9p_server::Result<T>,
 ) -> Result<(T, OwnedFd)> {
     mount(Some(PROC_SELF_FD), PROC_SELF_FD, None, libc::MS_BIND, None).map_err(|source| {
         Error::Sys {
-            step: "bind-mount /proc/self/fd onto itself".into(),
+            step: "bind-mount /proc/self/fd onto itself",
             source,
         }
     })?;
-    let opened = prepare().map_err(Error::Prepare).and_then(|value| {
+    let opened = prepare().map_err(Error::from).and_then(|value| {
         // SAFETY: valid C string; the result is checked.
         let fd = unsafe {
             libc::open(
@@ -166,10 +166,7 @@ fn stat_at(dir: &OwnedFd, path: &CStr) -> std::io::Result<(u64, u64)> {
 /// itself and that no procfs entry above it can be named.
 pub(super) fn check(fd: &OwnedFd) -> Result<()> {
     fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> Error {
-        move |source| Error::Sys {
-            step: step.into(),
-            source,
-        }
+        move |source| Error::Sys { step, source }
     }
     let own = stat_at(fd, c"").map_err(io("stat the confined /proc/self/fd"))?;
     let up = stat_at(fd, c"../..").map_err(io("stat ../.. of /proc/self/fd"))?;
@@ -185,10 +182,9 @@ pub(super) fn check(fd: &OwnedFd) -> Result<()> {
         .find(|p| stat_at(fd, p).is_ok())
         .map(|p| p.to_string_lossy());
     if own != up || reached.is_some() {
-        return Err(Error::Invalid(format!(
-            "/proc/self/fd is not confined: {} is reachable from it; refusing to run",
-            reached.as_deref().unwrap_or("its parent")
-        )));
+        return Err(Error::ProcFdNotConfined {
+            reached: reached.map(|r| r.into_owned()),
+        });
     }
     Ok(())
 }

@@ -58,16 +58,14 @@ pub enum SeccompMode {
 }
 
 impl FromStr for SeccompMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
         match s {
             "kill" => Ok(SeccompMode::Kill),
             "log" => Ok(SeccompMode::Log),
             "trap" => Ok(SeccompMode::Trap),
             "none" => Ok(SeccompMode::None),
-            _ => Err(format!(
-                "unknown seccomp mode {s:?} (kill, log, trap or none)"
-            )),
+            _ => Err(Error::SeccompMode(s.to_owned())),
         }
     }
 }
