@@ -122,6 +122,22 @@ fn recv_sorted(c: &mut Sock, n: usize) -> Vec<(u16, Rmessage)> {
     replies
 }
 
+/// Sends the holder's unlock with `unlock_tag` and checks that both it and
+/// the waiting Tlock `waiter_tag` answer with the lock granted.
+fn release_and_expect_granted(c: &mut Sock, unlock_tag: u16, waiter_tag: u16) {
+    send(
+        c,
+        unlock_tag,
+        &tlock(HOLDER, LockType::Unlck, LockFlags::empty()),
+    );
+    let mut want = vec![
+        (waiter_tag, Rmessage::Lock(LockStatus::Success)),
+        (unlock_tag, Rmessage::Lock(LockStatus::Success)),
+    ];
+    want.sort_by_key(|(t, _)| *t);
+    assert_eq!(recv_sorted(c, 2), want);
+}
+
 /// A connection with `HOLDER` holding a write lock on "f" and `waiters`
 /// fids opened on it.
 fn locked_session(sock: &Path, waiters: u32) -> Sock {
@@ -149,19 +165,8 @@ fn test_socket_replies_out_of_order_by_tag() {
     let (tag, r) = recv(&mut c);
     assert_eq!(tag, 2);
     assert!(matches!(r, Rmessage::Getattr(_)), "{r:?}");
-    send(
-        &mut c,
-        3,
-        &tlock(HOLDER, LockType::Unlck, LockFlags::empty()),
-    );
     // The unlock answers, and then the waiter gets the lock.
-    assert_eq!(
-        recv_sorted(&mut c, 2),
-        vec![
-            (1, Rmessage::Lock(LockStatus::Success)),
-            (3, Rmessage::Lock(LockStatus::Success))
-        ]
-    );
+    release_and_expect_granted(&mut c, 3, 1);
 }
 
 #[test]
@@ -234,18 +239,7 @@ fn test_socket_duplicate_tag_is_refused_without_disturbing_the_holder() {
         (4, Rmessage::Lerror(DUPLICATE_TAG_ERRNO as u32))
     );
     // The holder of tag 4 still waits, and gets the lock when it frees.
-    send(
-        &mut c,
-        5,
-        &tlock(HOLDER, LockType::Unlck, LockFlags::empty()),
-    );
-    assert_eq!(
-        recv_sorted(&mut c, 2),
-        vec![
-            (4, Rmessage::Lock(LockStatus::Success)),
-            (5, Rmessage::Lock(LockStatus::Success))
-        ]
-    );
+    release_and_expect_granted(&mut c, 5, 4);
 }
 
 #[test]
