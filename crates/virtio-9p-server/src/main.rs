@@ -54,6 +54,7 @@ fn harden(
     })?;
     let mut pcfg = PassthroughConfig::new(&shared_dir);
     pcfg.readonly = cli.readonly;
+    pcfg.inline_metadata = !cli.no_inline_metadata;
     pcfg.security_model = cli.security_model;
     let ids = id_translation(cli)?;
     let mut scfg = SandboxConfig::new(h.sandbox, &shared_dir);
@@ -81,6 +82,14 @@ fn harden(
         h.sandbox,
         h.seccomp,
         kept.names()
+    );
+    info!(
+        "metadata calls {}",
+        if fs.metadata_is_local() {
+            "inline (the shared dir is on a local filesystem)"
+        } else {
+            "on workers"
+        }
     );
     #[cfg(feature = "test-hooks")]
     for hook in &h.test_hook {

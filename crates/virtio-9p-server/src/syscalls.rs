@@ -12,10 +12,14 @@
 //!   of its workers first: that is where a filter goes.
 //! - **The device thread** (the embedder's: the one that calls
 //!   `RequestQueue::process`, `poll`, `complete` and drops the queue):
-//!   the engine, its coroutines, the ring and guest-memory I/O, and, with
-//!   zero workers or [`OffloadPolicy`](crate::engine::OffloadPolicy)
-//!   inline calls, the same filesystem calls. Allow [`WORKER_THREAD`] and
-//!   [`DEVICE_THREAD`].
+//!   the engine, its coroutines, the ring and guest-memory I/O, and the
+//!   filesystem calls that run inline: cached Treads (`preadv`,
+//!   `cachestat`), the short metadata calls of a local export under
+//!   [`OffloadPolicy::Auto`](crate::engine::OffloadPolicy::Auto)
+//!   (`openat`/`openat2`, `newfstatat`/`fstat`/`statx`, `fstatfs`,
+//!   `readlinkat`, `getxattr`/`listxattr` or their `*at` forms, `close`),
+//!   and with zero workers or `OffloadPolicy::Never` every call. Allow
+//!   [`WORKER_THREAD`] and [`DEVICE_THREAD`].
 //!
 //! The lists cover serving and teardown: every 9P2000.L request, Tflush,
 //! blocking Tlock waits, reset and the engine's shutdown (workers exit).
@@ -25,8 +29,9 @@
 //! the lists fails that test. Not covered: building the device
 //! (`Engine::new` creates eventfds, a timerfd and the worker threads:
 //! `eventfd2`, `timerfd_create`, `clone3`/`clone`, `set_robust_list`,
-//! `rseq`, `prctl(PR_SET_NAME)`; `PassthroughFs::new` opens the export and
-//! `/proc/self/fd`), and the socket transport's own threads (`accept4`,
+//! `rseq`, `prctl(PR_SET_NAME)`; `PassthroughFs::new` and `from_fd` open
+//! the export and `/proc/self/fd` and read the export's filesystem type
+//! with `fstatfs`), and the socket transport's own threads (`accept4`,
 //! `poll`, thread creation per connection).
 //!
 //! Which xattr calls run depends on the constructor:

@@ -10,7 +10,9 @@
 //! attach, walk, create, write, read, readdir, xattrs, locks (a blocking
 //! one too), rename, link, symlink, mkdir, unlink, fsync, statfs, setattr,
 //! Tflush, and the engine's teardown. Each combination runs: calls on
-//! workers or inline on the device thread, the passthrough from a path
+//! workers, the default policy (workers, with the short metadata calls of
+//! the local export inline on the device thread) or every call inline on
+//! the device thread, the passthrough from a path
 //! (`/proc` path xattrs) or from fds (`*xattrat`).
 //!
 //! To see what a child calls, run it without the filter under strace:
@@ -177,7 +179,10 @@ fn lock(fid: u32, ty: LockType, flags: LockFlags) -> Tmessage {
 /// The child: everything from the first request to the engine's teardown
 /// runs under the filter.
 fn child(mode: &str) {
-    let workers = mode.starts_with("workers");
+    // "workers": every call on a worker (Always); "auto": workers with the
+    // default policy, so the short metadata calls of a local export run
+    // on the device thread; "inline": no workers.
+    let workers = mode.starts_with("workers") || mode.starts_with("auto");
     let from_fds = mode.ends_with("fds");
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("data"), vec![7u8; 256 << 10]).unwrap();
@@ -209,7 +214,7 @@ fn child(mode: &str) {
     let mut engine = EngineConfig::default();
     engine.workers = if workers { 2 } else { 0 };
     engine.max_in_flight = 64;
-    engine.offload = if workers {
+    engine.offload = if mode.starts_with("workers") {
         OffloadPolicy::Always
     } else {
         OffloadPolicy::Auto
@@ -427,7 +432,14 @@ fn test_documented_syscalls_cover_a_run() {
         child(&mode);
         return;
     }
-    for mode in ["workers-path", "workers-fds", "inline-path", "inline-fds"] {
+    for mode in [
+        "workers-path",
+        "workers-fds",
+        "auto-path",
+        "auto-fds",
+        "inline-path",
+        "inline-fds",
+    ] {
         run(mode);
     }
 }

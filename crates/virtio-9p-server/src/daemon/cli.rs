@@ -47,6 +47,14 @@ pub struct Cli {
     #[arg(long)]
     pub readonly: bool,
 
+    /// Run every filesystem call on a worker thread, also the short
+    /// metadata calls (Tgetattr, Twalk, Tclunk, ...) that otherwise run on
+    /// the device or connection thread when the shared dir is on a local
+    /// filesystem (ext4, xfs, btrfs, tmpfs, overlayfs, ...). Use it when a
+    /// network or FUSE filesystem is mounted below the shared dir.
+    #[arg(long)]
+    pub no_inline_metadata: bool,
+
     /// How guest ownership maps to the host: passthrough, mapped-xattr
     /// (QEMU-compatible user.virtfs.* xattrs) or none.
     #[arg(long, value_name = "MODEL", default_value = "passthrough")]

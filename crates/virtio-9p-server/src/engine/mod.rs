@@ -95,7 +95,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::error::Error;
-use crate::protocol::{MsgType, RLERROR, TLOCK, TREAD, TVERSION};
+use crate::protocol::{
+    MsgType, RLERROR, TCLUNK, TGETATTR, TLOCK, TREAD, TREADLINK, TSTATFS, TVERSION, TWALK,
+    TXATTRWALK,
+};
 use crate::server::{Blocking, Cancel, Interrupted};
 
 pub(crate) use workers::ThreadPool;
@@ -364,6 +367,18 @@ pub(crate) fn flushed_silently(reply_type: u8, cancel: &Cancel) -> bool {
     cancel.is_cancelled() && reply_type == RLERROR
 }
 
+/// The requests whose filesystem calls run inline on the engine's thread
+/// under [`OffloadPolicy::Auto`] when the filesystem says its metadata
+/// calls are local ([`Filesystem::metadata_is_local`]): they only read
+/// metadata (Tclunk: the `close` of the fid's fds; its xattr commit is a
+/// separate Txattrcreate call) and return within a disk access there.
+/// Treaddir stays on a worker (a large cold directory reads many blocks,
+/// and there is no cheap cache hint for directories), as does every call
+/// that changes the tree, Tlock, Tgetlock, Tfsync, Tlopen and Tattach.
+///
+/// [`Filesystem::metadata_is_local`]: crate::fs::Filesystem::metadata_is_local
+const INLINE_IF_LOCAL: [MsgType; 6] = [TGETATTR, TWALK, TCLUNK, TSTATFS, TREADLINK, TXATTRWALK];
+
 /// The [`Blocking`] executor the engine hands to the server.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EngineExec {
@@ -401,6 +416,22 @@ impl Blocking for EngineExec {
             OffloadPolicy::Auto if op == TVERSION => f(),
             OffloadPolicy::Auto if op == TLOCK => offload_in(true, f),
             OffloadPolicy::Auto => offload(f),
+        }
+    }
+
+    fn run_hinted<R: Interrupted + Send>(
+        &self,
+        op: MsgType,
+        metadata_is_local: bool,
+        f: impl FnOnce() -> R + Send,
+    ) -> R {
+        if self.policy == OffloadPolicy::Auto && metadata_is_local && INLINE_IF_LOCAL.contains(&op)
+        {
+            // A short metadata call on a local filesystem: cheaper than the
+            // thread hop, and it cannot hang on a peer.
+            f()
+        } else {
+            self.run(op, f)
         }
     }
 
@@ -1309,6 +1340,55 @@ mod tests {
             6
         );
         assert_eq!(offload_read(|| false, || Ok::<_, u32>(7)), Ok(7));
+    }
+
+    #[test]
+    fn test_auto_runs_short_metadata_calls_inline_only_for_a_local_filesystem() {
+        // (op, the filesystem's hint, whether the call must hop).
+        let cases = [
+            (TGETATTR, true, false),
+            (TWALK, true, false),
+            (TCLUNK, true, false),
+            (TSTATFS, true, false),
+            (TREADLINK, true, false),
+            (TXATTRWALK, true, false),
+            (TGETATTR, false, true),
+            (TWALK, false, true),
+            (TCLUNK, false, true),
+            (MsgType::Tsetattr, true, true),
+            (MsgType::Treaddir, true, true),
+            (MsgType::Tfsync, true, true),
+            (MsgType::Tlcreate, true, true),
+            (TLOCK, true, true),
+        ];
+        let mut e = engine(2);
+        let me = std::thread::current().id();
+        for (i, (op, local, hops)) in cases.into_iter().enumerate() {
+            let before = e.stats().offloaded;
+            let token = i as u16;
+            e.spawn(token, Some(token), Cancel::new(), move || {
+                let exec = EngineExec::new(OffloadPolicy::Auto);
+                len_of(exec.run_hinted(op, local, move || {
+                    Ok(u32::from(std::thread::current().id() != me))
+                }))
+            })
+            .unwrap();
+            assert_eq!(drive(&mut e, 1), vec![(token, u32::from(hops))], "{op:?}");
+            assert_eq!(e.stats().offloaded - before, u64::from(hops), "{op:?}");
+        }
+        // Always and Never ignore the hint.
+        for (policy, hops) in [(OffloadPolicy::Always, 1), (OffloadPolicy::Never, 0)] {
+            let before = e.stats().offloaded;
+            e.spawn(99, None, Cancel::new(), move || {
+                let exec = EngineExec::new(policy);
+                len_of(exec.run_hinted(TGETATTR, true, move || {
+                    Ok(u32::from(std::thread::current().id() != me))
+                }))
+            })
+            .unwrap();
+            assert_eq!(drive(&mut e, 1), vec![(99, hops)], "{policy:?}");
+            assert_eq!(e.stats().offloaded - before, u64::from(hops));
+        }
     }
 
     #[test]

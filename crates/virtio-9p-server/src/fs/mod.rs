@@ -273,6 +273,28 @@ pub trait Filesystem: Send + Sync {
         let _ = (file, lock);
         not_supported()
     }
+    /// The filesystem's hint that its metadata calls never block for long:
+    /// `getattr`, `walk`, `statfs`, `readlink`, `getxattr`/`listxattr` and
+    /// dropping a file or inode (`close`) return within a disk access, as
+    /// on a local disk or memory filesystem (ext4, xfs, btrfs, tmpfs,
+    /// overlayfs), never waiting on a network peer or a userspace server
+    /// (NFS, CIFS, FUSE, 9P, Ceph) that may stop answering.
+    ///
+    /// The engine decides what to do with it ([`crate::engine`], "What runs
+    /// where"): under [`OffloadPolicy::Auto`](crate::engine::OffloadPolicy)
+    /// it runs those calls inline on its own thread when this is `true`,
+    /// saving a thread hop per call, and on a worker otherwise, so one hung
+    /// call never stalls the device. Calls that change the tree, Tlock and
+    /// Tfsync always go to a worker. The server asks on every call, so
+    /// return a stored value.
+    ///
+    /// The default, `false`, keeps every call on the workers; a filesystem
+    /// that cannot tell should keep it. [`PassthroughFs`](crate::PassthroughFs)
+    /// answers from the type of its export root (see
+    /// [`PassthroughConfig::inline_metadata`](crate::PassthroughConfig::inline_metadata)).
+    fn metadata_is_local(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ pub(crate) use MsgType::{
     Treaddir as TREADDIR, Treadlink as TREADLINK, Tremove as TREMOVE, Trename as TRENAME,
     Trenameat as TRENAMEAT, Tsetattr as TSETATTR, Tstatfs as TSTATFS, Tsymlink as TSYMLINK,
     Tunlinkat as TUNLINKAT, Tversion as TVERSION, Twalk as TWALK, Twrite as TWRITE,
-    Txattrwalk as TXATTRWALK,
+    Txattrcreate as TXATTRCREATE, Txattrwalk as TXATTRWALK,
 };
 
 use thiserror::Error;

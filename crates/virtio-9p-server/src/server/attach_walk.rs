@@ -51,8 +51,10 @@ impl<F: Filesystem> Server<F> {
         } else {
             m.n_uname
         };
-        let (inode, qid) = exec
-            .run(TATTACH, || self.fs.attach(&m.aname, Cred { uid, gid: uid }))
+        let (inode, qid) = self
+            .call(exec, TATTACH, || {
+                self.fs.attach(&m.aname, Cred { uid, gid: uid })
+            })
             .map_err(|e| errno::from_io(&e))?;
         let fid = Fid {
             inode,
@@ -76,7 +78,7 @@ impl<F: Filesystem> Server<F> {
             // stays open).
             return Ok(Rmessage::Walk(Vec::new()));
         }
-        let (inode, qids) = exec.run(TWALK, || {
+        let (inode, qids) = self.call(exec, TWALK, || {
             let mut inode = fid.inode.clone();
             let mut qids = Vec::with_capacity(m.wnames.len());
             for name in &m.wnames {
@@ -113,6 +115,13 @@ impl<F: Filesystem> Server<F> {
         if let FidKind::XattrWrite(w) = &fid.kind {
             self.commit_xattr(&fid, w, exec)?;
         }
+        // The fid's last reference closes its files (`close` may flush to
+        // a network server), so the drop is a filesystem call too; an
+        // executor that cancels it before it ran drops the fid here.
+        let _ = self.call(exec, TCLUNK, move || {
+            drop(fid);
+            Ok::<(), u32>(())
+        });
         Ok(Rmessage::Clunk)
     }
 }

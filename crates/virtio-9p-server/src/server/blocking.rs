@@ -27,6 +27,23 @@ pub trait Blocking {
     /// EINTR and finishes normally; nothing is unwound).
     fn run<R: Interrupted + Send>(&self, op: MsgType, f: impl FnOnce() -> R + Send) -> R;
 
+    /// [`Blocking::run`] with the filesystem's hint: `metadata_is_local`
+    /// is its [`Filesystem::metadata_is_local`](crate::fs::Filesystem::metadata_is_local)
+    /// (its metadata calls never block for long). The server runs every
+    /// filesystem call through this method; the executor decides what the
+    /// hint changes (the coroutine engine runs short metadata calls inline,
+    /// see [`crate::engine`], "What runs where"). The default ignores the
+    /// hint.
+    fn run_hinted<R: Interrupted + Send>(
+        &self,
+        op: MsgType,
+        metadata_is_local: bool,
+        f: impl FnOnce() -> R + Send,
+    ) -> R {
+        let _ = metadata_is_local;
+        self.run(op, f)
+    }
+
     /// Waits `d` between the attempts of a blocking Tlock. The default
     /// sleeps the thread; a coroutine engine yields to a timer instead, so
     /// a waiting lock holds no thread.

@@ -10,8 +10,10 @@ impl<F: Filesystem> Server<F> {
         validate_name(&m.name).map_err(|e| errno::from_io(&e))?;
         let dir = session.get(m.dfid)?;
         let target = session.get(m.fid)?;
-        exec.run(TLINK, || self.fs.link(&target.inode, &dir.inode, &m.name))
-            .map_err(|e| errno::from_io(&e))?;
+        self.call(exec, TLINK, || {
+            self.fs.link(&target.inode, &dir.inode, &m.name)
+        })
+        .map_err(|e| errno::from_io(&e))?;
         Ok(Rmessage::Link)
     }
 
@@ -24,8 +26,10 @@ impl<F: Filesystem> Server<F> {
         validate_name(&m.name).map_err(|e| errno::from_io(&e))?;
         let fid = session.get(m.fid)?;
         let dir = session.get(m.dfid)?;
-        exec.run(TRENAME, || self.fs.rename(&fid.inode, &dir.inode, &m.name))
-            .map_err(|e| errno::from_io(&e))?;
+        self.call(exec, TRENAME, || {
+            self.fs.rename(&fid.inode, &dir.inode, &m.name)
+        })
+        .map_err(|e| errno::from_io(&e))?;
         Ok(Rmessage::Rename)
     }
 
@@ -39,7 +43,7 @@ impl<F: Filesystem> Server<F> {
         validate_name(&m.newname).map_err(|e| errno::from_io(&e))?;
         let old = session.get(m.olddirfid)?;
         let new = session.get(m.newdirfid)?;
-        exec.run(TRENAMEAT, || {
+        self.call(exec, TRENAMEAT, || {
             self.fs
                 .renameat(&old.inode, &m.oldname, &new.inode, &m.newname)
         })
@@ -65,7 +69,7 @@ impl<F: Filesystem> Server<F> {
     /// Tremove clunks the fid even when the removal fails.
     pub(super) fn remove<B: Blocking>(&self, session: &Session<F>, fid: u32, exec: &B) -> OpResult {
         let fid = session.remove(fid)?;
-        exec.run(TREMOVE, || self.fs.remove(&fid.inode))
+        self.call(exec, TREMOVE, || self.fs.remove(&fid.inode))
             .map_err(|e| errno::from_io(&e))?;
         Ok(Rmessage::Remove)
     }

@@ -32,8 +32,8 @@ impl<F: Filesystem> Server<F> {
         loop {
             // One attempt per call: between attempts the request waits in
             // `exec.sleep`, which holds no worker on a coroutine engine.
-            let status = exec
-                .run(TLOCK, || self.fs.try_lock(file, m))
+            let status = self
+                .call(exec, TLOCK, || self.fs.try_lock(file, m))
                 .map_err(|e| errno::from_io(&e))?;
             if status != LockStatus::Blocked || !wait {
                 return Ok(Rmessage::Lock(status));

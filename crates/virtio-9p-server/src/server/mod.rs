@@ -412,6 +412,18 @@ impl<F: Filesystem> Server<F> {
         self.send(reply, h, Err(e.errno()), msize)
     }
 
+    /// Runs one filesystem call of `op` through `exec`, with the
+    /// filesystem's hint ([`Filesystem::metadata_is_local`]): the executor
+    /// decides where it runs.
+    fn call<B: Blocking, R: Interrupted + Send>(
+        &self,
+        exec: &B,
+        op: MsgType,
+        f: impl FnOnce() -> R + Send,
+    ) -> R {
+        exec.run_hinted(op, self.fs.metadata_is_local(), f)
+    }
+
     /// Runs `op` on the fid's inode.
     fn with_inode<B: Blocking>(
         &self,
@@ -422,7 +434,7 @@ impl<F: Filesystem> Server<F> {
         f: impl FnOnce(&F, &Fid<F>) -> std::io::Result<Rmessage> + Send,
     ) -> OpResult {
         let fid = session.get(fid)?;
-        exec.run(op, || f(&self.fs, &fid))
+        self.call(exec, op, || f(&self.fs, &fid))
             .map_err(|e| errno::from_io(&e))
     }
 
@@ -439,7 +451,7 @@ impl<F: Filesystem> Server<F> {
         let FidKind::Open { file } = &fid.kind else {
             return Err(errno::EBADF);
         };
-        exec.run(op, || f(&self.fs, file))
+        self.call(exec, op, || f(&self.fs, file))
             .map_err(|e| errno::from_io(&e))
     }
 

@@ -17,8 +17,8 @@ impl<F: Filesystem> Server<F> {
         if !matches!(fid.kind, FidKind::Path) {
             return Err(errno::EBADF);
         }
-        let (file, qid) = exec
-            .run(TLOPEN, || self.fs.open(&fid.inode, m.flags))
+        let (file, qid) = self
+            .call(exec, TLOPEN, || self.fs.open(&fid.inode, m.flags))
             .map_err(|e| errno::from_io(&e))?;
         let entry = Fid {
             inode: fid.inode.clone(),
@@ -41,8 +41,8 @@ impl<F: Filesystem> Server<F> {
             return Err(errno::EBADF);
         }
         let cred = fid.cred(m.gid);
-        let (inode, file, qid) = exec
-            .run(TLCREATE, || {
+        let (inode, file, qid) = self
+            .call(exec, TLCREATE, || {
                 self.fs.create(&fid.inode, &m.name, m.flags, m.mode, cred)
             })
             .map_err(|e| errno::from_io(&e))?;

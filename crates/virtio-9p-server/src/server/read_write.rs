@@ -31,8 +31,10 @@ impl<F: Filesystem> Server<F> {
         let result = match &fid.kind {
             FidKind::Open { file } => {
                 let mut data = reply.split_at(RHDR_COUNT).map_err(Error::Transport)?;
-                exec.run(TREAD, || self.fs.read(file, &mut data, count, m.offset))
-                    .map_err(|e| errno::from_io(&e))
+                self.call(exec, TREAD, || {
+                    self.fs.read(file, &mut data, count, m.offset)
+                })
+                .map_err(|e| errno::from_io(&e))
             }
             FidKind::XattrRead(value, _) => {
                 let start = (m.offset.min(value.len() as u64)) as usize;
@@ -102,8 +104,8 @@ impl<F: Filesystem> Server<F> {
         let result = match session.get(m.fid) {
             Err(e) => Err(e),
             Ok(fid) => match &fid.kind {
-                FidKind::Open { file } => exec
-                    .run(TWRITE, || self.fs.write(file, req, count, m.offset))
+                FidKind::Open { file } => self
+                    .call(exec, TWRITE, || self.fs.write(file, req, count, m.offset))
                     .map(|n| Rmessage::Write(n as u32))
                     .map_err(|e| errno::from_io(&e)),
                 FidKind::XattrWrite(w) => Self::write_xattr(w, req, m.offset, m.count)?,

@@ -27,8 +27,8 @@ impl<F: Filesystem> Server<F> {
         // Reserve the largest value before reading it, so concurrent walks
         // cannot overshoot the limits; keep only what the value needs.
         let mut charge = session.charge_xattr(max, &self.limits())?;
-        let value = exec
-            .run(TXATTRWALK, || {
+        let value = self
+            .call(exec, TXATTRWALK, || {
                 if m.name.is_empty() {
                     self.fs.listxattr(&fid.inode, max)
                 } else {
@@ -96,7 +96,7 @@ impl<F: Filesystem> Server<F> {
         if w.data.len() != w.size {
             return Err(errno::EINVAL);
         }
-        exec.run(TCLUNK, || {
+        self.call(exec, TXATTRCREATE, || {
             if w.size == 0 && w.flags == libc::XATTR_REPLACE as u32 {
                 self.fs.removexattr(&fid.inode, &w.name)
             } else {

@@ -110,6 +110,40 @@ pub struct PassthroughConfig {
     /// Use `openat2` when the kernel has it (default). When false, every
     /// step uses the `openat(O_NOFOLLOW)` fallback (tests exercise both).
     pub use_openat2: bool,
+    /// Hint that metadata calls are local when the export root is on a
+    /// local disk or memory filesystem (default true): see
+    /// [`PassthroughFs::metadata_is_local`](crate::fs::Filesystem::metadata_is_local).
+    /// The type is read once, when the filesystem is built (`fstatfs` of the
+    /// root): ext2/3/4, xfs, btrfs, f2fs, zfs, tmpfs, ramfs and overlayfs
+    /// count as local, anything else as not. Set it to false when a network or FUSE
+    /// filesystem is mounted *below* the export root: the hint covers the
+    /// root's filesystem only, and with false every call stays on a worker.
+    pub inline_metadata: bool,
+}
+
+/// The filesystem types (`f_type`) whose metadata calls
+/// [`PassthroughFs`] reports as local: ext2/3/4, xfs, btrfs, f2fs, zfs,
+/// tmpfs, ramfs and overlayfs. Anything else (NFS, CIFS, FUSE, 9P, Ceph, and
+/// types this list does not know) keeps every call on a worker.
+const LOCAL_FS_TYPES: [i64; 8] = [
+    libc::EXT4_SUPER_MAGIC as i64,
+    libc::XFS_SUPER_MAGIC as i64,
+    libc::BTRFS_SUPER_MAGIC as i64,
+    libc::F2FS_SUPER_MAGIC as i64,
+    ZFS_SUPER_MAGIC,
+    libc::TMPFS_MAGIC as i64,
+    RAMFS_MAGIC,
+    libc::OVERLAYFS_SUPER_MAGIC as i64,
+];
+
+/// `RAMFS_MAGIC` of `<linux/magic.h>` (libc has no constant for it).
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
+/// OpenZFS's `ZFS_SUPER_MAGIC` (not in `<linux/magic.h>` nor libc).
+const ZFS_SUPER_MAGIC: i64 = 0x2fc1_2fc2;
+
+/// Whether `fs_type` (an `f_type`) is in [`LOCAL_FS_TYPES`].
+fn is_local_fs_type(fs_type: i64) -> bool {
+    LOCAL_FS_TYPES.contains(&fs_type)
 }
 
 impl PassthroughConfig {
@@ -120,6 +154,7 @@ impl PassthroughConfig {
             readonly: false,
             security_model: SecurityModel::Passthrough,
             use_openat2: true,
+            inline_metadata: true,
         }
     }
 }
@@ -196,6 +231,9 @@ pub struct PassthroughFs {
     cfg: PassthroughConfig,
     /// Guest/host id translation ([`PassthroughFs::with_ids`]).
     ids: IdTranslation,
+    /// The answer of `metadata_is_local`: the root is on a
+    /// [`LOCAL_FS_TYPES`] filesystem and `cfg.inline_metadata` is set.
+    metadata_local: bool,
 }
 
 fn err(errno: i32) -> io::Error {
@@ -345,6 +383,9 @@ impl PassthroughFs {
         proc_fd_given: bool,
         cfg: PassthroughConfig,
     ) -> Self {
+        // Unknown (fstatfs failed) counts as not local.
+        let metadata_local =
+            cfg.inline_metadata && sys::fs_type(fd.as_fd()).is_ok_and(is_local_fs_type);
         let root = Inode(Arc::new(InodeData {
             fd,
             host_type: st.st_mode & libc::S_IFMT,
@@ -353,6 +394,7 @@ impl PassthroughFs {
             link: Mutex::new(None),
         }));
         PassthroughFs {
+            metadata_local,
             qids: QidMap::new(st.st_dev),
             root,
             proc_fd,
@@ -662,6 +704,14 @@ impl PassthroughFs {
 impl Filesystem for PassthroughFs {
     type Inode = Inode;
     type File = File;
+
+    /// True when the export root is on a local filesystem (ext2/3/4, xfs,
+    /// btrfs, f2fs, zfs, tmpfs, ramfs, overlayfs; read once at
+    /// construction) and
+    /// [`PassthroughConfig::inline_metadata`] is set.
+    fn metadata_is_local(&self) -> bool {
+        self.metadata_local
+    }
 
     fn attach(&self, aname: &[u8], cred: Cred) -> io::Result<(Inode, Qid)> {
         // A forbidden id may not attach.

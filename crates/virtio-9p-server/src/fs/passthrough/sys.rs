@@ -308,6 +308,16 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat64> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// The filesystem type (`f_type` of `fstatfs`, a `*_MAGIC` number) of the
+/// filesystem `fd` is on (works on `O_PATH` fds).
+pub fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
+    let mut fs = MaybeUninit::<libc::statfs64>::uninit();
+    // SAFETY: a valid fd and out pointer for one statfs64.
+    check!(unsafe { libc::fstatfs64(fd.as_raw_fd(), fs.as_mut_ptr()) })?;
+    // SAFETY: fstatfs64 succeeded, so it filled `fs`.
+    Ok(i64::from(unsafe { fs.assume_init() }.f_type))
+}
+
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.
 pub fn fstatat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<libc::stat64> {
     let mut st = MaybeUninit::<libc::stat64>::uninit();
