@@ -2,10 +2,13 @@
 //! Bounded teardown (issue 18, item 5): a reset or a drop of the device
 //! returns within the engine's bound even when a `Filesystem` call never
 //! returns; the stuck request is leaked and counted, never freed under the
-//! worker, and the device keeps serving.
+//! worker, and the device keeps serving. Also where calls run under the
+//! default policy: a filesystem that does not say its metadata calls are
+//! local keeps them on workers, so a hung one never stalls the device.
 
 use std::io;
 use std::sync::{Arc, Condvar, Mutex};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use coro_pool::{PoolConfig, StackPool};
@@ -53,8 +56,10 @@ impl Gate {
 }
 
 /// A filesystem of one directory whose Tgetattr blocks until the gate
-/// opens (for ever, in the drop test); walks fail with ENOSYS, and the
-/// rest is the trait's defaults.
+/// opens (for ever, in the drop test); every walk leads back to the root,
+/// and the rest is the trait's defaults. It does not say its metadata
+/// calls are local (the default hint), so the engine keeps them on
+/// workers.
 struct StuckFs(Arc<Gate>);
 
 impl Filesystem for StuckFs {
@@ -65,7 +70,7 @@ impl Filesystem for StuckFs {
         Ok(((), Qid::default()))
     }
     fn walk(&self, _: &(), _: &[u8]) -> io::Result<((), Qid)> {
-        Err(io::Error::from_raw_os_error(libc::ENOSYS))
+        Ok(((), Qid::default()))
     }
     fn getattr(&self, _: &(), _: GetattrMask) -> io::Result<Rgetattr> {
         self.0.wait();
@@ -73,23 +78,70 @@ impl Filesystem for StuckFs {
     }
 }
 
-struct Device {
+/// A filesystem whose metadata calls are quick and, by its hint, local;
+/// it records the thread of each Tgetattr, Twalk and Tsetattr.
+#[derive(Default)]
+struct LocalFs {
+    threads: Arc<Mutex<Vec<(&'static str, ThreadId)>>>,
+}
+
+impl LocalFs {
+    fn record(&self, what: &'static str) {
+        self.threads
+            .lock()
+            .unwrap()
+            .push((what, std::thread::current().id()));
+    }
+}
+
+impl Filesystem for LocalFs {
+    type Inode = ();
+    type File = ();
+
+    fn attach(&self, _: &[u8], _: Cred) -> io::Result<((), Qid)> {
+        Ok(((), Qid::default()))
+    }
+    fn walk(&self, _: &(), _: &[u8]) -> io::Result<((), Qid)> {
+        self.record("walk");
+        Ok(((), Qid::default()))
+    }
+    fn getattr(&self, _: &(), _: GetattrMask) -> io::Result<Rgetattr> {
+        self.record("getattr");
+        Ok(Rgetattr::default())
+    }
+    fn setattr(&self, _: &(), _: Option<&()>, _: &Tsetattr) -> io::Result<()> {
+        self.record("setattr");
+        Ok(())
+    }
+    fn metadata_is_local(&self) -> bool {
+        true
+    }
+}
+
+struct Device<F: Filesystem = StuckFs> {
     mem: Arc<GuestMemoryMmap<()>>,
     queue: virtio_queue::Queue,
-    rq: RequestQueue<StuckFs>,
+    rq: RequestQueue<F>,
 }
 
 fn device(gate: &Arc<Gate>) -> (Device, MockDriver<'static, GuestMemoryMmap<()>>) {
+    device_of(StuckFs(Arc::clone(gate)), 1)
+}
+
+fn device_of<F: Filesystem + 'static>(
+    fs: F,
+    workers: usize,
+) -> (Device<F>, MockDriver<'static, GuestMemoryMmap<()>>) {
     let mem = Arc::new(guest_memory(4 << 20));
     // The driver borrows the memory for the test's life.
     let leaked: &'static GuestMemoryMmap<()> = Box::leak(Box::new((*mem).clone()));
     let driver = MockDriver::new(leaked, 64);
     let queue = driver.create_queue();
-    let server = Arc::new(Server::new(StuckFs(Arc::clone(gate)), Config::default()).unwrap());
+    let server = Arc::new(Server::new(fs, Config::default()).unwrap());
     let pool = Arc::new(StackPool::new(PoolConfig::default()).unwrap());
     let config = {
         let mut ecfg = EngineConfig::default();
-        ecfg.workers = 1;
+        ecfg.workers = workers;
         ecfg.max_in_flight = 64;
         ecfg.offload = OffloadPolicy::Auto;
         ecfg.quiesce_timeout = QUIESCE;
@@ -99,7 +151,7 @@ fn device(gate: &Arc<Gate>) -> (Device, MockDriver<'static, GuestMemoryMmap<()>>
     (Device { mem, queue, rq }, driver)
 }
 
-impl Device {
+impl<F: Filesystem + 'static> Device<F> {
     fn send(
         &mut self,
         d: &mut MockDriver<'_, GuestMemoryMmap<()>>,
@@ -287,4 +339,108 @@ fn test_disconnect_with_a_stuck_call_is_bounded_and_the_daemon_serves_on() {
     stop.stop();
     thread.join().unwrap().unwrap();
     gate.open();
+}
+
+fn walk(fid: u32, newfid: u32) -> Tmessage {
+    Tmessage::Walk(Twalk {
+        fid,
+        newfid,
+        wnames: vec![b"a".to_vec()],
+    })
+}
+
+#[test]
+fn test_auto_runs_metadata_calls_inline_for_a_local_filesystem() {
+    let fs = LocalFs::default();
+    let threads = Arc::clone(&fs.threads);
+    let (mut dev, mut d) = device_of(fs, 2);
+    dev.attach(&mut d);
+    let before = dev.rq.engine_stats().offloaded;
+    // Twalk, Tgetattr and Tclunk are answered inline, within `process`,
+    // on this (the device) thread: no worker hop.
+    for (tag, m, reply) in [
+        (1, walk(0, 1), MsgType::Rwalk),
+        (2, getattr(), MsgType::Rgetattr),
+        (3, Tmessage::Clunk(Tfid { fid: 1 }), MsgType::Rclunk),
+    ] {
+        let c = dev.send(&mut d, tag, &m);
+        dev.rq.complete(&mut dev.queue, &*dev.mem).unwrap();
+        assert_eq!(d.take_used().len(), 1, "{m:?} answered at once");
+        assert_eq!(dev.reply_type(&c), reply);
+    }
+    assert_eq!(dev.rq.engine_stats().offloaded, before);
+    // A change still goes to a worker.
+    let set = Tsetattr {
+        fid: 0,
+        valid: SetattrMask::empty(),
+        mode: 0,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        atime_sec: 0,
+        atime_nsec: 0,
+        mtime_sec: 0,
+        mtime_nsec: 0,
+    };
+    let c = dev.send(&mut d, 4, &Tmessage::Setattr(set));
+    assert_eq!(dev.used(&mut d, 1).len(), 1);
+    assert_eq!(dev.reply_type(&c), MsgType::Rsetattr);
+    assert_eq!(dev.rq.engine_stats().offloaded, before + 1);
+    let me = std::thread::current().id();
+    let threads = threads.lock().unwrap().clone();
+    assert_eq!(
+        threads
+            .iter()
+            .map(|&(w, t)| (w, t == me))
+            .collect::<Vec<_>>(),
+        vec![("walk", true), ("getattr", true), ("setattr", false)]
+    );
+}
+
+#[test]
+fn test_auto_offloads_metadata_calls_of_a_filesystem_with_the_default_hint() {
+    let gate = Arc::new(Gate::default());
+    gate.open();
+    let (mut dev, mut d) = device_of(StuckFs(Arc::clone(&gate)), 2);
+    dev.attach(&mut d);
+    let before = dev.rq.engine_stats().offloaded;
+    for (tag, m, reply) in [
+        (1, walk(0, 1), MsgType::Rwalk),
+        (2, getattr(), MsgType::Rgetattr),
+        (3, Tmessage::Clunk(Tfid { fid: 1 }), MsgType::Rclunk),
+    ] {
+        let c = dev.send(&mut d, tag, &m);
+        assert_eq!(dev.used(&mut d, 1).len(), 1, "{m:?}");
+        assert_eq!(dev.reply_type(&c), reply);
+    }
+    assert_eq!(dev.rq.engine_stats().offloaded, before + 3);
+}
+
+#[test]
+fn test_a_hung_getattr_of_a_non_local_filesystem_never_stalls_the_device() {
+    // The gate never opens: Tgetattr hangs on a worker for ever. Under the
+    // default policy the device thread goes on serving, on the other
+    // worker, and the drop stays bounded.
+    let gate = Arc::new(Gate::default());
+    let (mut dev, mut d) = device_of(StuckFs(Arc::clone(&gate)), 2);
+    dev.attach(&mut d);
+    dev.send(&mut d, 1, &getattr());
+    gate.wait_entered(1);
+    for (tag, m, reply) in [
+        (2, walk(0, 1), MsgType::Rwalk),
+        (3, Tmessage::Statfs(Tfid { fid: 1 }), MsgType::Rlerror),
+        (4, Tmessage::Clunk(Tfid { fid: 1 }), MsgType::Rclunk),
+    ] {
+        let c = dev.send(&mut d, tag, &m);
+        assert_eq!(dev.used(&mut d, 1).len(), 1, "{m:?} served");
+        assert_eq!(dev.reply_type(&c), reply, "{m:?}");
+    }
+    assert_eq!(dev.rq.in_flight(), 1, "only the hung Tgetattr");
+    let t0 = Instant::now();
+    drop(dev);
+    let took = t0.elapsed();
+    assert!(
+        took < QUIESCE + WORKER_JOIN_TIMEOUT + Duration::from_secs(2),
+        "drop took {took:?}"
+    );
 }

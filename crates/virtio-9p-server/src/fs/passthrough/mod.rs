@@ -125,6 +125,8 @@ pub struct PassthroughConfig {
 /// [`PassthroughFs`] reports as local: ext2/3/4, xfs, btrfs, f2fs, zfs,
 /// tmpfs, ramfs and overlayfs. Anything else (NFS, CIFS, FUSE, 9P, Ceph, and
 /// types this list does not know) keeps every call on a worker.
+// libc's magic numbers are `c_long` on most targets, `c_uint` on s390x.
+#[allow(clippy::unnecessary_cast)]
 const LOCAL_FS_TYPES: [i64; 8] = [
     libc::EXT4_SUPER_MAGIC as i64,
     libc::XFS_SUPER_MAGIC as i64,
@@ -1451,6 +1453,76 @@ mod tests {
             e.to_string().contains("unknown security model \"bogus\""),
             "{e}"
         );
+    }
+
+    /// Whether `PassthroughFs::new` and `from_fd` of `dir` (with
+    /// `inline_metadata` as given) report local metadata.
+    fn local_hint(dir: &Path, inline_metadata: bool) -> [bool; 2] {
+        let mut cfg = PassthroughConfig::new(dir);
+        cfg.inline_metadata = inline_metadata;
+        let by_path = PassthroughFs::new(cfg.clone()).unwrap();
+        let root = std::fs::File::open(dir).unwrap();
+        let by_fd = PassthroughFs::from_fd(root.as_fd(), None, cfg).unwrap();
+        [by_path.metadata_is_local(), by_fd.metadata_is_local()]
+    }
+
+    #[test]
+    #[allow(clippy::unnecessary_cast)]
+    fn test_metadata_is_local_on_tmpfs_and_ext4_not_on_procfs() {
+        // tmpfs: /dev/shm (tmpfs on this machine and in CI containers).
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let shm_root = sys::open_path(
+            &CString::new(shm.path().as_os_str().as_bytes()).unwrap(),
+            libc::O_PATH,
+        )
+        .unwrap();
+        assert_eq!(
+            sys::fs_type(shm_root.as_fd()).unwrap(),
+            libc::TMPFS_MAGIC as i64,
+            "/dev/shm is not tmpfs here"
+        );
+        assert_eq!(local_hint(shm.path(), true), [true, true]);
+        assert_eq!(local_hint(shm.path(), false), [false, false]);
+        // ext4: the source tree's filesystem, when it is ext2/3/4 (it is on
+        // the machines this suite runs on; elsewhere this part is skipped
+        // with a notice).
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let src_root = std::fs::File::open(src).unwrap();
+        if sys::fs_type(src_root.as_fd()).unwrap() == libc::EXT4_SUPER_MAGIC as i64 {
+            assert_eq!(local_hint(src, true), [true, true]);
+        } else {
+            eprintln!("{} is not ext4: the ext4 case is skipped", src.display());
+        }
+        // procfs is in no allow-list: every call stays on a worker.
+        assert_eq!(local_hint(Path::new("/proc/self"), true), [false, false]);
+    }
+
+    #[test]
+    #[allow(clippy::unnecessary_cast)]
+    fn test_only_local_filesystem_types_count_as_local() {
+        for local in [
+            libc::EXT4_SUPER_MAGIC as i64,
+            libc::XFS_SUPER_MAGIC as i64,
+            libc::BTRFS_SUPER_MAGIC as i64,
+            libc::TMPFS_MAGIC as i64,
+            libc::OVERLAYFS_SUPER_MAGIC as i64,
+        ] {
+            assert!(is_local_fs_type(local), "{local:#x}");
+        }
+        // NFS, SMB/CIFS, FUSE, 9P, Ceph, AFS, procfs: workers.
+        for remote in [
+            libc::NFS_SUPER_MAGIC as i64,
+            libc::SMB_SUPER_MAGIC as i64,
+            0xff53_4d42, // CIFS_SUPER_MAGIC
+            0xfe53_4d42, // SMB2_SUPER_MAGIC
+            libc::FUSE_SUPER_MAGIC as i64,
+            0x0102_1997, // V9FS_MAGIC
+            0x00c3_6400, // CEPH_SUPER_MAGIC
+            libc::AFS_SUPER_MAGIC as i64,
+            libc::PROC_SUPER_MAGIC as i64,
+        ] {
+            assert!(!is_local_fs_type(remote), "{remote:#x}");
+        }
     }
 
     #[test]

@@ -315,7 +315,10 @@ pub fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
     // SAFETY: a valid fd and out pointer for one statfs64.
     check!(unsafe { libc::fstatfs64(fd.as_raw_fd(), fs.as_mut_ptr()) })?;
     // SAFETY: fstatfs64 succeeded, so it filled `fs`.
-    Ok(i64::from(unsafe { fs.assume_init() }.f_type))
+    let fs = unsafe { fs.assume_init() };
+    // `f_type` is a `c_long` on most targets, a `c_uint` on s390x.
+    #[allow(clippy::unnecessary_cast)]
+    Ok(fs.f_type as i64)
 }
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.
