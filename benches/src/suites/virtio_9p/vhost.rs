@@ -768,9 +768,11 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
 
     // The floor of one vhost-user round trip, in the same rounds as a
     // Tgetattr and an inline 4 KiB Tread over vhost-user (alternating).
-    // For where the time goes, Tgetattr also runs inline on the vring
-    // thread (OffloadPolicy::Never) in the same rounds: the difference to
-    // the default is the worker hop.
+    // For where the time goes, Tgetattr also runs with every call inline
+    // on the vring thread (OffloadPolicy::Never) in the same rounds. The
+    // export is a local directory, so the default policy runs Tgetattr
+    // inline too (Filesystem::metadata_is_local): the two should match,
+    // and a gap would be a worker hop coming back.
     let never = start(dir.path(), coro_pool::Policy::Bounded, OffloadPolicy::Never)?;
     let mut floor = Vec::new();
     let mut getattr = Vec::new();

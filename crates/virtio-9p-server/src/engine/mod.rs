@@ -18,6 +18,18 @@
 //!   `preadv` into guest memory costs less than a thread hop. The reply
 //!   writer gives the hint (`cachestat(2)`), the engine decides
 //!   (`offload_read`). Uncached ranges go to a worker.
+//! - The short metadata calls (Tgetattr, Twalk, Tclunk's `close`, Tstatfs,
+//!   Treadlink, Txattrwalk) run inline when the filesystem says its
+//!   metadata calls are local
+//!   ([`Filesystem::metadata_is_local`](crate::fs::Filesystem::metadata_is_local):
+//!   a local disk or memory filesystem, where they return within a disk
+//!   access). The server passes the hint with every call
+//!   ([`Blocking::run_hinted`]), the engine decides. On any other
+//!   filesystem (the default hint: NFS, CIFS, FUSE, 9P, Ceph, unknown)
+//!   they go to a worker, so a call that hangs on a peer never stalls the
+//!   engine's thread. Treaddir (a large cold directory reads many blocks,
+//!   with no cache hint), Tlopen, Tattach, every call that changes the
+//!   tree, Tgetlock and Tfsync always go to a worker.
 //! - A blocking Tlock waits between its attempts in `sleep` (a timer:
 //!   the coroutine yields and holds no thread), and its attempts run apart
 //!   from reads and writes ([`Job::may_wait`]), so a pile of blocked locks
@@ -114,11 +126,17 @@ pub const DEFAULT_STACK_SIZE: usize = 256 << 10;
 /// leaks them.
 pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Which filesystem calls leave the engine's thread.
+/// Which filesystem calls leave the engine's thread (see the module docs,
+/// "What runs where").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OffloadPolicy {
-    /// Tread of cached data inline, everything else on a worker (default).
+    /// Tread of cached data inline; Tgetattr, Twalk, Tclunk, Tstatfs,
+    /// Treadlink and Txattrwalk inline when the filesystem says its
+    /// metadata calls are local
+    /// ([`Filesystem::metadata_is_local`](crate::fs::Filesystem::metadata_is_local));
+    /// everything else, and every call of a filesystem that does not say
+    /// so, on a worker (default).
     #[default]
     Auto,
     /// Every call on a worker, including cached reads.
