@@ -6,6 +6,8 @@
 //! default policy: a filesystem that does not say its metadata calls are
 //! local keeps them on workers, so a hung one never stalls the device.
 
+mod common;
+
 use std::io;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::ThreadId;
@@ -182,6 +184,28 @@ impl<F: Filesystem + 'static> Device<F> {
         out
     }
 
+    /// Sends each `(tag, request, expected reply type)` one after another
+    /// and checks its reply; with `at_once`, each must be answered within
+    /// `process` (inline on this thread, no worker hop or poll).
+    fn serve_each(
+        &mut self,
+        d: &mut MockDriver<'_, GuestMemoryMmap<()>>,
+        cases: &[(u16, Tmessage, MsgType)],
+        at_once: bool,
+    ) {
+        for (tag, m, reply) in cases {
+            let c = self.send(d, *tag, m);
+            let used = if at_once {
+                self.rq.complete(&mut self.queue, &*self.mem).unwrap();
+                d.take_used().len()
+            } else {
+                self.used(d, 1).len()
+            };
+            assert_eq!(used, 1, "{m:?} answered (at once: {at_once})");
+            assert_eq!(self.reply_type(&c), *reply, "{m:?}");
+        }
+    }
+
     fn reply_type(&self, chain: &ChainLayout) -> u8 {
         let (addr, _, _) = *chain.buffers.iter().find(|b| b.2).unwrap();
         let mut hdr = [0u8; HEADER_SIZE];
@@ -341,6 +365,15 @@ fn test_disconnect_with_a_stuck_call_is_bounded_and_the_daemon_serves_on() {
     gate.open();
 }
 
+/// Twalk of fid 0 to fid 1, Tgetattr of fid 0, Tclunk of fid 1.
+fn walk_getattr_clunk() -> [(u16, Tmessage, MsgType); 3] {
+    [
+        (1, walk(0, 1), MsgType::Rwalk),
+        (2, getattr(), MsgType::Rgetattr),
+        (3, Tmessage::Clunk(Tfid { fid: 1 }), MsgType::Rclunk),
+    ]
+}
+
 fn walk(fid: u32, newfid: u32) -> Tmessage {
     Tmessage::Walk(Twalk {
         fid,
@@ -358,31 +391,10 @@ fn test_auto_runs_metadata_calls_inline_for_a_local_filesystem() {
     let before = dev.rq.engine_stats().offloaded;
     // Twalk, Tgetattr and Tclunk are answered inline, within `process`,
     // on this (the device) thread: no worker hop.
-    for (tag, m, reply) in [
-        (1, walk(0, 1), MsgType::Rwalk),
-        (2, getattr(), MsgType::Rgetattr),
-        (3, Tmessage::Clunk(Tfid { fid: 1 }), MsgType::Rclunk),
-    ] {
-        let c = dev.send(&mut d, tag, &m);
-        dev.rq.complete(&mut dev.queue, &*dev.mem).unwrap();
-        assert_eq!(d.take_used().len(), 1, "{m:?} answered at once");
-        assert_eq!(dev.reply_type(&c), reply);
-    }
+    dev.serve_each(&mut d, &walk_getattr_clunk(), true);
     assert_eq!(dev.rq.engine_stats().offloaded, before);
     // A change still goes to a worker.
-    let set = Tsetattr {
-        fid: 0,
-        valid: SetattrMask::empty(),
-        mode: 0,
-        uid: 0,
-        gid: 0,
-        size: 0,
-        atime_sec: 0,
-        atime_nsec: 0,
-        mtime_sec: 0,
-        mtime_nsec: 0,
-    };
-    let c = dev.send(&mut d, 4, &Tmessage::Setattr(set));
+    let c = dev.send(&mut d, 4, &Tmessage::Setattr(common::setattr_base(0)));
     assert_eq!(dev.used(&mut d, 1).len(), 1);
     assert_eq!(dev.reply_type(&c), MsgType::Rsetattr);
     assert_eq!(dev.rq.engine_stats().offloaded, before + 1);
@@ -404,15 +416,7 @@ fn test_auto_offloads_metadata_calls_of_a_filesystem_with_the_default_hint() {
     let (mut dev, mut d) = device_of(StuckFs(Arc::clone(&gate)), 2);
     dev.attach(&mut d);
     let before = dev.rq.engine_stats().offloaded;
-    for (tag, m, reply) in [
-        (1, walk(0, 1), MsgType::Rwalk),
-        (2, getattr(), MsgType::Rgetattr),
-        (3, Tmessage::Clunk(Tfid { fid: 1 }), MsgType::Rclunk),
-    ] {
-        let c = dev.send(&mut d, tag, &m);
-        assert_eq!(dev.used(&mut d, 1).len(), 1, "{m:?}");
-        assert_eq!(dev.reply_type(&c), reply);
-    }
+    dev.serve_each(&mut d, &walk_getattr_clunk(), false);
     assert_eq!(dev.rq.engine_stats().offloaded, before + 3);
 }
 
@@ -426,15 +430,12 @@ fn test_a_hung_getattr_of_a_non_local_filesystem_never_stalls_the_device() {
     dev.attach(&mut d);
     dev.send(&mut d, 1, &getattr());
     gate.wait_entered(1);
-    for (tag, m, reply) in [
+    let cases = [
         (2, walk(0, 1), MsgType::Rwalk),
         (3, Tmessage::Statfs(Tfid { fid: 1 }), MsgType::Rlerror),
         (4, Tmessage::Clunk(Tfid { fid: 1 }), MsgType::Rclunk),
-    ] {
-        let c = dev.send(&mut d, tag, &m);
-        assert_eq!(dev.used(&mut d, 1).len(), 1, "{m:?} served");
-        assert_eq!(dev.reply_type(&c), reply, "{m:?}");
-    }
+    ];
+    dev.serve_each(&mut d, &cases, false);
     assert_eq!(dev.rq.in_flight(), 1, "only the hung Tgetattr");
     let t0 = Instant::now();
     drop(dev);
