@@ -5,7 +5,8 @@
 //! leaves (unless `--keep-serving`); options of the other mode are
 //! refused; SIGHUP and SIGTERM end it with status 0 in every sandbox mode;
 //! `--syslog` logs through `/dev/log` from inside the sandbox;
-//! `--print-capabilities` matches the shipped JSON descriptor.
+//! `--print-capabilities` matches the shipped JSON descriptor;
+//! `--no-inline-metadata` keeps metadata calls on workers.
 
 mod sandbox_support;
 
@@ -267,6 +268,31 @@ fn test_sighup_and_sigterm_exit_cleanly_in_every_mode() {
                     assert!(!pid_path(&sock).exists(), "{what}: pid file left behind");
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn test_no_inline_metadata_keeps_metadata_calls_on_workers() {
+    // The export is a local temp dir: by default its metadata calls run on
+    // the vring or socket thread (under the process-wide seccomp filter of
+    // the default hardening), with the option on workers.
+    for kind in KINDS {
+        for (extra, log) in [
+            (
+                &[][..],
+                "metadata calls inline (the shared dir is on a local filesystem)",
+            ),
+            (&["--no-inline-metadata"][..], "metadata calls on workers"),
+        ] {
+            let (tmp, export) = tree();
+            let sock = tmp.path().join("s.sock");
+            let Some(mut d) = start(kind, &export, &sock, "namespace", extra) else {
+                continue;
+            };
+            d.wait_log(log);
+            assert_serves(kind, &sock);
+            d.assert_alive_then_stop(&format!("{kind:?} {extra:?}"));
         }
     }
 }

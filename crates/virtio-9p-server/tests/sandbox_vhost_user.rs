@@ -4,7 +4,8 @@
 //! a 128 MiB Tread through one indirect chain, 1024 requests in flight,
 //! Tflush of blocked Tlocks on the worker pool, and malformed chains and
 //! messages; and 20 reconnects, each starting fresh worker threads under
-//! their own filter. Any syscall missing from the allow-lists kills the
+//! their own filter. The export is a local temp dir, so the short metadata
+//! calls run on the vring thread. Any syscall missing from the allow-lists kills the
 //! daemon, and `stop` checks that it exited 0. Skips with a notice where
 //! namespaces cannot be created. The scenarios live in
 //! `vhost_user_support::scenarios`.
@@ -51,7 +52,8 @@ impl BinDaemon {
             child: Some(child),
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !d.log().contains("capabilities [") {
+        // Logged right after the sandbox and seccomp line.
+        while !d.log().contains("metadata calls ") {
             if let Some(st) = d.child.as_mut().unwrap().try_wait().unwrap() {
                 d.child = None;
                 if d.log().contains("cannot create namespaces") {
@@ -63,6 +65,10 @@ impl BinDaemon {
             assert!(Instant::now() < deadline, "daemon not ready: {}", d.log());
             std::thread::sleep(Duration::from_millis(20));
         }
+        // The export is a local temp dir: the scenarios' walks, getattrs
+        // and clunks run on the vring thread, under the process-wide
+        // filter.
+        assert!(d.log().contains("metadata calls inline"), "{}", d.log());
         Some(d)
     }
 
