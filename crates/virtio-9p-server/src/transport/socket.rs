@@ -99,15 +99,19 @@ use log::{debug, error, info, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::splice::{
+    self, Filled, PipePool, SharedPipes, SigpipeBlocked, SockWriter, Splicer, Tail,
+};
 use crate::engine::{
     self, set_nonblocking, Engine, EngineConfig, EngineExec, Executor, ThreadPool,
     DEFAULT_STACK_SIZE, DEFAULT_WORKERS,
 };
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
-use crate::io::{RequestReader, SliceReader, SliceWriter};
+use crate::io::{RequestReader, SliceReader};
 use crate::protocol::{Header, MsgType, Rmessage, HEADER_SIZE, TREAD, TREADDIR, TWRITE};
 use crate::server::{Cancel, Server, Session};
+use std::sync::Mutex;
 
 /// Most client connections served at once; further ones are closed at
 /// accept.
@@ -668,12 +672,21 @@ impl Input {
     }
 }
 
-/// One reply waiting to be written.
+/// One reply waiting to be written: `buf[..len]`, then the spliced data
+/// of an Rread.
 struct Out {
     buf: Vec<u8>,
     len: usize,
     /// Whether `buf` came from the pool.
     pooled: bool,
+    tail: Option<Tail>,
+}
+
+impl Out {
+    /// Bytes of the whole reply.
+    fn total(&self) -> usize {
+        self.len + self.tail.as_ref().map_or(0, |t| t.len)
+    }
 }
 
 struct Conn<F: Filesystem> {
@@ -696,6 +709,8 @@ struct Conn<F: Filesystem> {
 struct Handoff {
     request: Cell<Option<Vec<u8>>>,
     reply: Cell<Option<Vec<u8>>>,
+    /// An Rread's data, spliced into a pipe.
+    spliced: Cell<Option<Filled>>,
 }
 
 /// A request in flight, by its engine token.
@@ -733,6 +748,8 @@ struct Loop<F: Filesystem> {
     /// Connections left unread because the thread was at `thread_cap`.
     starved: Vec<u32>,
     bufs: BufPool,
+    /// Pipes for spliced Rreads, shared with this thread's requests.
+    pipes: SharedPipes,
     done: Vec<(u16, u32)>,
     /// Connections whose output or interest may need work.
     dirty: Vec<u32>,
@@ -756,17 +773,19 @@ fn read_some(sock: &File, buf: &mut [u8]) -> io::Result<Option<usize>> {
     }
 }
 
-/// `send(2)` without SIGPIPE: `Ok(None)` for `EAGAIN`.
-fn send_some(sock: &File, buf: &[u8]) -> io::Result<Option<usize>> {
+/// `send(2)` without SIGPIPE: `Ok(None)` for `EAGAIN`; with `more`, the
+/// rest of the message follows (`MSG_MORE`).
+pub(super) fn send_fd(sock: BorrowedFd<'_>, buf: &[u8], more: bool) -> io::Result<Option<usize>> {
+    let more = if more { libc::MSG_MORE } else { 0 };
     loop {
         // SAFETY: `buf` is valid for reads of its length for the call; the
-        // fd is held by `sock`.
+        // fd is borrowed.
         let n = unsafe {
             libc::send(
                 sock.as_raw_fd(),
                 buf.as_ptr().cast(),
                 buf.len(),
-                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | more,
             )
         };
         if n >= 0 {
@@ -782,6 +801,9 @@ fn send_some(sock: &File, buf: &[u8]) -> io::Result<Option<usize>> {
 }
 
 fn run_thread<F: Filesystem + 'static>(ctx: ThreadCtx<F>, single: bool) -> io::Result<()> {
+    // Splices into sockets raise SIGPIPE on a hang-up: keep it pending on
+    // this thread (and take it) rather than let it reach the process.
+    let _sigpipe = SigpipeBlocked::new();
     let limits = &ctx.shared.limits;
     let thread_cap = limits
         .max_requests
@@ -813,6 +835,7 @@ fn run_thread<F: Filesystem + 'static>(ctx: ThreadCtx<F>, single: bool) -> io::R
             free: Vec::new(),
             budget: Arc::clone(&ctx.shared.budget),
         },
+        pipes: Arc::new(Mutex::new(PipePool::new(splice::MAX_PIPES))),
         shared: ctx.shared,
         epoll,
         engine,
@@ -843,7 +866,8 @@ impl<F: Filesystem + 'static> Loop<F> {
         let mut events = vec![EpollEvent::default(); 64];
         let mut served_one = false;
         loop {
-            let timeout = match self.bufs.next_expiry() {
+            let pipes = splice::lock(&self.pipes).next_expiry();
+            let timeout = match self.bufs.next_expiry().into_iter().chain(pipes).min() {
                 Some(left) => left.as_millis().clamp(1, i32::MAX as u128) as i32,
                 None => -1,
             };
@@ -1147,6 +1171,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             buf: frame,
             len,
             pooled: false,
+            tail: None,
         });
         self.dirty.push(id);
     }
@@ -1201,17 +1226,20 @@ impl<F: Filesystem + 'static> Loop<F> {
         let exec = self.exec;
         let handoff = Rc::new(Handoff::default());
         let back = Rc::clone(&handoff);
+        // An Rread may go out as its header plus a spliced file range.
+        let splicer = (h.ty == TREAD).then(|| Splicer::new(Arc::clone(&self.pipes)));
         let task = move |cancel: Cancel| {
             let mut reply = reply;
             let r = server.handle(
                 &session,
                 &mut SliceReader::new(&buf[..size]),
-                &mut SliceWriter::new(&mut reply[..room]),
+                &mut SockWriter::new(&mut reply[..room], splicer.as_ref()),
                 &exec,
                 &cancel,
             );
             back.request.set(Some(buf));
             back.reply.set(Some(reply));
+            back.spliced.set(splicer.as_ref().and_then(Splicer::take));
             reply_len(r, &cancel)
         };
         self.spawn(id, h.tag, handoff, None, task);
@@ -1263,7 +1291,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             let r = server.handle(
                 &session,
                 &mut req,
-                &mut SliceWriter::new(&mut reply[..SMALL_BUFFER]),
+                &mut SockWriter::new(&mut reply[..SMALL_BUFFER], None),
                 &exec,
                 &cancel,
             );
@@ -1340,6 +1368,7 @@ impl<F: Filesystem + 'static> Loop<F> {
                 self.bufs.put(b, self.keep());
             }
             let reply = req.handoff.reply.take();
+            let spliced = req.handoff.spliced.take();
             let Some(c) = self.conns.get_mut(&req.conn) else {
                 if let Some(b) = reply {
                     self.bufs.put(b, self.keep());
@@ -1355,14 +1384,20 @@ impl<F: Filesystem + 'static> Loop<F> {
                 };
             }
             match reply {
-                Some(buf) if len > 0 && len as usize <= buf.len() => {
+                Some(mut buf) if len > 0 && len as usize <= buf.len() => {
+                    let (len, tail) = match spliced {
+                        Some(f) => rread_tail(&mut buf, len as usize, f),
+                        None => (len as usize, None),
+                    };
                     self.queued += 1;
-                    c.out_bytes += len as usize;
-                    c.out.push_back(Out {
+                    let out = Out {
                         buf,
-                        len: len as usize,
+                        len,
                         pooled: true,
-                    });
+                        tail,
+                    };
+                    c.out_bytes += out.total();
+                    c.out.push_back(out);
                 }
                 other => {
                     // Flushed before it answered, or not answerable.
@@ -1412,6 +1447,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         }
         // Buffers unused for IDLE_RELEASE go back to the kernel, whether
         // or not other connections of the thread are busy.
+        splice::lock(&self.pipes).expire();
         if self.bufs.expire() {
             trim_heap();
             if self.live == 0 {
@@ -1425,20 +1461,40 @@ impl<F: Filesystem + 'static> Loop<F> {
         let Some(c) = self.conns.get_mut(&id) else {
             return Ok(());
         };
-        while let Some(front) = c.out.front() {
-            let Some(n) = send_some(&c.sock, &front.buf[c.out_pos..front.len])? else {
-                break;
-            };
-            c.out_pos += n;
-            if c.out_pos == front.len {
-                c.out_pos = 0;
-                c.in_flight -= 1;
-                c.out_bytes -= front.len;
-                if let Some(o) = c.out.pop_front() {
-                    if o.pooled {
-                        self.queued -= 1;
-                        self.bufs.put(o.buf, keep);
-                    }
+        let log = self.shared.server.log_limit();
+        while let Some(front) = c.out.front_mut() {
+            if c.out_pos < front.len {
+                let more = front.tail.is_some();
+                let Some(n) = send_fd(c.sock.as_fd(), &front.buf[c.out_pos..front.len], more)?
+                else {
+                    break;
+                };
+                c.out_pos += n;
+                continue;
+            }
+            if let Some(t) = front.tail.as_mut().filter(|t| t.left > 0) {
+                // The header is out: now the pipe (kept while the socket
+                // is full).
+                let Some(n) = splice::splice_out(t, c.sock.as_fd(), || log.admit())? else {
+                    break;
+                };
+                t.left -= n;
+                continue;
+            }
+            c.out_pos = 0;
+            c.in_flight -= 1;
+            c.out_bytes -= front.total();
+            if let Some(o) = c.out.pop_front() {
+                if let Some(Tail {
+                    pipe: Some(pipe), ..
+                }) = o.tail
+                {
+                    // Sent in full: empty.
+                    splice::lock(&self.pipes).put(pipe, true);
+                }
+                if o.pooled {
+                    self.queued -= 1;
+                    self.bufs.put(o.buf, keep);
                 }
             }
         }
@@ -1480,6 +1536,35 @@ impl<F: Filesystem> Drop for Loop<F> {
             self.engine.cancel_group(id);
         }
     }
+}
+
+/// An Rread whose data was spliced into a pipe: the bytes of `buf` to
+/// send (its header) and the pipe to send after them. A reply that is not
+/// that Rread (the filesystem failed after the splice, or reported
+/// another count) drops the pipe; a mismatched Rread becomes an `EIO`
+/// Rlerror, since its data is not in the buffer.
+fn rread_tail(buf: &mut [u8], len: usize, f: Filled) -> (usize, Option<Tail>) {
+    const RHDR: usize = HEADER_SIZE + 4;
+    let is_rread = buf.get(4) == Some(&u8::from(MsgType::Rread));
+    let count = buf
+        .get(HEADER_SIZE..RHDR)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize);
+    if is_rread && len == RHDR + f.len && count == Some(f.len) {
+        let tail = Tail {
+            pipe: Some(f.pipe),
+            left: f.len,
+            len: f.len,
+        };
+        return (RHDR, Some(tail));
+    }
+    if !is_rread {
+        return (len, None);
+    }
+    error!("9p: an Rread's count does not match its spliced data; answering EIO");
+    let tag = u16::from_le_bytes([buf[5], buf[6]]);
+    let frame = Rmessage::Lerror(libc::EIO as u32).encode_frame(tag);
+    buf[..frame.len()].copy_from_slice(&frame);
+    (frame.len(), None)
 }
 
 /// The reply length of a finished request: 0 (no reply) when it was
