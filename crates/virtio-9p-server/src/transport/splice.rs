@@ -696,7 +696,6 @@ mod tests {
         let n = tail.write_from_file_at(f.as_fd(), 70_000, 40_000).unwrap();
         assert_eq!(n, 60_000, "clamped to the file");
         assert_eq!(tail.bytes_written(), 60_000);
-        drop(tail);
         let filled = sp.take().unwrap();
         assert_eq!(filled.len, 60_000);
         let mut got = vec![0u8; 60_000];
@@ -715,7 +714,6 @@ mod tests {
         );
         tail.write_all(b"xyz").unwrap();
         assert_eq!(tail.bytes_written(), 32_771);
-        drop(tail);
         assert!(sp.take().is_none());
         assert_eq!(&buf[11..11 + 32_768], &data[..32_768]);
         assert_eq!(&buf[11 + 32_768..11 + 32_771], b"xyz");
@@ -726,7 +724,6 @@ mod tests {
         let mut tail = head.split_at(11).unwrap();
         assert_eq!(tail.write_from_file_at(f.as_fd(), 1000, 5).unwrap(), 1000);
         assert!(sp.take().is_none());
-        drop(tail);
         assert_eq!(&buf[11..1011], &data[5..1005]);
         f.rewind().unwrap();
     }
