@@ -322,27 +322,32 @@ impl<'a> SockWriter<'a> {
         };
         let mut chunk = vec![0u8; filled.len.min(64 << 10)];
         let mut left = filled.len;
+        let mut intact = true;
         while left > 0 {
             let want = left.min(chunk.len());
             // SAFETY: `chunk` is valid for writes of `want` bytes; the pipe
             // is ours.
             let n =
                 unsafe { libc::read(filled.pipe.r.as_raw_fd(), chunk.as_mut_ptr().cast(), want) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
+            let got = match n {
+                n if n > 0 => n as usize,
+                n if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {
+                    continue
                 }
-                return Err(e);
-            }
-            if n == 0 {
-                return Err(io::Error::other("pipe ended before its contents"));
-            }
-            self.buf.write_all(&chunk[..n as usize])?;
-            left -= n as usize;
+                _ => {
+                    // Pages gone from the pipe (truncated): zeros keep the
+                    // count the caller was given.
+                    error!("9p: a spliced range lost {left} bytes; using zeros");
+                    intact = false;
+                    chunk[..want].fill(0);
+                    want
+                }
+            };
+            self.buf.write_all(&chunk[..got])?;
+            left -= got;
         }
         self.spliced = 0;
-        lock(&sp.pipes).put(filled.pipe, true);
+        lock(&sp.pipes).put(filled.pipe, intact);
         Ok(())
     }
 
