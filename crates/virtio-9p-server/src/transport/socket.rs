@@ -121,9 +121,11 @@
 //!   killed.
 //!
 //! Measured in the `virtio-9p` suite (2 cores shared with other jobs; the
-//! crate README has the figures): `rread_splice_vs_copy`, 64 KiB Rreads
-//! into a unix socket, 1.4x-1.9x the copy; sequential 64 KiB reads 1.2x
-//! to 1.7x diod's at depths 1, 4 and 16 and with 4 connections.
+//! crate README and docs/virtio-9p-design.md have the figures):
+//! `rread_splice_vs_copy`, 64 KiB Rreads into a unix socket, 1.17x to
+//! 1.89x the copy across runs; sequential 64 KiB reads 1.7x, 2.6x, 2.3x
+//! and 2.0x diod's at depths 1, 4, 16 and with 4 connections in the last
+//! full run (depth 16 fell to 0.86x in one run under heavy load).
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
