@@ -123,6 +123,13 @@ fn serve(export: &Path, addr: ListenAddr) -> ListenAddr {
     bound
 }
 
+/// An in-process listener on `dir`/9p.sock serving `export`.
+fn serve_unix(export: &Path, dir: &Path) -> PathBuf {
+    let path = dir.join("9p.sock");
+    serve(export, ListenAddr::Unix(path.clone()));
+    path
+}
+
 fn expect_range(got: &[u8], off: u64, count: usize, file_len: usize) {
     let end = (off as usize).saturating_add(count).min(file_len);
     let want = end.saturating_sub(off as usize);
@@ -175,10 +182,7 @@ fn check_boundaries<S: Read + Write>(mut c: Raw<S>) {
 fn test_spliced_rread_matches_the_file_at_boundaries_over_unix() {
     let tmp = tempfile::tempdir().unwrap();
     let export = export_with_file(tmp.path());
-    let addr = serve(&export, ListenAddr::Unix(tmp.path().join("9p.sock")));
-    let ListenAddr::Unix(path) = addr else {
-        unreachable!()
-    };
+    let path = serve_unix(&export, tmp.path());
     check_boundaries(Raw::new(UnixStream::connect(path).unwrap()));
 }
 
@@ -208,10 +212,7 @@ fn test_spliced_replies_out_of_order_are_matched_by_tag() {
     std::fs::write(export.join("cold"), pattern(FILE_LEN)).unwrap();
     let file = std::fs::File::open(export.join("cold")).unwrap();
     file.sync_all().unwrap();
-    let addr = serve(&export, ListenAddr::Unix(tmp.path().join("9p.sock")));
-    let ListenAddr::Unix(path) = addr else {
-        unreachable!()
-    };
+    let path = serve_unix(&export, tmp.path());
     let mut c = Raw::new(UnixStream::connect(path).unwrap());
     c.open(1, "f");
     c.open(2, "cold");
@@ -255,10 +256,7 @@ fn test_spliced_replies_out_of_order_are_matched_by_tag() {
 fn test_tflush_of_spliced_reads_keeps_reply_before_rflush() {
     let tmp = tempfile::tempdir().unwrap();
     let export = export_with_file(tmp.path());
-    let addr = serve(&export, ListenAddr::Unix(tmp.path().join("9p.sock")));
-    let ListenAddr::Unix(path) = addr else {
-        unreachable!()
-    };
+    let path = serve_unix(&export, tmp.path());
     let mut c = Raw::new(UnixStream::connect(path).unwrap());
     c.open(1, "f");
     // Reads whose replies fill the socket (the client reads nothing yet),

@@ -438,11 +438,11 @@ fn nowait_reads(file: BorrowedFd<'_>, off: u64) -> bool {
 /// Returns the bytes now in the pipe (fewer at end of file); an error
 /// only when nothing was spliced.
 fn fill(pipe: &Pipe, file: BorrowedFd<'_>, off: u64, len: usize) -> io::Result<usize> {
-    let mut done = 0usize;
-    while done < len {
+    // A full pipe (EAGAIN; it was sized for `len`) ends it like an error.
+    crate::io::repeat_io(len, |done| {
         let mut o = (off + done as u64) as libc::loff_t;
         // SAFETY: splice between two fds we hold; `o` is valid for the call.
-        let n = unsafe {
+        unsafe {
             libc::splice(
                 file.as_raw_fd(),
                 &mut o,
@@ -451,24 +451,8 @@ fn fill(pipe: &Pipe, file: BorrowedFd<'_>, off: u64, len: usize) -> io::Result<u
                 len - done,
                 libc::SPLICE_F_NONBLOCK,
             )
-        };
-        if n > 0 {
-            done += n as usize;
-            continue;
         }
-        if n == 0 {
-            break;
-        }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::Interrupted => continue,
-            // The pipe is full (it should not be: it was sized for `len`).
-            io::ErrorKind::WouldBlock if done > 0 => break,
-            _ if done > 0 => break,
-            _ => return Err(e),
-        }
-    }
-    Ok(done)
+    })
 }
 
 impl Write for SockWriter<'_> {
