@@ -673,6 +673,40 @@ mod tests {
     }
 
     #[test]
+    fn test_short_pipe_is_padded_with_zeros() {
+        // A pipe holding 10 bytes for a tail of 100: the rest goes out as
+        // zeros instead of waiting for bytes that never come.
+        let mut pool = PipePool::new(1);
+        let pipe = pool.take(SPLICE_MIN).unwrap();
+        let mut w = std::fs::File::from(pipe.w.try_clone().unwrap());
+        w.write_all(b"0123456789").unwrap();
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut tail = Tail {
+            pipe: Some(pipe),
+            left: 100,
+            len: 100,
+        };
+        let mut logged = 0;
+        while tail.left > 0 {
+            let n = splice_out(&mut tail, a.as_fd(), || {
+                logged += 1;
+                true
+            })
+            .unwrap()
+            .expect("the socket has room");
+            tail.left -= n;
+        }
+        assert!(tail.pipe.is_none(), "the short pipe is dropped");
+        assert_eq!(logged, 1);
+        let mut got = [0u8; 100];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(&got[..10], b"0123456789");
+        assert!(got[10..].iter().all(|&x| x == 0));
+        drop(w);
+        assert_eq!(pool.open(), 0);
+    }
+
+    #[test]
     fn test_writer_splices_only_a_whole_tail() {
         let mut f = tempfile::tempfile().unwrap();
         let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
