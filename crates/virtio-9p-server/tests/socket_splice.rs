@@ -498,8 +498,11 @@ fn test_hangup_mid_splice_leaks_no_fd() {
             fds(s.pid)
         );
     }
+    // Still serving, an uncached range too (spliced on a worker, under
+    // the daemon's seccomp filter).
     let mut c = unix(&s.sock);
     c.open(1, "f");
+    evict(&s.export.join("f"));
     let d = c.read(1, 1, 12_345, 100_000);
     expect_range(&d, 12_345, 100_000, FILE_LEN);
     drop(c);
