@@ -47,8 +47,8 @@
 //! blocking locks, see [`Job::may_wait`](crate::engine::Job::may_wait));
 //! with 0 workers every call runs inline on its socket thread. Reads of
 //! cached data run inline on the socket thread (no thread hop); uncached
-//! ranges go to a worker (see "Zero-copy Rread"). So the daemon has `1 + threads + 2 × workers`
-//! threads whatever the number of clients.
+//! ranges go to a worker (see "Zero-copy Rread"). So the daemon has
+//! `1 + threads + 2 × workers` threads whatever the number of clients.
 //!
 //! # Memory
 //!
@@ -138,7 +138,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use coro_pool::{PoolConfig, StackPool};
@@ -158,7 +158,6 @@ use crate::fs::Filesystem;
 use crate::io::{RequestReader, SliceReader};
 use crate::protocol::{Header, MsgType, Rmessage, HEADER_SIZE, TREAD, TREADDIR, TWRITE};
 use crate::server::{Cancel, Server, Session};
-use std::sync::Mutex;
 
 /// Most client connections served at once; further ones are closed at
 /// accept.

@@ -45,7 +45,7 @@
 //! ([`Tail::pad`]), so the framing holds, and the pipe is closed.
 
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -165,7 +165,7 @@ impl PipePool {
             }
             None => self.create()?,
         };
-        match set_pipe_size(pipe.w.as_fd_borrowed(), need) {
+        match set_pipe_size(pipe.w.as_fd(), need) {
             Ok(cap) if cap >= need => {
                 pipe.cap = cap;
                 Some(pipe)
@@ -226,17 +226,6 @@ impl PipePool {
             .iter()
             .map(|(_, since)| PIPE_IDLE_RELEASE.saturating_sub(since.elapsed()))
             .min()
-    }
-}
-
-/// `BorrowedFd` of an `OwnedFd` (short name for the calls here).
-trait AsFdBorrowed {
-    fn as_fd_borrowed(&self) -> BorrowedFd<'_>;
-}
-
-impl AsFdBorrowed for OwnedFd {
-    fn as_fd_borrowed(&self) -> BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(self)
     }
 }
 
@@ -648,7 +637,6 @@ pub(crate) fn splice_out(
 mod tests {
     use super::*;
     use std::io::{Read, Seek};
-    use std::os::fd::AsFd;
 
     fn pool() -> SharedPipes {
         Arc::new(Mutex::new(PipePool::new(4)))
