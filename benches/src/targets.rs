@@ -309,7 +309,19 @@ pub const TARGETS: &[Target] = &[
         figure: "sock_depth4_vs_depth1",
         op: Op::AtLeast,
         bound: 1.6,
-        context: &["sock_read_gib_per_s_depth1", "sock_read_gib_per_s_depth4"],
+        context: &[
+            "sock_read_gib_per_s_depth1",
+            "sock_read_gib_per_s_depth4",
+            "ceiling_depth4_vs_depth1",
+        ],
+    },
+    Target {
+        suite: "virtio-9p",
+        claim: "Rread spliced file -> pipe -> socket beats the copy it replaced (issue 19)",
+        figure: "rread_splice_vs_copy",
+        op: Op::AtLeast,
+        bound: 1.0,
+        context: &["rread_splice_gib_per_s"],
     },
     Target {
         suite: "virtio-9p",

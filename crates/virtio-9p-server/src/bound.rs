@@ -29,6 +29,17 @@
 //! devices (one per daemon). When no request is in flight the socket
 //! buffer term drops out: an idle connection holds only its
 //! `PER_CONNECTION` share ([`socket_idle`]).
+//!
+//! Spliced Rreads (socket mode) add no term: their data sits in pipes as
+//! references to page-cache pages, not in the daemon's memory, and the
+//! reply buffer they were given stays untouched beyond its header. Their
+//! cost is fds: at most 16 pipes (32 fds) per socket thread, in use or
+//! free, so `threads x 32` fds (128 with the default of at most 4
+//! threads), taken from the daemon's fd reserve (`FD_RESERVE` of the
+//! binary's sandbox). A free pipe unused for the socket transport's
+//! `IDLE_RELEASE` is closed, so idle connections hold no pipe, and a
+//! pipe that cannot be had (`EMFILE`, the cap) makes the read take the
+//! copy path.
 
 use crate::engine::DEFAULT_STACK_SIZE;
 use crate::fs::passthrough::qid::{DEFAULT_MAX_EXACT, MAX_PREFIX};

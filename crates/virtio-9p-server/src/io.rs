@@ -144,21 +144,14 @@ fn pread_nowait(file: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<us
     }
 }
 
-/// `pwrite` until everything is written, a zero-length write, or an error
-/// after some progress (then the progress is returned).
-pub(crate) fn pwrite_all(file: BorrowedFd<'_>, buf: &[u8], off: u64) -> io::Result<usize> {
+/// Repeats `op(done)` (a syscall moving at most `len - done` bytes, its
+/// raw return value) until `len` bytes moved, it returns 0, or it fails:
+/// `EINTR` is retried, and an error after some progress returns the
+/// progress.
+pub(crate) fn repeat_io(len: usize, mut op: impl FnMut(usize) -> isize) -> io::Result<usize> {
     let mut done = 0usize;
-    while done < buf.len() {
-        let rest = &buf[done..];
-        // SAFETY: `rest` is a valid readable buffer and the fd is borrowed.
-        let n = unsafe {
-            libc::pwrite64(
-                file.as_raw_fd(),
-                rest.as_ptr().cast(),
-                rest.len(),
-                (off + done as u64) as libc::off64_t,
-            )
-        };
+    while done < len {
+        let n = op(done);
         if n > 0 {
             done += n as usize;
             continue;
@@ -176,6 +169,23 @@ pub(crate) fn pwrite_all(file: BorrowedFd<'_>, buf: &[u8], off: u64) -> io::Resu
         return Err(err);
     }
     Ok(done)
+}
+
+/// `pwrite` until everything is written, a zero-length write, or an error
+/// after some progress (then the progress is returned).
+pub(crate) fn pwrite_all(file: BorrowedFd<'_>, buf: &[u8], off: u64) -> io::Result<usize> {
+    repeat_io(buf.len(), |done| {
+        let rest = &buf[done..];
+        // SAFETY: `rest` is a valid readable buffer and the fd is borrowed.
+        unsafe {
+            libc::pwrite64(
+                file.as_raw_fd(),
+                rest.as_ptr().cast(),
+                rest.len(),
+                (off + done as u64) as libc::off64_t,
+            )
+        }
+    })
 }
 
 /// A [`RequestReader`] over a byte slice.

@@ -20,19 +20,31 @@
 //!   `readlinkat`, `getxattr`/`listxattr` or their `*at` forms, `close`),
 //!   and with zero workers or `OffloadPolicy::Never` every call. Allow
 //!   [`WORKER_THREAD`] and [`DEVICE_THREAD`].
+//! - **Socket threads** of [`transport::socket`](crate::transport::socket)
+//!   (`9p-sock-N`, each an epoll loop and an engine, and the thread that
+//!   accepts) are the device threads of their connections: the engine on
+//!   sockets instead of a ring, and the pipes of spliced Rreads. Allow
+//!   [`WORKER_THREAD`] and [`DEVICE_THREAD`] (whose last part, marked
+//!   "socket transport", only they need). Workers of the socket transport
+//!   splice uncached Rread ranges into those pipes (`splice` is in
+//!   [`WORKER_THREAD`]).
 //!
 //! The lists cover serving and teardown: every 9P2000.L request, Tflush,
 //! blocking Tlock waits, reset and the engine's shutdown (workers exit).
 //! `tests/syscalls.rs` runs a workload of every request kind under a
 //! filter of exactly these lists, with calls on workers and inline, and
 //! with the passthrough built from a path and from fds; a call outside
-//! the lists fails that test. Not covered: building the device
-//! (`Engine::new` creates eventfds, a timerfd and the worker threads:
-//! `eventfd2`, `timerfd_create`, `clone3`/`clone`, `set_robust_list`,
-//! `rseq`, `prctl(PR_SET_NAME)`; `PassthroughFs::new` and `from_fd` open
-//! the export and `/proc/self/fd` and read the export's filesystem type
-//! with `fstatfs`), and the socket transport's own threads (`accept4`,
-//! `poll`, thread creation per connection).
+//! the lists fails that test. It also runs a socket session (spliced and
+//! copied Rreads, cached and not, a client that reads its replies late, a
+//! streamed Twrite, Tflush, a hang-up) with every thread of the process
+//! under [`WORKER_THREAD`] and [`DEVICE_THREAD`]. Not
+//! covered: building the device or the listener (`Engine::new` creates
+//! eventfds, a timerfd and the worker threads: `eventfd2`,
+//! `timerfd_create`, `epoll_create1`, `clone3`/`clone`,
+//! `set_robust_list`, `rseq`, `prctl(PR_SET_NAME)`; `PassthroughFs::new`
+//! and `from_fd` open the export and `/proc/self/fd` and read the
+//! export's filesystem type with `fstatfs`; `Listener::bind` makes its
+//! socket).
 //!
 //! Which xattr calls run depends on the constructor:
 //! [`PassthroughFs::new`](crate::PassthroughFs::new) uses the path forms
@@ -129,6 +141,8 @@ pub const WORKER_THREAD: &[Syscall] = &[
     s!(removexattrat, sys::SYS_REMOVEXATTRAT),
     // The page-cache hint of Tread (Linux 6.5).
     s!(cachestat, 451), // not yet in every libc; virtio::io calls it by number
+    // Uncached Rread ranges of the socket transport, file -> pipe.
+    s!(splice, libc::SYS_splice),
     // x86_64 has older forms that glibc and std still use there (Tattach
     // canonicalizes the export path: `readlink`).
     #[cfg(target_arch = "x86_64")]
@@ -140,6 +154,15 @@ pub const WORKER_THREAD: &[Syscall] = &[
 /// What the device thread makes beyond [`WORKER_THREAD`]: reading the
 /// engine's completion eventfd and timer, arming the timer (blocking
 /// Tlock waits), and waiting for running calls at reset and teardown.
+///
+/// The socket transport's threads also make the calls of the last part:
+/// their epoll loop, reading requests and sending replies, accepting
+/// connections, cached Rreads (`preadv2(RWF_NOWAIT)`, also the probe
+/// before a splice), the pipes of spliced Rreads (created with `pipe2`,
+/// sized with `fcntl(F_SETPIPE_SZ)`, filled and drained with `splice`,
+/// checked with `ioctl(FIONREAD)`), and the `SIGPIPE` that a splice into
+/// a hung-up socket raises (blocked on the thread, then taken with
+/// `rt_sigtimedwait`). A virtio device's thread needs none of them.
 #[rustfmt::skip]
 pub const DEVICE_THREAD: &[Syscall] = &[
     s!(timerfd_settime, libc::SYS_timerfd_settime),
@@ -147,6 +170,19 @@ pub const DEVICE_THREAD: &[Syscall] = &[
     s!(ppoll, libc::SYS_ppoll),
     #[cfg(target_arch = "x86_64")]
     s!(poll, libc::SYS_poll),
+    // The socket transport.
+    s!(epoll_ctl, libc::SYS_epoll_ctl),
+    s!(epoll_pwait, libc::SYS_epoll_pwait),
+    #[cfg(target_arch = "x86_64")]
+    s!(epoll_wait, libc::SYS_epoll_wait),
+    s!(accept4, libc::SYS_accept4),
+    s!(sendto, libc::SYS_sendto),
+    s!(recvfrom, libc::SYS_recvfrom),
+    s!(setsockopt, libc::SYS_setsockopt),
+    s!(preadv2, libc::SYS_preadv2),
+    s!(pipe2, libc::SYS_pipe2),
+    s!(ioctl, libc::SYS_ioctl),
+    s!(rt_sigtimedwait, libc::SYS_rt_sigtimedwait),
 ];
 
 #[cfg(test)]

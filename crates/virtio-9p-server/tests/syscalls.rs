@@ -15,6 +15,14 @@
 //! the device thread, the passthrough from a path
 //! (`/proc` path xattrs) or from fds (`*xattrat`).
 //!
+//! A socket child does the same for the socket transport: once the
+//! listener, its socket threads and workers are up and the clients have
+//! connected, every thread of the process gets a filter of `WORKER_THREAD`
+//! plus `DEVICE_THREAD` (and `exit_group`, the test harness's own exit),
+//! and a session runs spliced and copied Rreads, cached and uncached, a
+//! client whose replies wait for the socket, a streamed Twrite, Tflush
+//! and a hang-up with spliced replies pending.
+//!
 //! To see what a child calls, run it without the filter under strace:
 //! `SYSCALLS_CHILD=workers-fds SYSCALLS_NOFILTER=1 strace -f <this test
 //! binary> --exact test_documented_syscalls_cover_a_run --nocapture`; the
@@ -22,16 +30,20 @@
 //! are the library's.
 
 use std::collections::BTreeMap;
-use std::os::fd::AsFd;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::net::UnixStream;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coro_pool::{PoolConfig, StackPool};
 use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+use virtio_9p_server::client::{Client, StreamTransport};
 use virtio_9p_server::engine::{EngineConfig, OffloadPolicy};
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::syscalls::{Syscall, DEVICE_THREAD, WORKER_THREAD};
+use virtio_9p_server::transport::socket::{ListenAddr, Listener, SocketLimits};
 use virtio_9p_server::virtio::RequestQueue;
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server, Session};
 use virtqueue_large::mock::{guest_memory, Buf, ChainLayout, Layout, MockDriver};
@@ -407,6 +419,110 @@ fn child(mode: &str) {
     eprintln!("{OK}");
 }
 
+/// The test harness's own exit, outside the library's lists.
+const HARNESS_EXIT: &[Syscall] = &[Syscall {
+    name: "exit_group",
+    nr: libc::SYS_exit_group,
+}];
+
+fn sock_client(path: &std::path::Path) -> Client<StreamTransport<UnixStream>> {
+    let s = UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    Client::new(StreamTransport(s))
+}
+
+fn sock_send(c: &mut Client<StreamTransport<UnixStream>>, tag: u16, m: &Tmessage) {
+    c.transport().0.write_all(&m.encode_frame(tag)).unwrap();
+}
+
+fn sock_recv(c: &mut Client<StreamTransport<UnixStream>>) -> (u16, Rmessage) {
+    let s = &mut c.transport().0;
+    let mut size = [0u8; 4];
+    s.read_exact(&mut size).unwrap();
+    let mut frame = size.to_vec();
+    frame.resize(u32::from_le_bytes(size) as usize, 0);
+    s.read_exact(&mut frame[4..]).unwrap();
+    Rmessage::decode_frame(&frame, MAX_MSIZE).unwrap()
+}
+
+fn tread(fid: u32, offset: u64, count: u32) -> Tmessage {
+    Tmessage::Read(Tread { fid, offset, count })
+}
+
+/// The socket child: a listener with its threads and workers, then every
+/// thread under the documented lists.
+fn socket_child() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("data"), vec![7u8; 2 << 20]).unwrap();
+    std::fs::write(dir.path().join("cold"), vec![9u8; 1 << 20]).unwrap();
+    let cold = std::fs::File::open(dir.path().join("cold")).unwrap();
+    cold.sync_all().unwrap();
+    // SAFETY: fadvise on an fd we hold; no memory is passed.
+    unsafe { libc::posix_fadvise(cold.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let fs = PassthroughFs::new(PassthroughConfig::new(dir.path())).unwrap();
+    let server = Arc::new(Server::new(fs, Config::default()).unwrap());
+    let path = dir.path().join("9p.sock");
+    let listener = Listener::bind(&ListenAddr::Unix(path.clone())).unwrap();
+    let mut limits = SocketLimits::default();
+    limits.threads = 1;
+    limits.workers = 2;
+    std::thread::spawn(move || listener.serve_with(server, limits));
+    let mut c = sock_client(&path);
+    let mut slow = sock_client(&path);
+    let mut gone = sock_client(&path);
+    c.version(MAX_MSIZE).unwrap();
+    install_sigsys_handler();
+    // From here on, on every thread, only the documented calls.
+    if std::env::var_os("SYSCALLS_NOFILTER").is_none() {
+        let f = filter(&[WORKER_THREAD, DEVICE_THREAD, HARNESS_EXIT]);
+        seccompiler::apply_filter_all_threads(&f).unwrap();
+    } else {
+        eprintln!("MARK-START");
+    }
+    c.attach(0, 0).unwrap();
+    c.walk(0, 1, &[b"data"]).unwrap();
+    c.lopen(1, OpenFlags::RDWR).unwrap();
+    c.walk(0, 2, &[b"cold"]).unwrap();
+    c.lopen(2, OpenFlags::RDONLY).unwrap();
+    // Spliced (cached, and uncached on a worker) and copied Rreads.
+    assert_eq!(c.read(1, 4096, 100_000).unwrap(), vec![7u8; 100_000]);
+    assert_eq!(c.read(2, 0, 100_000).unwrap(), vec![9u8; 100_000]);
+    assert_eq!(c.read(1, 0, 1000).unwrap(), vec![7u8; 1000]);
+    // A streamed Twrite.
+    assert_eq!(c.write(1, 0, &vec![7u8; 200_000]).unwrap(), 200_000);
+    // Tflush of a read.
+    sock_send(&mut c, 10, &tread(1, 0, 65_536));
+    sock_send(&mut c, 11, &Tmessage::Flush(Tflush { oldtag: 10 }));
+    loop {
+        match sock_recv(&mut c) {
+            (10, Rmessage::Read(_)) => {}
+            (11, Rmessage::Flush) => break,
+            r => panic!("{r:?}"),
+        }
+    }
+    // A client whose replies wait for the socket (EAGAIN mid-splice).
+    for (s, fid) in [(&mut slow, 5u32), (&mut gone, 6)] {
+        s.version(MAX_MSIZE).unwrap();
+        s.attach(0, 0).unwrap();
+        s.walk(0, fid, &[b"data"]).unwrap();
+        s.lopen(fid, OpenFlags::RDONLY).unwrap();
+        for i in 0..8u16 {
+            sock_send(s, 20 + i, &tread(fid, u64::from(i) * 200_000, 200_000));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    for _ in 0..8 {
+        assert!(matches!(sock_recv(&mut slow), (_, Rmessage::Read(d)) if d.len() == 200_000));
+    }
+    // A hang-up with spliced replies pending.
+    drop(gone);
+    c.getattr(1).unwrap();
+    c.clunk(1).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(slow.getattr(0).is_ok());
+    eprintln!("{OK}");
+}
+
 fn run(mode: &str) {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
@@ -429,10 +545,15 @@ fn run(mode: &str) {
 #[test]
 fn test_documented_syscalls_cover_a_run() {
     if let Ok(mode) = std::env::var(CHILD) {
-        child(&mode);
+        if mode == "socket" {
+            socket_child();
+        } else {
+            child(&mode);
+        }
         return;
     }
     for mode in [
+        "socket",
         "workers-path",
         "workers-fds",
         "auto-path",

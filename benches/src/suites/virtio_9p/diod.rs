@@ -809,6 +809,47 @@ fn versus(
     }
 }
 
+/// A session on a trivial server thread that answers every Tread with a
+/// canned Rread of `msize - IOHDRSZ` bytes written from memory, and
+/// anything else with nothing: the ceiling of the load generator itself.
+fn trivial_session(msize: u32, file_len: u64) -> Res<Session> {
+    let (ours, mut theirs) = UnixStream::pair()?;
+    let count = msize - IOHDRSZ;
+    let mut canned = Vec::with_capacity(11 + count as usize);
+    canned.extend_from_slice(&(11 + count).to_le_bytes());
+    canned.push(RREAD);
+    canned.extend_from_slice(&[0, 0]);
+    canned.extend_from_slice(&count.to_le_bytes());
+    canned.resize(11 + count as usize, 0);
+    std::thread::Builder::new()
+        .name("trivial-9p".into())
+        .spawn(move || {
+            let mut frame = vec![0u8; 64 * KIB as usize];
+            // Ends when the session is dropped (EOF or an error).
+            while theirs.read_exact(&mut frame[..4]).is_ok() {
+                let size = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
+                if !(7..=frame.len()).contains(&size)
+                    || theirs.read_exact(&mut frame[4..size]).is_err()
+                {
+                    break;
+                }
+                if frame[4] == MsgType::Tread as u8 {
+                    canned[5..7].copy_from_slice(&frame[5..7]);
+                    if theirs.write_all(&canned).is_err() {
+                        break;
+                    }
+                }
+            }
+        })?;
+    Ok(Session {
+        client: Client::new(StreamTransport(ours)),
+        msize,
+        reply: vec![0u8; msize as usize],
+        offset: 0,
+        file_len,
+    })
+}
+
 /// Sequential reads on each of `sessions` at once, `depth` outstanding on
 /// each, `total` bytes in all; aggregate GiB/s.
 fn par_read(sessions: &mut [Session], depth: u16, total: u64) -> Res<f64> {
@@ -857,6 +898,30 @@ fn depth_part(
     let iters = ctx.pick(20_000, 1_000);
     let reps = ctx.reps();
     let open = |stream: Res<UnixStream>| Session::open(stream?, msize, aname, file_len);
+    // The load generator's own depth scaling, in this run: a trivial
+    // server answering every Tread from memory (no file, no 9P server).
+    let mut c1 = trivial_session(msize, file_len)?;
+    let mut c4 = trivial_session(msize, file_len)?;
+    c1.read_depth(1, total / 8)?;
+    c4.read_depth(4, total / 8)?;
+    let [d1, d4] = alternate(
+        reps,
+        &mut [&mut || c1.read_depth(1, total), &mut || {
+            c4.read_depth(4, total)
+        }],
+    )?;
+    report
+        .metric("ceiling_read_gib_per_s_depth1", d1)
+        .metric("ceiling_read_gib_per_s_depth4", d4);
+    report.metric("ceiling_depth4_vs_depth1", d4 / d1);
+    table.row(&[
+        "ceiling: the same client against a trivial server, depth 1 / depth 4 (GiB/s)".into(),
+        format!("{} / {}", format_value(d1), format_value(d4)),
+        "-".into(),
+        format!("x{}", format_value(d4 / d1)),
+    ]);
+    drop((c1, c4));
+
     let mut row = |report: &mut SuiteReport, what: String, key: &str, a: f64, b: f64| {
         report.metric(&format!("sock_{key}"), a);
         if b.is_nan() {
@@ -908,6 +973,7 @@ fn depth_part(
             }
         }
     }
+
     // 4 connections of 4 outstanding each.
     let mut mine: Vec<Session> = (0..4).map(|_| open(ours.connect())).collect::<Res<_>>()?;
     par_read(&mut mine, 4, total / 8)?;

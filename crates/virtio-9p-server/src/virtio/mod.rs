@@ -22,7 +22,7 @@
 //! cancels the old request through the engine and writes the Rflush only
 //! once the old chain is back in the used ring.
 
-mod io;
+pub(crate) mod io;
 mod queue;
 
 pub use io::{ChainReader, ChainWriter};

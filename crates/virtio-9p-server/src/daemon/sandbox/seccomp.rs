@@ -190,6 +190,9 @@ const FILE_SYSCALLS: &[i64] = &[
     libc::SYS_lremovexattr,
     libc::SYS_fremovexattr,
     SYS_CACHESTAT,
+    // Zero-copy Rread: file -> pipe (socket threads, or workers for
+    // uncached ranges) and pipe -> socket (socket threads).
+    libc::SYS_splice,
     libc::SYS_getcwd,
     // Identity (read-only).
     libc::SYS_getuid,
@@ -225,8 +228,10 @@ pub fn allowed_syscalls() -> Vec<i64> {
         SYS_set_tid_address,
         SYS_getrlimit,
         SYS_prlimit64,
-        // Signal handlers.
+        // Signal handlers; a socket thread takes the SIGPIPE that a splice
+        // into a hung-up socket raises.
         SYS_rt_sigaction,
+        SYS_rt_sigtimedwait,
         // Time and timers.
         SYS_clock_getres,
         SYS_gettimeofday,
@@ -261,7 +266,8 @@ pub fn allowed_syscalls() -> Vec<i64> {
         SYS_uname,
         // mlock-policy asks whether CAP_IPC_LOCK is held.
         SYS_capget,
-        // vmm-sys-util's event notifier fallback.
+        // vmm-sys-util's event notifier fallback; the socket threads'
+        // pipes of spliced Rreads (sized with fcntl(F_SETPIPE_SZ)).
         SYS_pipe2,
     ];
     v.extend_from_slice(THREAD_SYSCALLS);
@@ -296,12 +302,18 @@ pub const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM
 
 /// The `ioctl` requests allowed: std's `set_nonblocking` on sockets
 /// (`FIONBIO`) and `set_cloexec` (`FIOCLEX`), which the vhost-user socket
-/// code may reach; they change nothing `fcntl` could not. No other request
+/// code may reach; they change nothing `fcntl` could not. `FIONREAD`
+/// (read-only) tells a socket thread how much of a spliced Rread is still
+/// in its pipe when the socket is full. No other request
 /// was seen under `strace -f` over the integration suite, a socket session
 /// and the guest conformance run.
 // The request type differs between libcs (`c_ulong` on glibc, `c_int` on musl).
 #[allow(clippy::unnecessary_cast)]
-pub const IOCTL_REQUESTS: [u64; 2] = [libc::FIONBIO as u64, libc::FIOCLEX as u64];
+pub const IOCTL_REQUESTS: [u64; 3] = [
+    libc::FIONBIO as u64,
+    libc::FIOCLEX as u64,
+    libc::FIONREAD as u64,
+];
 
 /// The `prctl` options allowed: `PR_SET_NAME` (std names each thread it
 /// starts) and `PR_SET_NO_NEW_PRIVS` (set by `seccompiler` before a worker

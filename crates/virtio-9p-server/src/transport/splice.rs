@@ -1,0 +1,743 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! Zero-copy Rread for the socket transport: file pages go through a pipe
+//! into the socket (`splice(2)` twice) instead of being copied into a
+//! reply buffer and out of it.
+//!
+//! The split, request by request:
+//!
+//! 1. **Fill, on the request's coroutine.** [`SockWriter`] is the reply
+//!    writer of a socket request. When the filesystem asks it for a file
+//!    range ([`ReplyWriter::write_from_file_at`]) and that range is the
+//!    whole data of the reply, it takes a pipe from its socket thread's
+//!    [`PipePool`] and splices the range into it (file -> pipe: page
+//!    references, no copy). Where that runs is the engine's decision as
+//!    for every Tread (`engine::offload_read`): inline when the range is
+//!    in the page cache (`cachestat(2)`) and the file's filesystem
+//!    promises non-blocking reads (a 1-byte `preadv2(RWF_NOWAIT)`
+//!    probe), else on a worker, where a read of the disk or of a hung
+//!    export may block. The count the writer returns is the number of
+//!    bytes now in the pipe, so the Rread header the server encodes
+//!    afterwards is exact: a file that shrinks before or during the fill
+//!    only shortens the count.
+//! 2. **Send, on the socket thread.** The reply goes out as its 11-byte
+//!    header from the reply buffer, then the pipe's contents
+//!    ([`splice_out`], pipe -> socket with `SPLICE_F_NONBLOCK`; unix and
+//!    TCP sockets take the pages with `MSG_SPLICE_PAGES`, no copy). A full
+//!    socket answers `EAGAIN`: the transport waits for `EPOLLOUT` with
+//!    the rest still in the pipe. No file is touched here, so the send
+//!    never waits on a disk or an export.
+//!
+//! The server and the filesystem see a plain [`ReplyWriter`]; only the
+//! transport knows about pipes. The file need not stay open after the
+//! fill: the pipe holds the pages.
+//!
+//! Everything else takes the copy path of [`SliceWriter`]: a filesystem
+//! that is not fd-backed (it never calls `write_from_file_at`), Treaddir,
+//! xattr reads, ranges below [`SPLICE_MIN`] or above [`MAX_PIPE`], files
+//! that are not regular, a writer that has other bytes before or after
+//! the range (a spliced range is then read back into the buffer), and a
+//! pool without a pipe to give (at [`MAX_PIPES`], or `pipe2`/
+//! `F_SETPIPE_SZ` failing, e.g. `EMFILE`).
+//!
+//! A pipe truncated under a spliced reply (the kernel drops page-cache
+//! pages that the truncation removed) makes the socket splice return 0
+//! before the count is sent: the rest of the reply is then sent as zeros
+//! ([`Tail::pad`]), so the framing holds, and the pipe is closed.
+
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use log::{debug, error};
+
+use crate::engine;
+use crate::io::{ReplyWriter, SliceWriter};
+use crate::virtio::io::range_cached;
+
+/// Smallest range spliced. A spliced Rread makes four more syscalls than
+/// a copied one (`fstat`, `cachestat`, the `RWF_NOWAIT` probe, a second
+/// splice); below 16 KiB (four pages) they are taken to cost more than
+/// the copy they save. Chosen, not measured: the suite measures 64 KiB.
+pub(crate) const SPLICE_MIN: usize = 16 << 10;
+
+/// Largest range spliced (and largest pipe, the default
+/// `/proc/sys/fs/pipe-max-size`); larger Rreads are copied. The Linux
+/// client's msize is at most 512000.
+pub(crate) const MAX_PIPE: usize = 1 << 20;
+
+/// Most pipes one socket thread holds, in use or free (two fds each):
+/// further spliceable Rreads take the copy path until one is returned.
+pub(crate) const MAX_PIPES: usize = 16;
+
+/// How long a free pipe stays in the pool before it is closed.
+pub(crate) const PIPE_IDLE_RELEASE: Duration = super::socket::IDLE_RELEASE;
+
+const PAGE: usize = 4096;
+
+/// Bytes a pipe needs for a range of `len` bytes: one slot per page the
+/// range touches (a range that does not start on a page boundary touches
+/// one more), rounded by the kernel to a power of two of pages.
+fn pipe_bytes(len: usize) -> usize {
+    (len.div_ceil(PAGE) + 1) * PAGE
+}
+
+/// One pipe: its two ends, its capacity in bytes, and the count of pipes
+/// open in its pool (decremented when it is closed, wherever that is).
+pub(crate) struct Pipe {
+    r: OwnedFd,
+    w: OwnedFd,
+    cap: usize,
+    open: Arc<AtomicUsize>,
+}
+
+impl Drop for Pipe {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for Pipe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipe")
+            .field("r", &self.r.as_raw_fd())
+            .field("w", &self.w.as_raw_fd())
+            .field("cap", &self.cap)
+            .finish()
+    }
+}
+
+fn set_pipe_size(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<usize> {
+    let want =
+        libc::c_int::try_from(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: F_SETPIPE_SZ takes an int and touches no memory of ours.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, want) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as usize)
+}
+
+/// The pipes of one socket thread.
+#[derive(Debug)]
+pub(crate) struct PipePool {
+    /// Free (empty) pipes and when each was put back.
+    free: Vec<(Pipe, Instant)>,
+    /// Pipes open, free or in use.
+    open: Arc<AtomicUsize>,
+    max: usize,
+}
+
+impl PipePool {
+    /// A pool of at most `max` pipes.
+    pub(crate) fn new(max: usize) -> Self {
+        PipePool {
+            free: Vec::new(),
+            open: Arc::new(AtomicUsize::new(0)),
+            max,
+        }
+    }
+
+    /// Pipes open now (each is two fds).
+    pub(crate) fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// An empty pipe that holds `len` bytes of file pages, or `None`
+    /// (the caller copies instead).
+    pub(crate) fn take(&mut self, len: usize) -> Option<Pipe> {
+        let need = pipe_bytes(len);
+        if need > MAX_PIPE + PAGE {
+            return None;
+        }
+        let fit = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, (p, _))| p.cap >= need)
+            .min_by_key(|(_, (p, _))| p.cap)
+            .map(|(i, _)| i);
+        let mut pipe = match fit {
+            Some(i) => return Some(self.free.swap_remove(i).0),
+            // Grow the largest free one.
+            None if !self.free.is_empty() => {
+                let i = (0..self.free.len()).max_by_key(|&i| self.free[i].0.cap)?;
+                self.free.swap_remove(i).0
+            }
+            None => self.create()?,
+        };
+        match set_pipe_size(pipe.w.as_fd(), need) {
+            Ok(cap) if cap >= need => {
+                pipe.cap = cap;
+                Some(pipe)
+            }
+            Ok(_) => None,
+            Err(e) => {
+                debug!("9p: cannot size a pipe to {need} bytes: {e}; copying instead");
+                None
+            }
+        }
+    }
+
+    fn create(&mut self) -> Option<Pipe> {
+        if self.open() >= self.max {
+            return None;
+        }
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 writes two fds into `fds`, valid for the call.
+        let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) };
+        if r != 0 {
+            debug!(
+                "9p: cannot create a pipe: {}; copying instead",
+                io::Error::last_os_error()
+            );
+            return None;
+        }
+        self.open.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: pipe2 succeeded: both fds are open and owned by nobody else.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        Some(Pipe {
+            r,
+            w,
+            // The kernel default; F_SETPIPE_SZ follows.
+            cap: 16 * PAGE,
+            open: Arc::clone(&self.open),
+        })
+    }
+
+    /// Returns a pipe. Only an empty pipe is kept (and only below the
+    /// cap); one that may hold data is closed.
+    pub(crate) fn put(&mut self, pipe: Pipe, empty: bool) {
+        if empty && self.free.len() < self.max {
+            self.free.push((pipe, Instant::now()));
+        }
+    }
+
+    /// Closes the free pipes unused for [`PIPE_IDLE_RELEASE`]; true if any.
+    pub(crate) fn expire(&mut self) -> bool {
+        let before = self.free.len();
+        self.free
+            .retain(|(_, since)| since.elapsed() < PIPE_IDLE_RELEASE);
+        self.free.len() < before
+    }
+
+    /// How long until the oldest free pipe expires.
+    pub(crate) fn next_expiry(&self) -> Option<Duration> {
+        self.free
+            .iter()
+            .map(|(_, since)| PIPE_IDLE_RELEASE.saturating_sub(since.elapsed()))
+            .min()
+    }
+}
+
+/// A pool shared by a socket thread and its requests' writers (which may
+/// run on a worker).
+pub(crate) type SharedPipes = Arc<Mutex<PipePool>>;
+
+/// Locks the pool, whatever a panicking holder left.
+pub(crate) fn lock(p: &SharedPipes) -> MutexGuard<'_, PipePool> {
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A range spliced into a pipe: the reply's data.
+#[derive(Debug)]
+pub(crate) struct Filled {
+    pub(crate) pipe: Pipe,
+    pub(crate) len: usize,
+}
+
+/// What the writers of one request share: the thread's pipes and the
+/// spliced range, if any (taken by the transport when the request ends).
+#[derive(Debug)]
+pub(crate) struct Splicer {
+    pipes: SharedPipes,
+    filled: Mutex<Option<Filled>>,
+}
+
+impl Splicer {
+    /// A splicer taking pipes from `pipes`.
+    pub(crate) fn new(pipes: SharedPipes) -> Self {
+        Splicer {
+            pipes,
+            filled: Mutex::new(None),
+        }
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<Filled>> {
+        self.filled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The spliced range of the finished request.
+    pub(crate) fn take(&self) -> Option<Filled> {
+        self.slot().take()
+    }
+}
+
+/// The [`ReplyWriter`] of a socket request: a [`SliceWriter`] over the
+/// reply buffer whose split-off data part may defer a file range to a
+/// pipe (see the module docs).
+#[derive(Debug)]
+pub(crate) struct SockWriter<'a> {
+    buf: SliceWriter<'a>,
+    splicer: Option<&'a Splicer>,
+    /// Split off the head: its bytes follow the head's.
+    tail: bool,
+    /// Bytes of this writer that sit in the splicer's pipe (they come
+    /// before anything in `buf`, which is then empty).
+    spliced: usize,
+}
+
+impl<'a> SockWriter<'a> {
+    /// A writer over `buf`; with a `splicer`, file ranges may be spliced.
+    pub(crate) fn new(buf: &'a mut [u8], splicer: Option<&'a Splicer>) -> Self {
+        SockWriter {
+            buf: SliceWriter::new(buf),
+            splicer,
+            tail: false,
+            spliced: 0,
+        }
+    }
+
+    /// Moves a spliced range back into the buffer (another write follows
+    /// it), so that the bytes stay in order.
+    fn materialize(&mut self) -> io::Result<()> {
+        if self.spliced == 0 {
+            return Ok(());
+        }
+        let Some(sp) = self.splicer else {
+            return Ok(());
+        };
+        let Some(filled) = sp.take() else {
+            return Err(io::Error::other("spliced range lost"));
+        };
+        let mut chunk = vec![0u8; filled.len.min(64 << 10)];
+        let mut left = filled.len;
+        let mut intact = true;
+        while left > 0 {
+            let want = left.min(chunk.len());
+            // SAFETY: `chunk` is valid for writes of `want` bytes; the pipe
+            // is ours.
+            let n =
+                unsafe { libc::read(filled.pipe.r.as_raw_fd(), chunk.as_mut_ptr().cast(), want) };
+            let got = match n {
+                n if n > 0 => n as usize,
+                n if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {
+                    continue
+                }
+                _ => {
+                    // Pages gone from the pipe (truncated): zeros keep the
+                    // count the caller was given.
+                    error!("9p: a spliced range lost {left} bytes; using zeros");
+                    intact = false;
+                    chunk[..want].fill(0);
+                    want
+                }
+            };
+            self.buf.write_all(&chunk[..got])?;
+            left -= got;
+        }
+        self.spliced = 0;
+        lock(&sp.pipes).put(filled.pipe, intact);
+        Ok(())
+    }
+
+    /// Splices `[off, off + count)` of `file` into a pipe when this writer
+    /// may defer it; `None` to copy instead.
+    fn try_splice(
+        &mut self,
+        file: BorrowedFd<'_>,
+        count: usize,
+        off: u64,
+    ) -> Option<io::Result<usize>> {
+        let sp = self.splicer?;
+        if !self.tail || self.spliced > 0 || self.buf.bytes_written() > 0 || count < SPLICE_MIN {
+            return None;
+        }
+        let size = regular_size(file)?;
+        let len = (count as u64).min(size.checked_sub(off)?) as usize;
+        if !(SPLICE_MIN..=MAX_PIPE).contains(&len) {
+            return None;
+        }
+        if sp.slot().is_some() {
+            return None;
+        }
+        let pipe = lock(&sp.pipes).take(len)?;
+        let r = engine::offload_read(
+            || range_cached(file, len, off) && nowait_reads(file, off),
+            || fill(&pipe, file, off, len),
+        );
+        match r {
+            Ok(n) if n > 0 => {
+                *sp.slot() = Some(Filled { pipe, len: n });
+                self.spliced = n;
+                Some(Ok(n))
+            }
+            Ok(_) => {
+                lock(&sp.pipes).put(pipe, true);
+                Some(Ok(0))
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                lock(&sp.pipes).put(pipe, true);
+                Some(Err(e))
+            }
+            Err(e) => {
+                // A filesystem without splice support, for one: copy.
+                debug!("9p: splice of a file failed: {e}; copying instead");
+                lock(&sp.pipes).put(pipe, true);
+                None
+            }
+        }
+    }
+}
+
+/// The size of `file` if it is a regular file.
+fn regular_size(file: BorrowedFd<'_>) -> Option<u64> {
+    // SAFETY: fstat writes into `st`, valid for the call; the fd is
+    // borrowed.
+    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat64(file.as_raw_fd(), &mut st) } != 0 {
+        return None;
+    }
+    (st.st_mode & libc::S_IFMT == libc::S_IFREG).then_some(st.st_size.max(0) as u64)
+}
+
+/// Whether the file's filesystem answers `RWF_NOWAIT` reads at `off`
+/// (NFS and FUSE, for example, do not: their cached pages may still need
+/// a round trip, so their reads go to a worker).
+fn nowait_reads(file: BorrowedFd<'_>, off: u64) -> bool {
+    let mut b = [0u8; 1];
+    let iov = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: one iovec over `b`, valid for the call; the fd is borrowed.
+    let n = unsafe {
+        libc::preadv2(
+            file.as_raw_fd(),
+            &iov,
+            1,
+            off as libc::off64_t,
+            libc::RWF_NOWAIT,
+        )
+    };
+    n >= 0
+}
+
+/// Splices up to `len` bytes of `file` at `off` into the empty `pipe`.
+/// Returns the bytes now in the pipe (fewer at end of file); an error
+/// only when nothing was spliced.
+fn fill(pipe: &Pipe, file: BorrowedFd<'_>, off: u64, len: usize) -> io::Result<usize> {
+    // A full pipe (EAGAIN; it was sized for `len`) ends it like an error.
+    crate::io::repeat_io(len, |done| {
+        let mut o = (off + done as u64) as libc::loff_t;
+        // SAFETY: splice between two fds we hold; `o` is valid for the call.
+        unsafe {
+            libc::splice(
+                file.as_raw_fd(),
+                &mut o,
+                pipe.w.as_raw_fd(),
+                std::ptr::null_mut(),
+                len - done,
+                libc::SPLICE_F_NONBLOCK,
+            )
+        }
+    })
+}
+
+impl Write for SockWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.materialize()?;
+        self.buf.write(data)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl ReplyWriter for SockWriter<'_> {
+    fn available_bytes(&self) -> usize {
+        self.buf.available_bytes().saturating_sub(self.spliced)
+    }
+
+    fn bytes_written(&self) -> usize {
+        self.buf.bytes_written() + self.spliced
+    }
+
+    fn split_at(&mut self, offset: usize) -> io::Result<Self> {
+        self.materialize()?;
+        let buf = self.buf.split_at(offset)?;
+        Ok(SockWriter {
+            buf,
+            splicer: self.splicer,
+            tail: true,
+            spliced: 0,
+        })
+    }
+
+    fn write_from_file_at(
+        &mut self,
+        file: BorrowedFd<'_>,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize> {
+        let count = count.min(self.available_bytes());
+        if let Some(r) = self.try_splice(file, count, off) {
+            return r;
+        }
+        self.materialize()?;
+        self.buf.write_from_file_at(file, count, off)
+    }
+}
+
+/// Blocks `SIGPIPE` on the calling thread while it lives (the mask it
+/// found is restored on drop). A splice into a socket whose peer is gone
+/// raises `SIGPIPE` (there is no `MSG_NOSIGNAL` for splice); blocked, it
+/// stays pending on this thread and [`clear_sigpipe`] takes it, so an
+/// embedder that did not ignore `SIGPIPE` is not killed.
+pub(crate) struct SigpipeBlocked {
+    old: libc::sigset_t,
+}
+
+impl SigpipeBlocked {
+    pub(crate) fn new() -> Self {
+        // SAFETY: the sigsets are plain values initialised by
+        // sigemptyset/pthread_sigmask before use.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPIPE);
+            if libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) != 0 {
+                error!("9p: cannot block SIGPIPE on a socket thread");
+            }
+            SigpipeBlocked { old }
+        }
+    }
+}
+
+impl Drop for SigpipeBlocked {
+    fn drop(&mut self) {
+        clear_sigpipe();
+        // SAFETY: restores the mask saved by `new`.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Takes a pending `SIGPIPE` of this thread, if any (after an `EPIPE`).
+pub(crate) fn clear_sigpipe() {
+    // SAFETY: plain sigset values; a zero timeout never blocks.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        while libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) == libc::SIGPIPE {}
+    }
+}
+
+/// The spliced part of a reply waiting to be sent.
+#[derive(Debug)]
+pub(crate) struct Tail {
+    /// `None` once the pipe came up short: the rest is sent as zeros.
+    pub(crate) pipe: Option<Pipe>,
+    /// Bytes still to send.
+    pub(crate) left: usize,
+    /// Bytes of data in all.
+    pub(crate) len: usize,
+}
+
+impl Tail {
+    /// Switches to zeros for the rest (the pipe is closed).
+    fn pad(&mut self) {
+        self.pipe = None;
+    }
+}
+
+/// Bytes of bytes in a pipe (`FIONREAD`).
+fn pipe_bytes_queued(pipe: &Pipe) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int into `n`.
+    if unsafe { libc::ioctl(pipe.r.as_raw_fd(), libc::FIONREAD, &mut n) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n.max(0) as usize)
+}
+
+static ZEROS: [u8; 4096] = [0; 4096];
+
+/// Sends some of `tail` into `sock`: `Ok(None)` when the socket is full
+/// (wait for `EPOLLOUT`), `Ok(Some(n))` for `n` bytes sent. A pipe that
+/// holds fewer bytes than are left (its pages were truncated away) is
+/// dropped and the rest goes out as zeros; `log` says whether to log it.
+pub(crate) fn splice_out(
+    tail: &mut Tail,
+    sock: BorrowedFd<'_>,
+    log: impl FnOnce() -> bool,
+) -> io::Result<Option<usize>> {
+    let Some(pipe) = &tail.pipe else {
+        let want = tail.left.min(ZEROS.len());
+        return super::socket::send_fd(sock, &ZEROS[..want], false);
+    };
+    loop {
+        // SAFETY: splice between two fds we hold, no offsets.
+        let n = unsafe {
+            libc::splice(
+                pipe.r.as_raw_fd(),
+                std::ptr::null_mut(),
+                sock.as_raw_fd(),
+                std::ptr::null_mut(),
+                tail.left,
+                libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MOVE,
+            )
+        };
+        if n > 0 {
+            return Ok(Some(n as usize));
+        }
+        let short = if n == 0 {
+            true
+        } else {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                // A full socket, or (never expected) an empty pipe.
+                io::ErrorKind::WouldBlock => {
+                    if pipe_bytes_queued(pipe)? > 0 {
+                        return Ok(None);
+                    }
+                    true
+                }
+                _ => {
+                    if e.raw_os_error() == Some(libc::EPIPE) {
+                        clear_sigpipe();
+                    }
+                    return Err(e);
+                }
+            }
+        };
+        if short {
+            if log() {
+                error!(
+                    "9p: a spliced Rread lost {} of its {} bytes (file truncated?); sending zeros",
+                    tail.left, tail.len
+                );
+            }
+            tail.pad();
+            return Ok(Some(0));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Seek};
+
+    fn pool() -> SharedPipes {
+        Arc::new(Mutex::new(PipePool::new(4)))
+    }
+
+    #[test]
+    fn test_pipe_pool_caps_and_reuses() {
+        let mut p = PipePool::new(2);
+        let a = p.take(64 << 10).unwrap();
+        assert!(a.cap >= pipe_bytes(64 << 10));
+        let b = p.take(20 << 10).unwrap();
+        assert_eq!(p.open(), 2);
+        assert!(p.take(4096).is_none(), "over the cap");
+        p.put(a, true);
+        p.put(b, false);
+        assert_eq!(p.open(), 1, "a pipe that may hold data is closed");
+        let c = p.take(16 << 10).unwrap();
+        assert_eq!(p.open(), 1, "reused");
+        drop(c);
+        assert_eq!(p.open(), 0);
+        assert!(p.take(MAX_PIPE * 2).is_none());
+    }
+
+    #[test]
+    fn test_short_pipe_is_padded_with_zeros() {
+        // A pipe holding 10 bytes for a tail of 100: the rest goes out as
+        // zeros instead of waiting for bytes that never come.
+        let mut pool = PipePool::new(1);
+        let pipe = pool.take(SPLICE_MIN).unwrap();
+        let mut w = std::fs::File::from(pipe.w.try_clone().unwrap());
+        w.write_all(b"0123456789").unwrap();
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut tail = Tail {
+            pipe: Some(pipe),
+            left: 100,
+            len: 100,
+        };
+        let mut logged = 0;
+        while tail.left > 0 {
+            let n = splice_out(&mut tail, a.as_fd(), || {
+                logged += 1;
+                true
+            })
+            .unwrap()
+            .expect("the socket has room");
+            tail.left -= n;
+        }
+        assert!(tail.pipe.is_none(), "the short pipe is dropped");
+        assert_eq!(logged, 1);
+        let mut got = [0u8; 100];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(&got[..10], b"0123456789");
+        assert!(got[10..].iter().all(|&x| x == 0));
+        drop(w);
+        assert_eq!(pool.open(), 0);
+    }
+
+    #[test]
+    fn test_writer_splices_only_a_whole_tail() {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        let sp = Splicer::new(pool());
+        let mut buf = vec![0u8; 11 + 70_000];
+        let mut head = SockWriter::new(&mut buf, Some(&sp));
+        // The head itself never splices.
+        let mut tail = head.split_at(11).unwrap();
+        let n = tail.write_from_file_at(f.as_fd(), 70_000, 40_000).unwrap();
+        assert_eq!(n, 60_000, "clamped to the file");
+        assert_eq!(tail.bytes_written(), 60_000);
+        let filled = sp.take().unwrap();
+        assert_eq!(filled.len, 60_000);
+        let mut got = vec![0u8; 60_000];
+        let mut r = std::fs::File::from(filled.pipe.r.try_clone().unwrap());
+        r.read_exact(&mut got).unwrap();
+        assert_eq!(got, data[40_000..]);
+        assert!(buf[11..].iter().all(|&b| b == 0), "nothing copied");
+
+        // A write after the range moves it back into the buffer.
+        let mut buf = vec![0u8; 11 + 70_000];
+        let mut head = SockWriter::new(&mut buf, Some(&sp));
+        let mut tail = head.split_at(11).unwrap();
+        assert_eq!(
+            tail.write_from_file_at(f.as_fd(), 32_768, 0).unwrap(),
+            32_768
+        );
+        tail.write_all(b"xyz").unwrap();
+        assert_eq!(tail.bytes_written(), 32_771);
+        assert!(sp.take().is_none());
+        assert_eq!(&buf[11..11 + 32_768], &data[..32_768]);
+        assert_eq!(&buf[11 + 32_768..11 + 32_771], b"xyz");
+
+        // Small ranges and ranges past the end are copied.
+        let mut buf = vec![0u8; 11 + 70_000];
+        let mut head = SockWriter::new(&mut buf, Some(&sp));
+        let mut tail = head.split_at(11).unwrap();
+        assert_eq!(tail.write_from_file_at(f.as_fd(), 1000, 5).unwrap(), 1000);
+        assert!(sp.take().is_none());
+        assert_eq!(&buf[11..1011], &data[5..1005]);
+        f.rewind().unwrap();
+    }
+}
