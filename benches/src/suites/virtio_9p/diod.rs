@@ -61,12 +61,16 @@ struct OursSocket {
 
 impl OursSocket {
     fn new(dir: &Path, sock: PathBuf) -> Res<Self> {
+        Self::with_limits(dir, sock, SocketLimits::default())
+    }
+
+    fn with_limits(dir: &Path, sock: PathBuf, limits: SocketLimits) -> Res<Self> {
         let fs = PassthroughFs::new(PassthroughConfig::new(dir))?;
         let server = Arc::new(Server::new(fs, Config::default())?);
         let listener = Listener::bind(&ListenAddr::Unix(sock.clone()))?;
         std::thread::Builder::new()
             .name("ours-accept".into())
-            .spawn(move || listener.serve_with(server, SocketLimits::default()))?;
+            .spawn(move || listener.serve_with(server, limits))?;
         Ok(OursSocket { path: sock })
     }
 
@@ -676,6 +680,19 @@ pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         &aname,
         file_len,
     )?;
+    let mut copy_limits = SocketLimits::default();
+    copy_limits.splice_reads = false;
+    let mut ours_copy =
+        OursSocket::with_limits(&export, sock_dir.path().join("copy.sock"), copy_limits)?;
+    splice_e2e_part(
+        ctx,
+        report,
+        &mut table,
+        &mut ours,
+        &mut ours_copy,
+        &aname,
+        file_len,
+    )?;
     splice_part(ctx, report, &export)?;
     check_issue19_metrics(report, diod.is_some())?;
 
@@ -741,6 +758,9 @@ const ISSUE19_METRICS: &[&str] = &[
     "rread_copy_gib_per_s",
     "rread_splice_gib_per_s",
     "rread_splice_vs_copy",
+    "sock_splice_vs_copy_depth1",
+    "sock_splice_vs_copy_depth4",
+    "sock_splice_vs_copy_depth16",
 ];
 /// The same against diod.
 const ISSUE19_DIOD_METRICS: &[&str] = &[
@@ -1195,6 +1215,45 @@ fn rread_to_socket(file: &File, total: u64, chunk: usize, splice: bool) -> Res<f
 }
 
 /// Issue 19: is splicing Rread data into the socket faster than the copy?
+/// Issue 19, zero-copy Rread end to end: the same socket server with
+/// Rread data spliced (the default) and copied through the reply buffer
+/// (`SocketLimits::splice_reads` false), sequential reads at msize 64 KiB
+/// with 1, 4 and 16 outstanding, in alternation.
+fn splice_e2e_part(
+    ctx: &Ctx,
+    report: &mut SuiteReport,
+    table: &mut Table,
+    spliced: &mut OursSocket,
+    copied: &mut OursSocket,
+    aname: &[u8],
+    file_len: u64,
+) -> Res<()> {
+    let msize = 64 * KIB;
+    let total: u64 = ctx.pick(512 << 20, 16 << 20);
+    for depth in [1u16, 4, 16] {
+        let mut a = Session::open(spliced.connect()?, msize, aname, file_len)?;
+        let mut b = Session::open(copied.connect()?, msize, aname, file_len)?;
+        a.read_depth(depth, total / 8)?;
+        b.read_depth(depth, total / 8)?;
+        let [s, c] = alternate(
+            ctx.reps(),
+            &mut [&mut || a.read_depth(depth, total), &mut || {
+                b.read_depth(depth, total)
+            }],
+        )?;
+        report
+            .metric(&format!("sock_read_gib_per_s_depth{depth}_copy"), c)
+            .metric(&format!("sock_splice_vs_copy_depth{depth}"), s / c);
+        table.row(&[
+            format!("sequential read, {depth} outstanding: spliced / copied Rread (GiB/s)"),
+            format!("{} / {}", format_value(s), format_value(c)),
+            "-".into(),
+            format!("x{}", format_value(s / c)),
+        ]);
+    }
+    Ok(())
+}
+
 fn splice_part(ctx: &Ctx, report: &mut SuiteReport, export: &Path) -> Res<()> {
     let file = File::open(export.join("big"))?;
     let total: u64 = ctx.pick(1 << 30, 32 << 20);

@@ -120,12 +120,10 @@
 //!   take it after `EPIPE`, so an embedder that did not ignore it is not
 //!   killed.
 //!
-//! Measured in the `virtio-9p` suite (2 cores shared with other jobs; the
-//! crate README and docs/virtio-9p-design.md have the figures):
-//! `rread_splice_vs_copy`, 64 KiB Rreads into a unix socket, 1.17x to
-//! 1.89x the copy across runs; sequential 64 KiB reads 1.7x, 2.6x, 2.3x
-//! and 2.0x diod's at depths 1, 4, 16 and with 4 connections in the last
-//! full run (depth 16 fell to 0.86x in one run under heavy load).
+//! [`SocketLimits::splice_reads`] `false` turns splicing off (every
+//! Rread is copied). The `virtio-9p` suite runs the same server both ways
+//! in one run (`sock_splice_vs_copy_depth1`, `_depth4`, `_depth16`); the
+//! figures are in BENCHMARKS.md.
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -397,6 +395,11 @@ pub struct SocketLimits {
     /// Worker threads for blocking filesystem calls, shared by every
     /// socket thread (`--thread-pool-size`); 0 runs every call inline.
     pub workers: usize,
+    /// Send Rread data spliced from the file (default), not copied
+    /// through the reply buffer (see "Zero-copy Rread" in the module
+    /// docs). `false` copies every Rread: for measurements, or a kernel
+    /// whose splice into sockets misbehaves.
+    pub splice_reads: bool,
 }
 
 impl Default for SocketLimits {
@@ -411,6 +414,7 @@ impl Default for SocketLimits {
                 .unwrap_or(1)
                 .min(4),
             workers: DEFAULT_WORKERS,
+            splice_reads: true,
         }
     }
 }
@@ -1273,7 +1277,8 @@ impl<F: Filesystem + 'static> Loop<F> {
         let handoff = Rc::new(Handoff::default());
         let back = Rc::clone(&handoff);
         // An Rread may go out as its header plus a spliced file range.
-        let splicer = (h.ty == TREAD).then(|| Splicer::new(Arc::clone(&self.pipes)));
+        let splicer = (h.ty == TREAD && self.shared.limits.splice_reads)
+            .then(|| Splicer::new(Arc::clone(&self.pipes)));
         let task = move |cancel: Cancel| {
             let mut reply = reply;
             let r = server.handle(
