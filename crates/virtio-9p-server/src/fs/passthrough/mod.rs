@@ -38,7 +38,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use log::debug;
+use log::{debug, info};
 
 use super::ids::IdTranslation;
 use super::{Cred, Filesystem};
@@ -115,9 +115,12 @@ pub struct PassthroughConfig {
     /// [`PassthroughFs::metadata_is_local`](crate::fs::Filesystem::metadata_is_local).
     /// The type is read once, when the filesystem is built (`fstatfs` of the
     /// root): ext2/3/4, xfs, btrfs, f2fs, zfs, tmpfs, ramfs and overlayfs
-    /// count as local, anything else as not. Set it to false when a network or FUSE
-    /// filesystem is mounted *below* the export root: the hint covers the
-    /// root's filesystem only, and with false every call stays on a worker.
+    /// count as local, anything else as not. The first time a call meets a
+    /// directory on another device (a filesystem mounted below the root),
+    /// the hint turns false for good, but that one call (usually the walk
+    /// onto the mount) has run inline: set this to false when a network
+    /// or FUSE filesystem is mounted below the export root, and every call
+    /// stays on a worker.
     pub inline_metadata: bool,
 }
 
@@ -234,8 +237,10 @@ pub struct PassthroughFs {
     /// Guest/host id translation ([`PassthroughFs::with_ids`]).
     ids: IdTranslation,
     /// The answer of `metadata_is_local`: the root is on a
-    /// [`LOCAL_FS_TYPES`] filesystem and `cfg.inline_metadata` is set.
-    metadata_local: bool,
+    /// [`LOCAL_FS_TYPES`] filesystem and `cfg.inline_metadata` is set,
+    /// and no directory on another filesystem has been met since
+    /// ([`PassthroughFs::make_qid`]).
+    metadata_local: AtomicBool,
 }
 
 fn err(errno: i32) -> io::Error {
@@ -396,7 +401,7 @@ impl PassthroughFs {
             link: Mutex::new(None),
         }));
         PassthroughFs {
-            metadata_local,
+            metadata_local: AtomicBool::new(metadata_local),
             qids: QidMap::new(st.st_dev),
             root,
             proc_fd,
@@ -463,6 +468,18 @@ impl PassthroughFs {
     }
 
     fn make_qid(&self, st: &libc::stat64, mapped_mode: Option<u32>) -> io::Result<Qid> {
+        // A directory on another device is a mount below the root, of a
+        // type nobody vouched for (an NFS or FUSE mount may hang): from
+        // now on every call goes to a worker. Only directories count, as
+        // overlayfs reports its files with their layer's device.
+        if st.st_dev != self.root.0.dev
+            && st.st_mode & libc::S_IFMT == libc::S_IFDIR
+            && self.metadata_local.swap(false, Ordering::Relaxed)
+        {
+            info!(
+                "9p: a filesystem is mounted below the export root; metadata calls now run on workers"
+            );
+        }
         Ok(Qid {
             ty: qid_type(mapped_mode.unwrap_or(st.st_mode)),
             version: qid_version(st.st_mtime, st.st_size),
@@ -709,10 +726,11 @@ impl Filesystem for PassthroughFs {
 
     /// True when the export root is on a local filesystem (ext2/3/4, xfs,
     /// btrfs, f2fs, zfs, tmpfs, ramfs, overlayfs; read once at
-    /// construction) and
-    /// [`PassthroughConfig::inline_metadata`] is set.
+    /// construction), [`PassthroughConfig::inline_metadata`] is set, and
+    /// no call has yet met a directory on another filesystem (a mount
+    /// below the root): from the first one on, false for good.
     fn metadata_is_local(&self) -> bool {
-        self.metadata_local
+        self.metadata_local.load(Ordering::Relaxed)
     }
 
     fn attach(&self, aname: &[u8], cred: Cred) -> io::Result<(Inode, Qid)> {
@@ -1464,6 +1482,44 @@ mod tests {
         let root = std::fs::File::open(dir).unwrap();
         let by_fd = PassthroughFs::from_fd(root.as_fd(), None, cfg).unwrap();
         [by_path.metadata_is_local(), by_fd.metadata_is_local()]
+    }
+
+    #[test]
+    fn test_a_mount_below_the_root_turns_metadata_is_local_off() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        std::fs::create_dir(dir.path().join("plain")).unwrap();
+        std::fs::create_dir(dir.path().join("mnt")).unwrap();
+        let target = CString::new(dir.path().join("mnt").as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid NUL-terminated strings; a fresh tmpfs on our own
+        // temporary directory.
+        let r = unsafe {
+            libc::mount(
+                c"none".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            // Needs CAP_SYS_ADMIN: runs as root (CI), skipped elsewhere.
+            eprintln!("mount: {}: skipped", io::Error::last_os_error());
+            return;
+        }
+        let fs = PassthroughFs::new(PassthroughConfig::new(dir.path())).unwrap();
+        let root = fs.root.clone();
+        fs.walk(&root, b"plain").unwrap();
+        assert!(
+            fs.metadata_is_local(),
+            "a plain subdirectory keeps the hint"
+        );
+        let walked = fs.walk(&root, b"mnt");
+        // SAFETY: unmounts the tmpfs mounted above.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        walked.unwrap();
+        assert!(!fs.metadata_is_local(), "a mount below the root clears it");
+        fs.walk(&root, b"plain").unwrap();
+        assert!(!fs.metadata_is_local(), "for good");
     }
 
     #[test]
