@@ -37,14 +37,15 @@
 //! the lists fails that test. It also runs a socket session (spliced and
 //! copied Rreads, cached and not, a client that reads its replies late, a
 //! streamed Twrite, Tflush, a hang-up) with every thread of the process
-//! under [`WORKER_THREAD`] and [`DEVICE_THREAD`]. Not
-//! covered: building the device or the listener (`Engine::new` creates
-//! eventfds, a timerfd and the worker threads: `eventfd2`,
-//! `timerfd_create`, `epoll_create1`, `clone3`/`clone`,
-//! `set_robust_list`, `rseq`, `prctl(PR_SET_NAME)`; `PassthroughFs::new`
-//! and `from_fd` open the export and `/proc/self/fd` and read the
-//! export's filesystem type with `fstatfs`; `Listener::bind` makes its
-//! socket).
+//! under [`WORKER_THREAD`] and [`DEVICE_THREAD`]. Not covered: building the
+//! device or the listener (`Engine::new` creates eventfds, a timerfd and
+//! the worker threads: `eventfd2`, `timerfd_create`, `epoll_create1`,
+//! `clone3`/`clone`, `set_robust_list`, `rseq`, `prctl(PR_SET_NAME)`,
+//! `sched_getaffinity`; it returns once every worker has started and run
+//! its hook, so a filter applied after it meets only serving calls;
+//! `PassthroughFs::new` and `from_fd` open the export and `/proc/self/fd`
+//! and read the export's filesystem type with `fstatfs`; `Listener::bind`
+//! makes its socket).
 //!
 //! Which xattr calls run depends on the constructor:
 //! [`PassthroughFs::new`](crate::PassthroughFs::new) uses the path forms

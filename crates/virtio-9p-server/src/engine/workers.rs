@@ -269,18 +269,31 @@ impl Workers {
             shared,
             threads: Vec::with_capacity(n),
         };
+        // Each worker reports once it has started and run the hook, so
+        // that a seccomp filter the embedder applies after this returns
+        // meets no thread still starting (clone, set_robust_list, rseq,
+        // prctl and sched_getaffinity are not serving calls).
+        let (started, ready) = std::sync::mpsc::channel();
         for i in 0..n {
             let shared = Arc::clone(&workers.shared);
             let hook = hook.cloned();
+            let started = started.clone();
             let t = std::thread::Builder::new()
                 .name(format!("{name}-{i}"))
                 .spawn(move || {
                     if let Some(hook) = hook {
                         hook();
                     }
+                    let _ = started.send(());
                     worker_loop(&shared)
                 })?;
             workers.threads.push(t);
+        }
+        drop(started);
+        if (0..n).any(|_| ready.recv().is_err()) {
+            // A hook panicked: stop the others rather than leave them idle.
+            workers.stop(Instant::now());
+            return Err(io::Error::other("a worker thread died while starting"));
         }
         Ok(workers)
     }
