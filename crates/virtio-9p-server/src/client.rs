@@ -64,9 +64,10 @@ impl<F: Filesystem> Transport for InProcess<F> {
 #[derive(Debug)]
 pub struct StreamTransport<S>(pub S);
 
-impl<S: Read + Write> Transport for StreamTransport<S> {
-    fn call(&mut self, frame: &[u8]) -> io::Result<Vec<u8>> {
-        self.0.write_all(frame)?;
+impl<S: Read> StreamTransport<S> {
+    /// Reads one reply frame: for a caller that keeps several requests in
+    /// flight and writes them itself.
+    pub fn read_frame(&mut self) -> io::Result<Vec<u8>> {
         let mut size = [0u8; 4];
         self.0.read_exact(&mut size)?;
         let n = u32::from_le_bytes(size) as usize;
@@ -77,6 +78,13 @@ impl<S: Read + Write> Transport for StreamTransport<S> {
         out.resize(n, 0);
         self.0.read_exact(&mut out[4..])?;
         Ok(out)
+    }
+}
+
+impl<S: Read + Write> Transport for StreamTransport<S> {
+    fn call(&mut self, frame: &[u8]) -> io::Result<Vec<u8>> {
+        self.0.write_all(frame)?;
+        self.read_frame()
     }
 }
 

@@ -117,7 +117,7 @@ pub(crate) fn pread(file: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Resul
 
 /// `preadv2(RWF_NOWAIT)`: reads what is in the page cache without
 /// blocking; `EAGAIN` (or any error) when nothing is.
-fn pread_nowait(file: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize> {
+pub(crate) fn pread_nowait(file: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize> {
     let iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),

@@ -13,7 +13,7 @@
 mod common;
 mod sandbox_support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -91,13 +91,7 @@ fn send(c: &mut Sock, tag: u16, msg: &Tmessage) {
 
 /// Reads one reply frame.
 fn recv(c: &mut Sock) -> (u16, Rmessage) {
-    let s = &mut c.transport().0;
-    let mut size = [0u8; 4];
-    s.read_exact(&mut size).unwrap();
-    let n = u32::from_le_bytes(size) as usize;
-    let mut frame = size.to_vec();
-    frame.resize(n, 0);
-    s.read_exact(&mut frame[4..]).unwrap();
+    let frame = c.transport().read_frame().unwrap();
     Rmessage::decode_frame(&frame, MSIZE).unwrap()
 }
 

@@ -82,13 +82,7 @@ impl<S: Read + Write> Raw<S> {
     }
 
     fn recv(&mut self) -> (u16, Rmessage) {
-        let s = &mut self.0.transport().0;
-        let mut size = [0u8; 4];
-        s.read_exact(&mut size).unwrap();
-        let n = u32::from_le_bytes(size) as usize;
-        let mut frame = size.to_vec();
-        frame.resize(n, 0);
-        s.read_exact(&mut frame[4..]).unwrap();
+        let frame = self.0.transport().read_frame().unwrap();
         Rmessage::decode_frame(&frame, MSIZE).unwrap()
     }
 

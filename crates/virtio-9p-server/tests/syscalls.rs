@@ -30,7 +30,7 @@
 //! are the library's.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::process::Command;
@@ -436,12 +436,7 @@ fn sock_send(c: &mut Client<StreamTransport<UnixStream>>, tag: u16, m: &Tmessage
 }
 
 fn sock_recv(c: &mut Client<StreamTransport<UnixStream>>) -> (u16, Rmessage) {
-    let s = &mut c.transport().0;
-    let mut size = [0u8; 4];
-    s.read_exact(&mut size).unwrap();
-    let mut frame = size.to_vec();
-    frame.resize(u32::from_le_bytes(size) as usize, 0);
-    s.read_exact(&mut frame[4..]).unwrap();
+    let frame = c.transport().read_frame().unwrap();
     Rmessage::decode_frame(&frame, MAX_MSIZE).unwrap()
 }
 

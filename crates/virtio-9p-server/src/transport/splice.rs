@@ -407,22 +407,7 @@ fn regular_size(file: BorrowedFd<'_>) -> Option<u64> {
 /// (NFS and FUSE, for example, do not: their cached pages may still need
 /// a round trip, so their reads go to a worker).
 fn nowait_reads(file: BorrowedFd<'_>, off: u64) -> bool {
-    let mut b = [0u8; 1];
-    let iov = libc::iovec {
-        iov_base: b.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: one iovec over `b`, valid for the call; the fd is borrowed.
-    let n = unsafe {
-        libc::preadv2(
-            file.as_raw_fd(),
-            &iov,
-            1,
-            off as libc::off64_t,
-            libc::RWF_NOWAIT,
-        )
-    };
-    n >= 0
+    crate::io::pread_nowait(file, &mut [0u8; 1], off).is_ok()
 }
 
 /// Splices up to `len` bytes of `file` at `off` into the empty `pipe`.
