@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! vhost-user integration: the daemon as crosvm's generic vhost-user
-//! frontend (`--vhost-user type=9p,...`) drives it. That frontend offers
-//! the guest no indirect descriptors, learns the queue count with
-//! `GET_QUEUE_NUM`, reads the config space with the `WRITABLE` flag set,
-//! and offers 32768-entry queues unless told `max-queue-size`; a Linux
-//! guest then sends each Tread's pages as a direct chain in the ring.
+//! frontend (`--vhost-user type=9p,...`) drives it, as read in crosvm's
+//! source (never run against a real crosvm). That frontend offers the
+//! guest no indirect descriptors and no packed ring, learns the queue
+//! count with `GET_QUEUE_NUM`, reads the config space with the `WRITABLE`
+//! flag set, and offers 32768-entry queues unless told `max-queue-size`;
+//! a Linux guest then sends each Tread's pages as a direct chain in the
+//! ring.
 //! crosvm (like QEMU) also splits large guest RAM into regions around the
 //! PCI hole, so guest buffers may lie in either region.
 
@@ -19,6 +21,7 @@ use vhost_user_support::scenarios::attach_open;
 use vm_memory::{Bytes, GuestAddress};
 
 use vhost_user_support::*;
+use virtio_9p_server::engine::OffloadPolicy;
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 
@@ -61,6 +64,63 @@ fn test_crosvm_style_frontend_reads_through_direct_chains() {
         assert_eq!(reply.len(), 11 + count as usize);
         check(&reply, &data, offset, count);
     }
+    drop(vmm);
+    d.stop();
+}
+
+/// The features crosvm's generic frontend lets through to the guest
+/// (`VhostUserFrontend::new` in
+/// `devices/src/virtio/vhost_user_frontend/mod.rs`): the device-specific
+/// bits 0-23 and 50-63 (`VIRTIO_DEVICE_TYPE_SPECIFIC_FEATURES_MASK`), its
+/// `base_features` (`VIRTIO_F_VERSION_1`, `VIRTIO_RING_F_EVENT_IDX`,
+/// `VIRTIO_F_SUSPEND`), and `VHOST_USER_F_PROTOCOL_FEATURES` toward the
+/// backend. Never `VIRTIO_RING_F_INDIRECT_DESC` (28) or
+/// `VIRTIO_F_RING_PACKED` (34).
+const CROSVM_ALLOWED: u64 = 0xfffc_0000_00ff_ffff | (1 << 32) | (1 << 29) | (1 << 42) | (1 << 30);
+
+#[test]
+fn test_crosvm_default_negotiation_on_a_32768_entry_ring() {
+    // crosvm without max-queue-size offers 32768-entry queues; the daemon
+    // takes them when started with --queue-size 32768. It offers packed
+    // rings (no --no-packed-ring), which crosvm filters out.
+    let d = TestDaemon::start_with(2, 32768, OffloadPolicy::Auto);
+    let mut vmm = d.connect({
+        let mut o = VmmOptions::default();
+        o.queue_size = 32768;
+        o.indirect = false;
+        o.packed = false;
+        o
+    });
+    let offered = vmm.frontend().get_features().unwrap();
+    assert_ne!(offered & (1 << 34), 0, "the daemon offers packed rings");
+    let acked = vmm.features();
+    assert_eq!(acked, offered & CROSVM_ALLOWED, "crosvm would ack more");
+    assert_ne!(acked & 1, 0, "VIRTIO_9P_MOUNT_TAG not acked");
+    assert_eq!(acked & (1 << 32), 1 << 32, "VERSION_1 not acked");
+    assert_eq!(acked & (1 << 28 | 1 << 34), 0, "indirect or packed acked");
+    assert!(!vmm.is_packed());
+
+    // 8 MiB msize: the Rread goes out as one direct chain of 2048 page
+    // descriptors plus the request's, more than a 1024-entry ring holds.
+    let msize = 8u32 << 20;
+    let data: Vec<u8> = (0..msize).map(|i| (i % 253) as u8).collect();
+    std::fs::write(d.dir.path().join("big"), &data).unwrap();
+    assert_eq!(version(&mut vmm, msize), msize);
+    attach_open(&mut vmm, "big", OpenFlags::RDONLY);
+    let count = msize - IOHDRSZ;
+    let req = frame(
+        40,
+        Tmessage::Read(Tread {
+            fid: 1,
+            offset: 0,
+            count,
+        }),
+    );
+    let reply = vmm
+        .call(&req, 11 + count, Layout::Chain { seg: 4096 })
+        .unwrap();
+    assert_eq!(reply.len(), 11 + count as usize);
+    check(&reply, &data, 0, count);
     drop(vmm);
     d.stop();
 }
