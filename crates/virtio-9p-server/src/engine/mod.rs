@@ -33,7 +33,8 @@
 //! - A blocking Tlock waits between its attempts in `sleep` (a timer:
 //!   the coroutine yields and holds no thread), and its attempts run apart
 //!   from reads and writes ([`Job::may_wait`]), so a pile of blocked locks
-//!   never starves them.
+//!   never starves them. It waits until granted, flushed, the device stops
+//!   or the session ends (see `Config::lock_wait`).
 //! - Every other filesystem call goes through [`Blocking::run`], which
 //!   offloads it unless the [`OffloadPolicy`] says otherwise.
 //! - With zero workers and no executor every call runs inline on the
@@ -68,6 +69,17 @@
 //! transport drops an interrupted Rlerror, see `flushed_silently`), and a
 //! Tflush of an unknown tag is answered at once.
 //!
+//! # Stopping (vhost-user GET_VRING_BASE)
+//!
+//! [`Engine::drain`] finishes every request in flight without cancelling
+//! any, as the vhost-user specification asks of a back-end whose ring
+//! stops: requests waiting for something that may never come (a blocking
+//! Tlock) are told to end their wait ([`Cancel::end_waits`]) and answer
+//! what their client retries (BLOCKED); calls running on workers are
+//! waited for, however long they take, with a warning every
+//! [`DRAIN_LOG_EVERY`]. The device writes their replies to the ring
+//! before it answers, and nothing is in flight afterwards.
+//!
 //! # Teardown
 //!
 //! [`Engine::shutdown`] (also run by `Drop`) and [`Engine::reset`] return
@@ -75,9 +87,12 @@
 //! (5 s + 1 s by default), even when a worker is stuck in a call that never
 //! returns. Such a request is leaked, never freed under the worker: its
 //! coroutine stack and everything the call borrows stay allocated, its
-//! late completion is ignored, and [`EngineStats::leaked`] counts it. A
-//! worker thread still stuck when the engine's own pool is dropped is
-//! detached.
+//! late completion is ignored, and [`EngineStats::leaked`] counts it. It is
+//! also abandoned ([`Cancel::abandon`]) before its chain goes back, so the
+//! call cannot write guest memory when it returns: writers used off the
+//! engine's thread copy into guest memory only under
+//! [`Cancel::guest_access`] (see [`crate::virtio::ChainWriter`]). A worker
+//! thread still stuck when the engine's own pool is dropped is detached.
 //!
 //! # Threads and fds
 //!
@@ -102,7 +117,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coro_pool::{Coroutine, CoroutineResult, Reservation, StackPool, Yielder};
-use log::{debug, error};
+use log::{debug, error, warn};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
@@ -125,6 +140,9 @@ pub const DEFAULT_STACK_SIZE: usize = 256 << 10;
 /// disconnect or drop waits for requests running on workers before it
 /// leaks them.
 pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often [`Engine::drain`] says what it still waits for.
+pub const DRAIN_LOG_EVERY: Duration = Duration::from_secs(5);
 
 /// Which filesystem calls leave the engine's thread (see the module docs,
 /// "What runs where").
@@ -790,6 +808,57 @@ impl Engine {
         }
     }
 
+    /// Finishes every request in flight, as a device that stops must
+    /// (vhost-user GET_VRING_BASE): nothing is cancelled. Waits that may
+    /// never end (a blocking Tlock) are ended ([`Cancel::end_waits`]: the
+    /// Tlock answers BLOCKED, which its client retries); calls running on
+    /// workers are waited for however long they take, with a warning every
+    /// [`DRAIN_LOG_EVERY`] that says what is still running. The
+    /// completions come out of [`Engine::take_completed`] as usual.
+    ///
+    /// `give_up` is asked between rounds: when it says true (the process
+    /// is shutting down), `drain` returns early. Returns the requests
+    /// still in flight (0 once drained).
+    pub fn drain(&mut self, give_up: impl Fn() -> bool) -> usize {
+        let started = Instant::now();
+        let mut next_log = started + DRAIN_LOG_EVERY;
+        loop {
+            for idx in 0..self.slots.len() {
+                if let Some(s) = self.slots[idx].as_mut() {
+                    s.cancel.end_waits();
+                    if s.state == State::Sleeping {
+                        s.state = State::Runnable;
+                        self.runq.push_back((idx, Resume::Go));
+                    }
+                }
+            }
+            self.run();
+            if self.live == 0 || give_up() {
+                return self.live;
+            }
+            let now = Instant::now();
+            if now >= next_log {
+                next_log = now + DRAIN_LOG_EVERY;
+                let on_workers: Vec<u16> = self
+                    .slots
+                    .iter()
+                    .flatten()
+                    .filter(|s| matches!(s.state, State::OnWorker(_)))
+                    .filter_map(|s| s.tag)
+                    .collect();
+                warn!(
+                    "virtio-9p: stopping the device: still waiting after {:?} for {} requests, {} of them in filesystem calls (tags {:?})",
+                    now - started,
+                    self.live,
+                    on_workers.len(),
+                    &on_workers[..on_workers.len().min(16)]
+                );
+            }
+            wait_readable(self.wake.as_raw_fd(), Duration::from_millis(50));
+            self.poll();
+        }
+    }
+
     /// [`quiesce`](Engine::quiesce)s with the configured timeout, then
     /// gives up on the requests whose call never returned: they are leaked
     /// (counted in [`EngineStats::leaked`]), never resumed or freed, and the
@@ -818,7 +887,10 @@ impl Engine {
                     self.tags.remove(&(slot.group, tag));
                 }
             }
-            // The chain goes back empty; its buffers stay with the call.
+            // No guest-memory access from the call from now on (waits for
+            // a copy in progress); then the chain goes back empty, its
+            // buffers stay with the call.
+            slot.cancel.abandon();
             self.completed.push((slot.token, 0));
             for (w, generation) in &slot.waiters {
                 self.wake_waiter(*w, *generation);
@@ -986,6 +1058,10 @@ impl Engine {
             }
             match suspend {
                 Suspend::Offload(func, may_wait) => self.dispatch(idx, func, may_wait),
+                Suspend::Sleep(_) if slot.cancel.waits_ended() => {
+                    // Stopping (see `drain`): the wait ends at once.
+                    self.runq.push_back((idx, Resume::Go));
+                }
                 Suspend::Sleep(when) => {
                     slot.state = State::Sleeping;
                     let generation = slot.generation;

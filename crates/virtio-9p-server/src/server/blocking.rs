@@ -2,10 +2,10 @@
 //! How a request's filesystem calls run: the [`Blocking`] executor an
 //! engine provides ([`Inline`] runs them on the calling thread), the
 //! [`Interrupted`] stand-in result of a call cancelled before it ran, and
-//! the [`Cancel`] token an engine sets on Tflush.
+//! the [`Cancel`] token an engine sets on Tflush, stop and teardown.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::errno;
@@ -46,7 +46,8 @@ pub trait Blocking {
 
     /// Waits `d` between the attempts of a blocking Tlock. The default
     /// sleeps the thread; a coroutine engine yields to a timer instead, so
-    /// a waiting lock holds no thread.
+    /// a waiting lock holds no thread, and returns early when the request
+    /// is cancelled or its waits are ended ([`Cancel::end_waits`]).
     fn sleep(&self, d: Duration) {
         std::thread::sleep(d);
     }
@@ -89,9 +90,30 @@ impl Blocking for Inline {
     }
 }
 
-/// Cancellation flag of one request (set by an engine on Tflush).
+/// The lifecycle token of one request, shared by the engine that runs it
+/// and the buffers it writes. An engine sets it when the request must end
+/// early:
+///
+/// - [`Cancel::cancel`] (Tflush, reset, disconnect): the request answers
+///   EINTR at its next suspension and its reply is dropped;
+/// - [`Cancel::end_waits`] (the device is stopping, GET_VRING_BASE): a
+///   request waiting for something that may never come (a blocking Tlock)
+///   ends now with the answer its client retries (`Rlock` BLOCKED);
+/// - [`Cancel::abandon`] (a bounded teardown gave up on a call that did not
+///   return): the request may no longer touch guest memory. Writers that
+///   run off the engine's thread wrap every guest-memory access in
+///   [`Cancel::guest_access`], so a call that returns late writes nothing.
 #[derive(Debug, Clone, Default)]
-pub struct Cancel(Arc<AtomicBool>);
+pub struct Cancel(Arc<CancelState>);
+
+#[derive(Debug, Default)]
+struct CancelState {
+    cancelled: AtomicBool,
+    waits_ended: AtomicBool,
+    /// Held for the length of each off-thread guest-memory access; true
+    /// once the request is abandoned.
+    abandoned: Mutex<bool>,
+}
 
 impl Cancel {
     /// A token that is not cancelled.
@@ -101,11 +123,49 @@ impl Cancel {
 
     /// Cancels the request.
     pub fn cancel(&self) {
-        self.0.store(true, Ordering::Release);
+        self.0.cancelled.store(true, Ordering::Release);
     }
 
     /// Whether [`Cancel::cancel`] was called.
     pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Ends the request's waits: a blocking Tlock answers BLOCKED at its
+    /// next check instead of waiting on.
+    pub fn end_waits(&self) {
+        self.0.waits_ended.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Cancel::end_waits`] was called.
+    pub fn waits_ended(&self) -> bool {
+        self.0.waits_ended.load(Ordering::Acquire)
+    }
+
+    /// Gives the request up: from now on [`Cancel::guest_access`] runs
+    /// nothing. Returns once an access in progress (a copy, never a
+    /// blocking call) has finished.
+    pub fn abandon(&self) {
+        *self.lock_access() = true;
+    }
+
+    /// Whether [`Cancel::abandon`] was called.
+    pub fn is_abandoned(&self) -> bool {
+        *self.lock_access()
+    }
+
+    /// Runs `access` (a copy into or out of guest memory) unless the
+    /// request was abandoned; [`Cancel::abandon`] waits for it. `access`
+    /// must not block: it delays the teardown that abandons the request.
+    pub fn guest_access<R>(&self, access: impl FnOnce() -> R) -> Option<R> {
+        let abandoned = self.lock_access();
+        if *abandoned {
+            return None;
+        }
+        Some(access())
+    }
+
+    fn lock_access(&self) -> MutexGuard<'_, bool> {
+        self.0.abandoned.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -9,10 +9,19 @@ use super::{errno, Blocking, Cancel, OpResult, Server, Session};
 use crate::fs::Filesystem;
 use crate::protocol::*;
 
+/// Longest pause between two attempts of a waiting Tlock: a lock released
+/// on the host reaches a waiting guest within about this long.
+pub(crate) const LOCK_RETRY_MAX: Duration = Duration::from_millis(20);
+
 impl<F: Filesystem> Server<F> {
-    /// Tlock. A blocking lock ([`LockFlags::BLOCK`]) retries with backoff until
-    /// granted, cancelled (EINTR) or [`Config::lock_wait`](super::Config)
-    /// has passed ([`LockStatus::Blocked`]).
+    /// Tlock. A blocking lock ([`LockFlags::BLOCK`]) that finds the lock
+    /// taken waits here, retrying with a backoff of at most
+    /// [`LOCK_RETRY_MAX`], until it is granted, the request is cancelled
+    /// (Tflush, reset, session end: EINTR), its waits are ended (the
+    /// device stops: [`LockStatus::Blocked`], which the client retries) or
+    /// [`Config::lock_wait`](super::Config) has passed (`Blocked`). At most
+    /// [`Config::max_lock_waiters`](super::Config) wait per session; the
+    /// next one answers `Blocked` at once.
     pub(super) fn lock<B: Blocking>(
         &self,
         session: &Session<F>,
@@ -29,6 +38,7 @@ impl<F: Filesystem> Server<F> {
         };
         let start = Instant::now();
         let mut pause = Duration::from_micros(500);
+        let mut waiting = None;
         loop {
             // One attempt per call: between attempts the request waits in
             // `exec.sleep`, which holds no worker on a coroutine engine.
@@ -41,11 +51,17 @@ impl<F: Filesystem> Server<F> {
             if cancel.is_cancelled() {
                 return Err(errno::EINTR);
             }
-            if lock_wait.is_some_and(|w| start.elapsed() >= w) {
+            if cancel.waits_ended() || lock_wait.is_some_and(|w| start.elapsed() >= w) {
                 return Ok(Rmessage::Lock(LockStatus::Blocked));
             }
+            if waiting.is_none() {
+                waiting = session.start_lock_wait(self.config.max_lock_waiters);
+                if waiting.is_none() {
+                    return Ok(Rmessage::Lock(LockStatus::Blocked));
+                }
+            }
             exec.sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(20));
+            pause = (pause * 2).min(LOCK_RETRY_MAX);
         }
     }
 

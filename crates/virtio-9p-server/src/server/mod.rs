@@ -80,9 +80,11 @@ pub const DEFAULT_MAX_TOTAL_XATTR_BYTES: usize = 64 << 20;
 pub const MAX_XATTR_SIZE: usize = 65_536;
 /// Longest xattr name (Linux's `XATTR_NAME_MAX`).
 pub const MAX_XATTR_NAME: usize = 255;
-/// How long a blocking Tlock waits by default before answering `BLOCKED`
-/// (the Linux client then retries).
-pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(1);
+/// Default limit on blocking Tlocks of one session waiting in the server
+/// at once; past it a blocking Tlock that finds the lock taken answers
+/// `BLOCKED` at once (the Linux client then retries after its
+/// `locktimeout`).
+pub const DEFAULT_MAX_LOCK_WAITERS: usize = 128;
 /// The size of an Rlerror and of an Rread header: `size type tag u32`.
 const RHDR_COUNT: usize = HEADER_SIZE + 4;
 /// Largest reply-encoding buffer kept per thread between replies.
@@ -133,8 +135,15 @@ pub struct Config {
     /// ones fail with `E2BIG`.
     pub max_xattr_size: usize,
     /// How long a blocking Tlock (`FLAGS_BLOCK`) waits for the lock before
-    /// answering `BLOCKED`; `None` waits until granted or cancelled.
+    /// answering `BLOCKED`. `None` (the default) waits until the lock is
+    /// granted, the request is flushed, the device stops
+    /// ([`Cancel::end_waits`]) or the session ends: the Linux client
+    /// sleeps its `locktimeout` (30 s) after every `BLOCKED`, so waiting
+    /// here is what makes a released lock reach a waiting guest at once.
     pub lock_wait: Option<Duration>,
+    /// Most blocking Tlocks of one session that wait in the server at once
+    /// (each holds a request slot); past it, `BLOCKED` at once.
+    pub max_lock_waiters: usize,
     /// Most guest-triggered log lines (malformed requests, replies that do
     /// not fit, refused connections) per second; the rest are counted and
     /// reported as one "suppressed" line.
@@ -150,7 +159,8 @@ impl Default for Config {
             max_xattr_bytes: DEFAULT_MAX_XATTR_BYTES,
             max_total_xattr_bytes: DEFAULT_MAX_TOTAL_XATTR_BYTES,
             max_xattr_size: MAX_XATTR_SIZE,
-            lock_wait: Some(DEFAULT_LOCK_WAIT),
+            lock_wait: None,
+            max_lock_waiters: DEFAULT_MAX_LOCK_WAITERS,
             guest_log_lines_per_sec: DEFAULT_GUEST_LOG_LINES_PER_SEC,
         }
     }

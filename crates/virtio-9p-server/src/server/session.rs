@@ -70,6 +70,15 @@ pub(crate) struct XattrWrite {
     pub _charge: Charge,
 }
 
+/// One waiting Tlock, counted in its session until dropped.
+pub(crate) struct LockWait<'a>(&'a AtomicUsize);
+
+impl Drop for LockWait<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Tries to add `n` to `counter` without passing `max`.
 pub(crate) fn try_add(counter: &AtomicUsize, n: usize, max: usize) -> bool {
     counter
@@ -156,6 +165,8 @@ pub struct Session<F: Filesystem> {
     total_fids: OnceLock<Arc<AtomicUsize>>,
     /// Bytes held by this session's xattr fids.
     xattr_bytes: Arc<AtomicUsize>,
+    /// Blocking Tlocks of this session waiting in the server.
+    lock_waiters: AtomicUsize,
 }
 
 impl<F: Filesystem> Default for Session<F> {
@@ -165,6 +176,7 @@ impl<F: Filesystem> Default for Session<F> {
             fids: Mutex::new(FidTable::default()),
             total_fids: OnceLock::new(),
             xattr_bytes: Arc::new(AtomicUsize::new(0)),
+            lock_waiters: AtomicUsize::new(0),
         }
     }
 }
@@ -189,6 +201,19 @@ impl<F: Filesystem> Session<F> {
     /// A fresh session; nothing is negotiated until Tversion.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Blocking Tlocks of this session waiting in the server now.
+    pub fn lock_waiters(&self) -> usize {
+        self.lock_waiters.load(Ordering::Acquire)
+    }
+
+    /// Counts one more waiting Tlock unless `max` wait already; the guard
+    /// uncounts it.
+    pub(crate) fn start_lock_wait(&self, max: usize) -> Option<LockWait<'_>> {
+        // `then`, not `then_some`: a guard built and dropped on failure
+        // would uncount a waiter that was never counted.
+        try_add(&self.lock_waiters, 1, max).then(|| LockWait(&self.lock_waiters))
     }
 
     /// The negotiated msize, or 0 before Tversion.

@@ -5,10 +5,10 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::ThreadId;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use coro_pool::StackPool;
-use log::{debug, error, info};
+use log::{debug, error, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
@@ -21,7 +21,7 @@ use vmm_sys_util::event::{
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::engine::{EngineConfig, WORKER_JOIN_TIMEOUT};
+use crate::engine::{EngineConfig, DRAIN_LOG_EVERY, WORKER_JOIN_TIMEOUT};
 use crate::fs::Filesystem;
 use crate::server::{Server, Session};
 use crate::virtio::{
@@ -42,12 +42,13 @@ pub const CONTROL_EVENT: u16 = 4;
 pub const MORE_EVENT: u16 = 5;
 
 /// The vhost-user protocol features offered: CONFIG (the mount tag is read
-/// from the backend), MQ, REPLY_ACK and CONFIGURE_MEM_SLOTS.
+/// from the backend), MQ, REPLY_ACK, CONFIGURE_MEM_SLOTS and RESET_DEVICE.
 pub fn protocol_features() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::MQ
         | VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+        | VhostUserProtocolFeatures::RESET_DEVICE
 }
 
 /// Settings of one device. Build one from [`BackendConfig::default`] and
@@ -82,10 +83,16 @@ impl Default for BackendConfig {
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the vring thread is asked to do, weakest first: when several
+/// requests meet, the strongest is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum ControlOp {
     None,
-    Quiesce,
+    /// GET_VRING_BASE: finish every request in flight, then stop.
+    Stop,
+    /// RESET_DEVICE: end every request (bounded), forget the session.
+    Reset,
+    /// The frontend left or the daemon ends: end every request (bounded).
     Shutdown,
 }
 
@@ -138,7 +145,9 @@ impl<F: Filesystem> Drop for QueueCell<F> {
 /// [`Virtio9pBackend::shutdown`] so the engine ends on its own thread.
 pub struct Virtio9pBackend<F: Filesystem> {
     server: Arc<Server<F>>,
-    session: Arc<Session<F>>,
+    /// The 9P session of the current driver (a device reset starts a new
+    /// one).
+    session: Mutex<Arc<Session<F>>>,
     pool: Arc<StackPool>,
     config_space: DeviceConfig,
     queue_size: u16,
@@ -152,6 +161,8 @@ pub struct Virtio9pBackend<F: Filesystem> {
     control_fd: EventFd,
     control: Mutex<Control>,
     control_cv: Condvar,
+    /// Set by [`Virtio9pBackend::shutdown`]: a stop still draining gives up.
+    shutting_down: AtomicBool,
     exit_fds: Mutex<Vec<RawFd>>,
     /// Requests leaked by resets and shutdowns (calls that never returned).
     leaked: AtomicU64,
@@ -180,7 +191,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         engine.max_in_flight = usize::from(queue_size);
         Ok(Virtio9pBackend {
             server,
-            session: Arc::new(Session::new()),
+            session: Mutex::new(Arc::new(Session::new())),
             pool,
             config_space,
             queue_size,
@@ -206,6 +217,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 done: 0,
             }),
             control_cv: Condvar::new(),
+            shutting_down: AtomicBool::new(false),
             exit_fds: Mutex::new(Vec::new()),
             leaked: AtomicU64::new(0),
         })
@@ -224,20 +236,17 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             .map_err(crate::Error::BackendEvent)
     }
 
-    /// The 9P session of this device.
-    pub fn session(&self) -> &Arc<Session<F>> {
-        &self.session
+    /// The 9P session of the current driver.
+    pub fn session(&self) -> Arc<Session<F>> {
+        Arc::clone(&self.session.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Cancels waiting requests and waits for running ones (on the vring
-    /// thread), as GET_VRING_BASE and RESET_DEVICE require.
-    pub fn quiesce(&self) {
-        self.control_request(ControlOp::Quiesce);
-    }
-
-    /// Quiesces and drops the engine on the vring thread. Call before the
-    /// daemon (and with it the vring thread) goes away.
+    /// Ends every request (bounded by the engine's `quiesce_timeout`) and
+    /// drops the engine on the vring thread, writing nothing more to the
+    /// ring. Call before the daemon (and with it the vring thread) goes
+    /// away; a stop still draining gives up.
     pub fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
         self.control_request(ControlOp::Shutdown);
     }
 
@@ -252,14 +261,15 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         self.control.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Asks the vring thread to do `op` and waits until it has. A stop
+    /// waits as long as the requests in flight take (the vring thread says
+    /// what it waits for); the others are bounded.
     fn control_request(&self, op: ControlOp) {
         if self.epoll_fd.load(Ordering::Acquire) < 0 {
             return;
         }
         let mut c = self.lock_control();
-        if c.op != ControlOp::Shutdown {
-            c.op = op;
-        }
+        c.op = c.op.max(op);
         c.requested += 1;
         let ticket = c.requested;
         if let Err(e) = self.control_fd.write(1) {
@@ -268,14 +278,28 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         }
         // The vring thread's bound (quiesce, then the worker join) plus
         // slack for the thread to get to the request.
-        let timeout = self.engine.quiesce_timeout + WORKER_JOIN_TIMEOUT + Duration::from_secs(2);
-        let (c, res) = self
-            .control_cv
-            .wait_timeout_while(c, timeout, |c| c.done < ticket)
-            .unwrap_or_else(|e| e.into_inner());
-        drop(c);
-        if res.timed_out() {
-            error!("virtio-9p: the vring thread did not answer a {op:?} request in {timeout:?}");
+        let bound = (op != ControlOp::Stop)
+            .then(|| self.engine.quiesce_timeout + WORKER_JOIN_TIMEOUT + Duration::from_secs(2));
+        let started = Instant::now();
+        loop {
+            let step = bound.unwrap_or(DRAIN_LOG_EVERY);
+            let (guard, _) = self
+                .control_cv
+                .wait_timeout_while(c, step, |c| c.done < ticket)
+                .unwrap_or_else(|e| e.into_inner());
+            c = guard;
+            if c.done >= ticket {
+                return;
+            }
+            let waited = started.elapsed();
+            if bound.is_some() {
+                error!("virtio-9p: the vring thread did not answer a {op:?} request in {waited:?}");
+                return;
+            }
+            if self.shutting_down.load(Ordering::Acquire) {
+                return;
+            }
+            warn!("virtio-9p: GET_VRING_BASE still waiting for the vring thread after {waited:?}");
         }
     }
 
@@ -310,6 +334,21 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         Ok(())
     }
 
+    fn unregister_fd(&self, fd: RawFd) {
+        let epfd = self.epoll_fd.load(Ordering::Acquire);
+        if epfd < 0 {
+            return;
+        }
+        // SAFETY: EPOLL_CTL_DEL ignores the event argument; both fds are
+        // open (the queue owning `fd` is still alive).
+        if unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) } < 0 {
+            debug!(
+                "virtio-9p: removing fd {fd} from the vring epoll: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+
     fn handle(&self, device_event: u16, vrings: &[VringRwLock]) -> std::io::Result<()> {
         let mut guard = self.cell.lock().unwrap_or_else(|e| e.into_inner());
         let cell = &mut *guard;
@@ -330,32 +369,25 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 let op = std::mem::replace(&mut c.op, ControlOp::None);
                 (op, c.requested)
             };
-            if let Some(q) = cell.queue.as_mut() {
-                // Bounded: requests whose call never returns are leaked.
-                let leaked = q.cancel_all();
-                if leaked > 0 {
-                    self.leaked.fetch_add(leaked as u64, Ordering::AcqRel);
+            let result = match op {
+                ControlOp::Stop => self.stop(cell, vrings),
+                ControlOp::Reset => {
+                    self.end_queue(cell);
+                    *self.session.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Arc::new(Session::new());
+                    Ok(())
                 }
-                Self::complete(q, cell.packed.as_mut(), vrings, self.memory().as_ref())?;
-                if op == ControlOp::Shutdown {
-                    cell.queue = None;
-                } else if op == ControlOp::Quiesce {
-                    q.reset(self.indirect()).map_err(std::io::Error::other)?;
+                ControlOp::Shutdown => {
+                    self.end_queue(cell);
+                    Ok(())
                 }
-            }
-            // The ring stopped (GET_VRING_BASE) or the device reset: the
-            // packed position goes where GET_VRING_BASE reads it, and the
-            // next start builds the ring state afresh.
-            if let Some(p) = cell.packed.take() {
-                if let Some(vring) = vrings.first() {
-                    p.sync_to(vring.get_mut().get_queue_mut());
-                }
-            }
+                ControlOp::None => Ok(()),
+            };
             let mut c = self.lock_control();
             c.done = c.done.max(ticket);
             drop(c);
             self.control_cv.notify_all();
-            return Ok(());
+            return result;
         }
         let Some(mem) = self.memory() else {
             return Ok(());
@@ -369,7 +401,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             if cell.queue.is_none() {
                 let q = RequestQueue::new(
                     Arc::clone(&self.server),
-                    Arc::clone(&self.session),
+                    self.session(),
                     Arc::clone(&self.pool),
                     &self.engine,
                     self.indirect(),
@@ -409,12 +441,12 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                     error!("virtio-9p: request queue stopped: {e}");
                 }
             }
-            return Self::complete(q, cell.packed.as_mut(), vrings, Some(&mem));
+            return Self::complete(q, cell.packed.as_mut(), vrings, Some(&mem), false);
         }
         if device_event == WAKE_EVENT || device_event == TIMER_EVENT {
             if let Some(q) = cell.queue.as_mut() {
                 q.poll();
-                return Self::complete(q, cell.packed.as_mut(), vrings, Some(&mem));
+                return Self::complete(q, cell.packed.as_mut(), vrings, Some(&mem), false);
             }
             return Ok(());
         }
@@ -422,20 +454,77 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         Ok(())
     }
 
+    /// GET_VRING_BASE, on the vring thread: every request in flight
+    /// finishes and its reply goes to the used ring, with the notification
+    /// the driver asked for, before the frontend gets the ring base; then
+    /// the device is stopped and writes nothing until the ring starts
+    /// again. The session (fids) stays: a stop is a pause.
+    fn stop(&self, cell: &mut QueueCell<F>, vrings: &[VringRwLock]) -> std::io::Result<()> {
+        if let Some(q) = cell.queue.as_mut() {
+            let left = q.drain(|| self.shutting_down.load(Ordering::Acquire));
+            if left == 0 {
+                Self::complete(
+                    q,
+                    cell.packed.as_mut(),
+                    vrings,
+                    self.memory().as_ref(),
+                    true,
+                )?;
+            } else {
+                // Shutting down: the shutdown that follows ends the rest.
+                warn!("virtio-9p: stop abandoned with {left} requests in flight: shutting down");
+            }
+            q.reset(self.indirect()).map_err(std::io::Error::other)?;
+        }
+        // The packed position goes where GET_VRING_BASE reads it, and the
+        // next start builds the ring state afresh.
+        if let Some(p) = cell.packed.take() {
+            if let Some(vring) = vrings.first() {
+                p.sync_to(vring.get_mut().get_queue_mut());
+            }
+        }
+        Ok(())
+    }
+
+    /// Device reset and shutdown, on the vring thread: every request ends
+    /// (cancelled; a call that does not return within the engine's
+    /// `quiesce_timeout` is given up on and can no longer touch guest
+    /// memory), nothing more goes to the ring (the driver forgot it), and
+    /// the request queue with its engine and workers is dropped. The next
+    /// start builds a new one.
+    fn end_queue(&self, cell: &mut QueueCell<F>) {
+        if let Some(mut q) = cell.queue.take() {
+            let leaked = q.cancel_all();
+            if leaked > 0 {
+                self.leaked.fetch_add(leaked as u64, Ordering::AcqRel);
+            }
+            q.discard_completed();
+            for fd in [q.engine().wake_fd(), q.engine().timer_fd(), q.more_fd()] {
+                self.unregister_fd(fd);
+            }
+        }
+        cell.packed = None;
+    }
+
     /// Completions of coroutines and Tflush go to the ring the chains came
-    /// from (split or packed), under the vring's lock.
+    /// from (split or packed), under the vring's lock. A stopped ring
+    /// (not ready) gets nothing, except from the drain of a stop
+    /// (`stopping`), which GET_VRING_BASE answers only afterwards.
     fn complete(
         q: &mut RequestQueue<F>,
         packed: Option<&mut PackedQueue>,
         vrings: &[VringRwLock],
         mem: Option<&Mem>,
+        stopping: bool,
     ) -> std::io::Result<()> {
         let (Some(vring), Some(mem)) = (vrings.first(), mem) else {
+            q.discard_completed();
             return Ok(());
         };
         let mut st = vring.get_mut();
-        if !st.get_queue().ready() {
-            // Stopped (GET_VRING_BASE): the chains are not returned.
+        if !st.get_queue().ready() && !stopping {
+            // Stopped: nothing is in flight after a stop's drain, so this
+            // only drops completions of a reset or a shutdown.
             q.discard_completed();
             return Ok(());
         }
@@ -524,7 +613,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
     }
 
     fn reset_device(&self) {
-        self.quiesce();
+        self.control_request(ControlOp::Reset);
         self.acked.store(0, Ordering::Release);
     }
 
@@ -569,7 +658,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
     }
 
     fn stop_vring(&self, _queue_index: u32) -> std::io::Result<()> {
-        self.quiesce();
+        self.control_request(ControlOp::Stop);
         Ok(())
     }
 

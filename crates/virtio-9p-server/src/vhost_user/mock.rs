@@ -52,6 +52,15 @@ impl Driver {
             Driver::Packed(d) => d.memory(),
         }
     }
+
+    /// Guest addresses of the descriptor table, the available (driver)
+    /// area and the used (device) area.
+    fn ring_addresses(&self) -> (GuestAddress, GuestAddress, GuestAddress) {
+        match self {
+            Driver::Split(d) => d.ring_addresses(),
+            Driver::Packed(d) => d.create_queue().addresses(),
+        }
+    }
 }
 
 /// Settings of a [`FakeVmm`]. Build one from [`VmmOptions::default`] and
@@ -299,6 +308,36 @@ impl FakeVmm {
         self.raw.clear();
         self.bump = DATA_START;
         Ok(())
+    }
+
+    /// Starts the stopped ring again where the device left it, as QEMU
+    /// does on `cont` after `stop`: SET_FEATURES, the same ring addresses,
+    /// SET_VRING_BASE with `base` (what [`FakeVmm::stop_ring`] returned),
+    /// new kick and call eventfds, enable. The driver carries on: its
+    /// chains and replies are kept.
+    pub fn resume_ring(&mut self, base: u32) -> MockResult<()> {
+        self.frontend.set_features(self.features)?;
+        self.kick = EventFd::new(EFD_NONBLOCK)?;
+        self.call = EventFd::new(EFD_NONBLOCK)?;
+        let addrs = self.driver.ring_addresses();
+        program_ring(
+            &mut self.frontend,
+            self.opts.queue_size,
+            addrs,
+            self.host,
+            base as u16,
+            &self.kick,
+            &self.call,
+        )
+    }
+
+    /// Resets the device as a driver does on unbind or reboot: RESET_DEVICE
+    /// (VHOST_USER_PROTOCOL_F_RESET_DEVICE), then SET_FEATURES and a fresh
+    /// ring ([`FakeVmm::restart_ring`]).
+    pub fn reset_device(&mut self) -> MockResult<()> {
+        self.frontend.reset_device()?;
+        self.frontend.set_features(self.features)?;
+        self.restart_ring()
     }
 
     /// Whether the ring is packed ([`VmmOptions::packed`]).
@@ -621,6 +660,28 @@ fn start_ring(
     if used.0 + 8 * u64::from(q) + 6 > DATA_START {
         return Err(format!("queue size {q} does not fit below the data area").into());
     }
+    program_ring(
+        frontend,
+        q,
+        (desc, avail, used),
+        host,
+        base.unwrap_or(fresh_base),
+        kick,
+        call,
+    )?;
+    Ok(driver)
+}
+
+/// Sends the ring's size, addresses and base, its eventfds, and enables it.
+fn program_ring(
+    frontend: &mut Frontend,
+    q: u16,
+    (desc, avail, used): (GuestAddress, GuestAddress, GuestAddress),
+    host: u64,
+    base: u16,
+    kick: &EventFd,
+    call: &EventFd,
+) -> MockResult<()> {
     frontend.set_vring_num(0, q)?;
     frontend.set_vring_addr(
         0,
@@ -634,11 +695,11 @@ fn start_ring(
             log_addr: None,
         },
     )?;
-    frontend.set_vring_base(0, base.unwrap_or(fresh_base))?;
+    frontend.set_vring_base(0, base)?;
     frontend.set_vring_call(0, call)?;
     frontend.set_vring_kick(0, kick)?;
     frontend.set_vring_enable(0, true)?;
-    Ok(driver)
+    Ok(())
 }
 
 /// Protocol features a frontend sees (re-exported for tests).

@@ -2,7 +2,19 @@
 //! [`RequestReader`]/[`ReplyWriter`] over the two halves of a descriptor
 //! chain: zero-copy file I/O straight between guest memory and
 //! `preadv`/`pwritev` (chunked at `IOV_MAX` by `virtqueue-large`).
+//!
+//! # No late write into guest memory
+//!
+//! On the engine's thread a request is alive by construction: a request
+//! given up on by a bounded teardown is never resumed. A worker thread is
+//! different: its call may return after the teardown, when the guest has
+//! reused the chain's pages. So a [`ChainWriter`] used off the engine's
+//! thread never hands guest memory to a call that can block: file data is
+//! read into the worker's bounce buffer first, and each copy into guest
+//! memory runs under the request's [`Cancel::guest_access`], which the
+//! teardown revokes ([`Cancel::abandon`]) before the chain goes back.
 
+use std::cell::RefCell;
 use std::io::{self, Read, Write};
 use std::ops::Deref;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -13,14 +25,44 @@ use vm_memory::GuestMemoryBackend;
 
 use crate::engine;
 use crate::io::{ReplyWriter, RequestReader};
+use crate::server::Cancel;
+
+/// Largest piece a worker reads into its bounce buffer before copying it
+/// into guest memory (see the module docs).
+const BOUNCE_CHUNK: usize = 256 << 10;
+
+thread_local! {
+    /// The bounce buffer of a worker thread (see the module docs); one per
+    /// thread, reused, at most [`BOUNCE_CHUNK`] bytes.
+    static BOUNCE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 /// The device-readable part of a chain: one 9P request.
 #[derive(Debug)]
 pub struct ChainReader<M>(pub Reader<M>);
 
-/// The device-writable part of a chain: room for one 9P reply.
+/// The device-writable part of a chain: room for one 9P reply, and the
+/// request's [`Cancel`] token that guards writes from other threads.
 #[derive(Debug)]
-pub struct ChainWriter<M>(pub Writer<M>);
+pub struct ChainWriter<M> {
+    writer: Writer<M>,
+    token: Cancel,
+}
+
+impl<M> ChainWriter<M> {
+    /// The reply room `writer` of the request whose token is `token`.
+    pub fn new(writer: Writer<M>, token: Cancel) -> Self {
+        ChainWriter { writer, token }
+    }
+}
+
+/// The error of a write for a request that was given up on.
+fn abandoned() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::BrokenPipe,
+        "the request was given up on: its guest memory is off limits",
+    )
+}
 
 impl<M> Read for ChainReader<M>
 where
@@ -57,7 +99,13 @@ where
     M::Target: GuestMemoryBackend + Sized,
 {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.write(buf)
+        if engine::on_coroutine() {
+            return self.writer.write(buf);
+        }
+        let w = &mut self.writer;
+        self.token
+            .guest_access(|| w.write(buf))
+            .unwrap_or_else(|| Err(abandoned()))
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -71,17 +119,17 @@ where
     M::Target: GuestMemoryBackend + Sized,
 {
     fn available_bytes(&self) -> usize {
-        self.0.available_bytes()
+        self.writer.available_bytes()
     }
 
     fn bytes_written(&self) -> usize {
-        self.0.bytes_written()
+        self.writer.bytes_written()
     }
 
     fn split_at(&mut self, offset: usize) -> io::Result<Self> {
-        self.0
+        self.writer
             .split_at(offset)
-            .map(ChainWriter)
+            .map(|writer| ChainWriter::new(writer, self.token.clone()))
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
     }
 
@@ -94,12 +142,58 @@ where
         // The engine decides where the read runs; the hint is whether the
         // range is in the page cache (then a copy right here is cheaper
         // than a thread hop).
-        let w = &mut self.0;
+        let w = &mut self.writer;
+        let token = &self.token;
         engine::offload_read(
             || range_cached(file, count, off),
-            move || w.read_from_file_at(&file, count, off),
+            move || read_file(w, token, file, count, off),
         )
     }
+}
+
+/// Reads file data into the reply: straight into guest memory on the
+/// engine's thread, through the bounce buffer elsewhere (module docs).
+fn read_file<M>(
+    w: &mut Writer<M>,
+    token: &Cancel,
+    file: BorrowedFd<'_>,
+    count: usize,
+    off: u64,
+) -> io::Result<usize>
+where
+    M: Deref + Clone,
+    M::Target: GuestMemoryBackend + Sized,
+{
+    if engine::on_coroutine() {
+        return w.read_from_file_at(&file, count, off);
+    }
+    let count = count.min(w.available_bytes());
+    BOUNCE.with(|bounce| {
+        let mut buf = bounce.borrow_mut();
+        let chunk = count.min(BOUNCE_CHUNK);
+        if buf.len() < chunk {
+            buf.resize(chunk, 0);
+        }
+        let mut done = 0usize;
+        while done < count {
+            let want = (count - done).min(chunk);
+            // May block for as long as the filesystem likes: guest memory
+            // is not involved.
+            let got = crate::io::pread(file, &mut buf[..want], off + done as u64)?;
+            if got == 0 {
+                break;
+            }
+            let data = &buf[..got];
+            token
+                .guest_access(|| w.write_all(data))
+                .unwrap_or_else(|| Err(abandoned()))?;
+            done += got;
+            if got < want {
+                break;
+            }
+        }
+        Ok(done)
+    })
 }
 
 /// `cachestat(2)` support: 0 unknown, 1 yes, 2 no.

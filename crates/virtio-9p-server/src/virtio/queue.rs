@@ -287,6 +287,14 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         self.engine.quiesce(timeout)
     }
 
+    /// Finishes every request in flight without cancelling any, as a
+    /// stopping device must ([`Engine::drain`]); returns early when
+    /// `give_up` says so. Their completions then go to the ring with
+    /// [`RequestQueue::complete_ring`]. Returns the requests left.
+    pub fn drain(&mut self, give_up: impl Fn() -> bool) -> usize {
+        self.engine.drain(give_up)
+    }
+
     /// Cancels every request and waits for running calls up to the
     /// engine's `quiesce_timeout`; a call that has not returned by then is
     /// leaked ([`Engine::reset`]). Returns the number leaked; the queue is
@@ -322,7 +330,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         let session = Arc::clone(&self.session);
         let exec = self.exec;
         let token = cancel.clone();
-        let mut w = ChainWriter(writer);
+        let mut w = ChainWriter::new(writer, cancel.clone());
         let mut r = ChainReader(reader);
         let result = self.engine.spawn(head, tag, cancel, move || {
             match server.handle(&session, &mut r, &mut w, &exec, &token) {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
+use virtio_9p_server::DEFAULT_MAX_LOCK_WAITERS;
 use virtqueue_large::mock::{Malicious, PackedMalicious};
 
 use super::{decode, frame, version};
@@ -180,8 +181,10 @@ pub fn requests_1024_in_flight(
     }
 }
 
-/// 1023 Tlocks blocked on a lock the test holds, the first one flushed,
-/// then the rest released.
+/// 1023 blocking Tlocks on a lock the test holds: the server keeps
+/// [`DEFAULT_MAX_LOCK_WAITERS`] of them waiting and answers the rest
+/// BLOCKED at once; one waiter is flushed, then the lock is released and
+/// every waiter is granted.
 pub fn blocked_locks_then_flushed(
     dir: &Path,
     connect: impl FnOnce(VmmOptions) -> FakeVmm,
@@ -228,22 +231,32 @@ pub fn blocked_locks_then_flushed(
         );
     }
     vmm.kick().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    // None answered: all are in flight, waiting for the lock.
-    let early = vmm.collect_used().unwrap();
-    if let Some((h, len)) = early.first() {
-        let sub = subs.iter().find(|s| s.head == *h).unwrap();
-        panic!(
-            "{} early replies, first {:?}",
-            early.len(),
-            decode(&vmm.read(sub.reply_addr, *len as usize).unwrap())
-        );
+    // Past the per-session cap, BLOCKED at once; the rest wait.
+    let blocked_at_once = subs.len() - DEFAULT_MAX_LOCK_WAITERS;
+    let mut early = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while early.len() < blocked_at_once && Instant::now() < deadline {
+        early.extend(vmm.wait_used(Duration::from_secs(1)).unwrap());
     }
+    std::thread::sleep(Duration::from_millis(300));
+    early.extend(vmm.collect_used().unwrap());
+    assert_eq!(early.len(), blocked_at_once);
+    for (h, len) in &early {
+        let sub = subs.iter().find(|s| s.head == *h).unwrap();
+        let reply = decode(&vmm.read(sub.reply_addr, *len as usize).unwrap());
+        assert_eq!(reply.1, Rmessage::Lock(LockStatus::Blocked), "{reply:?}");
+    }
+    let waiting: Vec<_> = subs
+        .iter()
+        .filter(|s| !early.iter().any(|(h, _)| *h == s.head))
+        .collect();
+    let target = waiting[0];
+    let target_tag = 100 + subs.iter().position(|s| s.head == target.head).unwrap() as u16;
 
-    // Flush the first one: its chain comes back (no reply), then Rflush.
+    // Flush one waiter: its chain comes back (no reply), then Rflush.
     let flush = vmm
         .submit(
-            &frame(5000, Tmessage::Flush(Tflush { oldtag: 100 })),
+            &frame(5000, Tmessage::Flush(Tflush { oldtag: target_tag })),
             64,
             Layout::Indirect { seg: 64 },
         )
@@ -256,22 +269,26 @@ pub fn blocked_locks_then_flushed(
     }
     assert_eq!(order.len(), 2, "{order:?}");
     assert_eq!(
-        order[0].0, subs[0].head,
+        order[0].0, target.head,
         "the flushed request must come back first"
     );
     assert_eq!(order[1], (flush.head, 7));
     let rflush = vmm.read(flush.reply_addr, 7).unwrap();
     assert_eq!(decode(&rflush), (5000, Rmessage::Flush));
 
-    // Release the lock: the others are granted (or answer BLOCKED after
-    // the server's lock wait) and every chain comes back.
+    // Release the lock: every waiter is granted and its chain comes back.
     ofd_lock(&holder, libc::F_UNLCK);
-    let mut left = subs.len() - 1;
+    let mut granted = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while left > 0 && Instant::now() < deadline {
-        left -= vmm.wait_used(Duration::from_secs(1)).unwrap().len();
+    while granted.len() < waiting.len() - 1 && Instant::now() < deadline {
+        granted.extend(vmm.wait_used(Duration::from_secs(1)).unwrap());
     }
-    assert_eq!(left, 0);
+    assert_eq!(granted.len(), waiting.len() - 1);
+    for (h, len) in &granted {
+        let sub = subs.iter().find(|s| s.head == *h).unwrap();
+        let reply = decode(&vmm.read(sub.reply_addr, *len as usize).unwrap());
+        assert_eq!(reply.1, Rmessage::Lock(LockStatus::Success), "{reply:?}");
+    }
 }
 
 /// Malformed chains and 9P messages; the queue keeps serving afterwards.
@@ -357,12 +374,13 @@ pub fn malformed_chains_and_messages(
     assert_eq!(read_fid1(&mut vmm), b"data");
 }
 
-/// The ring is stopped (GET_VRING_BASE, as a VMM does on a device reset)
-/// with 60 Tlocks blocked in flight on a 64-entry ring, and started again
-/// from scratch: the base the device reports is the driver's position (for
-/// packed, past the end of the ring: the wrap counter flipped), a start
-/// at a base past the ring is refused, the stopped requests never come
-/// back, and the new ring serves.
+/// The ring is stopped (GET_VRING_BASE, as a VMM does before a device
+/// reset) with 60 Tlocks blocked in flight on a 64-entry ring: the device
+/// drains, so every one is answered BLOCKED on the used ring before the
+/// base comes back, and the base is the driver's position (for packed,
+/// past the end of the ring: the wrap counter flipped). Then it is started
+/// again from scratch: a start at a base past the ring is refused, nothing
+/// of the old ring comes back, and the new ring serves.
 pub fn reset_with_requests_in_flight(
     dir: &Path,
     connect: impl FnOnce(VmmOptions) -> FakeVmm,
@@ -385,6 +403,7 @@ pub fn reset_with_requests_in_flight(
     }));
     version(&mut vmm, 65536);
     attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
+    let mut subs = Vec::new();
     for tag in 100..160u16 {
         let lock = Tmessage::Lock(Tlock {
             fid: 1,
@@ -395,8 +414,10 @@ pub fn reset_with_requests_in_flight(
             proc_id: u32::from(tag),
             client_id: b"guest".to_vec(),
         });
-        vmm.submit(&frame(tag, lock), 64, Layout::Indirect { seg: 64 })
-            .unwrap();
+        subs.push(
+            vmm.submit(&frame(tag, lock), 64, Layout::Indirect { seg: 64 })
+                .unwrap(),
+        );
     }
     vmm.kick().unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -411,6 +432,14 @@ pub fn reset_with_requests_in_flight(
         assert_eq!(expected, 64);
     }
     assert_eq!(vmm.stop_ring().unwrap(), expected);
+    // Drained: every request answered before GET_VRING_BASE returned.
+    let used = vmm.collect_used().unwrap();
+    assert_eq!(used.len(), 60, "replies on the used ring at the stop");
+    for (h, len) in &used {
+        let sub = subs.iter().find(|s| s.head == *h).unwrap();
+        let reply = decode(&vmm.read(sub.reply_addr, *len as usize).unwrap());
+        assert_eq!(reply.1, Rmessage::Lock(LockStatus::Blocked), "{reply:?}");
+    }
 
     // A frontend that starts the ring at a base past its end (slot 4096
     // of 64; for split, an available index 4096 ahead of the ring's): the

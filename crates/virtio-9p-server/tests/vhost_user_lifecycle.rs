@@ -1,0 +1,434 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! What a VMM does around the data path, through a vhost-user frontend on
+//! both ring layouts:
+//!
+//! - a pause (GET_VRING_BASE, as QEMU's `stop`) drains: every request in
+//!   flight is answered on the used ring before the base comes back,
+//!   waiting Tlocks with BLOCKED, slow calls after they return; nothing
+//!   more is written afterwards, and `cont` carries on with the session;
+//! - RESET_DEVICE ends every request and drops the session;
+//! - a request given up on by a reset never writes guest memory, even when
+//!   its filesystem call returns afterwards.
+
+mod vhost_user_support;
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vhost_user_support::scenarios::{attach_open, ofd_lock, Ring};
+use vhost_user_support::*;
+use virtio_9p_server::engine::OffloadPolicy;
+use virtio_9p_server::fs::{Cred, Filesystem};
+use virtio_9p_server::protocol::*;
+use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
+use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, StopHandle};
+use virtio_9p_server::{Config, ReplyWriter, Server};
+use vm_memory::{Bytes, GuestAddress};
+
+/// One test per ring layout for each scenario.
+macro_rules! on_both_rings {
+    ($($name:ident => $run:expr;)*) => {
+        $(
+            mod $name {
+                use super::*;
+
+                #[test]
+                fn test_split() {
+                    ($run)(Ring::Split);
+                }
+
+                #[test]
+                fn test_packed() {
+                    ($run)(Ring::Packed);
+                }
+            }
+        )*
+    };
+}
+
+/// How long a reset waits for a running call before giving up on it.
+const QUIESCE: Duration = Duration::from_millis(300);
+
+/// An in-process daemon over any filesystem.
+struct Device {
+    socket: PathBuf,
+    _sock_dir: tempfile::TempDir,
+    stop: StopHandle,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Device {
+    fn start<F: Filesystem + 'static>(fs: F, offload: OffloadPolicy) -> (Device, Arc<Server<F>>) {
+        let sock_dir = tempfile::tempdir().unwrap();
+        let socket = sock_dir.path().join("vu.sock");
+        let server = Arc::new(Server::new(fs, Config::default()).unwrap());
+        let mut config = DaemonConfig::default();
+        config.listen = Listen::Path(socket.clone());
+        config.backend.queue_size = 64;
+        config.backend.engine.workers = 2;
+        config.backend.engine.max_in_flight = 64;
+        config.backend.engine.offload = offload;
+        config.backend.engine.quiesce_timeout = QUIESCE;
+        let mut daemon = Daemon::new(Arc::clone(&server), config).unwrap();
+        let stop = daemon.stop_handle();
+        let thread = std::thread::spawn(move || daemon.run().unwrap());
+        let dev = Device {
+            socket,
+            _sock_dir: sock_dir,
+            stop,
+            thread: Some(thread),
+        };
+        (dev, server)
+    }
+
+    fn connect(&self, ring: Ring) -> FakeVmm {
+        let mut o = VmmOptions::default();
+        o.mem_size = 16 << 20;
+        o.queue_size = 64;
+        FakeVmm::connect(&self.socket, ring.opts(o)).unwrap()
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A gate a filesystem call waits on until the test opens it.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+    entered: Mutex<usize>,
+    entered_cv: Condvar,
+}
+
+impl Gate {
+    fn wait(&self) {
+        *self.entered.lock().unwrap() += 1;
+        self.entered_cv.notify_all();
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+    }
+
+    fn wait_entered(&self, n: usize) {
+        let mut e = self.entered.lock().unwrap();
+        while *e < n {
+            let (guard, res) = self
+                .entered_cv
+                .wait_timeout(e, Duration::from_secs(10))
+                .unwrap();
+            e = guard;
+            assert!(!res.timed_out(), "the filesystem call never started");
+        }
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+/// The pattern a late call tries to write into guest memory.
+const LATE: u8 = 0xab;
+
+/// One directory and one file whose read waits for the gate, then writes
+/// [`LATE`] bytes into the reply and records what that write returned;
+/// whose getattr takes `slow_getattr`.
+struct GatedFs {
+    gate: Arc<Gate>,
+    late_write: Arc<Mutex<Option<io::Result<()>>>>,
+    slow_getattr: Duration,
+}
+
+impl GatedFs {
+    fn new(slow_getattr: Duration) -> Self {
+        GatedFs {
+            gate: Arc::default(),
+            late_write: Arc::default(),
+            slow_getattr,
+        }
+    }
+}
+
+impl Filesystem for GatedFs {
+    type Inode = ();
+    type File = ();
+
+    fn attach(&self, _: &[u8], _: Cred) -> io::Result<((), Qid)> {
+        Ok(((), Qid::default()))
+    }
+    fn walk(&self, _: &(), _: &[u8]) -> io::Result<((), Qid)> {
+        Ok(((), Qid::default()))
+    }
+    fn getattr(&self, _: &(), _: GetattrMask) -> io::Result<Rgetattr> {
+        std::thread::sleep(self.slow_getattr);
+        Ok(Rgetattr::default())
+    }
+    fn open(&self, _: &(), _: OpenFlags) -> io::Result<((), Qid)> {
+        Ok(((), Qid::default()))
+    }
+    fn read<W: ReplyWriter>(&self, _: &(), w: &mut W, count: usize, _: u64) -> io::Result<usize> {
+        self.gate.wait();
+        let r = w.write_all(&vec![LATE; count]);
+        let ok = r.is_ok();
+        *self.late_write.lock().unwrap() = Some(r);
+        if ok {
+            Ok(count)
+        } else {
+            Err(io::Error::from_raw_os_error(libc::EIO))
+        }
+    }
+}
+
+fn lock(tag: u16) -> Vec<u8> {
+    frame(
+        tag,
+        Tmessage::Lock(Tlock {
+            fid: 1,
+            ty: LockType::Wrlck,
+            flags: LockFlags::BLOCK,
+            start: 0,
+            length: 0,
+            proc_id: u32::from(tag),
+            client_id: b"guest".to_vec(),
+        }),
+    )
+}
+
+fn getattr(tag: u16, fid: u32) -> Vec<u8> {
+    frame(
+        tag,
+        Tmessage::Getattr(Tgetattr {
+            fid,
+            request_mask: GetattrMask::BASIC,
+        }),
+    )
+}
+
+/// Waits for `n` used entries (at most 20 s).
+fn wait_n(vmm: &mut FakeVmm, n: usize) -> Vec<(u16, u32)> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while out.len() < n && Instant::now() < deadline {
+        out.extend(vmm.wait_used(Duration::from_millis(200)).unwrap());
+    }
+    out
+}
+
+/// QEMU's `stop` then `cont` with 8 blocking Tlocks waiting on a lock the
+/// host holds: GET_VRING_BASE returns only once all 8 are answered BLOCKED
+/// on the used ring; nothing is written after it; after the resume the
+/// fids are still there and a new waiter gets the lock once it is freed.
+fn pause_drains_waiting_locks_and_keeps_the_session(ring: Ring) {
+    let d = TestDaemon::start_with(2, 64, OffloadPolicy::Auto);
+    let path = d.dir.path().join("lockme");
+    std::fs::write(&path, b"x").unwrap();
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    ofd_lock(&holder, libc::F_WRLCK);
+    let mut vmm = d.connect(ring.opts({
+        let mut o = VmmOptions::default();
+        o.mem_size = 16 << 20;
+        o.queue_size = 64;
+        o
+    }));
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
+    let subs: Vec<_> = (100..108u16)
+        .map(|tag| vmm.submit(&lock(tag), 64, Layout::Direct).unwrap())
+        .collect();
+    vmm.kick().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(vmm.collect_used().unwrap().is_empty(), "the locks wait");
+
+    let expected = vmm.driver_ring_base();
+    let base = vmm.stop_ring().unwrap();
+    assert_eq!(base, expected);
+    let used = vmm.collect_used().unwrap();
+    assert_eq!(used.len(), subs.len(), "every waiter answered at the stop");
+    for (h, len) in &used {
+        let sub = subs.iter().find(|s| s.head == *h).unwrap();
+        let reply = decode(&vmm.read(sub.reply_addr, *len as usize).unwrap());
+        assert_eq!(reply.1, Rmessage::Lock(LockStatus::Blocked), "{reply:?}");
+    }
+    // Suspended: nothing more reaches the ring.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(vmm.collect_used().unwrap().is_empty());
+
+    // `cont`: same ring, same session.
+    vmm.resume_ring(base).unwrap();
+    let r = decode(&vmm.call(&getattr(7, 1), 256, Layout::Direct).unwrap());
+    assert!(matches!(r.1, Rmessage::Getattr(_)), "{r:?}");
+    let waiter = vmm.submit(&lock(200), 64, Layout::Direct).unwrap();
+    vmm.kick().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(vmm.collect_used().unwrap().is_empty(), "the new lock waits");
+    ofd_lock(&holder, libc::F_UNLCK);
+    let used = wait_n(&mut vmm, 1);
+    assert_eq!(used.len(), 1);
+    let reply = decode(&vmm.read(waiter.reply_addr, used[0].1 as usize).unwrap());
+    assert_eq!(reply, (200, Rmessage::Lock(LockStatus::Success)));
+    drop(vmm);
+    d.stop();
+}
+
+/// A pause while a slow call runs on a worker: GET_VRING_BASE waits for
+/// it (however long it takes), and its reply is on the used ring when the
+/// base comes back.
+fn pause_waits_for_a_running_call(ring: Ring) {
+    let slow = Duration::from_millis(1500);
+    let (d, _server) = Device::start(GatedFs::new(slow), OffloadPolicy::Auto);
+    let mut vmm = d.connect(ring);
+    version(&mut vmm, 65536);
+    let attach = Tmessage::Attach(Tattach {
+        fid: 0,
+        afid: NOFID,
+        uname: b"root".to_vec(),
+        aname: Vec::new(),
+        n_uname: 0,
+    });
+    vmm.call(&frame(1, attach), 64, Layout::Direct).unwrap();
+    let sub = vmm.submit(&getattr(2, 0), 256, Layout::Direct).unwrap();
+    vmm.kick().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = Instant::now();
+    vmm.stop_ring().unwrap();
+    let waited = t0.elapsed();
+    let used = vmm.collect_used().unwrap();
+    assert_eq!(used.len(), 1, "the reply is on the ring at the stop");
+    let reply = decode(&vmm.read(sub.reply_addr, used[0].1 as usize).unwrap());
+    assert!(matches!(reply.1, Rmessage::Getattr(_)), "{reply:?}");
+    // It cannot have answered before the call returned.
+    assert!(waited >= slow / 2, "stopped after {waited:?}");
+}
+
+/// RESET_DEVICE while a read is stuck in the filesystem past the bound:
+/// the reset gives up on it; when the call returns and writes its data,
+/// the guest memory of the old reply buffer (reused by the guest after
+/// the reset) is unchanged, and the device serves the next driver.
+fn reset_never_lets_a_late_call_write_guest_memory(ring: Ring) {
+    let fs = GatedFs::new(Duration::ZERO);
+    let gate = Arc::clone(&fs.gate);
+    let late_write = Arc::clone(&fs.late_write);
+    // Every call on a worker, as for a filesystem on a peer.
+    let (d, _server) = Device::start(fs, OffloadPolicy::Always);
+    let mut vmm = d.connect(ring);
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "file", OpenFlags::RDONLY);
+    let read = frame(
+        9,
+        Tmessage::Read(Tread {
+            fid: 1,
+            offset: 0,
+            count: 4096,
+        }),
+    );
+    let sub = vmm.submit(&read, 4096 + 11, Layout::Direct).unwrap();
+    vmm.kick().unwrap();
+    gate.wait_entered(1);
+
+    let t0 = Instant::now();
+    vmm.reset_device().unwrap();
+    assert!(
+        t0.elapsed() >= QUIESCE,
+        "the reset waited for the call first"
+    );
+    // The guest reuses the old reply buffer.
+    let addr = GuestAddress(sub.reply_addr);
+    let len = sub.reply_len as usize;
+    vmm.memory().write_slice(&vec![0x22; len], addr).unwrap();
+
+    // The call returns late and tries to write.
+    gate.open();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while late_write.lock().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = late_write
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the late call returned");
+    assert!(r.is_err(), "the late write was refused");
+    std::thread::sleep(Duration::from_millis(100));
+    let mut now = vec![0u8; len];
+    vmm.memory().read_slice(&mut now, addr).unwrap();
+    assert!(now.iter().all(|b| *b == 0x22), "guest memory changed");
+
+    // The next driver is served.
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "file", OpenFlags::RDONLY);
+    let r = decode(&vmm.call(&getattr(3, 1), 256, Layout::Direct).unwrap());
+    assert!(matches!(r.1, Rmessage::Getattr(_)), "{r:?}");
+}
+
+/// RESET_DEVICE with blocked Tlocks in flight: they end (no reply on the
+/// new ring), the session's fids are dropped at once, and the next driver
+/// starts clean.
+fn reset_device_ends_requests_and_drops_the_session(ring: Ring) {
+    let d = TestDaemon::start_with(2, 64, OffloadPolicy::Auto);
+    let path = d.dir.path().join("lockme");
+    std::fs::write(&path, b"x").unwrap();
+    std::fs::write(d.dir.path().join("f"), b"after reset").unwrap();
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    ofd_lock(&holder, libc::F_WRLCK);
+    let mut vmm = d.connect(ring.opts({
+        let mut o = VmmOptions::default();
+        o.mem_size = 16 << 20;
+        o.queue_size = 64;
+        o
+    }));
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
+    assert_eq!(d.server.total_fids(), 2);
+    for tag in 100..104u16 {
+        vmm.submit(&lock(tag), 64, Layout::Direct).unwrap();
+    }
+    vmm.kick().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+
+    vmm.reset_device().unwrap();
+    assert_eq!(d.server.total_fids(), 0, "the old session's fids are gone");
+    ofd_lock(&holder, libc::F_UNLCK);
+
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "f", OpenFlags::RDONLY);
+    let read = Tmessage::Read(Tread {
+        fid: 1,
+        offset: 0,
+        count: 64,
+    });
+    let r = decode(&vmm.call(&frame(9, read), 128, Layout::Direct).unwrap());
+    assert_eq!(r.1, Rmessage::Read(b"after reset".to_vec()));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "a request of the old driver came back"
+    );
+    drop(vmm);
+    d.stop();
+}
+
+on_both_rings! {
+    pause_drains_waiting_locks => pause_drains_waiting_locks_and_keeps_the_session;
+    pause_waits_for_a_running_call => pause_waits_for_a_running_call;
+    reset_never_lets_a_late_call_write_guest_memory => reset_never_lets_a_late_call_write_guest_memory;
+    reset_device_ends_requests_and_drops_the_session => reset_device_ends_requests_and_drops_the_session;
+}
