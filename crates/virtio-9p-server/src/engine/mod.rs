@@ -77,7 +77,7 @@
 //! Tlock) are told to end their wait ([`Cancel::end_waits`]) and answer
 //! what their client retries (BLOCKED); calls running on workers are
 //! waited for, however long they take, with a warning every
-//! [`DRAIN_LOG_EVERY`]. The device writes their replies to the ring
+//! 5 s (`DRAIN_LOG_EVERY`). The device writes their replies to the ring
 //! before it answers, and nothing is in flight afterwards.
 //!
 //! # Teardown
@@ -142,7 +142,7 @@ pub const DEFAULT_STACK_SIZE: usize = 256 << 10;
 pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often [`Engine::drain`] says what it still waits for.
-pub const DRAIN_LOG_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const DRAIN_LOG_EVERY: Duration = Duration::from_secs(5);
 
 /// Which filesystem calls leave the engine's thread (see the module docs,
 /// "What runs where").
@@ -813,7 +813,7 @@ impl Engine {
     /// never end (a blocking Tlock) are ended ([`Cancel::end_waits`]: the
     /// Tlock answers BLOCKED, which its client retries); calls running on
     /// workers are waited for however long they take, with a warning every
-    /// [`DRAIN_LOG_EVERY`] that says what is still running. The
+    /// 5 s (`DRAIN_LOG_EVERY`) that says what is still running. The
     /// completions come out of [`Engine::take_completed`] as usual.
     ///
     /// `give_up` is asked between rounds: when it says true (the process
@@ -1421,6 +1421,63 @@ mod tests {
         assert_eq!(dropped.load(Ordering::SeqCst), 4);
         let st = e.stats();
         assert_eq!((st.cancelled, st.unwound), (4, 0));
+    }
+
+    #[test]
+    fn test_drain_ends_waits_and_waits_for_running_calls() {
+        let mut e = engine(1);
+        // A waiter that would sleep for an hour at a time until its waits
+        // are ended.
+        let waiter = Cancel::new();
+        let token = waiter.clone();
+        e.spawn(1, Some(1), waiter, move || loop {
+            if token.waits_ended() {
+                return 7;
+            }
+            sleep(Duration::from_secs(3600));
+        })
+        .unwrap();
+        // A call running on the worker for a while.
+        e.spawn(2, Some(2), Cancel::new(), || {
+            let r: io::Result<u32> = offload(|| {
+                std::thread::sleep(Duration::from_millis(200));
+                Ok(9)
+            });
+            r.unwrap_or(0)
+        })
+        .unwrap();
+        assert_eq!(e.in_flight(), 2);
+        assert_eq!(e.drain(|| false), 0);
+        let mut out = Vec::new();
+        e.take_completed(&mut out);
+        out.sort_unstable();
+        assert_eq!(out, vec![(1, 7), (2, 9)]);
+        let st = e.stats();
+        assert_eq!((st.cancelled, st.completed, st.leaked), (0, 2, 0));
+    }
+
+    #[test]
+    fn test_drain_gives_up_when_told() {
+        let (mut e, gate) = stuck_engine();
+        assert_eq!(e.drain(|| true), 1);
+        drop(gate);
+    }
+
+    #[test]
+    fn test_reset_abandons_the_requests_it_leaks() {
+        let (mut e, gate) = stuck_engine();
+        let token = e
+            .slots
+            .iter()
+            .flatten()
+            .map(|s| s.cancel.clone())
+            .next()
+            .unwrap();
+        assert!(!token.is_abandoned());
+        assert_eq!(e.reset(), 1);
+        assert!(token.is_abandoned());
+        assert_eq!(token.guest_access(|| ()), None);
+        drop(gate);
     }
 
     #[test]

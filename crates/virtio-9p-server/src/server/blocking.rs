@@ -169,3 +169,44 @@ impl Cancel {
         self.0.abandoned.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn test_abandoned_request_gets_no_guest_access() {
+        let c = Cancel::new();
+        assert_eq!(c.guest_access(|| 1), Some(1));
+        assert!(!c.is_abandoned());
+        c.abandon();
+        assert!(c.is_abandoned());
+        assert_eq!(c.guest_access(|| 1), None);
+        // Abandoning is not cancelling: the two are separate.
+        assert!(!c.is_cancelled() && !c.waits_ended());
+    }
+
+    #[test]
+    fn test_abandon_waits_for_an_access_in_progress() {
+        let c = Cancel::new();
+        let copied = Arc::new(AtomicBool::new(false));
+        let (started, wait_started) = std::sync::mpsc::channel();
+        let worker = {
+            let c = c.clone();
+            let copied = Arc::clone(&copied);
+            std::thread::spawn(move || {
+                c.guest_access(|| {
+                    started.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(100));
+                    copied.store(true, Ordering::Release);
+                })
+            })
+        };
+        wait_started.recv().unwrap();
+        c.abandon();
+        // The copy that had started finished before `abandon` returned.
+        assert!(copied.load(Ordering::Acquire));
+        assert_eq!(worker.join().unwrap(), Some(()));
+    }
+}

@@ -140,6 +140,8 @@ pub struct Config {
     /// ([`Cancel::end_waits`]) or the session ends: the Linux client
     /// sleeps its `locktimeout` (30 s) after every `BLOCKED`, so waiting
     /// here is what makes a released lock reach a waiting guest at once.
+    /// With the [`Inline`] executor a waiting Tlock holds the calling
+    /// thread: bound it there.
     pub lock_wait: Option<Duration>,
     /// Most blocking Tlocks of one session that wait in the server at once
     /// (each holds a request slot); past it, `BLOCKED` at once.

@@ -28,7 +28,11 @@ pub fn client_for(
     cfg.security_model = model;
     cfg.readonly = readonly;
     cfg.use_openat2 = openat2;
-    let server = server_with(cfg, Config::default());
+    // The in-process client runs each request on the test's own thread,
+    // so a blocking Tlock must give up: nothing else could free the lock.
+    let mut config = Config::default();
+    config.lock_wait = Some(std::time::Duration::from_secs(1));
+    let server = server_with(cfg, config);
     let mut c = Client::new(InProcess::new(server, MSIZE as usize));
     c.version(MSIZE).unwrap();
     c.attach(ROOT, 0).unwrap();
