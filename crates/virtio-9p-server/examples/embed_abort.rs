@@ -314,6 +314,8 @@ fn main() -> ExitCode {
             let mut cfg = Config::default();
             cfg.msize_max = MSIZE;
             cfg.lock_wait = None;
+            // Every Tlock of the flood waits: none answers BLOCKED.
+            cfg.max_lock_waiters = usize::MAX;
             cfg
         })
         .unwrap_or_else(|e| fail(format!("server: {e}"))),
