@@ -12,8 +12,9 @@
 #
 # Environment:
 #   GUEST_CONFORMANCE_SERVERS  default qemu,ours-socket,ours-vhost,
-#                              ours-vhost-mapped,ours-vhost-packed (add diod
-#                              for the second peer)
+#                              ours-vhost-mapped,ours-vhost-packed,virtiofsd
+#                              (add diod for the second 9p peer; virtiofsd is
+#                              a reference row, never gated)
 #   GUEST_CONFORMANCE_KERNEL   default 6.12
 #   GUEST_CONFORMANCE_MIB      default 256
 #   GUEST_CONFORMANCE_SERVER_BIN  a prebuilt virtio-9p-server (default: build it)
@@ -30,7 +31,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 77
 fi
 
-servers=${GUEST_CONFORMANCE_SERVERS:-qemu,ours-socket,ours-vhost,ours-vhost-mapped,ours-vhost-packed}
+servers=${GUEST_CONFORMANCE_SERVERS:-qemu,ours-socket,ours-vhost,ours-vhost-mapped,ours-vhost-packed,virtiofsd}
 case ",$servers," in *,qemu,*) ;; *) servers=qemu,$servers ;; esac
 out=${GUEST_CONFORMANCE_OUT:-$(mktemp -d /tmp/guest-conformance.XXXXXX)}
 

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Downloads a Debian kernel (with the 9p modules) and busybox-static with
 # `apt-get download`, unpacks them with `dpkg-deb -x` (no install hooks), and
-# builds a base initramfs: busybox, the 9p/virtio modules in load order, and
+# builds a base initramfs: busybox, the 9p/virtio/virtio-fs and AHCI/ext4
+# modules in load order, and
 # ci/guest/init. Everything is cached under $CACHE; a second run is instant.
 #
 # Usage: fetch-kernel.sh [6.12|6.1]      (default 6.12)
@@ -50,7 +51,11 @@ fi
 kver=${pkg#linux-image-}
 kdir=$CACHE/kernel/$kver
 initramfs=$CACHE/initramfs-$kver.cpio.gz
-init_sum=$(sha256sum "$here/init" | cut -c1-16)
+# The guest's modules: 9p over virtio and fd, virtio-fs (fuse, virtiofs) for
+# the virtiofsd row, and AHCI disks with ext4 for the tool disk of the
+# xfstests and workload suites (ci/guest/tooldisk.sh).
+modules="netfs 9pnet 9pnet_virtio 9pnet_fd 9p virtio_pci virtio_console fuse virtiofs libahci ahci sd_mod ext4"
+init_sum=$( (cat "$here/init"; echo "$modules") | sha256sum | cut -c1-16)
 
 download() { # package -> path of the .deb in $debs
     local p=$1 f
@@ -109,7 +114,7 @@ if [ ! -f "$initramfs" ] || [ "$(cat "$initramfs.init-sum" 2>/dev/null)" != "$in
         for dep in ${line#*:}; do add_module "$dep"; done
         order+=("$rel")
     }
-    for m in netfs 9pnet 9pnet_virtio 9pnet_fd 9p virtio_pci virtio_console; do
+    for m in $modules; do
         rel=$(grep -E -m1 "/${m}\.ko(\.xz|\.zst|\.gz)?:" "$moddir/modules.dep" | cut -d: -f1 || true)
         if [ -n "$rel" ]; then
             add_module "$rel"

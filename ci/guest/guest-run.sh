@@ -13,21 +13,19 @@
 #   CI-DONE
 # Settings come from the kernel command line (the kernel hands unknown
 # key=value words to init as environment variables):
-#   CI_MODE   virtio (CI_SRC is the mount tag) or unix (virtio-serial port
-#             named "ninep" relayed to a guest unix socket)
-#   CI_SRC    mount tag for virtio mode
+#   CI_MODE   virtio (CI_SRC is the mount tag), unix (virtio-serial port
+#             named "ninep" relayed to a guest unix socket) or virtiofs
+#             (CI_SRC is the virtio-fs tag)
+#   CI_SRC    mount tag for virtio and virtiofs modes
 #   CI_OPTS   extra 9p mount options, comma separated
-#   CI_TESTS  comma list of: posix, pjdfstest, dd
+#   CI_TESTS  comma list of: posix, pjdfstest, dd; or xfstests or workloads,
+#             which run from the tool disk (guest-suite.sh, see below)
 #   CI_DD_MIB size of the dd transfers and of the checksummed file (MiB)
 mnt=/mnt
 opts="version=9p2000.L${CI_OPTS:+,$CI_OPTS}"
 uptime_centis() { read -r up _ </proc/uptime; echo "${up%.*}${up#*.}"; }
 
-case "$CI_MODE" in
-virtio)
-    mount -t 9p -o "trans=virtio,$opts" "$CI_SRC" "$mnt"
-    ;;
-unix)
+start_relay() { # the virtio-serial port "ninep" <-> /run/9p.sock
     port=
     for n in /sys/class/virtio-ports/*/name; do
         [ -f "$n" ] && [ "$(cat "$n")" = ninep ] && port=$(basename "$(dirname "$n")")
@@ -39,6 +37,65 @@ unix)
     /ci/bin/relay "/dev/$port" /run/9p.sock &
     i=0
     while [ ! -S /run/9p.sock ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+}
+
+# xfstests and the workloads need bash, perl, git, fio and xfstests' own
+# binaries: they run chrooted into the tool disk (ci/guest/tooldisk.sh,
+# label ci-tool, attached read-only through snapshot=on) with results on a
+# second disk (label ci-results). guest-suite.sh does the mounting there.
+case ",$CI_TESTS," in
+*,xfstests,*|*,workloads,*)
+    [ "$CI_MODE" = unix ] && start_relay
+    tool= res= i=0
+    while [ $i -lt 100 ]; do
+        for d in /dev/sd?; do
+            [ -b "$d" ] || continue
+            case $(blkid "$d" 2>/dev/null) in
+                *'LABEL="ci-tool"'*) tool=$d ;;
+                *'LABEL="ci-results"'*) res=$d ;;
+            esac
+        done
+        [ -n "$tool" ] && [ -n "$res" ] && break
+        sleep 0.1
+        i=$((i + 1))
+    done
+    if [ -z "$tool" ] || [ -z "$res" ]; then
+        echo "CI-MOUNT-FAILED tool disk '$tool' or results disk '$res' not found"
+        exit 1
+    fi
+    t=/tool
+    mkdir -p $t
+    mount -t ext4 "$tool" $t && mount -t ext4 "$res" $t/results || {
+        echo "CI-MOUNT-FAILED cannot mount the tool or results disk"
+        exit 1
+    }
+    mount -t proc proc $t/proc
+    mount -t sysfs sysfs $t/sys
+    mount -t devtmpfs devtmpfs $t/dev
+    mkdir -p $t/dev/pts $t/dev/shm
+    mount -t devpts devpts $t/dev/pts
+    mount -t tmpfs tmpfs $t/dev/shm
+    mount -t tmpfs -o mode=1777 tmpfs $t/tmp
+    mount --bind /run $t/run
+    mount --bind /ci $t/ci
+    chroot $t /bin/bash /ci/suite
+    echo "CI-SUITE-EXIT rc=$?"
+    sync
+    umount $t/results 2>/dev/null || echo "CI-WARN umount results failed"
+    echo "CI-DONE"
+    exit 0
+    ;;
+esac
+
+case "$CI_MODE" in
+virtio)
+    mount -t 9p -o "trans=virtio,$opts" "$CI_SRC" "$mnt"
+    ;;
+virtiofs)
+    mount -t virtiofs "$CI_SRC" "$mnt"
+    ;;
+unix)
+    start_relay
     mount -t 9p -o "trans=unix,$opts" /run/9p.sock "$mnt"
     ;;
 *)
@@ -47,9 +104,9 @@ unix)
     ;;
 esac
 mount_rc=$?
-line=$(grep " $mnt 9p " /proc/mounts)
+line=$(grep -E " $mnt (9p|virtiofs) " /proc/mounts)
 if [ -z "$line" ]; then
-    echo "CI-MOUNT-FAILED mount exit $mount_rc, no 9p at $mnt in /proc/mounts"
+    echo "CI-MOUNT-FAILED mount exit $mount_rc, no 9p or virtiofs at $mnt in /proc/mounts"
     exit 1
 fi
 echo "CI-MOUNT $line"

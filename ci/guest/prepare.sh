@@ -5,8 +5,9 @@
 # /var/cache/virtio-9p-ci):
 #   QEMU 10 + diod/socat (install-qemu.sh), the guest kernels and base
 #   initramfs (fetch-kernel.sh), pjdfstest 0.2.2 (cargo install), the static
-#   guest tools (posix-suite, relay) and, unless --no-vhost-qemu, the QEMU
-#   rebuilt with a user-creatable vhost-user-device-pci (build-qemu-vhost.sh).
+#   guest tools (posix-suite, relay), unless --no-vhost-qemu the QEMU
+#   rebuilt with a user-creatable vhost-user-device-pci (build-qemu-vhost.sh),
+#   and virtiofsd for the virtiofsd row (install-virtiofsd.sh).
 # Usage: prepare.sh [--no-vhost-qemu] [--kernel 6.12|6.1]...
 set -euo pipefail
 
@@ -59,4 +60,5 @@ ln -sfn "$tools" "$CACHE/tools/current"
 if [ "$vhost" -eq 1 ]; then
     bash "$here/build-qemu-vhost.sh" >/dev/null
 fi
+bash "$here/install-virtiofsd.sh" >/dev/null
 log "ready (cache: $CACHE)"

@@ -8,7 +8,9 @@
 #                    ours-vhost-mapped (ours-vhost with --security-model
 #                    mapped-xattr), ours-vhost-packed (ours-vhost with
 #                    packed virtqueues; the other vhost rows run
-#                    --no-packed-ring) (default: all six)
+#                    --no-packed-ring), virtiofsd (virtio-fs through stock
+#                    QEMU's vhost-user-fs-pci, a reference, never gated)
+#                    (default: all seven)
 #   --kernel K       6.12 (default) or 6.1
 #   --tests LIST     comma list from: posix, pjdfstest, dd (default: all)
 #   --mib N          size of the dd transfers and checksummed file (default 256)
@@ -31,7 +33,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
-servers=qemu,diod,ours-socket,ours-vhost,ours-vhost-mapped,ours-vhost-packed
+servers=qemu,diod,ours-socket,ours-vhost,ours-vhost-mapped,ours-vhost-packed,virtiofsd
 kernel=6.12
 tests=posix,pjdfstest,dd
 mib=256
@@ -51,7 +53,7 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift ;;
         --gate) gate=1 ;;
         --report-only) report_only=1 ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -80,6 +82,13 @@ if ! bash "$here/prepare.sh" "${prep_args[@]}"; then
     fi
 fi
 eval "$(bash "$here/fetch-kernel.sh" "$kernel")" # KERNEL=, INITRAMFS=
+# virtiofsd (the virtio-fs reference row), from crates.io, cached.
+virtiofsd_bin= virtiofsd_err=
+case ",$servers," in *,virtiofsd,*)
+    virtiofsd_bin=$(bash "$here/install-virtiofsd.sh" 2>"$CACHE/virtiofsd-install.log" | tail -1) \
+        || virtiofsd_err="cargo install virtiofsd failed (see $CACHE/virtiofsd-install.log)"
+    ;;
+esac
 QEMU=$(command -v qemu-system-x86_64)
 VHOST_QEMU=$CACHE/qemu-vhost/bin/qemu-system-x86_64
 tools=$CACHE/tools/current
@@ -292,6 +301,24 @@ run_row() {
             -device "vhost-user-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024"
             -L /usr/share/qemu -L /usr/share/seabios)
         ;;
+    virtiofsd)
+        # virtio-fs, the other way to share a folder: stock QEMU's
+        # vhost-user-fs-pci, shared memfd RAM. Strict coherence as on the 9p
+        # rows (cache=never; --allow-mmap for shared writable mmap, as
+        # cache=mmap gives 9p), xattrs on, everything else its defaults.
+        if [ -z "$virtiofsd_bin" ] || [ ! -x "$virtiofsd_bin" ]; then
+            echo "not available: ${virtiofsd_err:-no virtiofsd binary}" >"$dir/status"
+            return
+        fi
+        "$virtiofsd_bin" --socket-path "$sock" --shared-dir "$share" --cache never --allow-mmap \
+            --xattr --allow-direct-io >"$dir/server.log" 2>&1 &
+        server_pid=$!
+        mode=virtiofs
+        opts=
+        extra=(-object memory-backend-memfd,id=mem,size=512M,share=on
+            -chardev "socket,id=vfs,path=$sock"
+            -device "vhost-user-fs-pci,chardev=vfs,tag=share,queue-size=1024")
+        ;;
     *)
         echo "not available: unknown server '$name'" >"$dir/status"
         return
@@ -306,7 +333,7 @@ run_row() {
         fi
     fi
     local machine=q35
-    case $name in ours-vhost|ours-vhost-mapped|ours-vhost-packed) machine=q35,memory-backend=mem ;; esac
+    case $name in ours-vhost|ours-vhost-mapped|ours-vhost-packed|virtiofsd) machine=q35,memory-backend=mem ;; esac
     local append="console=ttyS0 loglevel=4 panic=-1 CI_MODE=$mode CI_SRC=$src CI_OPTS=$opts CI_TESTS=$tests CI_DD_MIB=$mib"
     log "$name: booting guest ($(basename "$KERNEL"), timeout ${timeout_s}s)"
     local t0 rc
@@ -437,6 +464,7 @@ for s in "${server_list[@]}"; do
     fi
     [ "$st" = ok ] || notes="$notes$st; "
     case $s in ours-*) [ "${R_ATTACH[$s]:-}" = yes ] && notes="${notes}daemon log shows attach" || notes="${notes}no attach in daemon log" ;; esac
+    [ "$s" = virtiofsd ] && notes="${notes}virtio-fs, cache=never (reference, not gated)"
     [ -n "${R_RING[$s]:-}" ] && notes="$notes; ${R_RING[$s]}"
     rr=$(ratio "${R_READ[$s]:--}" "$base_read")
     rw=$(ratio "${R_WRITE[$s]:--}" "$base_write")
