@@ -2,6 +2,8 @@
 //! The mapping budget: how many stacks a pool may hold before it would push
 //! the process towards `vm.max_map_count`.
 
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -31,6 +33,54 @@ pub enum MaxMapCount {
     File(PathBuf),
     /// Use this value; nothing is read.
     Fixed(u64),
+}
+
+impl MaxMapCount {
+    /// Resolves the source now: the value, read from its file if it names
+    /// one. A process that is about to lose `/proc` (a sandbox: `chroot`,
+    /// `pivot_root`, a procfs mounted with `subset=pid`) reads the limit
+    /// here and hands it in as [`MaxMapCount::Fixed`].
+    pub fn read(&self) -> io::Result<u64> {
+        let path = match self {
+            MaxMapCount::Fixed(v) => return Ok(*v),
+            MaxMapCount::Proc => Path::new(MAX_MAP_COUNT_PATH),
+            MaxMapCount::File(path) => path.as_path(),
+        };
+        std::fs::read_to_string(path)?
+            .trim()
+            .parse::<u64>()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+}
+
+/// Where a budget counts the process's mappings.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum MapsSource {
+    /// Open `/proc/self/maps` at every count.
+    Proc,
+    /// An fd of this process's `/proc/self/maps`, kept open and read from
+    /// its start at every count (`pread`, no `open`). For a process that
+    /// loses `/proc` after the budget is made (a sandbox, a seccomp filter
+    /// without `openat`): open it with [`MapsSource::open`] before, and the
+    /// count stays exact inside. The fd describes the process that opened
+    /// it: after a `fork`, the child must open its own.
+    Fd(OwnedFd),
+}
+
+impl MapsSource {
+    /// Opens `/proc/self/maps` now: a [`MapsSource::Fd`].
+    pub fn open() -> io::Result<MapsSource> {
+        let file = std::fs::File::open("/proc/self/maps")?;
+        Ok(MapsSource::Fd(file.into()))
+    }
+
+    fn fd(&self) -> Option<RawFd> {
+        match self {
+            MapsSource::Proc => None,
+            MapsSource::Fd(fd) => Some(fd.as_raw_fd()),
+        }
+    }
 }
 
 /// Where a budget's `max_map_count` came from.
@@ -169,6 +219,12 @@ const MAPS_BUF: usize = 16 << 10;
 /// guards is per process. A separate budget ([`ProcessBudget::new`]) is for
 /// tests and for embedders that split the limit themselves.
 ///
+/// A process that loses `/proc` (a sandbox) hands the figures in instead:
+/// it reads the limit ([`MaxMapCount::read`]) and opens its maps
+/// ([`MapsSource::open`]) before, and installs a budget made of them with
+/// [`ProcessBudget::with_maps`] and [`ProcessBudget::set_process`] before
+/// any pool is made. The count stays exact inside, and nothing is logged.
+///
 /// What is counted is what the pools have mapped: every stack is charged
 /// when its `mmap` and guard succeed and released when it is unmapped, at 2
 /// VMAs per `mprotect`-guarded stack (exact) and 1 per guard-installed
@@ -185,6 +241,7 @@ pub struct ProcessBudget {
     source: MaxMapCount,
     reserve: u64,
     measure_foreign: bool,
+    maps: MapsSource,
     mmc: OnceLock<Option<(u64, BudgetOrigin)>>,
     /// VMAs of `mprotect`-guarded stacks (exactly 2 per stack).
     exact_vmas: AtomicU64,
@@ -258,6 +315,7 @@ impl ProcessBudget {
             measure_foreign: source == MaxMapCount::Proc,
             source,
             reserve,
+            maps: MapsSource::Proc,
             mmc: OnceLock::new(),
             exact_vmas: AtomicU64::new(0),
             upper_vmas: AtomicU64::new(0),
@@ -280,14 +338,55 @@ impl ProcessBudget {
         Arc::new(b)
     }
 
-    /// The process default: `/proc/sys/vm/max_map_count` (read on first
-    /// use) minus [`DEFAULT_VMA_RESERVE`], foreign mappings counted. Made
-    /// on first call; every pool whose configuration names no other budget
-    /// draws from it, [`StackPool::global`](crate::StackPool::global)
-    /// included.
-    pub fn process() -> &'static Arc<ProcessBudget> {
+    /// A budget that counts the process's mappings through `maps` and
+    /// measures them against the limit whatever `source` is: the limit and
+    /// the mappings handed in by a process that loses `/proc` after this
+    /// call, for example
+    ///
+    /// ```no_run
+    /// use coro_pool::{MapsSource, MaxMapCount, ProcessBudget, DEFAULT_VMA_RESERVE};
+    ///
+    /// // Before the sandbox hides /proc.
+    /// let limit = MaxMapCount::Proc.read()?;
+    /// let maps = MapsSource::open()?;
+    /// // ... chroot, pivot_root, seccomp ...
+    /// let budget =
+    ///     ProcessBudget::with_maps(MaxMapCount::Fixed(limit), DEFAULT_VMA_RESERVE, maps);
+    /// // Every pool that names no budget of its own draws from it.
+    /// assert!(ProcessBudget::set_process(budget).is_ok());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn with_maps(source: MaxMapCount, reserve: u64, maps: MapsSource) -> Arc<ProcessBudget> {
+        let mut b = Self::build(source, reserve);
+        b.measure_foreign = true;
+        b.maps = maps;
+        Arc::new(b)
+    }
+
+    fn process_cell() -> &'static OnceLock<Arc<ProcessBudget>> {
         static PROCESS: OnceLock<Arc<ProcessBudget>> = OnceLock::new();
-        PROCESS.get_or_init(|| Arc::new(Self::build(MaxMapCount::Proc, DEFAULT_VMA_RESERVE)))
+        &PROCESS
+    }
+
+    /// The process default: `/proc/sys/vm/max_map_count` (read on first
+    /// use) minus [`DEFAULT_VMA_RESERVE`], foreign mappings counted from
+    /// `/proc/self/maps`, unless the program installed another one first
+    /// ([`ProcessBudget::set_process`]). Made on first call; every pool
+    /// whose configuration names no other budget draws from it,
+    /// [`StackPool::global`](crate::StackPool::global) included.
+    pub fn process() -> &'static Arc<ProcessBudget> {
+        Self::process_cell()
+            .get_or_init(|| Arc::new(Self::build(MaxMapCount::Proc, DEFAULT_VMA_RESERVE)))
+    }
+
+    /// Makes `budget` the process default, for the program (not a library)
+    /// to call before any pool is made: typically a budget from
+    /// [`ProcessBudget::with_maps`] whose limit and maps fd were taken
+    /// before a sandbox hid `/proc`. Fails, handing `budget` back, once the
+    /// default exists (a pool was made, or [`ProcessBudget::process`] was
+    /// called).
+    pub fn set_process(budget: Arc<ProcessBudget>) -> Result<(), Arc<ProcessBudget>> {
+        Self::process_cell().set(budget)
     }
 
     /// The `vm.max_map_count` figure and its origin (read on first use).
@@ -374,16 +473,17 @@ impl ProcessBudget {
             });
     }
 
-    /// Counts the lines of `/proc/self/maps` and checks the accounting
-    /// against them: refreshes the foreign count and logs a warning on
-    /// drift. `None` when the file cannot be read (no `/proc` in a
-    /// sandbox, no free file descriptor) or another thread is measuring.
+    /// Counts the lines of `/proc/self/maps` (through the kept fd of a
+    /// [`MapsSource::Fd`]) and checks the accounting against them:
+    /// refreshes the foreign count and logs a warning on drift. `None` when
+    /// the file cannot be read (no `/proc` in a sandbox, no free file
+    /// descriptor) or another thread is measuring.
     pub fn check(&self) -> Option<BudgetCheck> {
         let process_vmas = {
             let Ok(mut buf) = self.buf.try_lock() else {
                 return None;
             };
-            match count_maps_lines(&mut buf) {
+            match count_maps_lines(self.maps.fd(), &mut buf) {
                 Ok(lines) => {
                     self.maps_unreadable.store(false, Ordering::Relaxed);
                     lines
@@ -458,32 +558,39 @@ impl ProcessBudget {
     }
 }
 
-/// Lines of `/proc/self/maps`, read through `buf` with raw `open`/`read`
-/// (no allocation).
-fn count_maps_lines(buf: &mut [u8]) -> std::io::Result<u64> {
+/// Lines of `/proc/self/maps`, read through `buf` with raw `pread` (no
+/// allocation): from `kept` if given, else from a fresh `open`.
+fn count_maps_lines(kept: Option<RawFd>, buf: &mut [u8]) -> io::Result<u64> {
     const PATH: &[u8] = b"/proc/self/maps\0";
-    // SAFETY: PATH is NUL-terminated; open has no other preconditions.
-    let fd = unsafe { libc::open(PATH.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    let fd = match kept {
+        Some(fd) => fd,
+        // SAFETY: PATH is NUL-terminated; open has no other preconditions.
+        None => unsafe { libc::open(PATH.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) },
+    };
     if fd < 0 {
-        return Err(std::io::Error::last_os_error());
+        return Err(io::Error::last_os_error());
     }
     let mut lines = 0u64;
+    let mut offset: libc::off_t = 0;
     let result = loop {
         // SAFETY: reads at most buf.len() bytes into buf, which we own.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset) };
         if n == 0 {
             break Ok(lines);
         }
         if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
             break Err(e);
         }
+        offset += n as libc::off_t;
         lines += buf[..n as usize].iter().filter(|b| **b == b'\n').count() as u64;
     };
-    // SAFETY: fd was opened above and is closed once.
-    unsafe { libc::close(fd) };
+    if kept.is_none() {
+        // SAFETY: fd was opened above and is closed once.
+        unsafe { libc::close(fd) };
+    }
     result
 }

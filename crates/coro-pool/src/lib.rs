@@ -22,7 +22,9 @@
 //!   `/proc/sys/vm/max_map_count` (read lazily, 5000 VMAs kept for the rest
 //!   of the process, a documented fallback when the file is unreadable),
 //!   counts what the pools actually map (1 or 2 VMAs per stack) and, from
-//!   `/proc/self/maps`, what the rest of the process maps. It caps the
+//!   `/proc/self/maps`, what the rest of the process maps. A sandboxed
+//!   process hands both in before `/proc` goes ([`MapsSource`],
+//!   [`ProcessBudget::with_maps`], [`ProcessBudget::set_process`]). It caps the
 //!   stacks in use, so creation fails with [`Error::BudgetExhausted`] in
 //!   every pool before the kernel refuses; a pool may have a share of its
 //!   own ([`PoolConfig::budget_share`]); [`MapBudget`] is one pool's view.
@@ -94,7 +96,7 @@ use std::io;
 mod readme_doctest {}
 
 pub use budget::{
-    BudgetCheck, BudgetOrigin, BudgetStats, MapBudget, MaxMapCount, ProcessBudget,
+    BudgetCheck, BudgetOrigin, BudgetStats, MapBudget, MapsSource, MaxMapCount, ProcessBudget,
     DEFAULT_VMA_RESERVE, FALLBACK_MAX_MAP_COUNT, MAX_MAP_COUNT_PATH,
 };
 pub use config::{

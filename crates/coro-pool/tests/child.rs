@@ -5,6 +5,7 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output};
+use std::sync::Arc;
 
 use coro_pool::{Coroutine, CoroutineResult, Error, GuardMode, PoolConfig, StackPool};
 
@@ -301,4 +302,145 @@ fn test_second_pool_meets_exhausted_process_budget() {
     let mut co = Coroutine::<(), (), u32>::new(|_, ()| 7).unwrap();
     assert!(matches!(co.resume(()), CoroutineResult::Return(7)));
     assert!(third.take_stack().is_ok());
+}
+
+/// Lines of `/proc/<pid>/maps`: the VMAs of another process.
+fn vmas_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .lines()
+        .count() as u64
+}
+
+#[test]
+fn test_budget_stays_exact_after_chroot_hides_proc() {
+    const NAME: &str = "test_budget_stays_exact_after_chroot_hides_proc";
+    // SAFETY: a plain getter.
+    if unsafe { libc::geteuid() } != 0 {
+        // chroot needs CAP_SYS_CHROOT, and a user namespace cannot be
+        // entered by the (multi-threaded) test binary.
+        eprintln!("notice: not root, cannot chroot; skipped");
+        return;
+    }
+    if !in_child(NAME) {
+        use std::io::{BufRead, BufReader, Write};
+        let root = std::env::temp_dir().join(format!("coro-pool-chroot-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, NAME)
+            .env("CORO_POOL_CHROOT", &root)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn the test binary");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut seen = String::new();
+        let counted = loop {
+            let mut line = String::new();
+            if stdout.read_line(&mut line).unwrap() == 0 {
+                break None;
+            }
+            seen.push_str(&line);
+            // (libtest may have printed the test's name on the same line.)
+            if let Some((_, n)) = line.trim().split_once("VMAS ") {
+                break Some(n.parse::<u64>().unwrap());
+            }
+        };
+        // The child waits on its stdin: its mappings hold still while they
+        // are counted from outside.
+        let outside = counted.map(|_| vmas_of(child.id()));
+        let mut stdin = child.stdin.take().unwrap();
+        let _ = stdin.write_all(b"go\n");
+        drop(stdin);
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut rest);
+        let out = child.wait_with_output().unwrap();
+        let _ = std::fs::remove_dir(&root);
+        let out = Output {
+            stdout: (seen + &rest).into_bytes(),
+            ..out
+        };
+        expect_child_ok(&out);
+        let counted = counted.expect("the child counted its VMAs");
+        assert_eq!(
+            counted,
+            outside.unwrap(),
+            "the count inside the chroot is the process's real one: {}",
+            describe(&out)
+        );
+        return;
+    }
+    use coro_pool::{BudgetOrigin, MapsSource, MaxMapCount, ProcessBudget, DEFAULT_VMA_RESERVE};
+    // What the daemon does before its sandbox: read the limit and open the
+    // maps while /proc is there.
+    let real = MaxMapCount::Proc.read().unwrap();
+    let maps = MapsSource::open().unwrap();
+    let root = std::env::var("CORO_POOL_CHROOT").unwrap();
+    let root = std::ffi::CString::new(root).unwrap();
+    // SAFETY: valid C strings.
+    unsafe {
+        assert_eq!(libc::chroot(root.as_ptr()), 0);
+        assert_eq!(libc::chdir(c"/".as_ptr()), 0);
+    }
+    assert!(std::fs::metadata("/proc/self/maps").is_err());
+    // A budget that reads /proc itself is blind here: the fallback limit,
+    // no count of the process's mappings.
+    let blind = ProcessBudget::new(MaxMapCount::Proc, DEFAULT_VMA_RESERVE);
+    assert!(blind.check().is_none());
+    let b = StackPool::new(PoolConfig::default().budget(Arc::clone(&blind)))
+        .unwrap()
+        .budget();
+    assert_eq!(b.origin, BudgetOrigin::Fallback);
+    // The one handed the limit and the open maps stays exact.
+    let budget = ProcessBudget::with_maps(MaxMapCount::Fixed(real), DEFAULT_VMA_RESERVE, maps);
+    assert!(ProcessBudget::set_process(Arc::clone(&budget)).is_ok());
+    // A pool that names no budget draws from the one installed.
+    let pool = StackPool::new(
+        PoolConfig::default()
+            .stack_size(16 << 10)
+            .guard(GuardMode::Mprotect),
+    )
+    .unwrap();
+    assert!(Arc::ptr_eq(pool.process_budget(), &budget));
+    assert!(ProcessBudget::set_process(Arc::clone(&budget)).is_err());
+    let first = budget.check().expect("counts through the kept fd");
+    let held: Vec<_> = (0..100).map(|_| pool.take_stack().unwrap()).collect();
+    let check = budget.check().expect("counts through the kept fd");
+    assert_eq!(check.pool_vmas, 200);
+    assert!(!check.drifted, "{check:?}");
+    // The count follows the process: the 100 stacks (2 VMAs each) are in it.
+    assert!(
+        check.process_vmas >= first.process_vmas + 200,
+        "{first:?} {check:?}"
+    );
+    let stats = budget.stats();
+    assert_eq!(stats.max_map_count, real);
+    assert_eq!(
+        stats.limit_vmas,
+        real - DEFAULT_VMA_RESERVE - check.foreign_vmas.saturating_sub(DEFAULT_VMA_RESERVE / 2)
+    );
+    // Measure again and let the parent count from outside while this
+    // process waits; nothing here maps or allocates in between.
+    let last = budget.check().unwrap();
+    let mut line = [0u8; 64];
+    let len = {
+        use std::io::Write;
+        let mut cur = std::io::Cursor::new(&mut line[..]);
+        writeln!(cur, "VMAS {}", last.process_vmas).unwrap();
+        cur.position() as usize
+    };
+    // SAFETY: writes `len` initialized bytes of `line`, then reads into a
+    // buffer we own.
+    unsafe {
+        assert_eq!(libc::write(1, line.as_ptr().cast(), len), len as isize);
+        let mut go = [0u8; 8];
+        assert!(libc::read(0, go.as_mut_ptr().cast(), go.len()) > 0);
+    }
+    drop(held);
+    println!(
+        "{CHILD_OK}: {} VMAs counted inside the chroot",
+        last.process_vmas
+    );
 }
