@@ -62,9 +62,16 @@ fn harden(
     scfg.gid_map = h.gid_map.clone();
     scfg.cleanup_socket = cleanup_socket;
     scfg.cleanup_files = cleanup_files;
-    let fs = sb::enter(&scfg, || {
-        PassthroughFs::new(pcfg).map(|fs| fs.with_ids(ids))
+    // The coroutine stacks' mapping budget needs vm.max_map_count and the
+    // process's /proc/self/maps, which the sandbox hides: read the limit
+    // now, open the maps where the sandbox's own /proc still shows this
+    // process (after the namespace mode's fork).
+    let max_map_count = stack_budget_limit();
+    let (fs, maps) = sb::enter(&scfg, || {
+        let maps = coro_pool::MapsSource::open();
+        PassthroughFs::new(pcfg).map(|fs| (fs.with_ids(ids), maps))
     })?;
+    install_stack_budget(max_map_count, maps);
     // Inside the namespace and chroot sandboxes the current directory is
     // the detached /proc/self/fd.
     fs.set_proc_fd_is_cwd(sb::proc_fd_is_cwd());
@@ -102,6 +109,43 @@ fn harden(
         cfg
     };
     Ok(Arc::new(Server::new(fs, config)?))
+}
+
+/// `vm.max_map_count`, read before the sandbox hides `/proc/sys`.
+fn stack_budget_limit() -> u64 {
+    coro_pool::MaxMapCount::Proc.read().unwrap_or_else(|e| {
+        warn!(
+            "cannot read {} ({e}); coroutine stacks are budgeted against the kernel default \
+             vm.max_map_count = {}",
+            coro_pool::MAX_MAP_COUNT_PATH,
+            coro_pool::FALLBACK_MAX_MAP_COUNT
+        );
+        coro_pool::FALLBACK_MAX_MAP_COUNT
+    })
+}
+
+/// Makes the budget every coroutine pool of the daemon draws from count
+/// against `max_map_count` and through `maps` (opened before the sandbox
+/// hid `/proc`), so that it stays exact inside. Called before any pool
+/// exists.
+fn install_stack_budget(max_map_count: u64, maps: std::io::Result<coro_pool::MapsSource>) {
+    use coro_pool::{MapsSource, MaxMapCount, ProcessBudget, DEFAULT_VMA_RESERVE};
+    let maps = maps.unwrap_or_else(|e| {
+        warn!("cannot open /proc/self/maps ({e}); the coroutine stacks' budget counts only them");
+        MapsSource::Proc
+    });
+    let budget =
+        ProcessBudget::with_maps(MaxMapCount::Fixed(max_map_count), DEFAULT_VMA_RESERVE, maps);
+    if let Some(c) = budget.check() {
+        info!(
+            "coroutine stacks: vm.max_map_count {max_map_count}, {} VMAs mapped, \
+             /proc/self/maps kept open",
+            c.process_vmas
+        );
+    }
+    if ProcessBudget::set_process(budget).is_err() {
+        warn!("the coroutine stack budget was made before the sandbox; it may not count mappings");
+    }
 }
 
 /// The `--translate-uid` / `--translate-gid` rules, checked for overlaps.
@@ -162,6 +206,20 @@ fn run_test_hook(hook: &str) {
                 e.raw_os_error().unwrap_or(0)
             ),
         }
+    } else if hook == "budget" {
+        // The coroutine stacks' budget as counted inside the sandbox; then
+        // wait for a byte on stdin, so that a test can count the process's
+        // mappings from outside while nothing changes them.
+        let budget = coro_pool::ProcessBudget::process();
+        let limit = budget.limit_vmas();
+        let vmas = budget.check().map_or(0, |c| c.process_vmas);
+        eprintln!(
+            "test-hook: budget max_map_count={} process_vmas={vmas} limit_vmas={limit}",
+            budget.stats().max_map_count
+        );
+        let mut go = [0u8; 1];
+        // SAFETY: reads at most one byte into a buffer we own.
+        unsafe { libc::read(0, go.as_mut_ptr().cast(), 1) };
     } else {
         eprintln!("test-hook: unknown hook {hook:?}");
     }

@@ -6,7 +6,9 @@
 //! refused; SIGHUP and SIGTERM end it with status 0 in every sandbox mode;
 //! `--syslog` logs through `/dev/log` from inside the sandbox;
 //! `--print-capabilities` matches the shipped JSON descriptor;
-//! `--no-inline-metadata` keeps metadata calls on workers.
+//! `--no-inline-metadata` keeps metadata calls on workers. The start logs
+//! no warning in any sandbox, and the coroutine stacks' budget inside the
+//! sandbox knows the real `vm.max_map_count` and mapping count (issue 28).
 
 mod sandbox_support;
 
@@ -517,5 +519,154 @@ fn test_syslog_logs_from_inside_the_sandbox() {
             stderr(&out),
             "virtio-9p-server: --syslog: cannot connect to /dev/log: No such file or directory (os error 2)\n"
         );
+    }
+}
+
+/// `vm.max_map_count` as the test reads it.
+fn max_map_count() -> u64 {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// One exchange with the daemon, on a connection that stays open (a
+/// frontend that leaves is logged).
+fn connected(kind: Kind, sock: &Path) -> Box<dyn std::any::Any> {
+    match kind {
+        Kind::VhostUser => {
+            let mut vmm = FakeVmm::connect(sock, VmmOptions::default()).unwrap();
+            assert_eq!(version(&mut vmm, 8192), 8192);
+            Box::new(vmm)
+        }
+        Kind::Socket => {
+            let mut c = session(sock, 0);
+            c.walk(0, 1, &[b"hello"]).unwrap();
+            Box::new(c)
+        }
+    }
+}
+
+/// The WARN lines of a daemon's log.
+fn warnings(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains(" WARN ")).collect()
+}
+
+#[test]
+fn test_start_prints_no_warning_in_any_sandbox() {
+    // Issue 28: coro-pool logged two warnings at every start in the
+    // namespace and chroot sandboxes, which hide /proc/self/maps and
+    // /proc/sys/vm/max_map_count from it. The daemons start together, serve
+    // a request (the first coroutine stacks) and run through two trims of
+    // the stack pool (one per second), which count the mappings again.
+    let real = max_map_count();
+    let mut running = Vec::new();
+    for kind in KINDS {
+        // The default sandbox (namespace, no --sandbox flag), then the others.
+        for mode in [None, Some("chroot"), Some("none")] {
+            let (tmp, export) = tree();
+            let sock = tmp.path().join("s.sock");
+            let mut a = args(kind, &export, &sock, mode.unwrap_or("none"), &[]);
+            if mode.is_none() {
+                a.truncate(a.len() - 2);
+            }
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let mut d = Daemon::spawn(&a, tmp.path().join("d.log"));
+            if !d.wait_for(&sock) {
+                if no_namespaces(&d, &format!("{kind:?} default sandbox")) {
+                    continue;
+                }
+                panic!("{kind:?} {mode:?}: daemon exited: {}", d.stderr());
+            }
+            running.push((kind, mode, tmp, sock, d));
+        }
+    }
+    let mut connections = Vec::new();
+    for (kind, _, _, sock, d) in &mut running {
+        d.wait_log(match kind {
+            Kind::VhostUser => "vhost-user socket on inherited fd",
+            Kind::Socket => "serving ",
+        });
+        connections.push(connected(*kind, sock));
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    for (kind, mode, _, _, d) in running {
+        let log = d.stderr();
+        assert_eq!(
+            warnings(&log),
+            Vec::<&str>::new(),
+            "{kind:?} {mode:?}: {log}"
+        );
+        assert!(
+            log.contains(&format!("coroutine stacks: vm.max_map_count {real}, ")),
+            "{kind:?} {mode:?}: {log}"
+        );
+        d.assert_alive_then_stop(&format!("{kind:?} {mode:?}"));
+    }
+    drop(connections);
+}
+
+#[test]
+fn test_stack_budget_inside_the_sandbox_is_the_real_one() {
+    // Inside the sandbox, the budget knows the real vm.max_map_count and
+    // counts exactly the mappings the kernel lists for the process, read
+    // here from outside while the daemon waits in the `budget` hook.
+    use std::io::Write;
+    let real = max_map_count();
+    for mode in ["namespace", "chroot"] {
+        let (tmp, export) = tree();
+        let sock = tmp.path().join("vu.sock");
+        let mut cmd = Command::new(BIN);
+        cmd.args(args(
+            Kind::VhostUser,
+            &export,
+            &sock,
+            mode,
+            &["--test-hook", "budget"],
+        ))
+        .stdin(Stdio::piped());
+        let mut d = Daemon::spawn_stdin(&mut cmd, tmp.path().join("d.log"));
+        let mut go = d.stdin().unwrap();
+        if !d.wait_for(&sock) {
+            if no_namespaces(&d, "the budget hook in namespace mode") {
+                continue;
+            }
+            panic!("{mode}: daemon exited: {}", d.stderr());
+        }
+        d.wait_log("test-hook: budget ");
+        let log = d.stderr();
+        let line = log
+            .lines()
+            .find_map(|l| l.strip_prefix("test-hook: budget "))
+            .unwrap();
+        let field = |name: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+                .parse()
+                .unwrap()
+        };
+        let pid = d.server_pid(mode);
+        let outside = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .unwrap()
+            .lines()
+            .count() as u64;
+        go.write_all(b"\n").unwrap();
+        drop(go);
+        assert_eq!(field("max_map_count"), real, "{mode}: {line}");
+        assert_eq!(field("process_vmas"), outside, "{mode}: {line}");
+        // No stack yet: the limit is the real one less the reserve, less
+        // what the rest of the process maps beyond half the reserve.
+        assert_eq!(
+            field("limit_vmas"),
+            real - 5000 - outside.saturating_sub(2500),
+            "{mode}: {line}"
+        );
+        d.wait_log("vhost-user socket on inherited fd");
+        let vmm = connected(Kind::VhostUser, &sock);
+        assert_eq!(warnings(&d.stderr()), Vec::<&str>::new(), "{mode}");
+        d.assert_alive_then_stop(mode);
+        drop(vmm);
     }
 }

@@ -128,7 +128,7 @@ pub struct Hardening {
     pub translate_gid: Vec<IdRule>,
 
     /// Test-only hooks run right after the sandbox is set up
-    /// (`forbidden-syscall`, `probe:PATH`). Only built with the
+    /// (`forbidden-syscall`, `probe:PATH`, `budget`). Only built with the
     /// `test-hooks` feature, which only the integration tests turn on.
     #[cfg(feature = "test-hooks")]
     #[arg(long, value_name = "HOOK", hide = true)]

@@ -36,17 +36,23 @@ impl Daemon {
 
     /// Starts `cmd`, stderr into `log`.
     pub fn spawn_with(cmd: &mut Command, log: PathBuf) -> Daemon {
+        Self::spawn_stdin(cmd.stdin(Stdio::null()), log)
+    }
+
+    /// Starts `cmd` with the stdin it was given (a pipe, say), stderr into
+    /// `log`.
+    pub fn spawn_stdin(cmd: &mut Command, log: PathBuf) -> Daemon {
         let f = std::fs::File::create(&log).unwrap();
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(f)
-            .spawn()
-            .unwrap();
+        let child = cmd.stdout(Stdio::null()).stderr(f).spawn().unwrap();
         Daemon {
             child: Some(child),
             log,
         }
+    }
+
+    /// The stdin pipe of a daemon started with [`Daemon::spawn_stdin`].
+    pub fn stdin(&mut self) -> Option<std::process::ChildStdin> {
+        self.child.as_mut().unwrap().stdin.take()
     }
 
     /// The pid of the started process (the supervisor in namespace mode).
