@@ -67,7 +67,10 @@
 //! request's reply (if it answered before it was cancelled) goes out before
 //! the Rflush, a request cancelled before it answered gets no reply (its
 //! transport drops an interrupted Rlerror, see `flushed_silently`), and a
-//! Tflush of an unknown tag is answered at once.
+//! Tflush of an unknown tag is answered at once. A Tflush that is itself
+//! flushed keeps waiting for its own target (only teardown cuts that wait
+//! short), so every Rflush of a chain goes out after the reply it
+//! promises: the flushed request's, then each Tflush's in turn.
 //!
 //! # Stopping (vhost-user GET_VRING_BASE)
 //!
@@ -945,6 +948,21 @@ impl Engine {
         cancellable
     }
 
+    /// Cancels the target of a Tflush: as [`Engine::try_cancel`], except
+    /// that a target which is itself a Tflush waiting for its own target
+    /// keeps waiting. Its Rflush promises that the request it flushes has
+    /// answered (or never will), so it must not go out before that
+    /// request's reply; and the Tflush flushing it waits for it in turn.
+    fn flush_target(&mut self, idx: usize) {
+        match self.slots[idx].as_mut() {
+            Some(s) if s.state == State::Flushing => s.cancelled = true,
+            Some(_) => {
+                self.try_cancel(idx);
+            }
+            None => {}
+        }
+    }
+
     fn wake_waiter(&mut self, w: usize, generation: u64) {
         if let Some(ws) = self.slots.get_mut(w).and_then(|s| s.as_mut()) {
             if ws.generation == generation && ws.state == State::Flushing {
@@ -1088,7 +1106,7 @@ impl Engine {
                             }
                             // Resumed with "cancelled" now if suspended; it
                             // wakes us when it returns.
-                            self.try_cancel(t);
+                            self.flush_target(t);
                         }
                     }
                 }
@@ -1341,6 +1359,42 @@ mod tests {
         assert!(out.is_empty(), "Rflush must wait for the running request");
         tx.send(()).unwrap();
         assert_eq!(drive(&mut e, 2), vec![(1, 0), (2, 7)]);
+    }
+
+    #[test]
+    fn test_flush_of_a_flush_waits_for_the_first_target() {
+        let mut e = engine(1);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+        e.spawn(1, Some(5), Cancel::new(), move || {
+            len_of(offload(move || {
+                started_tx.send(()).unwrap();
+                rx.recv().unwrap();
+                Ok(99)
+            }))
+        })
+        .unwrap();
+        started_rx.recv().unwrap();
+        // Tflush (tag 6) of tag 5, then Tflush (tag 7) of tag 6.
+        e.spawn(2, Some(6), Cancel::new(), || {
+            flush(5);
+            7
+        })
+        .unwrap();
+        e.spawn(3, Some(7), Cancel::new(), || {
+            flush(6);
+            8
+        })
+        .unwrap();
+        let mut out = Vec::new();
+        e.take_completed(&mut out);
+        assert!(
+            out.is_empty(),
+            "no Rflush before the running request: {out:?}"
+        );
+        tx.send(()).unwrap();
+        assert_eq!(drive(&mut e, 3), vec![(1, 99), (2, 7), (3, 8)]);
+        assert_eq!(e.stats().unwound, 0);
     }
 
     #[test]
