@@ -38,6 +38,16 @@ impl<F: Filesystem> InProcess<F> {
         }
     }
 
+    /// `session` (for example one brought back by
+    /// [`Server::restore_session`]) on `server`.
+    pub fn with_session(server: Arc<Server<F>>, session: Session<F>, reply_room: usize) -> Self {
+        InProcess {
+            server,
+            session,
+            reply: vec![0u8; reply_room],
+        }
+    }
+
     /// The session.
     pub fn session(&self) -> &Session<F> {
         &self.session

@@ -54,6 +54,20 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Saved session state that cannot be used: not state at all, cut
+    /// short, damaged, from another format version or for another export.
+    #[error("saved session state refused: {0}")]
+    State(StateProblem),
+    /// A saved fid could not be brought back (its file is gone, or the
+    /// filesystem cannot restore fids).
+    #[error("cannot restore fid {fid}: {source}")]
+    RestoreFid {
+        /// The fid.
+        fid: u32,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// A `--listen` address that is neither `unix:PATH` nor `tcp:HOST:PORT`.
     #[error("invalid listen address {0:?}: expected unix:PATH or tcp:HOST:PORT")]
     ListenAddress(String),
@@ -195,3 +209,39 @@ impl From<vhost_user_backend::Error> for Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Why saved session state was refused ([`Error::State`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StateProblem {
+    /// It does not start with the state's magic bytes.
+    #[error("not a virtio-9p-server state file")]
+    NotState,
+    /// It was written by another format version.
+    #[error("format version {found}, this build reads version {expected}")]
+    Version {
+        /// The version found.
+        found: u32,
+        /// The version this build reads.
+        expected: u32,
+    },
+    /// It ends before its declared length (a crash while writing it, or a
+    /// copy cut short).
+    #[error("truncated: {len} bytes, {needed} needed")]
+    Truncated {
+        /// Bytes present.
+        len: usize,
+        /// Bytes needed.
+        needed: usize,
+    },
+    /// Its checksum does not match its contents.
+    #[error("checksum mismatch (damaged)")]
+    Checksum,
+    /// It was saved for another export (another directory or security
+    /// model).
+    #[error("saved for another export")]
+    Foreign,
+    /// A field is out of range or the body does not parse.
+    #[error("malformed: {0}")]
+    Malformed(&'static str),
+}

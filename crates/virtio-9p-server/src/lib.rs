@@ -91,6 +91,7 @@ pub mod fs;
 pub mod io;
 pub mod protocol;
 mod server;
+mod state;
 pub mod syscalls;
 pub mod transport;
 

@@ -295,6 +295,48 @@ pub trait Filesystem: Send + Sync {
     fn metadata_is_local(&self) -> bool {
         false
     }
+
+    /// Bytes naming `inode` that [`Filesystem::restore_inode`] of another
+    /// instance over the same export resolves to the same file: how a
+    /// session outlives its daemon
+    /// ([`Server::save_session`](crate::Server::save_session)). At most
+    /// 8 KiB. The default, `EOPNOTSUPP`, makes such sessions unsavable.
+    fn save_inode(&self, inode: &Self::Inode) -> io::Result<Vec<u8>> {
+        let _ = inode;
+        not_supported()
+    }
+
+    /// The inode [`Filesystem::save_inode`] described, with its qid now.
+    /// The bytes come from a state file the daemon wrote, but check them
+    /// as a guest's input all the same: a file named there must still
+    /// lie in the export.
+    fn restore_inode(&self, saved: &[u8]) -> io::Result<(Self::Inode, Qid)> {
+        let _ = saved;
+        not_supported()
+    }
+
+    /// Identifies the export, so that a session saved for another one is
+    /// refused. The default (empty) matches any.
+    fn export_id(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    /// Filesystem-wide state a restarted instance needs to answer as
+    /// before, such as a qid remapping table; saved with each session.
+    /// The default is none.
+    fn save_state(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    /// Takes back what [`Filesystem::save_state`] returned. The default
+    /// accepts only an empty state.
+    fn restore_state(&self, saved: &[u8]) -> io::Result<()> {
+        if saved.is_empty() {
+            Ok(())
+        } else {
+            not_supported()
+        }
+    }
 }
 
 #[cfg(test)]

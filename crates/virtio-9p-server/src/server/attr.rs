@@ -27,7 +27,7 @@ impl<F: Filesystem> Server<F> {
     ) -> OpResult {
         self.with_inode(session, m.fid, exec, TSETATTR, |fs, f| {
             let file = match &f.kind {
-                FidKind::Open { file } => Some(file),
+                FidKind::Open { file, .. } => Some(file),
                 _ => None,
             };
             fs.setattr(&f.inode, file, m).map(|_| Rmessage::Setattr)

@@ -33,7 +33,7 @@ impl<F: Filesystem> Server<F> {
         let wait = m.flags.contains(LockFlags::BLOCK) && m.ty != LockType::Unlck;
         let lock_wait = self.config.lock_wait;
         let fid = session.get(m.fid)?;
-        let FidKind::Open { file } = &fid.kind else {
+        let FidKind::Open { file, locks, .. } = &fid.kind else {
             return Err(errno::EBADF);
         };
         let start = Instant::now();
@@ -45,6 +45,10 @@ impl<F: Filesystem> Server<F> {
             let status = self
                 .call(exec, TLOCK, || self.fs.try_lock(file, m))
                 .map_err(|e| errno::from_io(&e))?;
+            if status == LockStatus::Success {
+                // Kept for a restart, which takes the same locks again.
+                locks.lock().unwrap_or_else(|e| e.into_inner()).record(m);
+            }
             if status != LockStatus::Blocked || !wait {
                 return Ok(Rmessage::Lock(status));
             }

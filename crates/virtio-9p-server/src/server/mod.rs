@@ -46,6 +46,7 @@ mod link_rename;
 mod lock;
 mod log_limit;
 mod open_create;
+mod persist;
 mod read_write;
 mod session;
 mod xattr;
@@ -460,7 +461,7 @@ impl<F: Filesystem> Server<F> {
         f: impl FnOnce(&F, &F::File) -> std::io::Result<Rmessage> + Send,
     ) -> OpResult {
         let fid = session.get(fid)?;
-        let FidKind::Open { file } = &fid.kind else {
+        let FidKind::Open { file, .. } = &fid.kind else {
             return Err(errno::EBADF);
         };
         self.call(exec, op, || f(&self.fs, file))

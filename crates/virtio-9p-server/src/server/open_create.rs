@@ -23,7 +23,11 @@ impl<F: Filesystem> Server<F> {
         let entry = Fid {
             inode: fid.inode.clone(),
             uid: fid.uid,
-            kind: FidKind::Open { file },
+            kind: FidKind::Open {
+                file,
+                flags: m.flags,
+                locks: Default::default(),
+            },
         };
         session.replace_if(m.fid, &fid, entry)?;
         Ok(Rmessage::Lopen(qid, 0))
@@ -49,7 +53,11 @@ impl<F: Filesystem> Server<F> {
         let entry = Fid {
             inode,
             uid: fid.uid,
-            kind: FidKind::Open { file },
+            kind: FidKind::Open {
+                file,
+                flags: m.flags,
+                locks: Default::default(),
+            },
         };
         session.replace_if(m.fid, &fid, entry)?;
         Ok(Rmessage::Lcreate(qid, 0))

@@ -29,7 +29,7 @@ impl<F: Filesystem> Server<F> {
             .min(msize as usize - RHDR_COUNT)
             .min(reply.available_bytes() - RHDR_COUNT);
         let result = match &fid.kind {
-            FidKind::Open { file } => {
+            FidKind::Open { file, .. } => {
                 let mut data = reply.split_at(RHDR_COUNT).map_err(Error::Transport)?;
                 self.call(exec, TREAD, || {
                     self.fs.read(file, &mut data, count, m.offset)
@@ -104,7 +104,7 @@ impl<F: Filesystem> Server<F> {
         let result = match session.get(m.fid) {
             Err(e) => Err(e),
             Ok(fid) => match &fid.kind {
-                FidKind::Open { file } => self
+                FidKind::Open { file, .. } => self
                     .call(exec, TWRITE, || self.fs.write(file, req, count, m.offset))
                     .map(|n| Rmessage::Write(n as u32))
                     .map_err(|e| errno::from_io(&e)),

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::fs::{Cred, Filesystem};
-use crate::protocol::MIN_MSIZE;
+use crate::protocol::{LockType, OpenFlags, Tlock, MIN_MSIZE};
+use crate::state::MAX_LOCKS_PER_FID;
 
 use super::errno;
 
@@ -50,6 +51,10 @@ pub(crate) enum FidKind<F: Filesystem> {
     Open {
         /// The open file.
         file: F::File,
+        /// The flags it was opened with (to open it again after a restart).
+        flags: OpenFlags,
+        /// The Tlocks granted on it, in order (replayed after a restart).
+        locks: Mutex<LockLog>,
     },
     /// Created by Txattrwalk: the value (or name list) to read, and its
     /// charge against the xattr byte limits.
@@ -68,6 +73,32 @@ pub(crate) struct XattrWrite {
     /// `size` bytes charged against the xattr byte limits (held, never
     /// read: dropping it gives them back).
     pub _charge: Charge,
+}
+
+/// The granted Tlocks of an open fid, in order: replaying them on a new
+/// open file rebuilds the same byte-range locks. An unlock of the whole
+/// file clears it; past [`MAX_LOCKS_PER_FID`] it stops recording and
+/// marks itself incomplete.
+#[derive(Debug, Default)]
+pub(crate) struct LockLog {
+    pub granted: Vec<Tlock>,
+    pub incomplete: bool,
+}
+
+impl LockLog {
+    /// Records a granted (or unlocking) Tlock.
+    pub fn record(&mut self, m: &Tlock) {
+        if m.ty == LockType::Unlck && m.start == 0 && m.length == 0 {
+            self.granted.clear();
+            self.incomplete = false;
+            return;
+        }
+        if self.granted.len() >= MAX_LOCKS_PER_FID {
+            self.incomplete = true;
+            return;
+        }
+        self.granted.push(m.clone());
+    }
 }
 
 /// One waiting Tlock, counted in its session until dropped.
@@ -289,6 +320,22 @@ impl<F: Filesystem> Session<F> {
         self.uncount(old.len());
         self.msize.store(msize, Ordering::Release);
         drop(old);
+    }
+
+    /// Every fid and its entry, sorted by fid (a snapshot).
+    pub(crate) fn entries(&self) -> Vec<(u32, Arc<Fid<F>>)> {
+        let mut v: Vec<_> = self
+            .table()
+            .iter()
+            .map(|(k, f)| (*k, Arc::clone(f)))
+            .collect();
+        v.sort_unstable_by_key(|(k, _)| *k);
+        v
+    }
+
+    /// Sets the msize of a session being restored.
+    pub(crate) fn set_msize(&self, msize: u32) {
+        self.msize.store(msize, Ordering::Release);
     }
 
     pub(crate) fn get(&self, fid: u32) -> Result<Arc<Fid<F>>, u32> {

@@ -26,6 +26,7 @@
 
 mod mapped;
 pub(crate) mod qid;
+mod restore;
 pub(crate) mod sys;
 
 use std::ffi::CString;
@@ -751,6 +752,32 @@ impl Filesystem for PassthroughFs {
         }
         let st = sys::fstat(self.root.fd())?;
         Ok((self.root.clone(), self.make_qid(&st, None)?))
+    }
+
+    fn save_inode(&self, inode: &Inode) -> io::Result<Vec<u8>> {
+        self.saved_inode(inode)
+    }
+
+    fn restore_inode(&self, saved: &[u8]) -> io::Result<(Inode, Qid)> {
+        self.inode_from_saved(saved)
+    }
+
+    fn export_id(&self) -> Vec<u8> {
+        // The export root and the security model: state saved for another
+        // directory, or with another model, is refused.
+        let mut id = Vec::with_capacity(17);
+        id.extend_from_slice(&self.root.0.dev.to_le_bytes());
+        id.extend_from_slice(&self.root.0.ino.to_le_bytes());
+        id.push(self.cfg.security_model as u8);
+        id
+    }
+
+    fn save_state(&self) -> Vec<u8> {
+        self.qids.save()
+    }
+
+    fn restore_state(&self, saved: &[u8]) -> io::Result<()> {
+        self.qids.restore(saved)
     }
 
     fn walk(&self, dir: &Inode, name: &[u8]) -> io::Result<(Inode, Qid)> {

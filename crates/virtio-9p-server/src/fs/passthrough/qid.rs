@@ -104,6 +104,67 @@ impl QidMap {
         Ok(p)
     }
 
+    /// The tables as bytes, for a restart (empty when only the root
+    /// device's low inodes were seen: their paths need no table).
+    pub fn save(&self) -> Vec<u8> {
+        let prefixes = self.prefixes.read().unwrap_or_else(|e| e.into_inner());
+        let exact = self.exact.lock().unwrap_or_else(|e| e.into_inner());
+        if prefixes.is_empty() && exact.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::with_capacity(8 + 24 * (prefixes.len() + exact.len()));
+        for table in [&*prefixes, &*exact] {
+            out.extend_from_slice(&(table.len() as u32).to_le_bytes());
+            for ((a, b), p) in table.iter() {
+                for v in [*a, *b, *p] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        out
+    }
+
+    /// Takes back the tables [`QidMap::save`] wrote, so every file keeps
+    /// its qid path across a restart. `EINVAL` for bytes it did not write.
+    pub fn restore(&self, saved: &[u8]) -> io::Result<()> {
+        if saved.is_empty() {
+            return Ok(());
+        }
+        let bad = || io::Error::from_raw_os_error(libc::EINVAL);
+        let mut r = saved;
+        let mut tables: [HashMap<(u64, u64), u64>; 2] = Default::default();
+        for (i, t) in tables.iter_mut().enumerate() {
+            let n = u32::from_le_bytes(r.get(..4).ok_or_else(bad)?.try_into().map_err(|_| bad())?)
+                as usize;
+            r = &r[4..];
+            let cap = if i == 0 {
+                MAX_PREFIX as usize
+            } else {
+                self.max_exact
+            };
+            if n > cap || r.len() < n * 24 {
+                return Err(bad());
+            }
+            for chunk in r[..n * 24].chunks_exact(24) {
+                let v = |k: usize| {
+                    u64::from_le_bytes(chunk[k * 8..k * 8 + 8].try_into().unwrap_or_default())
+                };
+                t.insert((v(0), v(1)), v(2));
+            }
+            r = &r[n * 24..];
+        }
+        if !r.is_empty() {
+            return Err(bad());
+        }
+        let [prefixes, exact] = tables;
+        if !exact.is_empty() || !prefixes.is_empty() {
+            self.other_device.store(true, Ordering::Release);
+        }
+        *self.prefixes.write().unwrap_or_else(|e| e.into_inner()) = prefixes;
+        *self.exact.lock().unwrap_or_else(|e| e.into_inner()) = exact;
+        Ok(())
+    }
+
     fn prefix(&self, dev: u64, hi: u64) -> Option<u64> {
         let key = (dev, hi);
         if let Some(p) = self

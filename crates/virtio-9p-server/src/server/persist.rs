@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! A session that outlives its process: saved to bytes, restored in a new
+//! process over the same export (a daemon restarted or upgraded under a
+//! running guest). The format is in [`crate::state`].
+
+use std::sync::Mutex;
+
+use log::{error, warn};
+
+use super::session::{Fid, FidKind, LockLog, XattrWrite};
+use super::{Server, Session};
+use crate::error::{Error, Result, StateProblem};
+use crate::fs::Filesystem;
+use crate::protocol::{LockStatus, OpenFlags, Tlock, Tmessage};
+use crate::state::{SavedFid, SavedKind, SavedSession, MAX_INODE_ID};
+
+impl<F: Filesystem> Server<F> {
+    /// The state of `session` as bytes: its msize, every fid (by
+    /// [`Filesystem::save_inode`]) with its open flags, granted locks and
+    /// xattr buffers, and the filesystem's own state. Save it only while
+    /// no request of the session runs (after the device drained), so it
+    /// is complete.
+    ///
+    /// Fails if the filesystem cannot name one of the fids' files.
+    pub fn save_session(&self, session: &Session<F>) -> Result<Vec<u8>> {
+        let mut saved = SavedSession {
+            export_id: self.fs.export_id(),
+            msize: session.msize(),
+            fs_state: self.fs.save_state(),
+            fids: Vec::new(),
+        };
+        for (fid, entry) in session.entries() {
+            let inode = self
+                .fs
+                .save_inode(&entry.inode)
+                .map_err(|source| Error::RestoreFid { fid, source })?;
+            if inode.len() > MAX_INODE_ID {
+                return Err(Error::State(StateProblem::Malformed("inode id too long")));
+            }
+            let kind = match &entry.kind {
+                FidKind::Path => SavedKind::Walked,
+                FidKind::Open { flags, locks, .. } => {
+                    let log = locks.lock().unwrap_or_else(|e| e.into_inner());
+                    SavedKind::Open {
+                        flags: flags.bits(),
+                        locks: (!log.incomplete).then(|| {
+                            log.granted
+                                .iter()
+                                .map(|m| Tmessage::Lock(m.clone()).encode_frame(0))
+                                .collect()
+                        }),
+                    }
+                }
+                FidKind::XattrRead(value, _) => SavedKind::XattrRead(value.clone()),
+                FidKind::XattrWrite(w) => {
+                    let w = w.lock().unwrap_or_else(|e| e.into_inner());
+                    SavedKind::XattrWrite {
+                        name: w.name.clone(),
+                        size: w.size as u32,
+                        flags: w.flags,
+                        data: w.data.clone(),
+                    }
+                }
+            };
+            saved.fids.push(SavedFid {
+                fid,
+                uid: entry.uid,
+                inode,
+                kind,
+            });
+        }
+        Ok(saved.encode())
+    }
+
+    /// A session rebuilt from [`Server::save_session`]'s bytes: the same
+    /// msize and fids, open files opened again (never created or
+    /// truncated again), their locks taken again, xattr buffers back.
+    ///
+    /// State that is not state, cut short, damaged, from another format
+    /// version or for another export is refused ([`Error::State`]). A fid
+    /// whose file is gone is left out (the guest then gets EBADF for it),
+    /// and a lock another process took meanwhile is lost; both are logged.
+    pub fn restore_session(&self, bytes: &[u8]) -> Result<Session<F>> {
+        let saved = SavedSession::decode(bytes).map_err(Error::State)?;
+        let export = self.fs.export_id();
+        if !saved.export_id.is_empty() && saved.export_id != export {
+            return Err(Error::State(StateProblem::Foreign));
+        }
+        self.fs
+            .restore_state(&saved.fs_state)
+            .map_err(|_| Error::State(StateProblem::Malformed("filesystem state")))?;
+        let session = Session::new();
+        session.set_msize(saved.msize);
+        let mut lost = 0usize;
+        for f in saved.fids {
+            match self.restore_fid(&session, &f) {
+                Ok(()) => {}
+                Err(e) => {
+                    lost += 1;
+                    warn!("9p: restore: fid {} left out: {e}", f.fid);
+                }
+            }
+        }
+        if lost > 0 {
+            error!("9p: restore: {lost} fids could not be brought back");
+        }
+        Ok(session)
+    }
+
+    fn restore_fid(&self, session: &Session<F>, f: &SavedFid) -> Result<()> {
+        let fid = f.fid;
+        let (inode, _qid) = self
+            .fs
+            .restore_inode(&f.inode)
+            .map_err(|source| Error::RestoreFid { fid, source })?;
+        let limits = self.limits();
+        let kind = match &f.kind {
+            SavedKind::Walked => FidKind::Path,
+            SavedKind::Open { flags, locks } => {
+                let flags = OpenFlags::from_bits_retain(*flags);
+                let reopen = flags - (OpenFlags::CREATE | OpenFlags::EXCL | OpenFlags::TRUNC);
+                let (file, _) = self
+                    .fs
+                    .open(&inode, reopen)
+                    .map_err(|source| Error::RestoreFid { fid, source })?;
+                let mut log = LockLog::default();
+                match locks {
+                    None => {
+                        error!("9p: restore: fid {fid} had more locks than were kept; none taken again");
+                        log.incomplete = true;
+                    }
+                    Some(frames) => {
+                        for frame in frames {
+                            let Some(m) = decode_lock(frame) else {
+                                return Err(Error::State(StateProblem::Malformed("saved lock")));
+                            };
+                            match self.fs.try_lock(&file, &m) {
+                                Ok(LockStatus::Success) => log.record(&m),
+                                Ok(status) => error!(
+                                    "9p: restore: fid {fid}: lock {:?} {}+{} lost ({status:?}): another process holds it now",
+                                    m.ty, m.start, m.length
+                                ),
+                                Err(e) => error!("9p: restore: fid {fid}: lock lost: {e}"),
+                            }
+                        }
+                    }
+                }
+                FidKind::Open {
+                    file,
+                    flags,
+                    locks: Mutex::new(log),
+                }
+            }
+            SavedKind::XattrRead(value) => {
+                let charge = session
+                    .charge_xattr(value.len(), &limits)
+                    .map_err(|e| restore_errno(fid, e))?;
+                FidKind::XattrRead(value.clone(), charge)
+            }
+            SavedKind::XattrWrite {
+                name,
+                size,
+                flags,
+                data,
+            } => {
+                let size = *size as usize;
+                if data.len() > size || size > self.config.max_xattr_size {
+                    return Err(Error::State(StateProblem::Malformed("xattr buffer")));
+                }
+                let charge = session
+                    .charge_xattr(size, &limits)
+                    .map_err(|e| restore_errno(fid, e))?;
+                FidKind::XattrWrite(Mutex::new(XattrWrite {
+                    name: name.clone(),
+                    size,
+                    flags: *flags,
+                    data: data.clone(),
+                    _charge: charge,
+                }))
+            }
+        };
+        let entry = Fid {
+            inode,
+            uid: f.uid,
+            kind,
+        };
+        session
+            .insert_new(fid, entry, &limits)
+            .map_err(|e| restore_errno(fid, e))
+    }
+}
+
+fn restore_errno(fid: u32, errno: u32) -> Error {
+    Error::RestoreFid {
+        fid,
+        source: std::io::Error::from_raw_os_error(errno as i32),
+    }
+}
+
+/// A Tlock saved as a whole frame.
+fn decode_lock(frame: &[u8]) -> Option<Tlock> {
+    match Tmessage::decode_frame(frame, crate::protocol::MIN_MSIZE).ok()? {
+        (_, Tmessage::Lock(m)) => Some(m),
+        _ => None,
+    }
+}
