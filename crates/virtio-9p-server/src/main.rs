@@ -386,6 +386,12 @@ fn run_vhost_user(cli: &Cli) -> Result<()> {
         args.fd = Some(listener.into_raw_fd());
         cleanup = Some(std::fs::canonicalize(&path).unwrap_or(path));
     }
+    // Opened before the sandbox hides it.
+    let state = args
+        .state_dir
+        .as_deref()
+        .map(daemon::state_dir::StateDir::open)
+        .transpose()?;
     let sandbox = cli.hardening.sandbox;
     let pid_path: Vec<PathBuf> = pid_file.iter().map(|f| absolute(f.path())).collect();
     // The namespace supervisor removes the socket and the pid file; chroot
@@ -402,7 +408,7 @@ fn run_vhost_user(cli: &Cli) -> Result<()> {
             Vec::new()
         },
     )?;
-    let result = run_daemon(&args, server, cli.readonly);
+    let result = vhost::run_daemon(&args, server, cli.readonly, state.as_ref());
     if sandbox == SandboxMode::None {
         let mut files: Vec<&Path> = cleanup.iter().map(PathBuf::as_path).collect();
         files.extend(pid_path.iter().map(PathBuf::as_path));
@@ -410,14 +416,6 @@ fn run_vhost_user(cli: &Cli) -> Result<()> {
     }
     drop(pid_file);
     result
-}
-
-fn run_daemon<F: Filesystem + 'static>(
-    args: &vhost::VhostUserArgs,
-    server: Arc<Server<F>>,
-    readonly: bool,
-) -> Result<()> {
-    vhost::run_daemon(args, server, readonly)
 }
 
 /// A socket that cannot be bound (or read back): the library's

@@ -24,6 +24,24 @@ pub enum Error {
     /// An error of the library (shared directory, listener, server, vhost-user).
     #[error(transparent)]
     Library(#[from] virtio_9p_server::Error),
+    /// `--state-dir` or its state file cannot be opened, read or written.
+    #[error("state {path}: {source}")]
+    StateDir {
+        /// The directory or file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The saved state cannot be taken over.
+    #[error("cannot take over {path}: {source} (move it away, or pass --discard-bad-state to start without it)")]
+    StateRefused {
+        /// The state file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: virtio_9p_server::Error,
+    },
     /// An option of the other mode (socket or vhost-user) was given.
     #[error("{flag} does not apply to {mode}")]
     WrongMode {

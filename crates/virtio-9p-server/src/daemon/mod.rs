@@ -8,6 +8,7 @@ pub mod error;
 pub mod pidfile;
 pub mod sandbox;
 pub mod signals;
+pub mod state_dir;
 pub mod syslog;
 pub mod vhost;
 

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use log::info;
+use log::{info, warn};
 use mlock_policy::MlockPolicy;
 
 use super::error::{Error, Result};
@@ -17,6 +17,7 @@ use virtio_9p_server::virtio::{DEFAULT_QUEUE_SIZE, MAX_QUEUE_SIZE};
 use virtio_9p_server::Server;
 
 use super::signals;
+use super::state_dir::StateDir;
 
 /// What `--print-capabilities` prints: a `VHostUserBackendCapabilities`
 /// of QEMU's `docs/interop/vhost-user.json`. `9p` is a member of its
@@ -76,6 +77,19 @@ pub struct VhostUserArgs {
     #[arg(long, value_name = "MS", default_value_t = coro_pool::DEFAULT_TRIM_INTERVAL.as_millis() as u64)]
     pub stack_trim_interval_ms: u64,
 
+    /// Where a handover (SIGUSR1: finish the requests in flight, save the
+    /// session, exit) leaves the session, and where a new daemon started
+    /// with the same option takes it over: the guest keeps its mount and
+    /// fids across an upgrade. Put it on a tmpfs the daemon's user owns.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Start without a saved state that cannot be used (damaged, cut
+    /// short, another version or another export) instead of refusing to
+    /// start; it is moved aside to session.state.refused.
+    #[arg(long, requires = "state_dir")]
+    pub discard_bad_state: bool,
+
     /// Print the backend's capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,
@@ -101,6 +115,7 @@ pub fn run_daemon<F: Filesystem + 'static>(
     args: &VhostUserArgs,
     server: Arc<Server<F>>,
     readonly: bool,
+    state: Option<&StateDir>,
 ) -> Result<()> {
     if args.queue_size == 0 || !args.queue_size.is_power_of_two() {
         return Err(Error::QueueSize(args.queue_size));
@@ -128,8 +143,11 @@ pub fn run_daemon<F: Filesystem + 'static>(
         policy: args.mlock,
         source,
     })?;
-    signals::install().map_err(Error::Signals)?;
-    let mut daemon = Daemon::new(server, config)?;
+    signals::install(state.is_some()).map_err(Error::Signals)?;
+    let mut daemon = Daemon::new(Arc::clone(&server), config)?;
+    if let Some(dir) = state {
+        take_over(dir, &server, &mut daemon, args.discard_bad_state)?;
+    }
     let _signals = signals::stop_on_signal(daemon.stop_handle());
     daemon.set_exit_on_disconnect(!args.keep_serving);
     let msize = daemon_msize(&daemon);
@@ -154,7 +172,49 @@ pub fn run_daemon<F: Filesystem + 'static>(
         ),
         other => info!("vhost-user socket {other:?} (tag {:?})", args.tag),
     }
-    Ok(daemon.run()?)
+    daemon.run()?;
+    if let (Some(dir), Some(saved)) = (state, daemon.take_handover()) {
+        dir.write(&saved?)?;
+        info!(
+            "virtio-9p: handed over: session saved to {}; start the new daemon with the same --state-dir",
+            dir.file().display()
+        );
+    }
+    Ok(())
+}
+
+/// Restores the session a daemon that handed over left in `dir`, if any.
+fn take_over<F: Filesystem + 'static>(
+    dir: &StateDir,
+    server: &Server<F>,
+    daemon: &mut Daemon<F>,
+    discard_bad: bool,
+) -> Result<()> {
+    let Some(bytes) = dir.read()? else {
+        return Ok(());
+    };
+    match server.restore_session(&bytes) {
+        Ok(session) => {
+            info!(
+                "virtio-9p: taking over the session in {} ({} fids)",
+                dir.file().display(),
+                session.fid_count()
+            );
+            daemon.restore_session(session);
+            dir.consume()
+        }
+        Err(source) if discard_bad => {
+            warn!(
+                "virtio-9p: starting without {}: {source}",
+                dir.file().display()
+            );
+            dir.set_aside()
+        }
+        Err(source) => Err(Error::StateRefused {
+            path: dir.file(),
+            source,
+        }),
+    }
 }
 
 fn daemon_msize<F: Filesystem + 'static>(d: &Daemon<F>) -> u32 {

@@ -90,6 +90,8 @@ enum ControlOp {
     None,
     /// GET_VRING_BASE: finish every request in flight, then stop.
     Stop,
+    /// A handover: as `Stop`, and take no new chain afterwards.
+    Freeze,
     /// RESET_DEVICE: end every request (bounded), forget the session.
     Reset,
     /// The frontend left or the daemon ends: end every request (bounded).
@@ -163,6 +165,8 @@ pub struct Virtio9pBackend<F: Filesystem> {
     control_cv: Condvar,
     /// Set by [`Virtio9pBackend::shutdown`]: a stop still draining gives up.
     shutting_down: AtomicBool,
+    /// Set by [`Virtio9pBackend::freeze`]: no chain is taken any more.
+    frozen: AtomicBool,
     exit_fds: Mutex<Vec<RawFd>>,
     /// Requests leaked by resets and shutdowns (calls that never returned).
     leaked: AtomicU64,
@@ -218,6 +222,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             }),
             control_cv: Condvar::new(),
             shutting_down: AtomicBool::new(false),
+            frozen: AtomicBool::new(false),
             exit_fds: Mutex::new(Vec::new()),
             leaked: AtomicU64::new(0),
         })
@@ -239,6 +244,21 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     /// The 9P session of the current driver.
     pub fn session(&self) -> Arc<Session<F>> {
         Arc::clone(&self.session.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Makes this device serve `session` (a restored one) from its first
+    /// request: call it before the frontend starts the ring.
+    pub fn set_session(&self, session: Arc<Session<F>>) {
+        *self.session.lock().unwrap_or_else(|e| e.into_inner()) = session;
+    }
+
+    /// For a handover: finishes every request in flight (their replies go
+    /// to the used ring; a waiting Tlock answers BLOCKED) and takes no new
+    /// chain afterwards, so the frontend's ring is left with every chain
+    /// either answered or not taken. Returns once that is so.
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::Release);
+        self.control_request(ControlOp::Freeze);
     }
 
     /// Ends every request (bounded by the engine's `quiesce_timeout`) and
@@ -278,7 +298,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         }
         // The vring thread's bound (quiesce, then the worker join) plus
         // slack for the thread to get to the request.
-        let bound = (op != ControlOp::Stop)
+        let bound = (!matches!(op, ControlOp::Stop | ControlOp::Freeze))
             .then(|| self.engine.quiesce_timeout + WORKER_JOIN_TIMEOUT + Duration::from_secs(2));
         let started = Instant::now();
         loop {
@@ -370,7 +390,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 (op, c.requested)
             };
             let result = match op {
-                ControlOp::Stop => self.stop(cell, vrings),
+                ControlOp::Stop | ControlOp::Freeze => self.stop(cell, vrings),
                 ControlOp::Reset => {
                     self.end_queue(cell);
                     *self.session.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -396,6 +416,12 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             if let Some(q) = cell.queue.as_ref() {
                 q.clear_more();
             }
+        }
+        if (device_event == QUEUE_EVENT || device_event == MORE_EVENT)
+            && self.frozen.load(Ordering::Acquire)
+        {
+            // Handed over: the chains left are the next daemon's.
+            return Ok(());
         }
         if device_event == QUEUE_EVENT || device_event == MORE_EVENT {
             if cell.queue.is_none() {

@@ -17,7 +17,7 @@ use super::backend::{BackendConfig, Virtio9pBackend};
 use crate::engine::DEFAULT_STACK_SIZE;
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
-use crate::server::Server;
+use crate::server::{Server, Session};
 
 /// The socket used when only `--shared-dir` is given.
 pub const DEFAULT_SOCKET_PATH: &str = "virtio-9p.sock";
@@ -64,10 +64,18 @@ impl Default for DaemonConfig {
     }
 }
 
+/// Makes the current device finish its requests and take no more.
+type Freeze = Box<dyn Fn() + Send + Sync>;
+
 struct StopState {
     flag: AtomicBool,
     wake: EventFd,
     conn: Mutex<Option<ShutdownHandle>>,
+    /// A handover was asked for ([`StopHandle::hand_over`]).
+    handover: AtomicBool,
+    handover_wake: EventFd,
+    /// Freezes the device of the current connection.
+    freeze: Mutex<Option<Freeze>>,
 }
 
 /// Stops a running [`Daemon`] from any thread: the current connection is
@@ -111,6 +119,30 @@ impl StopHandle {
     pub fn is_stopped(&self) -> bool {
         self.0.flag.load(Ordering::Acquire)
     }
+
+    /// A planned handover to a new daemon (an upgrade): the device
+    /// finishes every request in flight and takes no more (waiting Tlocks
+    /// answer BLOCKED), the connection is closed, and [`Daemon::run`]
+    /// returns with the session saved ([`Daemon::take_handover`]). The
+    /// frontend then finds every chain it made available either answered
+    /// or not yet taken, so a new daemon started with the state
+    /// ([`Daemon::restore_session`]) loses and repeats nothing.
+    pub fn hand_over(&self) {
+        self.0.handover.store(true, Ordering::Release);
+        let freeze = self.0.freeze.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = freeze.as_ref() {
+            f();
+        }
+        drop(freeze);
+        self.stop();
+    }
+
+    /// The handover eventfd: writing an 8-byte 1 to it (async-signal-safe)
+    /// asks for [`StopHandle::hand_over`], as the binary's SIGUSR1 handler
+    /// does.
+    pub fn handover_fd(&self) -> RawFd {
+        self.0.handover_wake.as_raw_fd()
+    }
 }
 
 /// The vhost-user daemon: a listening socket, a filesystem server and a
@@ -126,6 +158,10 @@ pub struct Daemon<F: Filesystem> {
     exit_on_disconnect: bool,
     /// The socket file [`Listen::Path`] created, removed on drop.
     _socket_file: Option<SocketFile>,
+    /// The session the next connection takes over.
+    restored: Option<Arc<Session<F>>>,
+    /// The saved session of a handover.
+    handover: Option<Result<Vec<u8>>>,
 }
 
 /// Removes the socket file it names when dropped.
@@ -201,10 +237,15 @@ impl<F: Filesystem + 'static> Daemon<F> {
                 flag: AtomicBool::new(false),
                 wake: EventFd::new(EFD_NONBLOCK).map_err(Error::DaemonIo)?,
                 conn: Mutex::new(None),
+                handover: AtomicBool::new(false),
+                handover_wake: EventFd::new(EFD_NONBLOCK).map_err(Error::DaemonIo)?,
+                freeze: Mutex::new(None),
             })),
             connections: AtomicU64::new(0),
             exit_on_disconnect: false,
             _socket_file: socket_file,
+            restored: None,
+            handover: None,
         })
     }
 
@@ -218,6 +259,21 @@ impl<F: Filesystem + 'static> Daemon<F> {
     /// than wait for the next one (the default of the library).
     pub fn set_exit_on_disconnect(&mut self, exit: bool) {
         self.exit_on_disconnect = exit;
+    }
+
+    /// Makes the next frontend connection take over `session` (from
+    /// [`Server::restore_session`]) instead of starting a fresh one: the
+    /// guest of a daemon that handed over goes on with its fids.
+    pub fn restore_session(&mut self, session: Session<F>) {
+        self.restored = Some(Arc::new(session));
+    }
+
+    /// After [`Daemon::run`] returned for a [`StopHandle::hand_over`]:
+    /// the saved session (from [`Server::save_session`]) to give the next
+    /// daemon, or why it could not be saved. `None` when there was no
+    /// handover, or no session to hand over.
+    pub fn take_handover(&mut self) -> Option<Result<Vec<u8>>> {
+        self.handover.take()
     }
 
     /// Frontend connections served so far.
@@ -256,6 +312,12 @@ impl<F: Filesystem + 'static> Daemon<F> {
     fn serve_loop(&mut self) -> Result<()> {
         loop {
             if !self.wait_for_client()? {
+                if self.stop.0.handover.load(Ordering::Acquire) {
+                    // Nobody took the restored session over yet: pass it on.
+                    if let Some(s) = self.restored.take() {
+                        self.handover = Some(self.server.save_session(&s));
+                    }
+                }
                 info!("virtio-9p: stopping");
                 return Ok(());
             }
@@ -272,6 +334,10 @@ impl<F: Filesystem + 'static> Daemon<F> {
             for h in daemon.get_epoll_handlers() {
                 backend.register(&h)?;
             }
+            if let Some(session) = self.restored.take() {
+                info!("virtio-9p: this connection takes over the saved session");
+                backend.set_session(session);
+            }
             if let Err(e) = daemon.start(&mut self.listener) {
                 warn!("virtio-9p: accepting a frontend failed: {e}");
                 backend.shutdown();
@@ -284,12 +350,25 @@ impl<F: Filesystem + 'static> Daemon<F> {
             let n = self.connections.fetch_add(1, Ordering::Relaxed) + 1;
             info!("virtio-9p: frontend {n} connected");
             *self.stop.0.conn.lock().unwrap_or_else(|e| e.into_inner()) = daemon.shutdown_handle();
+            {
+                let b = Arc::clone(&backend);
+                *self.stop.0.freeze.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(Box::new(move || b.freeze()));
+            }
             if self.stop.is_stopped() {
                 daemon.request_shutdown();
             }
             let result = daemon.wait();
+            *self.stop.0.freeze.lock().unwrap_or_else(|e| e.into_inner()) = None;
             *self.stop.0.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
             backend.shutdown();
+            if self.stop.0.handover.load(Ordering::Acquire) {
+                self.handover = Some(self.server.save_session(&backend.session()));
+                drop(daemon);
+                drop(backend);
+                info!("virtio-9p: frontend {n}: handed over");
+                return Ok(());
+            }
             drop(daemon);
             drop(backend);
             match result {
@@ -350,13 +429,25 @@ impl<F: Filesystem + 'static> Daemon<F> {
 /// signal) and then shuts the current connection down.
 fn watch_stop(stop: &StopHandle) {
     loop {
-        let mut fds = [libc::pollfd {
-            fd: stop.0.wake.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        // SAFETY: poll on one valid pollfd.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 1, 1000) };
+        let mut fds = [
+            libc::pollfd {
+                fd: stop.0.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.0.handover_wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll on two valid pollfds.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
+        if fds[1].revents & libc::POLLIN != 0 {
+            let _ = stop.0.handover_wake.read();
+            stop.hand_over();
+            return;
+        }
         if r > 0 || stop.is_stopped() {
             // Do not consume the event: the accept loop polls it too.
             stop.stop();

@@ -331,6 +331,58 @@ impl FakeVmm {
         )
     }
 
+    /// Connects to a new backend at `path` after the old one went away, as
+    /// QEMU's frontends with `reconnect-ms` do: the same guest memory and
+    /// rings, features and memory table sent again, SET_VRING_BASE at the
+    /// used position (QEMU's rewind when GET_VRING_BASE could not be
+    /// asked), new eventfds. Collect the used entries first: chains the
+    /// old backend took but never answered are offered again. Retries the
+    /// connection for up to 10 s.
+    pub fn reconnect(&mut self, path: &Path) -> MockResult<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut frontend = loop {
+            match Frontend::connect(path, 1) {
+                Ok(f) => break f,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        frontend.get_features()?;
+        frontend.set_owner()?;
+        let proto = frontend.get_protocol_features()?;
+        frontend.set_protocol_features(proto)?;
+        frontend.set_features(self.features)?;
+        let regions = self
+            .memory()
+            .iter()
+            .map(VhostUserMemoryRegionInfo::from_guest_region)
+            .collect::<Result<Vec<_>, _>>()?;
+        frontend.set_mem_table(&regions)?;
+        self.frontend = frontend;
+        let base = match &self.driver {
+            Driver::Split(d) => d.used_idx(),
+            Driver::Packed(d) => {
+                let (slot, wrap) = d.used_position();
+                virtqueue_large::packed::encode_position(slot, wrap)
+            }
+        };
+        self.kick = EventFd::new(EFD_NONBLOCK)?;
+        self.call = EventFd::new(EFD_NONBLOCK)?;
+        let addrs = self.driver.ring_addresses();
+        program_ring(
+            &mut self.frontend,
+            self.opts.queue_size,
+            addrs,
+            self.host,
+            base,
+            &self.kick,
+            &self.call,
+        )
+    }
+
     /// Resets the device as a driver does on unbind or reboot: RESET_DEVICE
     /// (VHOST_USER_PROTOCOL_F_RESET_DEVICE), then SET_FEATURES and a fresh
     /// ring ([`FakeVmm::restart_ring`]).

@@ -203,7 +203,7 @@ pub(crate) fn cpath(p: &Path) -> Result<CString> {
 /// (open the filesystem there), then confines the process.
 ///
 /// In [`SandboxMode::Namespace`] this forks: the parent never returns (it
-/// forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to the child, removes
+/// forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT and SIGUSR1 (handover) to the child, removes
 /// [`SandboxConfig::cleanup_socket`] and exits with the child's status, or
 /// 128 + signal); the child, pid 1 of the new pid namespace, returns. Call
 /// it while the process is single-threaded, after binding the sockets.

@@ -81,7 +81,13 @@ pub(super) fn enter<T>(
 /// The parent: forward signals, wait, clean up, exit like the child.
 fn supervise(pid: libc::pid_t, cfg: &SandboxConfig) -> ! {
     CHILD.store(pid, Ordering::Release);
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
+    for sig in [
+        libc::SIGTERM,
+        libc::SIGINT,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+    ] {
         // SAFETY: a zeroed sigaction is valid; the handler only calls kill(2).
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();

@@ -175,6 +175,9 @@ const FILE_SYSCALLS: &[i64] = &[
     libc::SYS_fchmodat,
     SYS_FCHMODAT2,
     libc::SYS_utimensat,
+    // Saving and restoring a session (`--state-dir`): file handles.
+    libc::SYS_name_to_handle_at,
+    libc::SYS_open_by_handle_at,
     libc::SYS_faccessat,
     libc::SYS_faccessat2,
     libc::SYS_getxattr,
