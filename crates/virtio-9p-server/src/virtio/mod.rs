@@ -48,11 +48,13 @@ pub const DEVICE_FEATURES: u64 = (1 << VIRTIO_9P_MOUNT_TAG)
     | (1 << VIRTIO_F_RING_PACKED);
 
 /// Whether `acked` (the driver's features) selects the packed ring layout.
+#[cfg(any(test, feature = "vhost-user"))]
 pub(crate) fn packed_ring(acked: u64) -> bool {
     acked & (1 << VIRTIO_F_RING_PACKED) != 0
 }
 
 /// Whether `acked` enables indirect descriptors.
+#[cfg(any(test, feature = "vhost-user"))]
 pub(crate) fn indirect_descriptors(acked: u64) -> bool {
     acked & (1 << VIRTIO_RING_F_INDIRECT_DESC) != 0
 }
