@@ -1,0 +1,481 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+# Kills the vhost-user 9p daemon (SIGKILL) under a running guest and starts
+# a new one on the same socket, several times, and reports what QEMU and the
+# guest saw. The base of the issue-29 scenario; not in CI yet.
+#
+# The guest (Linux under TCG, the rebuilt QEMU with `reconnect-ms`) mounts
+# the share and loops over a workload: write a 1 MiB file and check its
+# sha256 on read-back, mkdir/create/rename/remove/rmdir, append a line to
+# a file it keeps open, list the directory. A step that fails is printed
+# with its error, then the guest remounts (umount -l + mount) and goes on.
+# The host waits a random time, SIGKILLs the daemon, starts a new one on
+# the same socket and waits for QEMU to restart the device in it ("driver
+# acked features" in the new daemon's log) and for the guest's next good
+# iteration, N times; then it stops the guest and prints one report.
+#
+# Usage: ci/guest/restart.sh [options]
+#   --kills N          restarts of the daemon (default 3)
+#   --gap MIN:MAX      seconds between the guest's recovery and the next kill,
+#                      chosen at random (default 3:15)
+#   --seed N           seed for the random gaps (default: from the clock)
+#   --kernel K         6.12 (default) or 6.1
+#   --packed           offer packed rings (default: --no-packed-ring, split)
+#   --qemu PATH        QEMU binary (default: ci/guest/build-qemu-vhost.sh's)
+#   --server-bin PATH  our daemon (default: cargo build --release)
+#   --daemon-arg ARG   extra argument for every daemon instance (repeatable;
+#                      for example the state option of issue 29)
+#   --timeout S        limit for the whole guest (default 900)
+#   --strace           run each restarted daemon under strace and decode the
+#                      vhost-user messages it receives (vhost-msgs-N.txt:
+#                      order, ring bases, addresses, features); slower
+#   --strict           exit 1 unless the guest saw no error at all (the
+#                      issue-29 criterion; today's daemon keeps no session
+#                      state, so only the transport is expected to survive)
+#   --out DIR          keep logs here (default: a fresh /tmp/virtio-9p-restart.*)
+#
+# Exit status: 0 when the transport survived every restart (QEMU still
+# running without assert, the new daemon got the device each time, the
+# guest did a good iteration after each restart and finished); 1 otherwise.
+# Between the kill and the new daemon's start it reads QEMU's ring indices
+# over QMP (only safe while the vhost device is stopped).
+#
+# Split rings survive today (the guest's mount fails, a remount works).
+# Packed rings do not: QEMU cannot rewind a packed ring when GET_VRING_BASE
+# fails, so the new daemon is told a stale base (0 with both wrap counters
+# set, when the device never stopped cleanly before) and the guest hangs
+# until the daemon restores the ring position itself (issue 29).
+set -uo pipefail
+{
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
+export VIRTIO_9P_CI_CACHE=$CACHE
+kills=3
+gap=3:15
+seed=
+kernel=6.12
+packed=0
+qemu=
+server_bin=
+daemon_args=()
+timeout_s=900
+strict=0
+use_strace=0
+out=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --kills) kills=$2; shift ;;
+        --gap) gap=$2; shift ;;
+        --seed) seed=$2; shift ;;
+        --kernel) kernel=$2; shift ;;
+        --packed) packed=1 ;;
+        --qemu) qemu=$2; shift ;;
+        --server-bin) server_bin=$2; shift ;;
+        --daemon-arg) daemon_args+=("$2"); shift ;;
+        --timeout) timeout_s=$2; shift ;;
+        --strict) strict=1 ;;
+        --strace) use_strace=1 ;;
+        --out) out=$2; shift ;;
+        -h|--help) awk 'NR > 1 && /^set / { exit } NR > 1' "$0"; exit 0 ;;
+        *) echo "restart.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+gap_min=${gap%%:*}
+gap_max=${gap##*:}
+for v in "$kills" "$gap_min" "$gap_max" "$timeout_s"; do
+    case $v in ''|*[!0-9]*) echo "restart.sh: --kills, --gap and --timeout take numbers" >&2; exit 2 ;; esac
+done
+[ "$gap_max" -ge "$gap_min" ] || { echo "restart.sh: --gap MIN:MAX with MIN <= MAX" >&2; exit 2; }
+[ -n "$seed" ] || seed=$(( $(date +%s) % 32768 ))
+RANDOM=$seed
+log() { echo "restart: $(date -u +%H:%M:%S) $*" >&2; }
+now_ms() { date +%s%3N; }
+
+# ---------------------------------------------------------------- preparation
+eval "$(bash "$here/fetch-kernel.sh" "$kernel")" || { log "fetch-kernel.sh failed"; exit 1; }
+if [ -z "$qemu" ]; then
+    qemu=$(bash "$here/build-qemu-vhost.sh" | tail -1) || { log "build-qemu-vhost.sh failed"; exit 1; }
+fi
+[ -x "$qemu" ] || { log "no QEMU at $qemu"; exit 1; }
+if [ -z "$server_bin" ]; then
+    tdir=${CARGO_TARGET_DIR:-$repo/target}
+    log "building virtio-9p-server (release) into $tdir"
+    (cd "$repo" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server) >&2 \
+        || { log "cargo build failed"; exit 1; }
+    server_bin=$tdir/release/virtio-9p-server
+fi
+[ -x "$server_bin" ] || { log "no daemon at $server_bin"; exit 1; }
+if [ "$use_strace" -eq 1 ] && ! command -v strace >/dev/null; then
+    log "--strace needs strace (apt-get install strace)"
+    exit 1
+fi
+[ -n "$out" ] || out=$(mktemp -d /tmp/virtio-9p-restart.XXXXXX)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+share=$out/share sock=$out/9p.sock qmp=$out/qmp.sock con=$out/console.log
+rm -rf "$share" "$out"/server-*.log "$out"/console.* "$out"/qemu.log "$out"/qemu-trace.log "$out"/payload* \
+    "$out"/strace-*.txt "$out"/vhost-msgs-*.txt
+mkdir -p "$share"
+log "logs in $out (seed $seed)"
+
+# ---------------------------------------------------------------- the guest
+# Runs as /ci/run under ci/guest/init (busybox). Lines it prints:
+#   CI-R MOUNTED <proc/mounts line>     CI-R FEATURES <bits>
+#   CI-R OK iter=N                      CI-R FAIL iter=N step=S: <error>
+#   CI-R REMOUNT iter=N rc=R            CI-R STOP iter=N ok=N fail=N remounts=N
+#   CI-R TIMEOUT                        CI-DONE
+mkdir -p "$out/payload/ci"
+cat >"$out/payload/ci/run" <<'GUEST'
+#!/bin/sh
+mnt=/mnt
+opts=trans=virtio,version=9p2000.L,msize=512000,cache=mmap,access=client
+domount() { mount -t 9p -o "$opts" "$CI_SRC" "$mnt"; }
+up() { read -r u _ </proc/uptime; echo "${u%.*}"; }
+deadline=$(( $(up) + ${CI_SECONDS:-800} ))
+if ! domount; then echo "CI-R MOUNT-FAILED"; exit 1; fi
+echo "CI-R MOUNTED $(grep " $mnt 9p " /proc/mounts)"
+for d in /sys/bus/virtio/devices/*; do
+    [ "$(cat "$d/device" 2>/dev/null)" = 0x0009 ] && echo "CI-R FEATURES $(cat "$d/features")"
+done
+dd if=/dev/urandom of=/tmp/pat bs=64k count=16 2>/dev/null
+want=$(sha256sum /tmp/pat | cut -d' ' -f1)
+mkdir -p "$mnt/w"
+exec 3>>"$mnt/w/held.log"
+# One step: run it under a kill timer (a 9p wait is only killable), print
+# its error on failure. K is the guest-side limit per step in seconds.
+K=120
+step() { # name command...
+    name=$1; shift
+    if ! err=$(timeout -s KILL "$K" sh -c "$*" 2>&1); then
+        echo "CI-R FAIL iter=$i step=$name: $(echo "$err" | tr '\n' ' ' | cut -c1-200)"
+        return 1
+    fi
+}
+i=0 ok=0 fail=0 remounts=0
+while :; do
+    i=$((i + 1))
+    if [ "$(up)" -ge "$deadline" ]; then echo "CI-R TIMEOUT"; break; fi
+    if [ -e "$mnt/ci-stop" ]; then break; fi
+    f=$mnt/w/f$((i % 4))
+    d=$mnt/w/d$i
+    if step write "cp /tmp/pat $f" &&
+        step read "[ \"\$(sha256sum $f | cut -d' ' -f1)\" = $want ] || { echo sha256 mismatch; exit 1; }" &&
+        step meta "mkdir $d && echo x >$d/a && mv $d/a $d/b && rm $d/b && rmdir $d" &&
+        step held "echo iter $i >&3" &&
+        step list "ls $mnt/w >/dev/null"; then
+        ok=$((ok + 1))
+        echo "CI-R OK iter=$i"
+    else
+        fail=$((fail + 1))
+        exec 3>&-
+        umount -l "$mnt"
+        # The channel stays in use until the old client is gone.
+        n=0
+        while :; do
+            n=$((n + 1))
+            domount && rc=0 && break
+            rc=$?
+            echo "CI-R REMOUNT-TRY iter=$i try=$n rc=$rc mounts: $(grep ' 9p ' /proc/mounts | tr '\n' ';')"
+            [ $n -lt 30 ] || break
+            sleep 1
+        done
+        remounts=$((remounts + 1))
+        echo "CI-R REMOUNT iter=$i rc=$rc tries=$n"
+        exec 3>>"$mnt/w/held.log"
+    fi
+done
+echo "CI-R STOP iter=$i ok=$ok fail=$fail remounts=$remounts"
+echo "CI-DONE"
+GUEST
+chmod 0755 "$out/payload/ci/run"
+(cd "$out/payload" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$out/payload.cpio.gz"
+cat "$INITRAMFS" "$out/payload.cpio.gz" >"$out/initrd.img"
+
+# ---------------------------------------------------------------- daemons
+ring=(--no-packed-ring)
+[ "$packed" -eq 1 ] && ring=()
+daemon_pid=
+start_daemon() { # instance number
+    local wrap=()
+    [ "$use_strace" -eq 1 ] && [ "$1" -gt 1 ] \
+        && wrap=(strace -f -qq -xx -s 4096 -e trace=recvmsg -o "$out/strace-$1.txt")
+    # Its own process group (setsid), so that one kill reaches every
+    # process of it: the daemon, its sandboxed child and strace.
+    RUST_LOG=${RUST_LOG:-debug} setsid "${wrap[@]}" "$server_bin" --socket-path "$sock" --shared-dir "$share" --tag share \
+        --keep-serving --log-level debug "${ring[@]}" "${daemon_args[@]}" >"$out/server-$1.log" 2>&1 &
+    daemon_pid=$!
+    local i=0
+    # The socket path may still hold the killed daemon's stale socket:
+    # wait for the new daemon's log line instead of the path.
+    while ! grep -q 'vhost-user socket' "$out/server-$1.log" 2>/dev/null; do
+        kill -0 "$daemon_pid" 2>/dev/null || return 1
+        [ $i -lt 200 ] || return 1
+        sleep 0.05
+        i=$((i + 1))
+    done
+}
+# QMP: one command, the answer as JSON on stdout.
+qmp_cmd() { # json-command
+    python3 - "$qmp" "$1" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+json.loads(f.readline())
+def cmd(c):
+    f.write(json.dumps(c) + "\n"); f.flush()
+    while True:
+        r = json.loads(f.readline())
+        if "return" in r or "error" in r:
+            return r
+cmd({"execute": "qmp_capabilities"})
+print(json.dumps(cmd(json.loads(sys.argv[2]))))
+PY
+}
+vq_path=
+# QEMU's view of queue 0. Only while the vhost device is stopped: with the
+# device started, x-query-virtio-queue-status asks the backend for the ring
+# base (GET_VRING_BASE, which stops the ring) and, without the get_vhost
+# hook build-qemu-vhost.sh adds, crashes QEMU (a NULL vdc->get_vhost).
+vq_status() { # -> "last_avail=N used=N; guest avail.idx=N used.idx=N"
+    [ -n "$vq_path" ] || vq_path=$(qmp_cmd '{"execute":"x-query-virtio"}' \
+        | python3 -c 'import json,sys; r=json.load(sys.stdin)["return"]; print(r[0]["path"] if r else "")')
+    [ -n "$vq_path" ] || { echo "no virtio device over QMP"; return; }
+    local st el
+    st=$(qmp_cmd "{\"execute\":\"x-query-virtio-queue-status\",\"arguments\":{\"path\":\"$vq_path\",\"queue\":0}}" \
+        | python3 -c 'import json,sys; r=json.load(sys.stdin).get("return",{}); print("last_avail=%s used=%s" % (r.get("last-avail-idx"), r.get("used-idx")))')
+    # The guest's own indices, read from the rings (split rings only).
+    el=$(qmp_cmd "{\"execute\":\"x-query-virtio-queue-element\",\"arguments\":{\"path\":\"$vq_path\",\"queue\":0}}" \
+        | python3 -c 'import json,sys
+r = json.load(sys.stdin)
+if "return" in r:
+    e = r["return"]; print("guest avail.idx=%s used.idx=%s" % (e["avail"]["idx"], e["used"]["idx"]))
+else:
+    print("guest indices: %s" % r["error"]["desc"])')
+    echo "$st; $el"
+}
+
+# Decodes the vhost-user messages a daemon received (strace -xx of its
+# recvmsg calls): one line each, in order, with the fields that matter at a
+# reconnect.
+decode_vhost_msgs() { # strace file
+    python3 - "$1" <<'PY'
+import re, struct, sys
+names = {1: "GET_FEATURES", 2: "SET_FEATURES", 3: "SET_OWNER", 4: "RESET_OWNER",
+         5: "SET_MEM_TABLE", 8: "SET_VRING_NUM", 9: "SET_VRING_ADDR",
+         10: "SET_VRING_BASE", 11: "GET_VRING_BASE", 12: "SET_VRING_KICK",
+         13: "SET_VRING_CALL", 14: "SET_VRING_ERR", 15: "GET_PROTOCOL_FEATURES",
+         16: "SET_PROTOCOL_FEATURES", 17: "GET_QUEUE_NUM", 18: "SET_VRING_ENABLE",
+         21: "SET_BACKEND_REQ_FD", 24: "GET_CONFIG", 25: "SET_CONFIG",
+         31: "GET_INFLIGHT_FD", 32: "SET_INFLIGHT_FD", 34: "RESET_DEVICE",
+         36: "GET_MAX_MEM_SLOTS", 37: "ADD_MEM_REG", 38: "REM_MEM_REG",
+         39: "SET_STATUS", 40: "GET_STATUS"}
+rx = re.compile(r'recvmsg\((\d+), \{.*?iov_base="([^"]*)".*?\}, \d+\) = (\d+)')
+pending = None
+for line in open(sys.argv[1]):
+    m = rx.search(line)
+    if not m:
+        continue
+    data = bytes.fromhex(m.group(2).replace("\\x", ""))[: int(m.group(3))]
+    fds = len(re.findall(r"SCM_RIGHTS", line))
+    if pending is None:
+        if len(data) < 12:
+            continue
+        req, flags, size = struct.unpack_from("<III", data)
+        body = data[12:]
+        if size > len(body):
+            pending = (req, flags, size, body, fds)
+            continue
+    else:
+        req, flags, size, body, f0 = pending
+        body += data
+        fds += f0
+        if size > len(body):
+            pending = (req, flags, size, body, fds)
+            continue
+        pending = None
+    n = names.get(req, "REQ_%d" % req)
+    d = ""
+    if req in (2, 16, 39) and len(body) >= 8:
+        d = "0x%x" % struct.unpack_from("<Q", body)[0]
+    elif req in (8, 10, 11, 18) and len(body) >= 8:
+        i, num = struct.unpack_from("<II", body)
+        d = "index=%d num=%d" % (i, num)
+        if req == 10 and num > 0xffff:
+            # Packed ring: last avail and used index, each with its wrap
+            # counter in bit 15 (QEMU's virtio_queue_get_last_avail_idx).
+            d += " (packed: avail=%d wrap=%d used=%d wrap=%d)" % (
+                num & 0x7fff, (num >> 15) & 1, (num >> 16) & 0x7fff, num >> 31)
+    elif req == 9 and len(body) >= 40:
+        i, fl, desc, used, avail, logaddr = struct.unpack_from("<IIQQQQ", body)
+        d = "index=%d desc=0x%x used=0x%x avail=0x%x" % (i, desc, used, avail)
+    elif req in (12, 13, 14) and len(body) >= 8:
+        u = struct.unpack_from("<Q", body)[0]
+        d = "index=%d%s" % (u & 0xff, " (no fd)" if u & 0x100 else "")
+    elif req in (37, 38) and len(body) >= 40:
+        gpa, sz, ua, off = struct.unpack_from("<QQQQ", body, 8)
+        d = "gpa=0x%x size=0x%x" % (gpa, sz)
+    elif req == 5 and len(body) >= 8:
+        d = "regions=%d" % struct.unpack_from("<I", body)[0]
+    elif req in (24, 25) and len(body) >= 12:
+        d = "offset=%d size=%d" % struct.unpack_from("<II", body)
+    print("%s%s%s%s" % (n, " " + d if d else "", " +%d fd" % fds if fds else "",
+                        " (needs reply)" if flags & 0x8 else ""))
+PY
+}
+
+qemu_pid=
+cleanup() {
+    [ -n "$daemon_pid" ] && kill -- "-$daemon_pid" 2>/dev/null
+    [ -n "$qemu_pid" ] && kill "$qemu_pid" 2>/dev/null
+    wait 2>/dev/null
+}
+trap cleanup EXIT INT TERM
+
+start_daemon 1 || { log "daemon 1 did not start (see $out/server-1.log)"; exit 1; }
+# no_timer_check: under TCG on a loaded host the IO-APIC timer check can
+# fail and panic the kernel ("IO-APIC + timer doesn't work").
+append="console=ttyS0 loglevel=4 panic=-1 no_timer_check CI_SRC=share CI_SECONDS=$timeout_s"
+# vhost-user trace events (message numbers in the order QEMU sends them)
+# and the vhost device's start/stop/cleanup go to qemu-trace.log.
+nice -n 5 "$qemu" -nodefaults -no-user-config -accel tcg \
+    -machine q35,memory-backend=mem -cpu max -m 512M -smp 1 -display none -no-reboot \
+    -serial "file:$con" -monitor none -qmp "unix:$qmp,server=on,wait=off" \
+    -object memory-backend-memfd,id=mem,size=512M,share=on \
+    -chardev "socket,id=vu,path=$sock,reconnect-ms=500" \
+    -device "vhost-user-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024" \
+    -L /usr/share/qemu -L /usr/share/seabios \
+    -trace 'vhost_user_read' -trace 'vhost_user_write' -trace 'vhost_dev_st*' -trace 'vhost_dev_cleanup' \
+    -D "$out/qemu-trace.log" \
+    -kernel "$KERNEL" -initrd "$out/initrd.img" -append "$append" >"$out/qemu.log" 2>&1 &
+qemu_pid=$!
+
+wait_line() { # file regex seconds -> 0 when a line matches, 1 at timeout or QEMU exit
+    local t=$(( $(date +%s) + $3 ))
+    while ! grep -qE "$2" "$1" 2>/dev/null; do
+        kill -0 "$qemu_pid" 2>/dev/null || return 1
+        [ "$(date +%s)" -lt "$t" ] || return 1
+        sleep 0.2
+    done
+}
+count_lines() { grep -cE "$2" "$1" 2>/dev/null || true; }
+fail() { log "FAILED: $*"; verdict_fail=1; }
+
+verdict_fail=0
+declare -a R_KILL R_CLEAN R_ACK R_BEFORE R_GUEST
+if ! wait_line "$con" '^CI-R (MOUNTED|MOUNT-FAILED)' 300 || grep -q '^CI-R MOUNT-FAILED' "$con"; then
+    fail "the guest did not mount (see $con, $out/qemu.log)"
+fi
+if [ "$verdict_fail" -eq 0 ]; then
+    wait_line "$con" '^CI-R OK' 300 || fail "no good iteration before the first kill"
+fi
+k=0
+while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
+    k=$((k + 1))
+    g=$(( gap_min + RANDOM % (gap_max - gap_min + 1) ))
+    log "restart $k: waiting ${g}s"
+    sleep "$g"
+    ok_before=$(count_lines "$con" '^CI-R OK')
+    lines_before=$(wc -l <"$con")
+    stops_before=$(count_lines "$out/qemu-trace.log" '^vhost_dev_cleanup')
+    t0=$(now_ms)
+    # SIGKILL every process of the daemon at once.
+    kill -KILL -- "-$daemon_pid"
+    wait "$daemon_pid" 2>/dev/null
+    R_KILL[$k]=$(date -u +%H:%M:%S.%3N)
+    # QEMU stops the vhost device (GET_VRING_BASE fails, so it rewinds the
+    # ring's last available index to the used index) and cleans it up.
+    t=$(( $(date +%s) + 10 ))
+    while [ "$(count_lines "$out/qemu-trace.log" '^vhost_dev_cleanup')" -le "$stops_before" ] \
+        && [ "$(date +%s)" -lt "$t" ] && kill -0 "$qemu_pid" 2>/dev/null; do
+        sleep 0.05
+    done
+    if [ "$(count_lines "$out/qemu-trace.log" '^vhost_dev_cleanup')" -gt "$stops_before" ]; then
+        R_CLEAN[$k]=$(( $(now_ms) - t0 ))
+        R_BEFORE[$k]=$(vq_status)
+    else
+        R_BEFORE[$k]="(QEMU did not clean up the vhost device within 10 s)"
+    fi
+    log "restart $k: daemon killed; QEMU with no backend: ${R_BEFORE[$k]}"
+    t1=$(now_ms)
+    if ! start_daemon $((k + 1)); then
+        fail "daemon $((k + 1)) did not start (see $out/server-$((k + 1)).log)"
+        break
+    fi
+    if ! wait_line "$out/server-$((k + 1)).log" 'driver acked features' 60; then
+        fail "QEMU did not restart the device in daemon $((k + 1)) within 60 s"
+        break
+    fi
+    R_ACK[$k]=$(( $(now_ms) - t1 ))
+    if [ "$use_strace" -eq 1 ]; then
+        sleep 1
+        decode_vhost_msgs "$out/strace-$((k + 1)).txt" >"$out/vhost-msgs-$((k + 1)).txt"
+    fi
+    log "restart $k: device restarted in daemon $((k + 1)) ${R_ACK[$k]} ms after its start"
+    # The guest's next good iteration (its workload resumed).
+    t=$(( $(date +%s) + 300 ))
+    while [ "$(count_lines "$con" '^CI-R OK')" -le "$ok_before" ]; do
+        if ! kill -0 "$qemu_pid" 2>/dev/null || [ "$(date +%s)" -ge "$t" ]; then
+            fail "no good guest iteration after restart $k"
+            break
+        fi
+        sleep 0.2
+    done
+    R_GUEST[$k]=$(tail -n +"$((lines_before + 1))" "$con" | tr -d '\r' | grep -E '^CI-R (FAIL|REMOUNT)' | head -8)
+done
+# Stop the guest: it checks for the file at each iteration.
+touch "$share/ci-stop"
+if [ "$verdict_fail" -eq 0 ]; then
+    wait_line "$con" '^CI-DONE' 300 || fail "the guest did not finish"
+else
+    wait_line "$con" '^CI-DONE' 20
+fi
+for _ in $(seq 1 100); do kill -0 "$qemu_pid" 2>/dev/null || break; sleep 0.2; done
+if kill -0 "$qemu_pid" 2>/dev/null; then
+    kill "$qemu_pid" 2>/dev/null
+    fail "QEMU did not exit with the guest"
+fi
+wait "$qemu_pid" 2>/dev/null
+qemu_rc=$?
+qemu_pid=
+kill -- "-$daemon_pid" 2>/dev/null
+wait "$daemon_pid" 2>/dev/null
+daemon_pid=
+if [ "$qemu_rc" -ne 0 ] || grep -qiE 'assert|abort|core dumped' "$out/qemu.log"; then
+    fail "QEMU exited with $qemu_rc: $(tail -c 300 "$out/qemu.log" | tr '\n' ' ')"
+fi
+
+# ---------------------------------------------------------------- report
+tr -d '\r' <"$con" >"$out/console.txt"
+stop=$(grep -m1 '^CI-R STOP' "$out/console.txt")
+nfail=$(grep -c '^CI-R FAIL' "$out/console.txt")
+echo
+echo "9p daemon restart under a running guest ($(basename "$KERNEL" | sed 's/^vmlinuz-//'), TCG, $([ "$packed" -eq 1 ] && echo packed || echo split) ring, seed $seed, $(date -u +%Y-%m-%dT%H:%MZ))"
+echo "guest: $(grep -m1 '^CI-R MOUNTED' "$out/console.txt" | cut -d' ' -f3-)"
+for i in $(seq 1 "$k"); do
+    echo "restart $i: killed at ${R_KILL[$i]:-?}; QEMU stopped the device ${R_CLEAN[$i]:-?} ms after the kill; the new daemon had it (\"driver acked features\") ${R_ACK[$i]:-?} ms after its start"
+    echo "  QEMU queue 0 with no backend (SET_VRING_BASE gets last_avail): ${R_BEFORE[$i]:-?}"
+    if [ -s "$out/vhost-msgs-$((i + 1)).txt" ]; then
+        echo "  vhost-user messages daemon $((i + 1)) received (vhost-msgs-$((i + 1)).txt):"
+        sed 's/^/    /' "$out/vhost-msgs-$((i + 1)).txt" | head -40
+    fi
+    if [ -n "${R_GUEST[$i]:-}" ]; then
+        printf '  guest: %s\n' "${R_GUEST[$i]}" | sed '2,$s/^/  guest: /'
+    else
+        echo "  guest: no error"
+    fi
+done
+echo "guest total: ${stop:-no STOP line} (failed steps: $nfail)"
+echo "QEMU: exit ${qemu_rc}; $(grep -ciE 'assert|abort' "$out/qemu.log") assert/abort lines; vhost-user messages traced in qemu-trace.log"
+echo "logs: $out"
+[ "$verdict_fail" -eq 0 ] && [ -n "$stop" ] || { echo "restart: FAILED"; exit 1; }
+if [ "$strict" -eq 1 ] && [ "$nfail" -gt 0 ]; then
+    echo "restart: FAILED (--strict: the guest saw $nfail failed steps)"
+    exit 1
+fi
+echo "restart: transport survived $k restarts"
+exit 0
+}
