@@ -26,6 +26,10 @@
 #   --daemon-arg ARG   extra argument for every daemon instance (repeatable;
 #                      for example the state option of issue 29)
 #   --timeout S        limit for the whole guest (default 900)
+#   --handover         a planned handover instead of SIGKILL: every daemon
+#                      runs with --state-dir OUT/state, gets SIGUSR1 (finish
+#                      the requests taken, save the session, exit) and the
+#                      next one takes the session over; use with --strict
 #   --strace           run each restarted daemon under strace and decode the
 #                      vhost-user messages it receives (vhost-msgs-N.txt:
 #                      order, ring bases, addresses, features); slower
@@ -62,6 +66,7 @@ daemon_args=()
 timeout_s=900
 strict=0
 use_strace=0
+handover=0
 out=
 while [ $# -gt 0 ]; do
     case $1 in
@@ -76,6 +81,7 @@ while [ $# -gt 0 ]; do
         --timeout) timeout_s=$2; shift ;;
         --strict) strict=1 ;;
         --strace) use_strace=1 ;;
+        --handover) handover=1 ;;
         --out) out=$2; shift ;;
         -h|--help) awk 'NR > 1 && /^set / { exit } NR > 1' "$0"; exit 0 ;;
         *) echo "restart.sh: unknown option $1" >&2; exit 2 ;;
@@ -196,16 +202,25 @@ cat "$INITRAMFS" "$out/payload.cpio.gz" >"$out/initrd.img"
 # ---------------------------------------------------------------- daemons
 ring=(--no-packed-ring)
 [ "$packed" -eq 1 ] && ring=()
-daemon_pid=
+if [ "$handover" -eq 1 ]; then
+    rm -rf "$out/state"
+    mkdir -m 0700 "$out/state"
+    daemon_args+=(--state-dir "$out/state")
+fi
+daemon_pid=''
+sig_pid=''
+stale_groups=()
 start_daemon() { # instance number
     local wrap=()
     [ "$use_strace" -eq 1 ] && [ "$1" -gt 1 ] \
-        && wrap=(strace -f -qq -xx -s 4096 -e trace=recvmsg -o "$out/strace-$1.txt")
+        && wrap=(strace -f -q -xx -s 4096 -e trace=recvmsg -o "$out/strace-$1.txt")
     # Its own process group (setsid), so that one kill reaches every
     # process of it: the daemon, its sandboxed child and strace.
     RUST_LOG=${RUST_LOG:-debug} setsid "${wrap[@]}" "$server_bin" --socket-path "$sock" --shared-dir "$share" --tag share \
         --keep-serving --log-level debug "${ring[@]}" "${daemon_args[@]}" >"$out/server-$1.log" 2>&1 &
     daemon_pid=$!
+    sig_pid=$daemon_pid
+    stale_groups+=("$daemon_pid")
     local i=0
     # The socket path may still hold the killed daemon's stale socket:
     # wait for the new daemon's log line instead of the path.
@@ -215,6 +230,8 @@ start_daemon() { # instance number
         sleep 0.05
         i=$((i + 1))
     done
+    # Under strace, signals go to the daemon, not to strace.
+    [ ${#wrap[@]} -eq 0 ] || sig_pid=$(pgrep -o -P "$daemon_pid") || return 1
 }
 # QMP: one command, the answer as JSON on stdout.
 qmp_cmd() { # json-command
@@ -329,7 +346,8 @@ PY
 
 qemu_pid=
 cleanup() {
-    [ -n "$daemon_pid" ] && kill -- "-$daemon_pid" 2>/dev/null
+    local g
+    for g in "${stale_groups[@]}"; do kill -- "-$g" 2>/dev/null; done
     [ -n "$qemu_pid" ] && kill "$qemu_pid" 2>/dev/null
     wait 2>/dev/null
 }
@@ -365,7 +383,7 @@ count_lines() { grep -cE "$2" "$1" 2>/dev/null || true; }
 fail() { log "FAILED: $*"; verdict_fail=1; }
 
 verdict_fail=0
-declare -a R_KILL R_CLEAN R_ACK R_BEFORE R_GUEST
+declare -a R_KILL R_CLEAN R_ACK R_BEFORE R_GUEST R_HANDOVER
 if ! wait_line "$con" '^CI-R (MOUNTED|MOUNT-FAILED)' 300 || grep -q '^CI-R MOUNT-FAILED' "$con"; then
     fail "the guest did not mount (see $con, $out/qemu.log)"
 fi
@@ -382,9 +400,31 @@ while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
     lines_before=$(wc -l <"$con")
     stops_before=$(count_lines "$out/qemu-trace.log" '^vhost_dev_cleanup')
     t0=$(now_ms)
-    # SIGKILL every process of the daemon at once.
-    kill -KILL -- "-$daemon_pid"
-    wait "$daemon_pid" 2>/dev/null
+    if [ "$handover" -eq 1 ]; then
+        # SIGUSR1 to the daemon (its namespace supervisor forwards it): it
+        # drains, saves the session and exits.
+        kill -USR1 "$sig_pid"
+        t=$(( $(date +%s) + 60 ))
+        while kill -0 "$sig_pid" 2>/dev/null && [ "$(date +%s)" -lt "$t" ]; do sleep 0.05; done
+        if kill -0 "$sig_pid" 2>/dev/null; then
+            fail "daemon $k did not exit within 60 s of SIGUSR1"
+            kill -KILL -- "-$daemon_pid"
+        fi
+        wait "$daemon_pid" 2>/dev/null
+        rc=$?
+        if [ "$sig_pid" != "$daemon_pid" ]; then
+            # strace's status is not the daemon's: read the daemon's exit.
+            rc=$(sed -n "s/^$sig_pid +++ exited with \([0-9]*\) +++\$/\1/p" "$out/strace-$k.txt" | tail -1)
+            rc=${rc:-unknown}
+        fi
+        R_HANDOVER[$k]="exit $rc after $(( $(now_ms) - t0 )) ms, state: $(ls "$out/state" 2>/dev/null | tr '\n' ' ')"
+        log "restart $k: daemon $k handed over: ${R_HANDOVER[$k]}"
+        [ "$rc" = 0 ] || fail "daemon $k exited with $rc at the handover"
+    else
+        # SIGKILL every process of the daemon at once.
+        kill -KILL -- "-$daemon_pid"
+        wait "$daemon_pid" 2>/dev/null
+    fi
     R_KILL[$k]=$(date -u +%H:%M:%S.%3N)
     # QEMU stops the vhost device (GET_VRING_BASE fails, so it rewinds the
     # ring's last available index to the used index) and cleans it up.
@@ -399,7 +439,7 @@ while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
     else
         R_BEFORE[$k]="(QEMU did not clean up the vhost device within 10 s)"
     fi
-    log "restart $k: daemon killed; QEMU with no backend: ${R_BEFORE[$k]}"
+    log "restart $k: daemon gone; QEMU with no backend: ${R_BEFORE[$k]}"
     t1=$(now_ms)
     if ! start_daemon $((k + 1)); then
         fail "daemon $((k + 1)) did not start (see $out/server-$((k + 1)).log)"
@@ -449,14 +489,17 @@ if [ "$qemu_rc" -ne 0 ] || grep -qiE 'assert|abort|core dumped' "$out/qemu.log";
 fi
 
 # ---------------------------------------------------------------- report
+# The report also goes to OUT/report.txt.
+exec > >(tee "$out/report.txt")
 tr -d '\r' <"$con" >"$out/console.txt"
 stop=$(grep -m1 '^CI-R STOP' "$out/console.txt")
 nfail=$(grep -c '^CI-R FAIL' "$out/console.txt")
 echo
-echo "9p daemon restart under a running guest ($(basename "$KERNEL" | sed 's/^vmlinuz-//'), TCG, $([ "$packed" -eq 1 ] && echo packed || echo split) ring, seed $seed, $(date -u +%Y-%m-%dT%H:%MZ))"
+echo "9p daemon $([ "$handover" -eq 1 ] && echo handover || echo SIGKILL) under a running guest ($(basename "$KERNEL" | sed 's/^vmlinuz-//'), TCG, $([ "$packed" -eq 1 ] && echo packed || echo split) ring, seed $seed, $(date -u +%Y-%m-%dT%H:%MZ))"
 echo "guest: $(grep -m1 '^CI-R MOUNTED' "$out/console.txt" | cut -d' ' -f3-)"
 for i in $(seq 1 "$k"); do
-    echo "restart $i: killed at ${R_KILL[$i]:-?}; QEMU stopped the device ${R_CLEAN[$i]:-?} ms after the kill; the new daemon had it (\"driver acked features\") ${R_ACK[$i]:-?} ms after its start"
+    [ -n "${R_HANDOVER[$i]:-}" ] && echo "restart $i: handover (SIGUSR1): ${R_HANDOVER[$i]}"
+    echo "restart $i: old daemon gone at ${R_KILL[$i]:-?}; QEMU stopped the device ${R_CLEAN[$i]:-?} ms after the signal; the new daemon had it (\"driver acked features\") ${R_ACK[$i]:-?} ms after its start"
     echo "  QEMU queue 0 with no backend (SET_VRING_BASE gets last_avail): ${R_BEFORE[$i]:-?}"
     if [ -s "$out/vhost-msgs-$((i + 1)).txt" ]; then
         echo "  vhost-user messages daemon $((i + 1)) received (vhost-msgs-$((i + 1)).txt):"
