@@ -349,7 +349,9 @@ cleanup() {
     local g
     for g in "${stale_groups[@]}"; do kill -- "-$g" 2>/dev/null; done
     [ -n "$qemu_pid" ] && kill "$qemu_pid" 2>/dev/null
-    wait 2>/dev/null
+    # Not a bare wait: the report's tee is a child too, and ends only
+    # when this script does.
+    wait "${stale_groups[@]}" $qemu_pid 2>/dev/null
 }
 trap cleanup EXIT INT TERM
 
