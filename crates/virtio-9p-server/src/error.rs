@@ -58,6 +58,10 @@ pub enum Error {
     /// short, damaged, from another format version or for another export.
     #[error("saved session state refused: {0}")]
     State(StateProblem),
+    /// The state directory of a crash-safe session cannot be read or
+    /// written.
+    #[error("state directory: {0}")]
+    StateDir(#[source] io::Error),
     /// A saved fid could not be brought back (its file is gone, or the
     /// filesystem cannot restore fids).
     #[error("cannot restore fid {fid}: {source}")]

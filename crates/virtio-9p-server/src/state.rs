@@ -22,6 +22,8 @@
 
 use crate::error::StateProblem;
 
+pub(crate) mod journal;
+
 /// The magic bytes a state starts with.
 const MAGIC: &[u8; 8] = b"V9PSTATE";
 /// The format version this build writes and reads.
@@ -90,41 +92,7 @@ impl SavedSession {
         put_bytes32(&mut body, &self.fs_state);
         body.extend_from_slice(&(self.fids.len() as u32).to_le_bytes());
         for f in &self.fids {
-            body.extend_from_slice(&f.fid.to_le_bytes());
-            body.extend_from_slice(&f.uid.to_le_bytes());
-            put_bytes16(&mut body, &f.inode);
-            match &f.kind {
-                SavedKind::Walked => body.push(0),
-                SavedKind::Open { flags, locks } => {
-                    body.push(1);
-                    body.extend_from_slice(&flags.to_le_bytes());
-                    match locks {
-                        None => body.push(u8::MAX),
-                        Some(l) => {
-                            body.push(l.len() as u8);
-                            for frame in l {
-                                put_bytes16(&mut body, frame);
-                            }
-                        }
-                    }
-                }
-                SavedKind::XattrRead(v) => {
-                    body.push(2);
-                    put_bytes32(&mut body, v);
-                }
-                SavedKind::XattrWrite {
-                    name,
-                    size,
-                    flags,
-                    data,
-                } => {
-                    body.push(3);
-                    put_bytes16(&mut body, name);
-                    body.extend_from_slice(&size.to_le_bytes());
-                    body.extend_from_slice(&flags.to_le_bytes());
-                    put_bytes32(&mut body, data);
-                }
-            }
+            f.encode_into(&mut body);
         }
         let mut out = Vec::with_capacity(body.len() + 20);
         out.extend_from_slice(MAGIC);
@@ -182,46 +150,7 @@ impl SavedSession {
         }
         let mut fids = Vec::with_capacity(n.min(4096));
         for _ in 0..n {
-            let fid = r.u32()?;
-            let uid = r.u32()?;
-            let inode = r.bytes16()?;
-            if inode.len() > MAX_INODE_ID {
-                return Err(StateProblem::Malformed("inode id too long"));
-            }
-            let inode = inode.to_vec();
-            let kind = match r.u8()? {
-                0 => SavedKind::Walked,
-                1 => {
-                    let flags = r.u32()?;
-                    let count = r.u8()?;
-                    let locks = if count == u8::MAX {
-                        None
-                    } else if usize::from(count) > MAX_LOCKS_PER_FID {
-                        return Err(StateProblem::Malformed("too many locks"));
-                    } else {
-                        let mut l = Vec::with_capacity(usize::from(count));
-                        for _ in 0..count {
-                            l.push(r.bytes16()?.to_vec());
-                        }
-                        Some(l)
-                    };
-                    SavedKind::Open { flags, locks }
-                }
-                2 => SavedKind::XattrRead(r.bytes32()?.to_vec()),
-                3 => SavedKind::XattrWrite {
-                    name: r.bytes16()?.to_vec(),
-                    size: r.u32()?,
-                    flags: r.u32()?,
-                    data: r.bytes32()?.to_vec(),
-                },
-                _ => return Err(StateProblem::Malformed("unknown fid kind")),
-            };
-            fids.push(SavedFid {
-                fid,
-                uid,
-                inode,
-                kind,
-            });
+            fids.push(SavedFid::decode_from(&mut r)?);
         }
         if !r.0.is_empty() {
             return Err(StateProblem::Malformed("bytes after the last fid"));
@@ -235,11 +164,96 @@ impl SavedSession {
     }
 }
 
+impl SavedFid {
+    /// Appends the fid's encoding (the `fid` of the module docs).
+    pub fn encode_into(&self, body: &mut Vec<u8>) {
+        body.extend_from_slice(&self.fid.to_le_bytes());
+        body.extend_from_slice(&self.uid.to_le_bytes());
+        put_bytes16(body, &self.inode);
+        match &self.kind {
+            SavedKind::Walked => body.push(0),
+            SavedKind::Open { flags, locks } => {
+                body.push(1);
+                body.extend_from_slice(&flags.to_le_bytes());
+                match locks {
+                    None => body.push(u8::MAX),
+                    Some(l) => {
+                        body.push(l.len() as u8);
+                        for frame in l {
+                            put_bytes16(body, frame);
+                        }
+                    }
+                }
+            }
+            SavedKind::XattrRead(v) => {
+                body.push(2);
+                put_bytes32(body, v);
+            }
+            SavedKind::XattrWrite {
+                name,
+                size,
+                flags,
+                data,
+            } => {
+                body.push(3);
+                put_bytes16(body, name);
+                body.extend_from_slice(&size.to_le_bytes());
+                body.extend_from_slice(&flags.to_le_bytes());
+                put_bytes32(body, data);
+            }
+        }
+    }
+
+    /// Parses one fid's encoding, checking every field's bounds.
+    pub(crate) fn decode_from(r: &mut Reader<'_>) -> Result<SavedFid, StateProblem> {
+        let fid = r.u32()?;
+        let uid = r.u32()?;
+        let inode = r.bytes16()?;
+        if inode.len() > MAX_INODE_ID {
+            return Err(StateProblem::Malformed("inode id too long"));
+        }
+        let inode = inode.to_vec();
+        let kind = match r.u8()? {
+            0 => SavedKind::Walked,
+            1 => {
+                let flags = r.u32()?;
+                let count = r.u8()?;
+                let locks = if count == u8::MAX {
+                    None
+                } else if usize::from(count) > MAX_LOCKS_PER_FID {
+                    return Err(StateProblem::Malformed("too many locks"));
+                } else {
+                    let mut l = Vec::with_capacity(usize::from(count));
+                    for _ in 0..count {
+                        l.push(r.bytes16()?.to_vec());
+                    }
+                    Some(l)
+                };
+                SavedKind::Open { flags, locks }
+            }
+            2 => SavedKind::XattrRead(r.bytes32()?.to_vec()),
+            3 => SavedKind::XattrWrite {
+                name: r.bytes16()?.to_vec(),
+                size: r.u32()?,
+                flags: r.u32()?,
+                data: r.bytes32()?.to_vec(),
+            },
+            _ => return Err(StateProblem::Malformed("unknown fid kind")),
+        };
+        Ok(SavedFid {
+            fid,
+            uid,
+            inode,
+            kind,
+        })
+    }
+}
+
 /// A bounds-checked reader of the body.
-struct Reader<'a>(&'a [u8]);
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], StateProblem> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], StateProblem> {
         if self.0.len() < n {
             return Err(StateProblem::Malformed("a field runs past the body"));
         }
@@ -248,28 +262,28 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
-    fn u8(&mut self) -> Result<u8, StateProblem> {
+    pub(crate) fn u8(&mut self) -> Result<u8, StateProblem> {
         Ok(self.take(1)?[0])
     }
 
-    fn u16(&mut self) -> Result<u16, StateProblem> {
+    pub(crate) fn u16(&mut self) -> Result<u16, StateProblem> {
         Ok(u16::from_le_bytes(
             self.take(2)?.try_into().unwrap_or_default(),
         ))
     }
 
-    fn u32(&mut self) -> Result<u32, StateProblem> {
+    pub(crate) fn u32(&mut self) -> Result<u32, StateProblem> {
         Ok(u32::from_le_bytes(
             self.take(4)?.try_into().unwrap_or_default(),
         ))
     }
 
-    fn bytes16(&mut self) -> Result<&'a [u8], StateProblem> {
+    pub(crate) fn bytes16(&mut self) -> Result<&'a [u8], StateProblem> {
         let n = usize::from(self.u16()?);
         self.take(n)
     }
 
-    fn bytes32(&mut self) -> Result<&'a [u8], StateProblem> {
+    pub(crate) fn bytes32(&mut self) -> Result<&'a [u8], StateProblem> {
         let n = self.u32()? as usize;
         self.take(n)
     }

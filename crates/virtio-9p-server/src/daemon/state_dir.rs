@@ -3,7 +3,11 @@
 //! session, and where the next one finds it. The directory is opened
 //! before the sandbox, which would hide it, and used through that fd.
 //!
-//! The state is one file, `session.state`, written as `session.state.tmp`,
+//! The library keeps the session crash-safe there too (`session.snap`
+//! and `session.journal`, see the library's design notes): a daemon
+//! killed with SIGKILL leaves what its successor needs to go on.
+//!
+//! The handover state is one file, `session.state`, written as `session.state.tmp`,
 //! synced and renamed over it, so a crash while saving leaves either the
 //! old file or the new one, never half of one. The next daemon reads it
 //! at start and removes it once its session is restored: it describes the
@@ -47,6 +51,20 @@ impl StateDir {
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
             path: path.to_path_buf(),
         })
+    }
+
+    /// The directory's fd, shared with the library, which keeps the
+    /// session crash-safe in it (`session.snap`, `session.journal`).
+    pub fn shared_fd(&self) -> Result<std::sync::Arc<OwnedFd>> {
+        self.fd
+            .try_clone()
+            .map(std::sync::Arc::new)
+            .map_err(|e| state_err(&self.path, e))
+    }
+
+    /// The path of the crash-safe snapshot, for messages.
+    pub fn snapshot_file(&self) -> PathBuf {
+        self.path.join("session.snap")
     }
 
     /// The path of the state file, for messages.

@@ -77,16 +77,19 @@ pub struct VhostUserArgs {
     #[arg(long, value_name = "MS", default_value_t = coro_pool::DEFAULT_TRIM_INTERVAL.as_millis() as u64)]
     pub stack_trim_interval_ms: u64,
 
-    /// Where a handover (SIGUSR1: finish the requests in flight, save the
-    /// session, exit) leaves the session, and where a new daemon started
-    /// with the same option takes it over: the guest keeps its mount and
-    /// fids across an upgrade. Put it on a tmpfs the daemon's user owns.
+    /// Where the session is kept crash-safe (a snapshot and a journal of
+    /// fid changes), and where a handover (SIGUSR1: finish the requests
+    /// in flight, save the session, exit) leaves it: a new daemon started
+    /// with the same option takes it over, after an upgrade or a crash
+    /// (even SIGKILL), and the guest keeps its mount and fids. Put it on
+    /// a tmpfs the daemon's user owns, one directory per VM.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 
     /// Start without a saved state that cannot be used (damaged, cut
     /// short, another version or another export) instead of refusing to
-    /// start; it is moved aside to session.state.refused.
+    /// start; it is moved aside to session.state.refused (or
+    /// session.snap.refused and session.journal.refused).
     #[arg(long, requires = "state_dir")]
     pub discard_bad_state: bool,
 
@@ -137,6 +140,9 @@ pub fn run_daemon<F: Filesystem + 'static>(
     config.backend.engine.on_worker_start =
         Some(Arc::new(|| seccomp::enter_thread(ThreadKind::Worker)));
     config.backend.packed_ring = !args.no_packed_ring;
+    if let Some(dir) = state {
+        config.backend.state_dir = Some(dir.shared_fd()?);
+    }
     config.stack_trim_interval = (args.stack_trim_interval_ms > 0)
         .then(|| std::time::Duration::from_millis(args.stack_trim_interval_ms));
     args.mlock.apply_process().map_err(|source| Error::Mlock {
@@ -183,7 +189,8 @@ pub fn run_daemon<F: Filesystem + 'static>(
     Ok(())
 }
 
-/// Restores the session a daemon that handed over left in `dir`, if any.
+/// Restores the session a daemon that handed over left in `dir`, or
+/// else the one a killed daemon left there, if any.
 fn take_over<F: Filesystem + 'static>(
     dir: &StateDir,
     server: &Server<F>,
@@ -191,7 +198,7 @@ fn take_over<F: Filesystem + 'static>(
     discard_bad: bool,
 ) -> Result<()> {
     let Some(bytes) = dir.read()? else {
-        return Ok(());
+        return recover(dir, daemon, discard_bad);
     };
     match server.restore_session(&bytes) {
         Ok(session) => {
@@ -212,6 +219,35 @@ fn take_over<F: Filesystem + 'static>(
         }
         Err(source) => Err(Error::StateRefused {
             path: dir.file(),
+            source,
+        }),
+    }
+}
+
+/// Takes over the session a killed daemon left in `dir`, if any.
+fn recover<F: Filesystem + 'static>(
+    dir: &StateDir,
+    daemon: &mut Daemon<F>,
+    discard_bad: bool,
+) -> Result<()> {
+    match daemon.recover_crashed_session() {
+        Ok(Some(fids)) => {
+            info!(
+                "virtio-9p: taking over the session a stopped or killed daemon left in {} ({fids} fids)",
+                dir.snapshot_file().display()
+            );
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(source) if discard_bad => {
+            warn!(
+                "virtio-9p: starting without {}: {source}",
+                dir.snapshot_file().display()
+            );
+            Ok(daemon.discard_crashed_session()?)
+        }
+        Err(source) => Err(Error::StateRefused {
+            path: dir.snapshot_file(),
             source,
         }),
     }

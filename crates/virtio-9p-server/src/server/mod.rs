@@ -42,6 +42,7 @@ mod attr;
 mod blocking;
 mod dir;
 mod errno;
+mod journal;
 mod link_rename;
 mod lock;
 mod log_limit;
@@ -348,7 +349,15 @@ impl<F: Filesystem> Server<F> {
             Tmessage::Symlink(m) => self.symlink(session, &m, exec),
             Tmessage::Mknod(m) => self.mknod(session, &m, exec),
             Tmessage::Mkdir(m) => self.mkdir(session, &m, exec),
-            Tmessage::Rename(m) => self.rename(session, &m, exec),
+            Tmessage::Rename(m) => {
+                let r = self.rename(session, &m, exec);
+                // The fid's path changed (and with it every saved path
+                // below it): a crash-safe session saves itself anew.
+                if r.is_ok() {
+                    session.compact();
+                }
+                r
+            }
             Tmessage::Readlink(m) => self.readlink(session, m.fid, exec),
             Tmessage::Getattr(m) => self.getattr(session, &m, exec),
             Tmessage::Setattr(m) => self.setattr(session, &m, exec),
@@ -356,7 +365,14 @@ impl<F: Filesystem> Server<F> {
             Tmessage::Xattrcreate(m) => self.xattrcreate(session, m),
             Tmessage::Readdir(m) => self.readdir(session, &m, reply.available_bytes(), msize, exec),
             Tmessage::Fsync(m) => self.fsync(session, &m, exec),
-            Tmessage::Lock(m) => self.lock(session, &m, exec, cancel),
+            Tmessage::Lock(m) => {
+                let r = self.lock(session, &m, exec, cancel);
+                // The fid's granted locks may have changed.
+                if r.is_ok() {
+                    session.touch(m.fid);
+                }
+                r
+            }
             Tmessage::Getlock(m) => self.getlock(session, &m, exec),
             Tmessage::Link(m) => self.link(session, &m, exec),
             Tmessage::Renameat(m) => self.renameat(session, &m, exec),

@@ -30,46 +30,52 @@ impl<F: Filesystem> Server<F> {
             fids: Vec::new(),
         };
         for (fid, entry) in session.entries() {
-            let inode = self
-                .fs
-                .save_inode(&entry.inode)
-                .map_err(|source| Error::RestoreFid { fid, source })?;
-            if inode.len() > MAX_INODE_ID {
-                return Err(Error::State(StateProblem::Malformed("inode id too long")));
-            }
-            let kind = match &entry.kind {
-                FidKind::Path => SavedKind::Walked,
-                FidKind::Open { flags, locks, .. } => {
-                    let log = locks.lock().unwrap_or_else(|e| e.into_inner());
-                    SavedKind::Open {
-                        flags: flags.bits(),
-                        locks: (!log.incomplete).then(|| {
-                            log.granted
-                                .iter()
-                                .map(|m| Tmessage::Lock(m.clone()).encode_frame(0))
-                                .collect()
-                        }),
-                    }
-                }
-                FidKind::XattrRead(value, _) => SavedKind::XattrRead(value.clone()),
-                FidKind::XattrWrite(w) => {
-                    let w = w.lock().unwrap_or_else(|e| e.into_inner());
-                    SavedKind::XattrWrite {
-                        name: w.name.clone(),
-                        size: w.size as u32,
-                        flags: w.flags,
-                        data: w.data.clone(),
-                    }
-                }
-            };
-            saved.fids.push(SavedFid {
-                fid,
-                uid: entry.uid,
-                inode,
-                kind,
-            });
+            saved.fids.push(self.save_fid(fid, &entry)?);
         }
         Ok(saved.encode())
+    }
+
+    /// One fid as saved state: its file by [`Filesystem::save_inode`],
+    /// its open flags, granted locks or xattr buffer.
+    pub(crate) fn save_fid(&self, fid: u32, entry: &Fid<F>) -> Result<SavedFid> {
+        let inode = self
+            .fs
+            .save_inode(&entry.inode)
+            .map_err(|source| Error::RestoreFid { fid, source })?;
+        if inode.len() > MAX_INODE_ID {
+            return Err(Error::State(StateProblem::Malformed("inode id too long")));
+        }
+        let kind = match &entry.kind {
+            FidKind::Path => SavedKind::Walked,
+            FidKind::Open { flags, locks, .. } => {
+                let log = locks.lock().unwrap_or_else(|e| e.into_inner());
+                SavedKind::Open {
+                    flags: flags.bits(),
+                    locks: (!log.incomplete).then(|| {
+                        log.granted
+                            .iter()
+                            .map(|m| Tmessage::Lock(m.clone()).encode_frame(0))
+                            .collect()
+                    }),
+                }
+            }
+            FidKind::XattrRead(value, _) => SavedKind::XattrRead(value.clone()),
+            FidKind::XattrWrite(w) => {
+                let w = w.lock().unwrap_or_else(|e| e.into_inner());
+                SavedKind::XattrWrite {
+                    name: w.name.clone(),
+                    size: w.size as u32,
+                    flags: w.flags,
+                    data: w.data.clone(),
+                }
+            }
+        };
+        Ok(SavedFid {
+            fid,
+            uid: entry.uid,
+            inode,
+            kind,
+        })
     }
 
     /// A session rebuilt from [`Server::save_session`]'s bytes: the same

@@ -108,7 +108,12 @@ impl<F: Filesystem> Server<F> {
                     .call(exec, TWRITE, || self.fs.write(file, req, count, m.offset))
                     .map(|n| Rmessage::Write(n as u32))
                     .map_err(|e| errno::from_io(&e)),
-                FidKind::XattrWrite(w) => Self::write_xattr(w, req, m.offset, m.count)?,
+                FidKind::XattrWrite(w) => {
+                    let r = Self::write_xattr(w, req, m.offset, m.count)?;
+                    // The buffer grew: a crash-safe session journals it.
+                    session.touch(m.fid);
+                    r
+                }
                 _ => Err(errno::EBADF),
             },
         };

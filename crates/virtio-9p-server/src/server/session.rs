@@ -41,7 +41,25 @@ impl Hasher for FidHasher {
     }
 }
 
-type FidTable<F> = HashMap<u32, Arc<Fid<F>>, BuildHasherDefault<FidHasher>>;
+pub(crate) type FidTable<F> = HashMap<u32, Arc<Fid<F>>, BuildHasherDefault<FidHasher>>;
+
+/// Where a session's fid changes go as they happen: the crash-safe
+/// journal of a device with a state directory
+/// ([`Server::journal_session`](super::Server::journal_session)).
+pub(crate) trait FidLog<F: Filesystem>: Send + Sync {
+    /// The record that sets `fid` to `entry`. Built before the table lock
+    /// is taken: it may make system calls.
+    fn set_record(&self, fid: u32, entry: &Fid<F>) -> Vec<u8>;
+
+    /// Appends `record`; called under the table lock, so records go in
+    /// the order the table changed. `table` and `msize` are the session
+    /// after the change, for a compaction.
+    fn append(&self, record: &[u8], msize: u32, table: &FidTable<F>);
+
+    /// Saves the whole session anew (a snapshot) and starts the journal
+    /// again; called under the table lock.
+    fn compact(&self, msize: u32, table: &FidTable<F>);
+}
 
 /// What a fid refers to.
 pub(crate) enum FidKind<F: Filesystem> {
@@ -198,6 +216,8 @@ pub struct Session<F: Filesystem> {
     xattr_bytes: Arc<AtomicUsize>,
     /// Blocking Tlocks of this session waiting in the server.
     lock_waiters: AtomicUsize,
+    /// The journal of fid changes, when the session is kept crash-safe.
+    log: OnceLock<Arc<dyn FidLog<F>>>,
 }
 
 impl<F: Filesystem> Default for Session<F> {
@@ -208,6 +228,7 @@ impl<F: Filesystem> Default for Session<F> {
             total_fids: OnceLock::new(),
             xattr_bytes: Arc::new(AtomicUsize::new(0)),
             lock_waiters: AtomicUsize::new(0),
+            log: OnceLock::new(),
         }
     }
 }
@@ -314,12 +335,67 @@ impl<F: Filesystem> Session<F> {
         self.fids.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether fid changes are journaled ([`Session::set_log`]).
+    pub(crate) fn is_journaled(&self) -> bool {
+        self.log.get().is_some()
+    }
+
+    /// Sends every later fid change of this session to `log` (once).
+    pub(crate) fn set_log(&self, log: Arc<dyn FidLog<F>>) -> bool {
+        self.log.set(log).is_ok()
+    }
+
+    /// Runs `f` on the fid table and msize under the table lock (no fid
+    /// changes meanwhile).
+    pub(crate) fn with_table<T>(&self, f: impl FnOnce(&FidTable<F>, u32) -> T) -> T {
+        let t = self.table();
+        f(&t, self.msize())
+    }
+
+    /// The journal record setting `fid` to `entry`, if journaled.
+    fn set_record(&self, fid: u32, entry: &Fid<F>) -> Option<(&Arc<dyn FidLog<F>>, Vec<u8>)> {
+        let log = self.log.get()?;
+        Some((log, log.set_record(fid, entry)))
+    }
+
     /// Tversion: forget every fid and set the msize.
     pub(crate) fn reset(&self, msize: u32) {
-        let old = std::mem::take(&mut *self.table());
+        let mut t = self.table();
+        let old = std::mem::take(&mut *t);
         self.uncount(old.len());
         self.msize.store(msize, Ordering::Release);
+        if let Some(log) = self.log.get() {
+            log.append(&crate::state::journal::reset_record(msize), msize, &t);
+        }
+        drop(t);
         drop(old);
+    }
+
+    /// Saves a journaled session anew (after a change that moves saved
+    /// paths, such as Trename). No-op unless journaled.
+    pub(crate) fn compact(&self) {
+        if let Some(log) = self.log.get() {
+            let t = self.table();
+            log.compact(self.msize(), &t);
+        }
+    }
+
+    /// Journals `fid` again after a change inside its entry (a lock
+    /// granted, xattr data written). No-op unless journaled.
+    pub(crate) fn touch(&self, fid: u32) {
+        if self.log.get().is_none() {
+            return;
+        }
+        let Ok(cur) = self.get(fid) else {
+            return;
+        };
+        let Some((log, rec)) = self.set_record(fid, &cur) else {
+            return;
+        };
+        let t = self.table();
+        if t.get(&fid).is_some_and(|f| Arc::ptr_eq(f, &cur)) {
+            log.append(&rec, self.msize(), &t);
+        }
     }
 
     /// Every fid and its entry, sorted by fid (a snapshot).
@@ -345,23 +421,31 @@ impl<F: Filesystem> Session<F> {
     /// Adds a new fid; fails if it is in use (`EBADF`), the session's
     /// table is full (`EMFILE`) or the server's is (`ENFILE`).
     pub(crate) fn insert_new(&self, fid: u32, entry: Fid<F>, l: &Limits<'_>) -> Result<(), u32> {
+        let rec = self.set_record(fid, &entry);
         let mut t = self.table();
         if t.contains_key(&fid) {
             return Err(errno::EBADF);
         }
         self.count_new(t.len(), l)?;
         t.insert(fid, Arc::new(entry));
+        if let Some((log, rec)) = rec {
+            log.append(&rec, self.msize(), &t);
+        }
         Ok(())
     }
 
     /// Replaces (or adds, within the limits) a fid; used when the walk
     /// source is the target (`newfid == fid`).
     pub(crate) fn replace(&self, fid: u32, entry: Fid<F>, l: &Limits<'_>) -> Result<(), u32> {
+        let rec = self.set_record(fid, &entry);
         let mut t = self.table();
         if !t.contains_key(&fid) {
             self.count_new(t.len(), l)?;
         }
         t.insert(fid, Arc::new(entry));
+        if let Some((log, rec)) = rec {
+            log.append(&rec, self.msize(), &t);
+        }
         Ok(())
     }
 
@@ -373,10 +457,14 @@ impl<F: Filesystem> Session<F> {
         expected: &Arc<Fid<F>>,
         entry: Fid<F>,
     ) -> Result<(), u32> {
+        let rec = self.set_record(fid, &entry);
         let mut t = self.table();
         match t.get(&fid) {
             Some(cur) if Arc::ptr_eq(cur, expected) => {
                 t.insert(fid, Arc::new(entry));
+                if let Some((log, rec)) = rec {
+                    log.append(&rec, self.msize(), &t);
+                }
                 Ok(())
             }
             _ => Err(errno::EBADF),
@@ -384,7 +472,12 @@ impl<F: Filesystem> Session<F> {
     }
 
     pub(crate) fn remove(&self, fid: u32) -> Result<Arc<Fid<F>>, u32> {
-        let out = self.table().remove(&fid).ok_or(errno::EBADF)?;
+        let mut t = self.table();
+        let out = t.remove(&fid).ok_or(errno::EBADF)?;
+        if let Some(log) = self.log.get() {
+            log.append(&crate::state::journal::remove_record(fid), self.msize(), &t);
+        }
+        drop(t);
         self.uncount(1);
         Ok(out)
     }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The `VhostUserBackend` of the virtio-9p device.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::ThreadId;
@@ -65,6 +65,14 @@ pub struct BackendConfig {
     /// Offer packed virtqueues (`VIRTIO_F_RING_PACKED`); the driver
     /// chooses. Without it every driver uses the split ring.
     pub packed_ring: bool,
+    /// A directory (on tmpfs; an `O_PATH` fd will do) where the device
+    /// keeps its 9P session crash-safe: a snapshot and a journal of every
+    /// fid change (`session.snap`, `session.journal`; see "A session that
+    /// outlives its daemon" in the design notes), from which
+    /// [`Daemon::recover_crashed_session`](super::Daemon::recover_crashed_session)
+    /// brings the session back after the daemon was killed. `None` (the
+    /// default): nothing is kept, at no cost.
+    pub state_dir: Option<Arc<OwnedFd>>,
 }
 
 impl Default for BackendConfig {
@@ -77,6 +85,7 @@ impl Default for BackendConfig {
             queue_size: crate::virtio::DEFAULT_QUEUE_SIZE,
             engine: EngineConfig::default(),
             packed_ring: true,
+            state_dir: None,
         }
     }
 }
@@ -170,6 +179,8 @@ pub struct Virtio9pBackend<F: Filesystem> {
     exit_fds: Mutex<Vec<RawFd>>,
     /// Requests leaked by resets and shutdowns (calls that never returned).
     leaked: AtomicU64,
+    /// Where each session is kept crash-safe ([`BackendConfig::state_dir`]).
+    state_dir: Option<Arc<OwnedFd>>,
 }
 
 impl<F: Filesystem> std::fmt::Debug for Virtio9pBackend<F> {
@@ -225,6 +236,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             frozen: AtomicBool::new(false),
             exit_fds: Mutex::new(Vec::new()),
             leaked: AtomicU64::new(0),
+            state_dir: config.state_dir.clone(),
         })
     }
 
@@ -250,6 +262,36 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     /// request: call it before the frontend starts the ring.
     pub fn set_session(&self, session: Arc<Session<F>>) {
         *self.session.lock().unwrap_or_else(|e| e.into_inner()) = session;
+    }
+
+    /// With a [`BackendConfig::state_dir`], starts keeping the current
+    /// session crash-safe there (its snapshot now, then a journal of its
+    /// fid changes). Call it before the frontend starts the ring; a
+    /// failure is logged and the device serves without it.
+    pub fn start_journal(&self) {
+        self.journal(&self.session());
+    }
+
+    fn journal(&self, session: &Session<F>) {
+        let Some(dir) = &self.state_dir else {
+            return;
+        };
+        if session.is_journaled() {
+            return;
+        }
+        if let Err(e) = self.server.journal_session(session, Arc::clone(dir)) {
+            error!("virtio-9p: the session is not kept crash-safe: {e}");
+        }
+    }
+
+    /// With a [`BackendConfig::state_dir`], removes the crash-safe state
+    /// (the session ended: its frontend left).
+    pub fn end_journal(&self) {
+        if let Some(dir) = &self.state_dir {
+            if let Err(e) = crate::state::journal::remove_state(dir.as_fd()) {
+                warn!("virtio-9p: cannot remove the crash-safe state: {e}");
+            }
+        }
     }
 
     /// For a handover: finishes every request in flight (their replies go
@@ -393,8 +435,9 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 ControlOp::Stop | ControlOp::Freeze => self.stop(cell, vrings),
                 ControlOp::Reset => {
                     self.end_queue(cell);
-                    *self.session.lock().unwrap_or_else(|e| e.into_inner()) =
-                        Arc::new(Session::new());
+                    let fresh = Arc::new(Session::new());
+                    self.journal(&fresh);
+                    *self.session.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
                     Ok(())
                 }
                 ControlOp::Shutdown => {

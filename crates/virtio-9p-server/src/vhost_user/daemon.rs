@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The daemon loop: accept a frontend, serve it, wait for the next.
 
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -268,6 +268,48 @@ impl<F: Filesystem + 'static> Daemon<F> {
         self.restored = Some(Arc::new(session));
     }
 
+    /// Takes over the session a killed daemon left in the state directory
+    /// ([`BackendConfig::state_dir`]): its last snapshot with the journal
+    /// of the fid changes made since, restored as
+    /// [`Daemon::restore_session`] does; the next frontend connection
+    /// goes on with it. Returns the fids brought back, or `None` when the
+    /// directory holds no such state (or there is no directory).
+    ///
+    /// State that is not state, damaged, of another version or of
+    /// another export is refused ([`Error::State`]): fix or remove it, or
+    /// set it aside with [`Daemon::discard_crashed_session`].
+    pub fn recover_crashed_session(&mut self) -> Result<Option<usize>> {
+        let Some(dir) = self.config.backend.state_dir.clone() else {
+            return Ok(None);
+        };
+        let Some((session, replay)) = self.server.recover_session(dir.as_fd())? else {
+            return Ok(None);
+        };
+        info!(
+            "virtio-9p: recovered a session: {} fids, {} journal records{}",
+            session.fid_count(),
+            replay.records,
+            if replay.torn {
+                " (a record cut short by the kill ignored)"
+            } else {
+                ""
+            }
+        );
+        let n = session.fid_count();
+        self.restored = Some(Arc::new(session));
+        Ok(Some(n))
+    }
+
+    /// Moves crash state that [`Daemon::recover_crashed_session`] refused
+    /// aside (`session.snap.refused`, `session.journal.refused`), so the
+    /// daemon starts without it.
+    pub fn discard_crashed_session(&self) -> Result<()> {
+        match &self.config.backend.state_dir {
+            Some(dir) => crate::state::journal::set_aside(dir.as_fd()).map_err(Error::StateDir),
+            None => Ok(()),
+        }
+    }
+
     /// After [`Daemon::run`] returned for a [`StopHandle::hand_over`]:
     /// the saved session (from [`Server::save_session`]) to give the next
     /// daemon, or why it could not be saved. `None` when there was no
@@ -338,6 +380,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
                 info!("virtio-9p: this connection takes over the saved session");
                 backend.set_session(session);
             }
+            backend.start_journal();
             if let Err(e) = daemon.start(&mut self.listener) {
                 warn!("virtio-9p: accepting a frontend failed: {e}");
                 backend.shutdown();
@@ -368,6 +411,11 @@ impl<F: Filesystem + 'static> Daemon<F> {
                 drop(backend);
                 info!("virtio-9p: frontend {n}: handed over");
                 return Ok(());
+            }
+            if !self.stop.is_stopped() {
+                // The frontend left: its session is over. (A stopped
+                // daemon keeps it for a successor, as a killed one does.)
+                backend.end_journal();
             }
             drop(daemon);
             drop(backend);

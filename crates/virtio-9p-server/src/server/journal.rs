@@ -1,0 +1,324 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! A session kept crash-safe in a state directory, for a daemon killed
+//! under a running guest: every fid change goes to the journal of
+//! [`crate::state::journal`] as it is made, and a successor rebuilds the
+//! session from the last snapshot and the journal.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use log::{error, warn};
+
+use super::session::{Fid, FidLog, FidTable};
+use super::{Server, Session};
+use crate::error::{Error, Result};
+use crate::fs::Filesystem;
+use crate::state::journal::{self, JournalMap, Replay, JOURNAL_CAPACITY};
+use crate::state::SavedSession;
+
+/// The journal of one session (see the module docs).
+struct CrashLog<F: Filesystem> {
+    server: Arc<Server<F>>,
+    dir: Arc<OwnedFd>,
+    map: Mutex<JournalMap>,
+    snapshots: AtomicU64,
+}
+
+impl<F: Filesystem> CrashLog<F> {
+    /// Writes the session (`table` and `msize`) as a new snapshot and
+    /// starts the journal again. A fid the filesystem cannot name is left
+    /// out (logged): it could not be restored either.
+    fn snapshot(&self, map: &mut JournalMap, msize: u32, table: &FidTable<F>) -> Result<()> {
+        let mut entries: Vec<_> = table.iter().collect();
+        entries.sort_unstable_by_key(|(k, _)| **k);
+        let mut saved = SavedSession {
+            export_id: self.server.fs.export_id(),
+            msize,
+            fs_state: self.server.fs.save_state(),
+            fids: Vec::with_capacity(entries.len()),
+        };
+        for (fid, entry) in entries {
+            match self.server.save_fid(*fid, entry) {
+                Ok(f) => saved.fids.push(f),
+                Err(e) => {
+                    if self.server.log_limit().admit() {
+                        warn!("9p: state: fid {fid} left out of the snapshot: {e}");
+                    }
+                }
+            }
+        }
+        let epoch = journal::new_epoch();
+        let bytes = journal::encode_snapshot(epoch, &saved.encode());
+        journal::write_snapshot(self.dir.as_fd(), &bytes).map_err(Error::StateDir)?;
+        map.reset(epoch);
+        self.snapshots.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, JournalMap> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn compact_locked(&self, map: &mut JournalMap, msize: u32, table: &FidTable<F>) {
+        if let Err(e) = self.snapshot(map, msize, table) {
+            // The old snapshot and journal stay valid, without this change.
+            if self.server.log_limit().admit() {
+                error!("9p: state: cannot write the session snapshot: {e}");
+            }
+        }
+    }
+}
+
+impl<F: Filesystem> FidLog<F> for CrashLog<F> {
+    fn set_record(&self, fid: u32, entry: &Fid<F>) -> Vec<u8> {
+        match self.server.save_fid(fid, entry) {
+            Ok(saved) => journal::set_record(&saved),
+            Err(e) => {
+                // Not restorable: a successor must not bring back what
+                // the fid named before.
+                if self.server.log_limit().admit() {
+                    warn!("9p: state: fid {fid} cannot be saved: {e}");
+                }
+                journal::remove_record(fid).to_vec()
+            }
+        }
+    }
+
+    fn append(&self, record: &[u8], msize: u32, table: &FidTable<F>) {
+        let mut map = self.lock();
+        if !map.append(record) {
+            // Half full, or a record larger than the room left: the
+            // session as it is now (this change included) is the snapshot.
+            self.compact_locked(&mut map, msize, table);
+        }
+    }
+
+    fn compact(&self, msize: u32, table: &FidTable<F>) {
+        let mut map = self.lock();
+        self.compact_locked(&mut map, msize, table);
+    }
+}
+
+impl<F: Filesystem + 'static> Server<F> {
+    /// Keeps `session` crash-safe in the directory `dir` (on tmpfs): its
+    /// snapshot is written now and every later fid change is journaled
+    /// (`session.snap` and `session.journal`, see
+    /// [`crate::state::journal`]). Call it before the session serves a
+    /// request. A session is journaled once; a second call fails.
+    pub(crate) fn journal_session(
+        self: &Arc<Self>,
+        session: &Session<F>,
+        dir: Arc<OwnedFd>,
+    ) -> Result<()> {
+        self.journal_session_sized(session, dir, JOURNAL_CAPACITY)
+    }
+
+    /// [`Server::journal_session`] with a journal of `capacity` bytes.
+    pub(crate) fn journal_session_sized(
+        self: &Arc<Self>,
+        session: &Session<F>,
+        dir: Arc<OwnedFd>,
+        capacity: usize,
+    ) -> Result<()> {
+        let already = || {
+            Error::State(crate::error::StateProblem::Malformed(
+                "the session is journaled already",
+            ))
+        };
+        // Checked before anything is written: a second snapshot would
+        // start the journal anew under the first log's records.
+        if session.is_journaled() {
+            return Err(already());
+        }
+        let map = JournalMap::open(dir.as_fd(), capacity).map_err(Error::StateDir)?;
+        let log = Arc::new(CrashLog {
+            server: Arc::clone(self),
+            dir,
+            map: Mutex::new(map),
+            snapshots: AtomicU64::new(0),
+        });
+        session.with_table(|t, msize| {
+            let mut map = log.lock();
+            log.snapshot(&mut map, msize, t)
+        })?;
+        if !session.set_log(log) {
+            return Err(already());
+        }
+        Ok(())
+    }
+
+    /// The session a killed daemon left in `dir`: its last snapshot with
+    /// the journal's complete records replayed, restored as
+    /// [`Server::restore_session`] does (open files opened again, locks
+    /// taken again). `None` when `dir` holds no snapshot. State that is
+    /// not state, damaged, of another version or another export is
+    /// refused ([`Error::State`]); a journal of an older snapshot and a
+    /// record cut short by the kill are not errors (see [`Replay`]).
+    pub(crate) fn recover_session(
+        &self,
+        dir: BorrowedFd<'_>,
+    ) -> Result<Option<(Session<F>, Replay)>> {
+        let Some(loaded) = journal::load(dir).map_err(Error::StateDir)? else {
+            return Ok(None);
+        };
+        let (saved, replay) = loaded.map_err(Error::State)?;
+        let session = self.restore_session(&saved.encode())?;
+        Ok(Some((session, replay)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::*;
+    use crate::{Config, Inline, PassthroughConfig, PassthroughFs};
+
+    fn server(dir: &std::path::Path) -> Arc<Server<PassthroughFs>> {
+        let fs = PassthroughFs::new(PassthroughConfig::new(dir)).unwrap();
+        Arc::new(Server::new(fs, Config::default()).unwrap())
+    }
+
+    fn call(s: &Server<PassthroughFs>, session: &Session<PassthroughFs>, m: Tmessage) -> Rmessage {
+        let req = m.encode_frame(1);
+        let mut r = crate::io::SliceReader::new(&req);
+        let mut buf = vec![0u8; 1 << 16];
+        let mut w = crate::io::SliceWriter::new(&mut buf);
+        let reply = s
+            .handle(session, &mut r, &mut w, &Inline, &crate::Cancel::new())
+            .unwrap();
+        Rmessage::decode_frame(&buf[..reply.size as usize], 1 << 20)
+            .unwrap()
+            .1
+    }
+
+    fn state_dir() -> (tempfile::TempDir, Arc<OwnedFd>) {
+        let d = tempfile::tempdir().unwrap();
+        let f = std::fs::File::open(d.path()).unwrap();
+        (d, Arc::new(OwnedFd::from(f)))
+    }
+
+    fn walk(fid: u32, newfid: u32, name: &str) -> Tmessage {
+        Tmessage::Walk(Twalk {
+            fid,
+            newfid,
+            wnames: vec![name.as_bytes().to_vec()],
+        })
+    }
+
+    /// Sets a session up: Tversion, Tattach fid 0, `n` files walked to
+    /// fids 1..=n, fid 1 opened read-write.
+    fn populate(s: &Server<PassthroughFs>, session: &Session<PassthroughFs>, n: u32) {
+        let v = Tmessage::Version(Tversion {
+            msize: 65536,
+            version: b"9P2000.L".to_vec(),
+        });
+        assert!(matches!(call(s, session, v), Rmessage::Version(_)));
+        let a = Tmessage::Attach(Tattach {
+            fid: 0,
+            afid: u32::MAX,
+            uname: b"root".to_vec(),
+            aname: Vec::new(),
+            n_uname: 0,
+        });
+        assert!(matches!(call(s, session, a), Rmessage::Attach(_)));
+        for i in 1..=n {
+            let r = call(s, session, walk(0, i, &format!("f{i}")));
+            assert!(matches!(r, Rmessage::Walk(_)), "{r:?}");
+        }
+        let o = Tmessage::Lopen(Tlopen {
+            fid: 1,
+            flags: OpenFlags::RDWR,
+        });
+        assert!(matches!(call(s, session, o), Rmessage::Lopen(..)));
+    }
+
+    #[test]
+    fn test_a_journaled_session_comes_back_without_a_save() {
+        let share = tempfile::tempdir().unwrap();
+        for i in 1..=4 {
+            std::fs::write(share.path().join(format!("f{i}")), b"data").unwrap();
+        }
+        let (_d, dir) = state_dir();
+        let s = server(share.path());
+        let session = Session::new();
+        s.journal_session(&session, Arc::clone(&dir)).unwrap();
+        assert!(s.journal_session(&session, Arc::clone(&dir)).is_err());
+        populate(&s, &session, 4);
+        let c = Tmessage::Clunk(Tfid { fid: 3 });
+        assert_eq!(call(&s, &session, c), Rmessage::Clunk);
+        // No save_session: as after a SIGKILL, only the snapshot and the
+        // journal are there.
+        let s2 = server(share.path());
+        let (back, replay) = s2.recover_session(dir.as_fd()).unwrap().unwrap();
+        // Tversion, Tattach, four Twalk, Tlopen, Tclunk.
+        assert_eq!(replay.records, 8, "{replay:?}");
+        assert!(!replay.torn && !replay.stale);
+        assert_eq!(back.msize(), 65536);
+        let mut fids: Vec<u32> = back.entries().iter().map(|(f, _)| *f).collect();
+        fids.sort();
+        assert_eq!(fids, vec![0, 1, 2, 4]);
+        // Fid 1 is open again.
+        let r = call(
+            &s2,
+            &back,
+            Tmessage::Read(Tread {
+                fid: 1,
+                offset: 0,
+                count: 16,
+            }),
+        );
+        assert_eq!(r, Rmessage::Read(b"data".to_vec()));
+    }
+
+    #[test]
+    fn test_a_full_journal_becomes_a_snapshot() {
+        let share = tempfile::tempdir().unwrap();
+        for i in 1..=2 {
+            std::fs::write(share.path().join(format!("f{i}")), b"x").unwrap();
+        }
+        let (_d, dir) = state_dir();
+        let s = server(share.path());
+        let session = Session::new();
+        s.journal_session_sized(&session, Arc::clone(&dir), journal::MIN_CAPACITY)
+            .unwrap();
+        populate(&s, &session, 2);
+        // Walks and clunks far beyond the journal's room.
+        for round in 0..500u32 {
+            let fid = 100 + round;
+            assert!(matches!(
+                call(&s, &session, walk(0, fid, "f2")),
+                Rmessage::Walk(_)
+            ));
+            if round % 3 != 0 {
+                assert_eq!(
+                    call(&s, &session, Tmessage::Clunk(Tfid { fid })),
+                    Rmessage::Clunk
+                );
+            }
+        }
+        let held: Vec<u32> = session.entries().iter().map(|(f, _)| *f).collect();
+        let s2 = server(share.path());
+        let (back, replay) = s2.recover_session(dir.as_fd()).unwrap().unwrap();
+        assert!(replay.records < 200, "{replay:?}");
+        let got: Vec<u32> = back.entries().iter().map(|(f, _)| *f).collect();
+        assert_eq!(got, held);
+        let journal = std::fs::metadata(_d.path().join("session.journal")).unwrap();
+        assert_eq!(journal.len(), journal::MIN_CAPACITY as u64);
+    }
+
+    #[test]
+    fn test_crash_state_of_another_export_is_refused() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let (_d, dir) = state_dir();
+        let s = server(a.path());
+        let session = Session::new();
+        s.journal_session(&session, Arc::clone(&dir)).unwrap();
+        let other = server(b.path());
+        assert!(matches!(
+            other.recover_session(dir.as_fd()),
+            Err(Error::State(crate::error::StateProblem::Foreign))
+        ));
+    }
+}
