@@ -43,6 +43,9 @@ impl Hasher for FidHasher {
 
 pub(crate) type FidTable<F> = HashMap<u32, Arc<Fid<F>>, BuildHasherDefault<FidHasher>>;
 
+/// A session's journal.
+type Log<F> = Arc<dyn FidLog<F>>;
+
 /// Where a session's fid changes go as they happen: the crash-safe
 /// journal of a device with a state directory
 /// ([`Server::journal_session`](super::Server::journal_session)).
@@ -217,7 +220,7 @@ pub struct Session<F: Filesystem> {
     /// Blocking Tlocks of this session waiting in the server.
     lock_waiters: AtomicUsize,
     /// The journal of fid changes, when the session is kept crash-safe.
-    log: OnceLock<Arc<dyn FidLog<F>>>,
+    log: OnceLock<Log<F>>,
 }
 
 impl<F: Filesystem> Default for Session<F> {
@@ -341,7 +344,7 @@ impl<F: Filesystem> Session<F> {
     }
 
     /// Sends every later fid change of this session to `log` (once).
-    pub(crate) fn set_log(&self, log: Arc<dyn FidLog<F>>) -> bool {
+    pub(crate) fn set_log(&self, log: Log<F>) -> bool {
         self.log.set(log).is_ok()
     }
 
@@ -353,7 +356,7 @@ impl<F: Filesystem> Session<F> {
     }
 
     /// The journal record setting `fid` to `entry`, if journaled.
-    fn set_record(&self, fid: u32, entry: &Fid<F>) -> Option<(&Arc<dyn FidLog<F>>, Vec<u8>)> {
+    fn set_record(&self, fid: u32, entry: &Fid<F>) -> Option<(&Log<F>, Vec<u8>)> {
         let log = self.log.get()?;
         Some((log, log.set_record(fid, entry)))
     }

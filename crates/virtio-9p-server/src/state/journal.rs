@@ -224,10 +224,7 @@ pub(crate) fn replay(
         .collect();
     let mut at = HEADER;
     let mut seq = 0u32;
-    loop {
-        let Some(rec) = journal.get(at..at + 8) else {
-            break;
-        };
+    while let Some(rec) = journal.get(at..at + 8) {
         let len = u32::from_le_bytes(rec[..4].try_into().unwrap_or_default());
         let got_seq = u32::from_le_bytes(rec[4..8].try_into().unwrap_or_default());
         let end = at
