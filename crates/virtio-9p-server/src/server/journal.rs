@@ -101,12 +101,15 @@ impl<F: Filesystem> FidLog<F> for CrashLog<F> {
 }
 
 impl<F: Filesystem + 'static> Server<F> {
-    /// Keeps `session` crash-safe in the directory `dir` (on tmpfs): its
-    /// snapshot is written now and every later fid change is journaled
-    /// (`session.snap` and `session.journal`, see
-    /// [`crate::state::journal`]). Call it before the session serves a
-    /// request. A session is journaled once; a second call fails.
-    pub(crate) fn journal_session(
+    /// Keeps `session` crash-safe in the directory `dir` (on tmpfs; an
+    /// `O_PATH` fd will do): its snapshot is written now and every later
+    /// fid change is journaled (`session.snap` and `session.journal`, a
+    /// 4 MiB file mapped shared: see "A session that outlives its daemon"
+    /// in the design notes), so that [`Server::recover_session`] in a new
+    /// process brings the session back even after this one was killed.
+    /// Call it before the session serves a request. A session is
+    /// journaled once; a second call fails.
+    pub fn journal_session(
         self: &Arc<Self>,
         session: &Session<F>,
         dir: Arc<OwnedFd>,
@@ -115,7 +118,7 @@ impl<F: Filesystem + 'static> Server<F> {
     }
 
     /// [`Server::journal_session`] with a journal of `capacity` bytes.
-    pub(crate) fn journal_session_sized(
+    fn journal_session_sized(
         self: &Arc<Self>,
         session: &Session<F>,
         dir: Arc<OwnedFd>,
@@ -154,8 +157,44 @@ impl<F: Filesystem + 'static> Server<F> {
     /// taken again). `None` when `dir` holds no snapshot. State that is
     /// not state, damaged, of another version or another export is
     /// refused ([`Error::State`]); a journal of an older snapshot and a
-    /// record cut short by the kill are not errors (see [`Replay`]).
-    pub(crate) fn recover_session(
+    /// record cut short by the kill are not errors (they are logged).
+    pub fn recover_session(&self, dir: BorrowedFd<'_>) -> Result<Option<Session<F>>> {
+        let Some((session, replay)) = self.recover_session_replay(dir)? else {
+            return Ok(None);
+        };
+        log::info!(
+            "9p: state: recovered {} fids from a snapshot and {} journal records{}{}",
+            session.fid_count(),
+            replay.records,
+            if replay.stale {
+                " (the journal was older than the snapshot)"
+            } else {
+                ""
+            },
+            if replay.torn {
+                " (a record cut short ignored)"
+            } else {
+                ""
+            }
+        );
+        Ok(Some(session))
+    }
+
+    /// Removes the crash-safe state [`Server::journal_session`] keeps in
+    /// `dir` (the session ended), or with `aside` moves it to
+    /// `session.snap.refused` and `session.journal.refused` (state
+    /// [`Server::recover_session`] refused, kept for a look).
+    pub fn clear_session_state(&self, dir: BorrowedFd<'_>, aside: bool) -> Result<()> {
+        if aside {
+            journal::set_aside(dir)
+        } else {
+            journal::remove_state(dir)
+        }
+        .map_err(Error::StateDir)
+    }
+
+    /// [`Server::recover_session`] with what the replay found.
+    pub(crate) fn recover_session_replay(
         &self,
         dir: BorrowedFd<'_>,
     ) -> Result<Option<(Session<F>, Replay)>> {
@@ -250,7 +289,7 @@ mod tests {
         // No save_session: as after a SIGKILL, only the snapshot and the
         // journal are there.
         let s2 = server(share.path());
-        let (back, replay) = s2.recover_session(dir.as_fd()).unwrap().unwrap();
+        let (back, replay) = s2.recover_session_replay(dir.as_fd()).unwrap().unwrap();
         // Tversion, Tattach, four Twalk, Tlopen, Tclunk.
         assert_eq!(replay.records, 8, "{replay:?}");
         assert!(!replay.torn && !replay.stale);
@@ -299,7 +338,7 @@ mod tests {
         }
         let held: Vec<u32> = session.entries().iter().map(|(f, _)| *f).collect();
         let s2 = server(share.path());
-        let (back, replay) = s2.recover_session(dir.as_fd()).unwrap().unwrap();
+        let (back, replay) = s2.recover_session_replay(dir.as_fd()).unwrap().unwrap();
         assert!(replay.records < 200, "{replay:?}");
         let got: Vec<u32> = back.entries().iter().map(|(f, _)| *f).collect();
         assert_eq!(got, held);

@@ -288,7 +288,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     /// (the session ended: its frontend left).
     pub fn end_journal(&self) {
         if let Some(dir) = &self.state_dir {
-            if let Err(e) = crate::state::journal::remove_state(dir.as_fd()) {
+            if let Err(e) = self.server.clear_session_state(dir.as_fd(), false) {
                 warn!("virtio-9p: cannot remove the crash-safe state: {e}");
             }
         }

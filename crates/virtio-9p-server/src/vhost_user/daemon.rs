@@ -282,19 +282,9 @@ impl<F: Filesystem + 'static> Daemon<F> {
         let Some(dir) = self.config.backend.state_dir.clone() else {
             return Ok(None);
         };
-        let Some((session, replay)) = self.server.recover_session(dir.as_fd())? else {
+        let Some(session) = self.server.recover_session(dir.as_fd())? else {
             return Ok(None);
         };
-        info!(
-            "virtio-9p: recovered a session: {} fids, {} journal records{}",
-            session.fid_count(),
-            replay.records,
-            if replay.torn {
-                " (a record cut short by the kill ignored)"
-            } else {
-                ""
-            }
-        );
         let n = session.fid_count();
         self.restored = Some(Arc::new(session));
         Ok(Some(n))
@@ -305,7 +295,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
     /// daemon starts without it.
     pub fn discard_crashed_session(&self) -> Result<()> {
         match &self.config.backend.state_dir {
-            Some(dir) => crate::state::journal::set_aside(dir.as_fd()).map_err(Error::StateDir),
+            Some(dir) => self.server.clear_session_state(dir.as_fd(), true),
             None => Ok(()),
         }
     }
