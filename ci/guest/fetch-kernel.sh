@@ -54,7 +54,7 @@ initramfs=$CACHE/initramfs-$kver.cpio.gz
 # The guest's modules: 9p over virtio and fd, virtio-fs (fuse, virtiofs) for
 # the virtiofsd row, and AHCI disks with ext4 for the tool disk of the
 # xfstests and workload suites (ci/guest/tooldisk.sh).
-modules="netfs 9pnet 9pnet_virtio 9pnet_fd 9p virtio_pci virtio_console fuse virtiofs libahci ahci sd_mod ext4"
+modules="netfs 9pnet 9pnet_virtio 9pnet_fd 9p virtio_pci virtio_console fuse virtiofs libahci ahci sd_mod crc32c_generic ext4"
 init_sum=$( (cat "$here/init"; echo "$modules") | sha256sum | cut -c1-16)
 
 download() { # package -> path of the .deb in $debs

@@ -50,9 +50,11 @@ case ",$CI_TESTS," in
     while [ $i -lt 100 ]; do
         for d in /dev/sd?; do
             [ -b "$d" ] || continue
-            case $(blkid "$d" 2>/dev/null) in
-                *'LABEL="ci-tool"'*) tool=$d ;;
-                *'LABEL="ci-results"'*) res=$d ;;
+            # The ext4 volume label: 16 bytes at 0x478 (busybox-static
+            # has no blkid).
+            case $(dd if="$d" bs=1 skip=1144 count=16 2>/dev/null | tr -d '\000') in
+                ci-tool) tool=$d ;;
+                ci-results) res=$d ;;
             esac
         done
         [ -n "$tool" ] && [ -n "$res" ] && break
@@ -61,8 +63,12 @@ case ",$CI_TESTS," in
     done
     if [ -z "$tool" ] || [ -z "$res" ]; then
         echo "CI-MOUNT-FAILED tool disk '$tool' or results disk '$res' not found"
+        echo "CI-DEBUG partitions: $(tr '\n' ' ' </proc/partitions)"
         exit 1
     fi
+    # Loopback up: lock tests talk TCP to 127.0.0.1 (generic/131).
+    ifconfig lo 127.0.0.1 up 2>/dev/null || ip link set lo up 2>/dev/null
+    hostname ci-guest
     t=/tool
     mkdir -p $t
     mount -t ext4 "$tool" $t && mount -t ext4 "$res" $t/results || {
@@ -73,12 +79,27 @@ case ",$CI_TESTS," in
     mount -t sysfs sysfs $t/sys
     mount -t devtmpfs devtmpfs $t/dev
     mkdir -p $t/dev/pts $t/dev/shm
+    # devtmpfs has no /dev/fd (bash's process substitution needs it).
+    ln -sf /proc/self/fd $t/dev/fd
+    ln -sf /proc/self/fd/0 $t/dev/stdin
+    ln -sf /proc/self/fd/1 $t/dev/stdout
+    ln -sf /proc/self/fd/2 $t/dev/stderr
     mount -t devpts devpts $t/dev/pts
     mount -t tmpfs tmpfs $t/dev/shm
     mount -t tmpfs -o mode=1777 tmpfs $t/tmp
     mount --bind /run $t/run
     mount --bind /ci $t/ci
+    # A heartbeat with what runs, every 2 minutes: if a suite stalls, the
+    # console shows whether the guest still schedules and what spins.
+    (
+        while sleep 120; do
+            echo "CI-HEARTBEAT $(cat /proc/uptime) load $(cat /proc/loadavg)"
+            top -b -n 1 2>/dev/null | sed -n '5,9p' | sed 's/^/CI-HEARTBEAT /'
+        done
+    ) &
+    hb=$!
     chroot $t /bin/bash /ci/suite
+    kill $hb 2>/dev/null
     echo "CI-SUITE-EXIT rc=$?"
     sync
     umount $t/results 2>/dev/null || echo "CI-WARN umount results failed"

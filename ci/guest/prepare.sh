@@ -7,7 +7,9 @@
 #   initramfs (fetch-kernel.sh), pjdfstest 0.2.2 (cargo install), the static
 #   guest tools (posix-suite, relay), unless --no-vhost-qemu the QEMU
 #   rebuilt with a user-creatable vhost-user-device-pci (build-qemu-vhost.sh),
-#   and virtiofsd for the virtiofsd row (install-virtiofsd.sh).
+#   and for the virtiofsd row and the tool-disk suites (suite.sh) virtiofsd
+#   (install-virtiofsd.sh), the xfstests build (build-xfstests.sh) and the
+#   tool disk (tooldisk.sh, last: it copies the host's installed packages).
 # Usage: prepare.sh [--no-vhost-qemu] [--kernel 6.12|6.1]...
 set -euo pipefail
 
@@ -61,4 +63,6 @@ if [ "$vhost" -eq 1 ]; then
     bash "$here/build-qemu-vhost.sh" >/dev/null
 fi
 bash "$here/install-virtiofsd.sh" >/dev/null
+bash "$here/build-xfstests.sh" >/dev/null
+bash "$here/tooldisk.sh" "${kernels[0]}" >/dev/null
 log "ready (cache: $CACHE)"
