@@ -34,9 +34,13 @@
 //! references to page-cache pages, not in the daemon's memory, and the
 //! reply buffer they were given stays untouched beyond its header. Their
 //! cost is fds: at most 16 pipes (32 fds) per socket thread, in use or
-//! free, so `threads x 32` fds (128 with the default of at most 4
-//! threads), taken from the daemon's fd reserve (`FD_RESERVE` of the
-//! binary's sandbox). A free pipe unused for the socket transport's
+//! free, and a duplicate of the file's fd for each pipe in use, so
+//! `threads x 48` fds (192 with the default of at most 4 threads), taken
+//! from the daemon's fd reserve (`FD_RESERVE` of the binary's sandbox).
+//!
+//! A streamed Twrite's chunk (256 KiB) is a buffer above `KEEP_BUFFER`,
+//! charged to `buffer_bytes` like any other (64 KiB, within the
+//! per-request term, when the budget is spent). A free pipe unused for the socket transport's
 //! `IDLE_RELEASE` is closed, so idle connections hold no pipe, and a
 //! pipe that cannot be had (`EMFILE`, the cap) makes the read take the
 //! copy path.

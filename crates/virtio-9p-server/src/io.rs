@@ -23,6 +23,21 @@ pub trait RequestReader: Read {
     /// Bytes left to read.
     fn available_bytes(&self) -> usize;
 
+    /// Bytes that can be read now without waiting, after waiting for some
+    /// when none are there yet. A request whose bytes are all in memory
+    /// (the default: every transport but one) returns
+    /// [`available_bytes`](RequestReader::available_bytes) at once. The
+    /// socket transport's streamed Twrite ("Slow senders" in
+    /// [`crate::transport::socket`]) receives its data while the request
+    /// runs: it waits here, on the request's coroutine and holding no
+    /// thread, for the next chunk, and fails with `EINTR` once the request
+    /// is cancelled, or when the peer sends too slowly or hangs up. The
+    /// server reads at most this many bytes before it asks again, so no
+    /// read of the request ever waits for the network.
+    fn wait_ready(&mut self) -> io::Result<usize> {
+        Ok(self.available_bytes())
+    }
+
     /// Moves up to `count` bytes of the request into `file` at offset `off`
     /// (a `pwritev` from the request buffers for zero-copy transports).
     /// Returns the bytes written to the file, which may be short; the

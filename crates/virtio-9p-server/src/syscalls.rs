@@ -161,7 +161,9 @@ pub const WORKER_THREAD: &[Syscall] = &[
 /// connections, cached Rreads (`preadv2(RWF_NOWAIT)`, also the probe
 /// before a splice), the pipes of spliced Rreads (created with `pipe2`,
 /// sized with `fcntl(F_SETPIPE_SZ)`, filled and drained with `splice`,
-/// checked with `ioctl(FIONREAD)`), and the `SIGPIPE` that a splice into
+/// checked with `ioctl(FIONREAD)`; the file's fd kept with
+/// `fcntl(F_DUPFD_CLOEXEC)`, its size checked with `statx` before the
+/// header goes out), and the `SIGPIPE` that a splice into
 /// a hung-up socket raises (blocked on the thread, then taken with
 /// `rt_sigtimedwait`). A virtio device's thread needs none of them.
 #[rustfmt::skip]

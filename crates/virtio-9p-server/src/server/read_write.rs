@@ -104,10 +104,7 @@ impl<F: Filesystem> Server<F> {
         let result = match session.get(m.fid) {
             Err(e) => Err(e),
             Ok(fid) => match &fid.kind {
-                FidKind::Open { file, .. } => self
-                    .call(exec, TWRITE, || self.fs.write(file, req, count, m.offset))
-                    .map(|n| Rmessage::Write(n as u32))
-                    .map_err(|e| errno::from_io(&e)),
+                FidKind::Open { file, .. } => self.write_file(file, req, count, m.offset, exec)?,
                 FidKind::XattrWrite(w) => {
                     let r = Self::write_xattr(w, req, m.offset, m.count)?;
                     // The buffer grew: a crash-safe session journals it.
@@ -118,6 +115,49 @@ impl<F: Filesystem> Server<F> {
             },
         };
         self.send(reply, h, result, msize)
+    }
+
+    /// The data of a Twrite to an open file, one filesystem call per
+    /// chunk the request has ready ([`RequestReader::wait_ready`]): one
+    /// call for a request in memory; for a streamed request, each call
+    /// writes bytes already received, so no call waits for the network.
+    /// A call that fails or writes short after some data was written ends
+    /// the write with the count so far.
+    fn write_file<R: RequestReader + Send, B: Blocking>(
+        &self,
+        file: &F::File,
+        req: &mut R,
+        count: usize,
+        offset: u64,
+        exec: &B,
+    ) -> Result<OpResult> {
+        let mut done = 0usize;
+        while done < count {
+            let ready = match req.wait_ready() {
+                Ok(n) => n,
+                Err(e) if done == 0 && e.raw_os_error() == Some(libc::EINTR) => {
+                    return Ok(Err(errno::EINTR))
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => break,
+                Err(e) => return Err(Error::Transport(e)),
+            };
+            let n = ready.min(count - done);
+            if n == 0 {
+                return Err(Error::Transport(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            let at = offset + done as u64;
+            match self.call(exec, TWRITE, || self.fs.write(file, req, n, at)) {
+                Ok(w) => {
+                    done += w;
+                    if w < n {
+                        break;
+                    }
+                }
+                Err(_) if done > 0 => break,
+                Err(e) => return Ok(Err(errno::from_io(&e))),
+            }
+        }
+        Ok(Ok(Rmessage::Write(done as u32)))
     }
 
     pub(super) fn fsync<B: Blocking>(

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use super::session::{Fid, FidKind, XattrWrite};
 use super::{errno, Blocking, OpResult, Server, Session, MAX_XATTR_NAME};
 use crate::fs::Filesystem;
+use crate::io::RequestReader;
 use crate::protocol::*;
 
 impl<F: Filesystem> Server<F> {
@@ -107,29 +108,49 @@ impl<F: Filesystem> Server<F> {
     }
 
     /// A Twrite to an xattr writer: appends to the buffered value, in
-    /// order and within the declared size.
-    pub(super) fn write_xattr<R: crate::io::RequestReader>(
+    /// order and within the declared size. The data (at most the value's
+    /// size, [`Config::max_xattr_size`](super::Config)) is read before the
+    /// writer's lock is taken: a streamed request may wait for its bytes
+    /// ([`RequestReader::wait_ready`], its coroutine yields), and no lock
+    /// is held across a wait.
+    pub(super) fn write_xattr<R: RequestReader>(
         w: &Mutex<XattrWrite>,
         req: &mut R,
         offset: u64,
         count: u32,
     ) -> crate::Result<OpResult> {
-        let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
         let n = count as usize;
-        if offset != w.data.len() as u64 || w.data.len() + n > w.size {
+        let fits = |w: &XattrWrite| offset == w.data.len() as u64 && w.data.len() + n <= w.size;
+        if !fits(&w.lock().unwrap_or_else(|e| e.into_inner())) {
             return Ok(Err(errno::EINVAL));
         }
-        let old = w.data.len();
-        // Exactly the declared size: what the charge covers.
-        let want = w.size - old;
-        w.data.reserve_exact(want);
-        w.data.resize(old + n, 0);
-        match req.read_exact(&mut w.data[old..]) {
-            Ok(()) => Ok(Ok(Rmessage::Write(count))),
-            Err(e) => {
-                w.data.truncate(old);
-                Err(crate::Error::Transport(e))
+        let mut data = vec![0u8; n];
+        let mut got = 0;
+        while got < n {
+            let ready = match req.wait_ready() {
+                Ok(r) => r,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => return Ok(Err(errno::EINTR)),
+                Err(e) => return Err(crate::Error::Transport(e)),
+            };
+            let k = ready.min(n - got);
+            if k == 0 {
+                return Err(crate::Error::Transport(
+                    std::io::ErrorKind::UnexpectedEof.into(),
+                ));
             }
+            req.read_exact(&mut data[got..got + k])
+                .map_err(crate::Error::Transport)?;
+            got += k;
         }
+        let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+        // Another Twrite of the same fid may have got there first.
+        if !fits(&w) {
+            return Ok(Err(errno::EINVAL));
+        }
+        // Exactly the declared size: what the charge covers.
+        let want = w.size - w.data.len();
+        w.data.reserve_exact(want);
+        w.data.extend_from_slice(&data);
+        Ok(Ok(Rmessage::Write(count)))
     }
 }

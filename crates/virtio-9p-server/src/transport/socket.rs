@@ -29,6 +29,10 @@
 //!   return now, one in a filesystem call returns when the call does. Its
 //!   socket is closed at once, and its session (with every fid) is freed
 //!   when the last of its requests has returned.
+//! - **Tversion** aborts the connection's requests in flight, as 9P says:
+//!   they are cancelled, and the Tversion runs (resetting the session)
+//!   once the last of them has returned, so no reply of an old request
+//!   follows the Rversion.
 //!
 //! A frame whose size is below the header or above the session's msize
 //! ends the connection (the stream cannot be resynchronised); any other
@@ -50,6 +54,71 @@
 //! ranges go to a worker (see "Zero-copy Rread"). So the daemon has
 //! `1 + threads + 2 × workers` threads whatever the number of clients.
 //!
+//! # Fairness
+//!
+//! A socket thread runs at most `max_requests / threads` requests at
+//! once (its slots: 512 with the defaults on 2 threads). Requests hold
+//! their slot until they return, which for a blocking Tlock may be a long
+//! time, so the slots are shared out so that no client can take them
+//! from the others:
+//!
+//! - **First slots.** `max_connections / threads` slots (at most half of
+//!   them; 128 of 512 with the defaults) are kept for connections that
+//!   have nothing running: a connection's first request always finds a
+//!   slot, however many the others hold. So a new client's Tversion and
+//!   Tattach, or a client's single Tgetattr, are never queued behind a
+//!   flood (with `max_requests >= max_connections`, true of the
+//!   defaults).
+//! - **A connection's share.** A connection holds at most
+//!   `min(max_in_flight, 1 + shared / 2)` slots (64 with the defaults,
+//!   `shared` being the slots that are not first slots), and at most
+//!   `max_in_flight` requests started or unwritten; past that its further
+//!   requests wait in its socket.
+//! - **Turns.** A connection that finds no free slot waits in the thread's
+//!   queue (its socket is not read meanwhile, it is never dropped from
+//!   it): each freed slot goes to the next connection in the queue, which
+//!   starts one request and goes to the back if it has more. No
+//!   connection is left unread while it has data and the thread has a
+//!   slot for it.
+//!
+//! - **Worker turns.** Requests whose filesystem call always runs on a
+//!   worker (Tattach, Tlopen, Tlcreate, Treaddir, a buffered Twrite and
+//!   the calls that change the tree) take turns: a socket thread runs at
+//!   most `2 × workers / threads` of them at once (8 with the defaults on
+//!   2 threads), enough to keep the shared workers busy, and the next
+//!   waits in the thread's worker queue, holding its slot, with its
+//!   connection read no further meanwhile. A connection with nothing else
+//!   running goes to the front of that queue; the others take one turn
+//!   each in order. So the workers' own queue stays short, and a fresh
+//!   client's Tattach waits behind a handful of calls, not behind every
+//!   Tlopen of a flood.
+//!
+//! The limits, all named: per connection `max_in_flight` (64) and the
+//! share above; per thread its slots, first slots and worker turns; per listener
+//! `max_requests` (1024), `buffer_bytes` (512 MiB) and `max_connections`
+//! (256, refused at accept: one local client can hold them all).
+//!
+//! # Slow senders
+//!
+//! No socket thread or worker ever waits for a client's bytes. Frames up
+//! to `KEEP_BUFFER` (and any frame but a Twrite) are read into a buffer by
+//! the connection's event loop and start when complete. A larger Twrite
+//! is streamed: its request reads the data from the socket itself, a
+//! chunk of `STREAM_CHUNK` (256 KiB, charged to the budget; 64 KiB when
+//! the budget is spent) at a time, on its coroutine, pausing on the
+//! engine's timer while the socket is empty (no thread held), and hands
+//! each full chunk to one filesystem call (a worker), which only copies
+//! bytes already received. An xattr Twrite is read whole (at most the
+//! xattr size limit) before it takes the xattr writer's lock.
+//!
+//! A request must arrive at a minimum rate: once
+//! [`SocketLimits::request_grace`] (10 s) has passed since its first byte,
+//! it must have kept up [`SocketLimits::min_request_rate`] (16 KiB/s) over
+//! the time since, or the connection is closed. The deadline counts from
+//! the first byte and is never restarted by later bytes, so a client
+//! sending a byte a second holds its slot and buffer for the grace period,
+//! not for ever. A connection between requests (idle) has no deadline.
+//!
 //! # Memory
 //!
 //! Request and reply buffers are taken per request from a small pool of
@@ -62,8 +131,8 @@
 //! shared budget ([`SocketLimits::buffer_bytes`]): a request frame over
 //! the budget is read, dropped and answered with `ENOMEM`; a Tread or
 //! Treaddir gets a shorter reply. A Twrite larger than `KEEP_BUFFER` is
-//! not buffered: its data goes from the socket to the file (on a worker)
-//! through a 64 KiB copy buffer, and the connection reads nothing else
+//! not buffered whole: its data goes from the socket to the file chunk by
+//! chunk (see "Slow senders"), and the connection reads nothing else
 //! until it is done. A free buffer unused for `IDLE_RELEASE` is freed,
 //! so an idle connection holds only its session and a few hundred bytes of
 //! state, however busy the other connections of its thread are. See [`crate::bound`] for the
@@ -82,12 +151,16 @@
 //!
 //! - **Count first.** The range is clamped to the request and to the file
 //!   size (`fstat`), then spliced into the pipe before the server encodes
-//!   the header, so the header's count is exactly what the pipe holds. A
-//!   file that shrinks meanwhile only shortens the count. Should the
-//!   kernel drop pages from the pipe later (a truncation removes them),
-//!   the socket splice comes up short and the rest of the reply is sent
-//!   as zeros (logged, rate-limited): the framing never breaks and the
-//!   connection goes on.
+//!   the header, so the header's count is exactly what the pipe holds.
+//! - **No invented bytes.** Just before the header goes out, the file's
+//!   size is checked again (`statx`, cached attributes: no round trip to
+//!   a network filesystem): a file that shrank since the fill cuts the
+//!   reply to the bytes still there, header count included. Pages the
+//!   kernel drops from the pipe after the header went out (a truncation
+//!   can) are sent from the file as it is then (`preadv2(RWF_NOWAIT)`);
+//!   if the file no longer has them, the connection is closed (logged):
+//!   a promised count is never filled with bytes that were not in the
+//!   file.
 //! - **Where the fill runs.** As for every Tread's read
 //!   (`engine::offload_read`): inline on the socket thread when the range
 //!   is in the page cache (`cachestat(2)`) and the file's filesystem
@@ -102,19 +175,22 @@
 //! - **Pipes.** Each socket thread has a pool of at most 16 pipes, sized
 //!   with `F_SETPIPE_SZ` to the reply (at most 1 MiB; one page slot per
 //!   page the range touches). A pipe is held from the fill until its
-//!   reply is sent, then kept free for `IDLE_RELEASE` and closed: idle
-//!   connections hold none. No pipe to be had (the cap, `EMFILE`, a size
-//!   the kernel refuses) means the copy path. See [`crate::bound`] for
-//!   the fds.
+//!   reply is sent, with a duplicate of the file's fd (for the checks
+//!   above), then kept free for `IDLE_RELEASE` and closed: idle
+//!   connections hold none. No pipe or fd to be had (the cap, `EMFILE`, a
+//!   size the kernel refuses) means the copy path. See [`crate::bound`]
+//!   for the fds.
 //! - **Copy path.** `pread` into the reply buffer and `send`, as before,
 //!   for ranges under 16 KiB or over 1 MiB, files that are not regular,
 //!   Treaddir and xattr reads, filesystems that are not fd-backed, and a
 //!   filesystem that writes other bytes around the range (the spliced
 //!   part is then read back into the buffer, so the order holds).
-//! - **Lifetime.** The pipe holds references to the file's pages, so the
-//!   fid may be clunked (and the file closed) by another request at any
-//!   time after the fill. A write to the file between the fill and the
-//!   client's receive may show in the data, as for any splice.
+//! - **Lifetime.** The pipe holds references to the file's pages and the
+//!   reply its own fd, so the fid may be clunked by another request at
+//!   any time after the fill. A write to the file between the fill and
+//!   the client's receive may show in the data, as for any splice; so may
+//!   the zeros a truncation writes into the tail of a page-cache folio it
+//!   cuts through, as for any read racing that truncation.
 //! - **SIGPIPE.** A splice into a hung-up socket raises `SIGPIPE` (splice
 //!   has no `MSG_NOSIGNAL`). Socket threads block it on themselves and
 //!   take it after `EPIPE`, so an embedder that did not ignore it is not
@@ -135,7 +211,7 @@ use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -154,7 +230,11 @@ use crate::engine::{
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::io::{RequestReader, SliceReader};
-use crate::protocol::{Header, MsgType, Rmessage, HEADER_SIZE, TREAD, TREADDIR, TWRITE};
+use crate::protocol::{
+    Header, MsgType, Rmessage, HEADER_SIZE, TATTACH, TFSYNC, TLCREATE, TLINK, TLOPEN, TMKDIR,
+    TMKNOD, TREAD, TREADDIR, TREMOVE, TRENAME, TRENAMEAT, TSETATTR, TSYMLINK, TUNLINKAT, TVERSION,
+    TWRITE,
+};
 use crate::server::{Cancel, Server, Session};
 
 /// Most client connections served at once; further ones are closed at
@@ -344,9 +424,11 @@ pub const DEFAULT_MAX_REQUESTS: usize = 1024;
 /// its connection.
 pub const DUPLICATE_TAG_ERRNO: i32 = libc::EBUSY;
 
-/// How long a streamed Twrite waits for more of its data before it fails
-/// (and its connection is closed).
-pub(crate) const STREAM_STALL: Duration = Duration::from_secs(10);
+/// Default of [`SocketLimits::min_request_rate`]: 16 KiB/s.
+pub(crate) const DEFAULT_MIN_REQUEST_RATE: usize = 16 << 10;
+
+/// Default of [`SocketLimits::request_grace`]: 10 s.
+pub(crate) const DEFAULT_REQUEST_GRACE: Duration = Duration::from_secs(10);
 
 /// The reply room a request can use: Tread and Treaddir ask for `count`
 /// bytes of data (both carry `fid[4] offset[8] count[4]`); any other reply
@@ -400,6 +482,16 @@ pub struct SocketLimits {
     /// docs). `false` copies every Rread: for measurements, or a kernel
     /// whose splice into sockets misbehaves.
     pub splice_reads: bool,
+    /// Bytes a second a request must keep arriving at once
+    /// [`request_grace`](SocketLimits::request_grace) has passed since its
+    /// first byte; a connection whose request falls behind is closed (see
+    /// "Slow senders" in the module docs). 0 turns the check off.
+    /// Default: 16 KiB/s.
+    pub min_request_rate: usize,
+    /// How long a request may take to arrive before
+    /// [`min_request_rate`](SocketLimits::min_request_rate) applies.
+    /// Default: 10 s.
+    pub request_grace: Duration,
 }
 
 impl Default for SocketLimits {
@@ -415,6 +507,8 @@ impl Default for SocketLimits {
                 .min(4),
             workers: DEFAULT_WORKERS,
             splice_reads: true,
+            min_request_rate: DEFAULT_MIN_REQUEST_RATE,
+            request_grace: DEFAULT_REQUEST_GRACE,
         }
     }
 }
@@ -687,7 +781,7 @@ const FIRST_CONN: u32 = 16;
 
 /// The input state of a connection.
 enum Input {
-    /// Reading the 7-byte header.
+    /// Reading the 7-byte header (`have` 0: between frames).
     Header { hdr: [u8; HEADER_SIZE], have: usize },
     /// Reading the rest of a frame into `buf`.
     Body {
@@ -719,6 +813,11 @@ impl Input {
             hdr: [0; HEADER_SIZE],
             have: 0,
         }
+    }
+
+    /// Between two frames: the next byte starts a new request.
+    fn at_boundary(&self) -> bool {
+        matches!(self, Input::Header { have: 0, .. })
     }
 }
 
@@ -752,6 +851,24 @@ struct Conn<F: Filesystem> {
     out_bytes: usize,
     /// The epoll events registered now.
     interest: EventSet,
+    /// Request slots of the thread this connection holds: its requests
+    /// on the engine, plus the frame being read (see "Fairness").
+    slots: usize,
+    /// One of `slots` is the thread's first-slot reserve.
+    first: bool,
+    /// The frame being read holds a slot (taken with its first byte).
+    reserved: bool,
+    /// Waiting in the thread's queue for a slot.
+    queued: bool,
+    /// When the frame being read started, and its bytes so far (the
+    /// minimum-rate check).
+    frame_start: Option<Instant>,
+    frame_got: usize,
+    /// A Tversion waiting for the connection's other requests to end.
+    version: Option<(Vec<u8>, usize)>,
+    /// A request that always runs on a worker, waiting for its turn
+    /// ("Workers" in the module docs).
+    held: Option<(Vec<u8>, usize)>,
 }
 
 /// What a request hands back to its socket thread when it finishes.
@@ -767,8 +884,10 @@ struct Handoff {
 struct Req {
     conn: u32,
     handoff: Rc<Handoff>,
-    /// For a streamed Twrite: the frame bytes it did not consume.
-    stream_left: Option<Arc<AtomicUsize>>,
+    /// For a streamed Twrite: its state and the frame's size.
+    stream: Option<(Arc<StreamState>, usize)>,
+    /// It counts against the thread's worker turns.
+    on_worker: bool,
 }
 
 /// Why a connection ends.
@@ -777,6 +896,16 @@ enum Close {
     HungUp,
     /// A framing or socket error.
     Failed(io::Error),
+}
+
+/// Which reserve a new request slot comes from (see "Fairness").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admit {
+    /// The connection's first slot, from the reserve kept for
+    /// connections that have nothing running.
+    First,
+    /// A further slot, from the shared part.
+    Shared,
 }
 
 struct Loop<F: Filesystem> {
@@ -788,15 +917,34 @@ struct Loop<F: Filesystem> {
     next_conn: u32,
     reqs: Vec<Option<Req>>,
     free_tokens: Vec<u16>,
-    /// Requests of this thread in flight (all connections).
+    /// Requests of this thread on the engine (all connections, closed
+    /// ones too until their calls return).
     live: usize,
+    /// Frames being read that hold a slot.
+    reserved: usize,
     /// Replies in pooled buffers waiting to be written.
     queued: usize,
     /// Most requests this thread runs at once (its share of
     /// [`SocketLimits::max_requests`]).
     thread_cap: usize,
-    /// Connections left unread because the thread was at `thread_cap`.
-    starved: Vec<u32>,
+    /// Slots kept for connections with nothing running.
+    first_slots: usize,
+    /// Connections holding one of those.
+    firsts: usize,
+    /// Most slots one connection holds.
+    share: usize,
+    /// Connections waiting for a slot, served in turn.
+    waitq: VecDeque<u32>,
+    /// A slot was freed since the queue was last served.
+    released: bool,
+    /// Requests of worker-bound types running, the most at once, and the
+    /// connections whose next one waits for a turn.
+    on_workers: usize,
+    worker_turns: usize,
+    workq: VecDeque<u32>,
+    /// Some connection may be in the middle of a frame: check rates.
+    stall_watch: bool,
+    next_stall_check: Instant,
     bufs: BufPool,
     /// Pipes for spliced Rreads, shared with this thread's requests.
     pipes: SharedPipes,
@@ -850,15 +998,68 @@ pub(super) fn send_fd(sock: BorrowedFd<'_>, buf: &[u8], more: bool) -> io::Resul
     }
 }
 
+/// The slots of one socket thread: `(thread_cap, first_slots, share)`
+/// (see "Fairness" in the module docs).
+fn thread_slots(limits: &SocketLimits) -> (usize, usize, usize) {
+    let threads = limits.threads.max(1);
+    let cap = limits
+        .max_requests
+        .div_ceil(threads)
+        .clamp(1, usize::from(u16::MAX) - 1);
+    let first = limits.max_connections.div_ceil(threads).min(cap / 2);
+    let share = limits.max_in_flight.max(1).min(1 + (cap - first) / 2);
+    (cap, first, share)
+}
+
+/// Requests of worker-bound types one socket thread runs at once: twice
+/// its share of the workers, enough to keep them busy (see "Workers").
+fn worker_turns(limits: &SocketLimits) -> usize {
+    (2 * limits.workers).div_ceil(limits.threads.max(1)).max(2)
+}
+
+/// Request types whose filesystem call always runs on a worker (the
+/// engine's placement, `crate::engine`): they take turns ("Workers").
+/// Twrite comes here only buffered; a streamed one is never held.
+fn worker_bound(ty: u8) -> bool {
+    [
+        TATTACH, TLOPEN, TLCREATE, TREADDIR, TWRITE, TMKDIR, TSYMLINK, TMKNOD, TRENAME, TRENAMEAT,
+        TUNLINKAT, TREMOVE, TSETATTR, TFSYNC, TLINK,
+    ]
+    .iter()
+    .any(|&t| ty == t)
+}
+
+/// Whether a request that started arriving at `start` and has `got`
+/// bytes now falls below the minimum rate: once `grace` has passed, it
+/// must have kept up `rate` bytes a second over the time since (`rate`
+/// 0: never).
+fn too_slow(rate: usize, grace: Duration, start: Instant, got: usize, now: Instant) -> bool {
+    if rate == 0 {
+        return false;
+    }
+    let late = now.saturating_duration_since(start);
+    let Some(over) = late.checked_sub(grace) else {
+        return false;
+    };
+    (got as f64) < over.as_secs_f64() * rate as f64
+}
+
+/// How often a socket thread checks the rate of frames being read.
+const STALL_CHECK: Duration = Duration::from_millis(250);
+
+fn too_slow_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "request arriving below the minimum rate",
+    )
+}
+
 fn run_thread<F: Filesystem + 'static>(ctx: ThreadCtx<F>, single: bool) -> io::Result<()> {
     // Splices into sockets raise SIGPIPE on a hang-up: keep it pending on
     // this thread (and take it) rather than let it reach the process.
     let _sigpipe = SigpipeBlocked::new();
-    let limits = &ctx.shared.limits;
-    let thread_cap = limits
-        .max_requests
-        .div_ceil(limits.threads.max(1))
-        .clamp(1, usize::from(u16::MAX) - 1);
+    let (thread_cap, first_slots, share) = thread_slots(&ctx.shared.limits);
+    let worker_turns = worker_turns(&ctx.shared.limits);
     let engine_config = EngineConfig {
         workers: 0,
         executor: ctx.shared.executor.clone(),
@@ -895,9 +1096,19 @@ fn run_thread<F: Filesystem + 'static>(ctx: ThreadCtx<F>, single: bool) -> io::R
         reqs: Vec::new(),
         free_tokens: Vec::new(),
         live: 0,
+        reserved: 0,
         thread_cap,
+        first_slots,
+        firsts: 0,
+        share,
+        waitq: VecDeque::new(),
+        released: false,
+        on_workers: 0,
+        worker_turns,
+        workq: VecDeque::new(),
+        stall_watch: false,
+        next_stall_check: Instant::now(),
         queued: 0,
-        starved: Vec::new(),
         done: Vec::new(),
         dirty: Vec::new(),
         last_error: None,
@@ -917,7 +1128,22 @@ impl<F: Filesystem + 'static> Loop<F> {
         let mut served_one = false;
         loop {
             let pipes = splice::lock(&self.pipes).next_expiry();
-            let timeout = match self.bufs.next_expiry().into_iter().chain(pipes).min() {
+            let stalls = self.stall_watch.then(|| {
+                self.next_stall_check
+                    .saturating_duration_since(Instant::now())
+            });
+            let pending = !self.dirty.is_empty()
+                || (self.released && !self.waitq.is_empty())
+                || (self.on_workers < self.worker_turns && !self.workq.is_empty());
+            let timeout = match self
+                .bufs
+                .next_expiry()
+                .into_iter()
+                .chain(pipes)
+                .chain(stalls)
+                .min()
+            {
+                _ if pending => 0,
                 Some(left) => left.as_millis().clamp(1, i32::MAX as u128) as i32,
                 None => -1,
             };
@@ -941,6 +1167,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             }
             self.collect();
             self.settle();
+            self.check_stalls();
             if single && served_one && self.conns.is_empty() {
                 // Let the requests of the closed connection return.
                 while self.live > 0 {
@@ -983,6 +1210,14 @@ impl<F: Filesystem + 'static> Loop<F> {
                 in_flight: 0,
                 out_bytes: 0,
                 interest: EventSet::IN,
+                slots: 0,
+                first: false,
+                reserved: false,
+                queued: false,
+                frame_start: None,
+                frame_got: 0,
+                version: None,
+                held: None,
             },
         );
     }
@@ -1013,6 +1248,17 @@ impl<F: Filesystem + 'static> Loop<F> {
         if left > 0 {
             debug!("9p: connection {id}: {left} requests still in filesystem calls");
         }
+        // Its requests still running hold plain slots until they return.
+        if conn.reserved {
+            self.reserved -= 1;
+        }
+        if conn.first {
+            self.firsts -= 1;
+        }
+        self.released = true;
+        for (buf, _) in conn.version.into_iter().chain(conn.held) {
+            self.bufs.put(buf, self.keep());
+        }
         for o in conn.out {
             if o.pooled {
                 self.queued -= 1;
@@ -1028,13 +1274,13 @@ impl<F: Filesystem + 'static> Loop<F> {
             self.dirty.push(id);
         }
         if ev.intersects(EventSet::IN | EventSet::HANG_UP | EventSet::ERROR) {
-            if let Err(why) = self.read_conn(id) {
+            if let Err(why) = self.read_conn(id, false) {
                 self.close(id, why);
                 return;
             }
             if ev.intersects(EventSet::HANG_UP | EventSet::ERROR) {
                 // Nothing more to read and nowhere to write.
-                if self.conns.get(&id).is_some_and(|c| !self.can_read(c)) {
+                if self.conns.get(&id).is_some_and(|c| !self.readable(c)) {
                     self.close(id, Close::HungUp);
                 }
             }
@@ -1047,36 +1293,132 @@ impl<F: Filesystem + 'static> Loop<F> {
         2 * (self.live + self.queued) + 4
     }
 
-    fn can_read(&self, c: &Conn<F>) -> bool {
+    /// Whether the connection may start another request, as far as it
+    /// alone is concerned: the per-connection limits.
+    fn conn_ready(&self, c: &Conn<F>) -> bool {
         c.in_flight < self.shared.limits.max_in_flight.max(1)
             && c.out_bytes < OUT_HIGH_WATER
-            && self.live < self.thread_cap
+            && c.slots < self.share
+            && c.version.is_none()
+            && c.held.is_none()
             && !matches!(c.input, Input::Streaming)
     }
 
-    /// Reads and starts what the socket holds, up to the in-flight limit.
-    fn read_conn(&mut self, id: u32) -> std::result::Result<(), Close> {
+    /// Whether the thread has a slot for the connection's next request:
+    /// its first from the reserve while it has nothing running, any other
+    /// from the shared part, in queue order (`from_queue`: its turn).
+    fn admit(&self, c: &Conn<F>, from_queue: bool) -> Option<Admit> {
+        let used = self.live + self.reserved;
+        if used >= self.thread_cap {
+            return None;
+        }
+        if c.slots == 0 && self.firsts < self.first_slots {
+            return Some(Admit::First);
+        }
+        let shared_used = used.saturating_sub(self.firsts);
+        (shared_used < self.thread_cap - self.first_slots && (from_queue || self.waitq.is_empty()))
+            .then_some(Admit::Shared)
+    }
+
+    /// Whether to read the connection's socket now.
+    fn readable(&self, c: &Conn<F>) -> bool {
+        match c.input {
+            Input::Streaming => false,
+            ref i if !i.at_boundary() => true,
+            _ => self.conn_ready(c) && !c.queued && self.admit(c, false).is_some(),
+        }
+    }
+
+    /// Puts the connection in the thread's queue for a slot.
+    fn enqueue(&mut self, id: u32) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            if !c.queued {
+                c.queued = true;
+                self.waitq.push_back(id);
+            }
+        }
+    }
+
+    /// The frame just begun takes a slot.
+    fn reserve(&mut self, id: u32, how: Admit) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.slots += 1;
+        c.reserved = true;
+        self.reserved += 1;
+        if how == Admit::First {
+            c.first = true;
+            self.firsts += 1;
+        }
+        c.frame_start = Some(Instant::now());
+        c.frame_got = 0;
+        self.stall_watch = true;
+    }
+
+    /// The frame being read gives its slot to the request it starts.
+    fn take_reservation(&mut self, id: u32) {
+        if let Some(c) = self.conns.get_mut(&id).filter(|c| c.reserved) {
+            c.reserved = false;
+            self.reserved -= 1;
+        }
+    }
+
+    /// The frame being read ends without a request: its slot is free.
+    fn unreserve(&mut self, id: u32) {
+        if self.conns.get(&id).is_some_and(|c| c.reserved) {
+            self.take_reservation(id);
+            self.drop_slot(id);
+        }
+    }
+
+    /// One of the connection's slots is free.
+    fn drop_slot(&mut self, id: u32) {
+        self.released = true;
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.slots = c.slots.saturating_sub(1);
+        if c.slots == 0 && c.first {
+            c.first = false;
+            self.firsts -= 1;
+        }
+    }
+
+    /// Reads and starts what the socket holds, within the limits.
+    /// `from_queue`: the connection's turn in the queue came, its next
+    /// frame takes a shared slot ahead of the others waiting.
+    fn read_conn(&mut self, id: u32, mut from_queue: bool) -> std::result::Result<(), Close> {
         // A bounded number of frames per wakeup keeps connections fair.
         for _ in 0..64 {
             // Send what finished at once (a cached read runs inline), so
             // the client reads replies while the next requests run.
             self.collect();
             self.flush_out(id).map_err(Close::Failed)?;
+            let Some(c) = self.conns.get(&id) else {
+                return Ok(());
+            };
+            if matches!(c.input, Input::Streaming) {
+                break;
+            }
+            let mut admit = None;
+            if c.input.at_boundary() {
+                // A new request: it needs the connection's and the
+                // thread's room.
+                if !self.conn_ready(c) {
+                    break;
+                }
+                match self.admit(c, from_queue) {
+                    Some(how) => admit = Some(how),
+                    None => {
+                        self.enqueue(id);
+                        break;
+                    }
+                }
+            }
             let Some(c) = self.conns.get_mut(&id) else {
                 return Ok(());
             };
-            if c.in_flight >= self.shared.limits.max_in_flight.max(1)
-                || c.out_bytes >= OUT_HIGH_WATER
-                || matches!(c.input, Input::Streaming)
-            {
-                break;
-            }
-            if self.live >= self.thread_cap {
-                // Read again once a request of this thread finishes.
-                self.starved.push(id);
-                self.dirty.push(id);
-                break;
-            }
             let sock = Arc::clone(&c.sock);
             match &mut c.input {
                 Input::Header { hdr, have } => {
@@ -1088,10 +1430,15 @@ impl<F: Filesystem + 'static> Loop<F> {
                         return Err(Close::HungUp);
                     }
                     *have += n;
-                    if *have < HEADER_SIZE {
+                    let (hdr, have) = (*hdr, *have);
+                    if let Some(how) = admit {
+                        from_queue = false;
+                        self.reserve(id, how);
+                    }
+                    self.got(id, n);
+                    if have < HEADER_SIZE {
                         continue;
                     }
-                    let hdr = *hdr;
                     self.on_header(id, hdr)?;
                 }
                 Input::Body { buf, size, have } => {
@@ -1107,7 +1454,10 @@ impl<F: Filesystem + 'static> Loop<F> {
                     if *have == *size {
                         let (size, buf) = (*size, std::mem::take(buf));
                         c.input = Input::header();
+                        c.frame_start = None;
                         self.start(id, buf, size);
+                    } else {
+                        self.got(id, n);
                     }
                 }
                 Input::TwriteHead { head, have } => {
@@ -1122,7 +1472,10 @@ impl<F: Filesystem + 'static> Loop<F> {
                     if *have == TWRITE_HEAD {
                         let head = *head;
                         c.input = Input::Streaming;
+                        self.got(id, n);
                         self.start_stream(id, head);
+                    } else {
+                        self.got(id, n);
                     }
                 }
                 Input::Skip { left, answer } => {
@@ -1138,10 +1491,12 @@ impl<F: Filesystem + 'static> Loop<F> {
                             return Err(Close::HungUp);
                         }
                         *left -= n as u64;
+                        c.frame_got += n;
                     }
                     if *left == 0 {
                         let answer = answer.take();
                         c.input = Input::header();
+                        c.frame_start = None;
                         if let Some((tag, errno)) = answer {
                             self.answer_now(id, tag, errno);
                         }
@@ -1151,6 +1506,49 @@ impl<F: Filesystem + 'static> Loop<F> {
             }
         }
         Ok(())
+    }
+
+    /// `n` more bytes of the frame being read arrived.
+    fn got(&mut self, id: u32, n: usize) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.frame_got += n;
+        }
+    }
+
+    /// Closes the connections whose frame in progress arrives below the
+    /// minimum rate ([`SocketLimits::min_request_rate`]); a streamed
+    /// Twrite checks its own.
+    fn check_stalls(&mut self) {
+        if !self.stall_watch {
+            return;
+        }
+        let now = Instant::now();
+        if now < self.next_stall_check {
+            return;
+        }
+        self.next_stall_check = now + STALL_CHECK;
+        let limits = &self.shared.limits;
+        let mut partial = false;
+        let mut slow = Vec::new();
+        for (&id, c) in &self.conns {
+            let Some(start) = c.frame_start else {
+                continue;
+            };
+            partial = true;
+            let (rate, grace) = (limits.min_request_rate, limits.request_grace);
+            if !matches!(c.input, Input::Streaming)
+                && too_slow(rate, grace, start, c.frame_got, now)
+            {
+                slow.push(id);
+            }
+        }
+        self.stall_watch = partial;
+        for id in slow {
+            if self.shared.server.log_limit().admit() {
+                warn!("9p: closing connection {id}: its request arrives below the minimum rate");
+            }
+            self.close(id, Close::Failed(too_slow_error()));
+        }
     }
 
     /// A whole header arrived: check the frame size and pick how to read
@@ -1193,10 +1591,13 @@ impl<F: Filesystem + 'static> Loop<F> {
                 left: (size - HEADER_SIZE) as u64,
                 answer: Some((h.tag, libc::ENOMEM as u32)),
             };
+            self.unreserve(id);
             return Ok(());
         };
         buf[..HEADER_SIZE].copy_from_slice(&hdr);
         if size == HEADER_SIZE {
+            c.input = Input::header();
+            c.frame_start = None;
             self.start(id, buf, size);
         } else {
             c.input = Input::Body {
@@ -1241,20 +1642,45 @@ impl<F: Filesystem + 'static> Loop<F> {
 
     /// Runs the buffered request `buf[..size]` on the engine.
     fn start(&mut self, id: u32, buf: Vec<u8>, size: usize) {
-        let Some(c) = self.conns.get(&id) else {
+        let Some(c) = self.conns.get_mut(&id) else {
             self.bufs.put(buf, self.keep());
             return;
         };
         let h = Header::from_bytes(buf[..HEADER_SIZE].try_into().unwrap_or(&[0; HEADER_SIZE]));
+        if h.ty == TVERSION && c.slots > 1 {
+            // Tversion aborts the connection's requests in flight: they
+            // are cancelled, and it runs once the last has returned, so
+            // no reply of theirs follows the Rversion.
+            c.version = Some((buf, size));
+            self.engine.cancel_group(id);
+            self.dirty.push(id);
+            return;
+        }
+        let on_worker = worker_bound(h.ty);
+        if on_worker && self.on_workers >= self.worker_turns {
+            // Its turn comes when a worker-bound request of the thread
+            // returns; a connection with nothing else running goes first.
+            let alone = c.slots == 1;
+            c.held = Some((buf, size));
+            if alone {
+                self.workq.push_front(id);
+            } else {
+                self.workq.push_back(id);
+            }
+            self.dirty.push(id);
+            return;
+        }
+        let limit = c.session.frame_limit();
+        let session = Arc::clone(&c.session);
         if self.engine.has_tag(id, h.tag) {
             if self.shared.server.log_limit().admit() {
                 warn!("9p: connection {id}: tag {} is already in flight", h.tag);
             }
             self.bufs.put(buf, self.keep());
+            self.unreserve(id);
             self.answer_now(id, h.tag, DUPLICATE_TAG_ERRNO as u32);
             return;
         }
-        let limit = c.session.frame_limit();
         let mut room = reply_room(&buf[..size], limit);
         let reply = match self.bufs.take(room) {
             Some(r) => r,
@@ -1265,6 +1691,7 @@ impl<F: Filesystem + 'static> Loop<F> {
                     Some(r) => r,
                     None => {
                         self.bufs.put(buf, self.keep());
+                        self.unreserve(id);
                         self.answer_now(id, h.tag, libc::ENOMEM as u32);
                         return;
                     }
@@ -1272,7 +1699,6 @@ impl<F: Filesystem + 'static> Loop<F> {
             }
         };
         let server = Arc::clone(&self.shared.server);
-        let session = Arc::clone(&c.session);
         let exec = self.exec;
         let handoff = Rc::new(Handoff::default());
         let back = Rc::clone(&handoff);
@@ -1293,27 +1719,22 @@ impl<F: Filesystem + 'static> Loop<F> {
             back.spliced.set(splicer.as_ref().and_then(Splicer::take));
             reply_len(r, &cancel)
         };
-        self.spawn(id, h.tag, handoff, None, task);
+        self.spawn(id, h.tag, handoff, None, on_worker, task);
     }
 
-    /// Runs a large Twrite whose data is read from the socket as the
-    /// filesystem consumes it.
+    /// Runs a large Twrite whose data the request reads from the socket
+    /// itself, chunk by chunk, as it arrives ("Slow senders").
     fn start_stream(&mut self, id: u32, head: [u8; TWRITE_HEAD]) {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
         let h = Header::from_bytes(head[..HEADER_SIZE].try_into().unwrap_or(&[0; HEADER_SIZE]));
-        let left = Arc::new(AtomicUsize::new(h.size as usize));
-        // Small buffers are never refused.
-        let reply = self
-            .bufs
-            .take(SMALL_BUFFER)
-            .unwrap_or_else(|| vec![0u8; SMALL_BUFFER]);
+        let frame_start = c.frame_start.unwrap_or_else(Instant::now);
         if self.engine.has_tag(id, h.tag) {
             if self.shared.server.log_limit().admit() {
                 warn!("9p: connection {id}: tag {} is already in flight", h.tag);
             }
-            self.bufs.put(reply, self.keep());
+            self.unreserve(id);
             // Skip its data, then answer.
             if let Some(c) = self.conns.get_mut(&id) {
                 c.input = Input::Skip {
@@ -1323,20 +1744,48 @@ impl<F: Filesystem + 'static> Loop<F> {
             }
             return;
         }
+        // Small buffers are never refused.
+        let reply = self
+            .bufs
+            .take(SMALL_BUFFER)
+            .unwrap_or_else(|| vec![0u8; SMALL_BUFFER]);
+        let chunk = self
+            .bufs
+            .take(STREAM_CHUNK)
+            .or_else(|| self.bufs.take(KEEP_BUFFER))
+            .unwrap_or_else(|| vec![0u8; KEEP_BUFFER]);
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
         let server = Arc::clone(&self.shared.server);
         let session = Arc::clone(&c.session);
         let sock = Arc::clone(&c.sock);
         let exec = self.exec;
         let handoff = Rc::new(Handoff::default());
         let back = Rc::clone(&handoff);
-        let stream_left = Arc::clone(&left);
+        let state = Arc::new(StreamState {
+            unread: AtomicUsize::new(h.size as usize - TWRITE_HEAD),
+            too_slow: AtomicBool::new(false),
+        });
+        let size = h.size as usize;
+        let stream_state = Arc::clone(&state);
+        let limits = (
+            self.shared.limits.min_request_rate,
+            self.shared.limits.request_grace,
+        );
         let task = move |cancel: Cancel| {
             let mut reply = reply;
             let mut req = StreamRequest {
                 head,
                 pos: 0,
+                chunk,
+                start: 0,
+                end: 0,
                 sock,
-                left: stream_left,
+                size,
+                state: stream_state,
+                frame_start,
+                limits,
                 cancel: cancel.clone(),
             };
             let r = server.handle(
@@ -1346,10 +1795,11 @@ impl<F: Filesystem + 'static> Loop<F> {
                 &exec,
                 &cancel,
             );
+            back.request.set(Some(req.chunk));
             back.reply.set(Some(reply));
             reply_len(r, &cancel)
         };
-        self.spawn(id, h.tag, handoff, Some(left), task);
+        self.spawn(id, h.tag, handoff, Some((state, size)), false, task);
     }
 
     fn spawn(
@@ -1357,25 +1807,32 @@ impl<F: Filesystem + 'static> Loop<F> {
         id: u32,
         tag: u16,
         handoff: Rc<Handoff>,
-        stream_left: Option<Arc<AtomicUsize>>,
+        stream: Option<(Arc<StreamState>, usize)>,
+        on_worker: bool,
         task: impl FnOnce(Cancel) -> u32 + 'static,
     ) {
-        let streaming = stream_left.is_some();
+        let streaming = stream.is_some();
         let Some(token) = self.token(Req {
             conn: id,
             handoff: Rc::clone(&handoff),
-            stream_left,
+            stream,
+            on_worker,
         }) else {
             if self.shared.server.log_limit().admit() {
                 warn!("9p: connection {id}: no request slot for tag {tag}");
             }
+            self.unreserve(id);
             self.answer_now(id, tag, libc::EAGAIN as u32);
             return;
         };
+        self.take_reservation(id);
         if let Some(c) = self.conns.get_mut(&id) {
             c.in_flight += 1;
         }
         self.live += 1;
+        if on_worker {
+            self.on_workers += 1;
+        }
         // Its interest may change (in-flight limit, streaming).
         self.dirty.push(id);
         let cancel = Cancel::new();
@@ -1389,6 +1846,10 @@ impl<F: Filesystem + 'static> Loop<F> {
             self.reqs[usize::from(token)] = None;
             self.free_tokens.push(token);
             self.live -= 1;
+            if on_worker {
+                self.on_workers -= 1;
+            }
+            self.drop_slot(id);
             if let Some(c) = self.conns.get_mut(&id) {
                 c.in_flight -= 1;
                 if streaming {
@@ -1409,29 +1870,49 @@ impl<F: Filesystem + 'static> Loop<F> {
     fn collect(&mut self) {
         self.engine.take_completed(&mut self.done);
         let done = std::mem::take(&mut self.done);
+        let mut slow = Vec::new();
         for &(token, len) in &done {
             let Some(req) = self.reqs.get_mut(usize::from(token)).and_then(Option::take) else {
                 continue;
             };
             self.free_tokens.push(token);
             self.live -= 1;
+            self.released = true;
+            if req.on_worker {
+                self.on_workers -= 1;
+            }
             if let Some(b) = req.handoff.request.take() {
                 self.bufs.put(b, self.keep());
             }
             let reply = req.handoff.reply.take();
             let spliced = req.handoff.spliced.take();
-            let Some(c) = self.conns.get_mut(&req.conn) else {
+            if !self.conns.contains_key(&req.conn) {
                 if let Some(b) = reply {
                     self.bufs.put(b, self.keep());
                 }
                 continue;
+            }
+            self.drop_slot(req.conn);
+            let Some(c) = self.conns.get_mut(&req.conn) else {
+                continue;
             };
-            if let Some(left) = &req.stream_left {
-                // The rest of the streamed frame (an error before its
-                // data) is skipped, not parsed.
-                c.input = Input::Skip {
-                    left: left.load(Ordering::Acquire) as u64,
-                    answer: None,
+            if let Some((st, size)) = &req.stream {
+                if st.too_slow.load(Ordering::Acquire) {
+                    slow.push(req.conn);
+                }
+                c.frame_got = st.got(*size);
+                // The rest of the streamed frame (an error before all its
+                // data was used) is skipped, not parsed.
+                let left = st.unread.load(Ordering::Acquire);
+                c.input = if left > 0 {
+                    self.stall_watch = true;
+                    Input::Skip {
+                        left: left as u64,
+                        answer: None,
+                    }
+                } else {
+                    c.frame_start = None;
+                    Input::header()
                 };
             }
             match reply {
@@ -1462,16 +1943,88 @@ impl<F: Filesystem + 'static> Loop<F> {
         }
         self.done = done;
         self.done.clear();
-        if self.live < self.thread_cap && !self.starved.is_empty() {
-            let starved = std::mem::take(&mut self.starved);
-            self.dirty.extend(starved);
+        for id in slow {
+            if self.shared.server.log_limit().admit() {
+                warn!(
+                    "9p: closing connection {id}: its Twrite data arrives below the minimum rate"
+                );
+            }
+            self.close(id, Close::Failed(too_slow_error()));
+        }
+    }
+
+    /// Starts the requests waiting for a worker turn, in order, while the
+    /// thread has turns free.
+    fn serve_workq(&mut self) {
+        while self.on_workers < self.worker_turns {
+            let Some(id) = self.workq.pop_front() else {
+                break;
+            };
+            let Some((buf, size)) = self.conns.get_mut(&id).and_then(|c| c.held.take()) else {
+                continue;
+            };
+            self.start(id, buf, size);
+            self.dirty.push(id);
+        }
+    }
+
+    /// Gives the connections waiting for a slot their turn, in order, as
+    /// long as slots are free: each starts one request, then waits again
+    /// at the back if it has more.
+    fn serve_waiters(&mut self) {
+        if !self.released || self.waitq.is_empty() {
+            return;
+        }
+        self.released = false;
+        let mut passed = VecDeque::new();
+        for _ in 0..self.waitq.len() {
+            if self.live + self.reserved >= self.thread_cap {
+                break;
+            }
+            let Some(id) = self.waitq.pop_front() else {
+                break;
+            };
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            c.queued = false;
+            let c = &self.conns[&id];
+            if !self.conn_ready(c) || !c.input.at_boundary() {
+                // It waits for itself now, not for the thread.
+                self.dirty.push(id);
+                continue;
+            }
+            if self.admit(c, true).is_none() {
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.queued = true;
+                }
+                passed.push_back(id);
+                continue;
+            }
+            if let Err(why) = self.read_conn(id, true) {
+                self.close(id, why);
+                continue;
+            }
+            self.dirty.push(id);
+        }
+        // Those that could not have a slot keep their place.
+        while let Some(id) = passed.pop_back() {
+            self.waitq.push_front(id);
         }
     }
 
     /// Writes queued replies, resumes reading where a slot freed, updates
     /// the epoll interest, and frees the pool once idle.
     fn settle(&mut self) {
-        while !self.dirty.is_empty() {
+        // Bounded, so new connections and events are seen between rounds
+        // of a busy queue; what is left makes the next epoll wait return
+        // at once.
+        for _ in 0..16 {
+            self.serve_workq();
+            self.serve_waiters();
+            if self.dirty.is_empty() {
+                break;
+            }
             let mut dirty = std::mem::take(&mut self.dirty);
             dirty.sort_unstable();
             dirty.dedup();
@@ -1480,14 +2033,23 @@ impl<F: Filesystem + 'static> Loop<F> {
                     self.close(id, Close::Failed(e));
                     continue;
                 }
+                if let Some(c) = self.conns.get(&id) {
+                    if c.version.is_some() && c.slots == 1 {
+                        // The requests a Tversion waited for have returned.
+                        if let Some(c) = self.conns.get_mut(&id) {
+                            if let Some((buf, size)) = c.version.take() {
+                                self.start(id, buf, size);
+                            }
+                        }
+                    }
+                }
                 let Some(c) = self.conns.get(&id) else {
                     continue;
                 };
-                let readable = self.can_read(c);
-                if readable {
+                if self.readable(c) {
                     // A slot freed: read what waits in the socket (level
                     // triggered epoll would also tell us).
-                    if let Err(why) = self.read_conn(id) {
+                    if let Err(why) = self.read_conn(id, false) {
                         self.close(id, why);
                         continue;
                     }
@@ -1514,6 +2076,19 @@ impl<F: Filesystem + 'static> Loop<F> {
         };
         let log = self.shared.server.log_limit();
         while let Some(front) = c.out.front_mut() {
+            if c.out_pos == 0 {
+                if let Some(t) = front.tail.as_mut() {
+                    if t.left == t.len {
+                        // Just before its header goes out: a file that
+                        // shrank since the fill cuts the reply.
+                        let old = t.len;
+                        if let Some(len) = t.recount() {
+                            c.out_bytes -= old - len;
+                            set_rread_count(&mut front.buf, len);
+                        }
+                    }
+                }
+            }
             if c.out_pos < front.len {
                 let more = front.tail.is_some();
                 let Some(n) = send_fd(c.sock.as_fd(), &front.buf[c.out_pos..front.len], more)?
@@ -1536,12 +2111,9 @@ impl<F: Filesystem + 'static> Loop<F> {
             c.in_flight -= 1;
             c.out_bytes -= front.total();
             if let Some(o) = c.out.pop_front() {
-                if let Some(Tail {
-                    pipe: Some(pipe), ..
-                }) = o.tail
-                {
-                    // Sent in full: empty.
-                    splice::lock(&self.pipes).put(pipe, true);
+                if let Some((pipe, empty)) = o.tail.and_then(Tail::into_pipe) {
+                    // Sent in full: empty, unless the reply was cut.
+                    splice::lock(&self.pipes).put(pipe, empty);
                 }
                 if o.pooled {
                     self.queued -= 1;
@@ -1557,12 +2129,23 @@ impl<F: Filesystem + 'static> Loop<F> {
             return;
         };
         let mut want = EventSet::empty();
-        if self.can_read(c) {
+        let mut wait_turn = false;
+        if self.readable(c) {
             want |= EventSet::IN;
+        } else {
+            // Only the thread's slots stop it: it waits in the queue, so
+            // it is read again when its turn comes (never left unread).
+            wait_turn = c.input.at_boundary() && self.conn_ready(c);
         }
         if !c.out.is_empty() {
             want |= EventSet::OUT;
         }
+        if wait_turn {
+            self.enqueue(id);
+        }
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
         if want == c.interest {
             return;
         }
@@ -1601,12 +2184,7 @@ fn rread_tail(buf: &mut [u8], len: usize, f: Filled) -> (usize, Option<Tail>) {
         .get(HEADER_SIZE..RHDR)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize);
     if is_rread && len == RHDR + f.len && count == Some(f.len) {
-        let tail = Tail {
-            pipe: Some(f.pipe),
-            left: f.len,
-            len: f.len,
-        };
-        return (RHDR, Some(tail));
+        return (RHDR, Some(Tail::new(f)));
     }
     if !is_rread {
         return (len, None);
@@ -1616,6 +2194,14 @@ fn rread_tail(buf: &mut [u8], len: usize, f: Filled) -> (usize, Option<Tail>) {
     let frame = Rmessage::Lerror(libc::EIO as u32).encode_frame(tag);
     buf[..frame.len()].copy_from_slice(&frame);
     (frame.len(), None)
+}
+
+/// Rewrites the size and count of the Rread header in `buf` for `len`
+/// bytes of data.
+fn set_rread_count(buf: &mut [u8], len: usize) {
+    const RHDR: usize = HEADER_SIZE + 4;
+    buf[..4].copy_from_slice(&((RHDR + len) as u32).to_le_bytes());
+    buf[HEADER_SIZE..RHDR].copy_from_slice(&(len as u32).to_le_bytes());
 }
 
 /// The reply length of a finished request: 0 (no reply) when it was
@@ -1631,99 +2217,166 @@ fn reply_len(r: Result<crate::server::Reply>, cancel: &Cancel) -> u32 {
     }
 }
 
-/// A large Twrite read from the socket as the server consumes it: the
-/// head already read, then at most the rest of the frame. It runs where
-/// the filesystem call runs (a worker, by default), and waits for data
-/// with `poll`, for at most `STREAM_STALL` without progress, and not at
-/// all once the request is cancelled.
+/// What a streamed Twrite shares with its socket thread.
+struct StreamState {
+    /// Bytes of the frame still in the socket (the thread skips them if
+    /// the request ends early).
+    unread: AtomicUsize,
+    /// The data arrived below the minimum rate: the thread closes the
+    /// connection.
+    too_slow: AtomicBool,
+}
+
+impl StreamState {
+    /// Bytes of the frame of `size` received so far.
+    fn got(&self, size: usize) -> usize {
+        size - self.unread.load(Ordering::Acquire)
+    }
+}
+
+/// Bytes a streamed Twrite receives before it hands them to a filesystem
+/// call (charged to the shared budget; 64 KiB when the budget is spent).
+pub(crate) const STREAM_CHUNK: usize = 256 << 10;
+
+/// The first pause of a streamed Twrite whose socket has nothing for it,
+/// and the longest (the pause doubles while nothing comes).
+const STREAM_PAUSE_MIN: Duration = Duration::from_micros(50);
+const STREAM_PAUSE_MAX: Duration = Duration::from_millis(10);
+
+/// A large Twrite whose data the request reads from the socket itself
+/// ("Slow senders" in the module docs): the head already read, then the
+/// rest of the frame in chunks. [`RequestReader::wait_ready`] fills the
+/// next chunk on the request's coroutine, from the nonblocking socket,
+/// pausing on the engine's timer (no thread held) while nothing comes;
+/// reads and file writes then take only bytes already in the chunk, so
+/// neither a socket thread nor a worker ever waits for the peer. The
+/// frame must keep up the minimum rate
+/// ([`SocketLimits::min_request_rate`]) once its grace has passed.
 struct StreamRequest {
     head: [u8; TWRITE_HEAD],
     pos: usize,
+    /// Received bytes `chunk[start..end]` not consumed yet.
+    chunk: Vec<u8>,
+    start: usize,
+    end: usize,
     sock: Arc<File>,
-    /// Bytes of the frame not consumed yet, head included.
-    left: Arc<AtomicUsize>,
+    /// The frame's size.
+    size: usize,
+    state: Arc<StreamState>,
+    /// When the frame's first byte arrived.
+    frame_start: Instant,
+    /// `(min_request_rate, request_grace)`.
+    limits: (usize, Duration),
     cancel: Cancel,
 }
 
 impl StreamRequest {
-    fn wait_readable(&self) -> io::Result<()> {
-        let deadline = Instant::now() + STREAM_STALL;
-        loop {
+    fn unread(&self) -> usize {
+        self.state.unread.load(Ordering::Acquire)
+    }
+
+    /// Whether the frame so far arrived below the minimum rate.
+    fn too_slow(&self) -> bool {
+        let (rate, grace) = self.limits;
+        let got = self.size - self.unread();
+        too_slow(rate, grace, self.frame_start, got, Instant::now())
+    }
+
+    /// Fills the empty chunk with the next bytes of the frame: all of the
+    /// chunk (or of the frame's rest), or at least `KEEP_BUFFER` when the
+    /// socket runs dry.
+    fn fill(&mut self) -> io::Result<()> {
+        self.start = 0;
+        self.end = 0;
+        let goal = self.chunk.len().min(self.unread());
+        let mut pause = STREAM_PAUSE_MIN;
+        while self.end < goal {
             if self.cancel.is_cancelled() {
                 return Err(io::Error::from_raw_os_error(libc::EINTR));
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "client stopped sending its Twrite data",
-                ));
-            }
-            if readable_within(self.sock.as_fd(), (deadline - now).min(POLL_STEP))? {
-                return Ok(());
+            match read_some(&self.sock, &mut self.chunk[self.end..goal])? {
+                Some(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "client hung up mid-message",
+                    ))
+                }
+                Some(n) => {
+                    self.end += n;
+                    self.state.unread.fetch_sub(n, Ordering::AcqRel);
+                    pause = STREAM_PAUSE_MIN;
+                }
+                None if self.end >= KEEP_BUFFER => break,
+                None => {
+                    if self.too_slow() {
+                        self.state.too_slow.store(true, Ordering::Release);
+                        return Err(too_slow_error());
+                    }
+                    // On the request's coroutine: a timer, no thread.
+                    engine::sleep(pause);
+                    pause = (pause * 2).min(STREAM_PAUSE_MAX);
+                }
             }
         }
+        Ok(())
     }
 }
 
-/// How often a waiting [`StreamRequest`] checks for cancellation.
-const POLL_STEP: Duration = Duration::from_millis(100);
-
 impl Read for StreamRequest {
+    /// The head, then bytes already received; never waits (`EAGAIN` when
+    /// the chunk is empty: call `wait_ready` first).
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.left.load(Ordering::Acquire);
-        if left == 0 || buf.is_empty() {
+        if buf.is_empty() {
             return Ok(0);
         }
-        let n = if self.pos < TWRITE_HEAD {
+        if self.pos < TWRITE_HEAD {
             let n = buf.len().min(TWRITE_HEAD - self.pos);
             buf[..n].copy_from_slice(&self.head[self.pos..self.pos + n]);
             self.pos += n;
-            n
-        } else {
-            let want = buf.len().min(left);
-            loop {
-                match read_some(&self.sock, &mut buf[..want])? {
-                    Some(0) => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "client hung up mid-message",
-                        ))
-                    }
-                    Some(n) => break n,
-                    None => self.wait_readable()?,
-                }
+            return Ok(n);
+        }
+        if self.start == self.end {
+            if self.unread() == 0 {
+                return Ok(0);
             }
-        };
-        self.left.store(left - n, Ordering::Release);
+            return Err(io::Error::from(io::ErrorKind::WouldBlock));
+        }
+        let n = buf.len().min(self.end - self.start);
+        buf[..n].copy_from_slice(&self.chunk[self.start..self.start + n]);
+        self.start += n;
         Ok(n)
     }
 }
 
 impl RequestReader for StreamRequest {
     fn available_bytes(&self) -> usize {
-        self.left.load(Ordering::Acquire)
+        (TWRITE_HEAD - self.pos) + (self.end - self.start) + self.unread()
     }
-}
 
-/// Waits up to `timeout` for `fd` to become readable (or hung up).
-fn readable_within(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    loop {
-        // SAFETY: one valid pollfd for the duration of the call.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
-        if r >= 0 {
-            return Ok(r > 0);
+    fn wait_ready(&mut self) -> io::Result<usize> {
+        if self.pos < TWRITE_HEAD {
+            return Ok(TWRITE_HEAD - self.pos);
         }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        if self.start == self.end && self.unread() > 0 {
+            self.fill()?;
         }
+        Ok(self.end - self.start)
+    }
+
+    /// Writes bytes already received straight from the chunk.
+    fn read_to_file_at(
+        &mut self,
+        file: BorrowedFd<'_>,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize> {
+        if self.pos < TWRITE_HEAD {
+            return Err(io::Error::other("Twrite data read before its head"));
+        }
+        let n = count.min(self.end - self.start);
+        let w = crate::io::pwrite_all(file, &self.chunk[self.start..self.start + n], off)?;
+        self.start += w;
+        Ok(w)
     }
 }
 

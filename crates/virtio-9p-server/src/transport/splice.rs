@@ -39,10 +39,18 @@
 //! pool without a pipe to give (at [`MAX_PIPES`], or `pipe2`/
 //! `F_SETPIPE_SZ` failing, e.g. `EMFILE`).
 //!
-//! A pipe truncated under a spliced reply (the kernel drops page-cache
-//! pages that the truncation removed) makes the socket splice return 0
-//! before the count is sent: the rest of the reply is then sent as zeros
-//! ([`Tail::pad`]), so the framing holds, and the pipe is closed.
+//! No invented bytes. A file can shrink between the fill and the send.
+//! The reply keeps a duplicate of the file's fd, and just before its
+//! header goes out the file's size is checked again ([`Tail::recount`]):
+//! a reply whose range now runs past the end is cut to the bytes still
+//! there, header count included (a short read, as a read at that moment
+//! would give). A truncation after the header went out can still take
+//! pages out of the pipe (the kernel refuses to splice a truncated page
+//! that is not up to date), and the socket splice then comes up short:
+//! the rest is sent from the file itself ([`splice_out`], a
+//! non-blocking `pread`, as the file is now), and when the file no longer
+//! has those bytes the connection is closed, since a promised count can
+//! neither be taken back nor honestly filled. Never zeros.
 
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -53,7 +61,7 @@ use std::time::{Duration, Instant};
 use log::{debug, error};
 
 use crate::engine;
-use crate::io::{ReplyWriter, SliceWriter};
+use crate::io::{pread_nowait, ReplyWriter, SliceWriter};
 use crate::virtio::io::range_cached;
 
 /// Smallest range spliced. A spliced Rread makes four more syscalls than
@@ -240,11 +248,14 @@ pub(crate) fn lock(p: &SharedPipes) -> MutexGuard<'_, PipePool> {
     p.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A range spliced into a pipe: the reply's data.
+/// A range spliced into a pipe: the reply's data, and where it came
+/// from (a duplicate of the file's fd, which outlives the fid).
 #[derive(Debug)]
 pub(crate) struct Filled {
     pub(crate) pipe: Pipe,
     pub(crate) len: usize,
+    pub(crate) file: OwnedFd,
+    pub(crate) off: u64,
 }
 
 /// What the writers of one request share: the thread's pipes and the
@@ -313,7 +324,6 @@ impl<'a> SockWriter<'a> {
         };
         let mut chunk = vec![0u8; filled.len.min(64 << 10)];
         let mut left = filled.len;
-        let mut intact = true;
         while left > 0 {
             let want = left.min(chunk.len());
             // SAFETY: `chunk` is valid for writes of `want` bytes; the pipe
@@ -326,19 +336,18 @@ impl<'a> SockWriter<'a> {
                     continue
                 }
                 _ => {
-                    // Pages gone from the pipe (truncated): zeros keep the
-                    // count the caller was given.
-                    error!("9p: a spliced range lost {left} bytes; using zeros");
-                    intact = false;
-                    chunk[..want].fill(0);
-                    want
+                    // Pages gone from the pipe (truncated): the count the
+                    // caller was given cannot be kept with real bytes.
+                    error!("9p: a spliced range lost {left} bytes; failing the read");
+                    self.spliced = 0;
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
                 }
             };
             self.buf.write_all(&chunk[..got])?;
             left -= got;
         }
         self.spliced = 0;
-        lock(&sp.pipes).put(filled.pipe, intact);
+        lock(&sp.pipes).put(filled.pipe, true);
         Ok(())
     }
 
@@ -362,6 +371,9 @@ impl<'a> SockWriter<'a> {
         if sp.slot().is_some() {
             return None;
         }
+        // The reply keeps the file for the check before it is sent (the
+        // fid may be clunked meanwhile); no fd to spare means a copy.
+        let dup = dup_fd(file)?;
         let pipe = lock(&sp.pipes).take(len)?;
         let r = engine::offload_read(
             || range_cached(file, len, off) && nowait_reads(file, off),
@@ -369,7 +381,12 @@ impl<'a> SockWriter<'a> {
         );
         match r {
             Ok(n) if n > 0 => {
-                *sp.slot() = Some(Filled { pipe, len: n });
+                *sp.slot() = Some(Filled {
+                    pipe,
+                    len: n,
+                    file: dup,
+                    off,
+                });
                 self.spliced = n;
                 Some(Ok(n))
             }
@@ -389,6 +406,41 @@ impl<'a> SockWriter<'a> {
             }
         }
     }
+}
+
+/// A close-on-exec duplicate of `fd`, or `None` (`EMFILE`, say).
+fn dup_fd(fd: BorrowedFd<'_>) -> Option<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC touches no memory; the fd is borrowed.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if r < 0 {
+        debug!(
+            "9p: cannot duplicate a file fd: {}; copying instead",
+            io::Error::last_os_error()
+        );
+        return None;
+    }
+    // SAFETY: fcntl returned a new fd that nothing else owns.
+    Some(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// The size of `file` as the kernel has it cached (`statx` with
+/// `AT_STATX_DONT_SYNC`): no round trip to a network filesystem's server,
+/// so the socket thread never waits on one.
+fn cached_size(file: BorrowedFd<'_>) -> Option<u64> {
+    // SAFETY: a zeroed statx is a valid value for statx to fill.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: an empty C string with AT_EMPTY_PATH names the fd itself;
+    // statx writes into `st`, valid for the call.
+    let r = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_SIZE,
+            &mut st,
+        )
+    };
+    (r == 0 && st.stx_mask & libc::STATX_SIZE != 0).then_some(st.stx_size)
 }
 
 /// The size of `file` if it is a regular file.
@@ -531,18 +583,84 @@ pub(crate) fn clear_sigpipe() {
 /// The spliced part of a reply waiting to be sent.
 #[derive(Debug)]
 pub(crate) struct Tail {
-    /// `None` once the pipe came up short: the rest is sent as zeros.
+    /// `None` once the pipe came up short: the rest comes from `file`.
     pub(crate) pipe: Option<Pipe>,
     /// Bytes still to send.
     pub(crate) left: usize,
     /// Bytes of data in all.
     pub(crate) len: usize,
+    /// The file the data came from, and the offset of its first byte.
+    file: OwnedFd,
+    off: u64,
+    /// The pipe holds bytes that will not be sent ([`Tail::recount`] cut
+    /// the reply): close it rather than reuse it.
+    extra: bool,
+    /// Bytes read from `file` after the pipe came up short, and how many
+    /// of them are sent.
+    bounce: Vec<u8>,
+    sent: usize,
 }
 
 impl Tail {
-    /// Switches to zeros for the rest (the pipe is closed).
-    fn pad(&mut self) {
-        self.pipe = None;
+    /// The data of `f`, to be sent whole.
+    pub(crate) fn new(f: Filled) -> Tail {
+        Tail {
+            pipe: Some(f.pipe),
+            left: f.len,
+            len: f.len,
+            file: f.file,
+            off: f.off,
+            extra: false,
+            bounce: Vec::new(),
+            sent: 0,
+        }
+    }
+
+    /// Checks the file's size just before the reply's header is sent:
+    /// when the file now ends inside the range, the reply is cut to the
+    /// bytes still there. Returns the new length if it changed.
+    pub(crate) fn recount(&mut self) -> Option<usize> {
+        let size = cached_size(self.file.as_fd())?;
+        let end = self.off.checked_add(self.len as u64)?;
+        if size >= end {
+            return None;
+        }
+        let len = size.saturating_sub(self.off) as usize;
+        self.len = len;
+        self.left = len;
+        self.extra = true;
+        Some(len)
+    }
+
+    /// The pipe, once the reply was sent in full, and whether it is empty
+    /// (and may be reused).
+    pub(crate) fn into_pipe(self) -> Option<(Pipe, bool)> {
+        let extra = self.extra;
+        self.pipe.map(|p| (p, !extra))
+    }
+
+    /// The next bytes of the rest from the file, as it is now (without
+    /// blocking); an error when it no longer has them.
+    fn refill_from_file(&mut self) -> io::Result<()> {
+        let want = self.left.min(FILE_CHUNK);
+        self.bounce.resize(want, 0);
+        self.sent = 0;
+        let at = self.off + (self.len - self.left) as u64;
+        let mut got = 0;
+        while got < want {
+            match pread_nowait(self.file.as_fd(), &mut self.bounce[got..], at + got as u64) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        if got < want {
+            self.bounce.clear();
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "a spliced Rread lost bytes that its file no longer has (truncated under it)",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -556,20 +674,33 @@ fn pipe_bytes_queued(pipe: &Pipe) -> io::Result<usize> {
     Ok(n.max(0) as usize)
 }
 
-static ZEROS: [u8; 4096] = [0; 4096];
+/// How much of a short pipe's rest is read from the file at a time.
+const FILE_CHUNK: usize = 64 << 10;
+
+/// Sends the rest of `tail` from its file (the pipe came up short).
+fn send_from_file(tail: &mut Tail, sock: BorrowedFd<'_>) -> io::Result<Option<usize>> {
+    if tail.sent == tail.bounce.len() {
+        tail.refill_from_file()?;
+    }
+    let r = super::socket::send_fd(sock, &tail.bounce[tail.sent..], false)?;
+    if let Some(n) = r {
+        tail.sent += n;
+    }
+    Ok(r)
+}
 
 /// Sends some of `tail` into `sock`: `Ok(None)` when the socket is full
 /// (wait for `EPOLLOUT`), `Ok(Some(n))` for `n` bytes sent. A pipe that
 /// holds fewer bytes than are left (its pages were truncated away) is
-/// dropped and the rest goes out as zeros; `log` says whether to log it.
+/// closed and the rest is read from the file; an error (the connection
+/// ends) when the file no longer has them. `log` says whether to log it.
 pub(crate) fn splice_out(
     tail: &mut Tail,
     sock: BorrowedFd<'_>,
     log: impl FnOnce() -> bool,
 ) -> io::Result<Option<usize>> {
     let Some(pipe) = &tail.pipe else {
-        let want = tail.left.min(ZEROS.len());
-        return super::socket::send_fd(sock, &ZEROS[..want], false);
+        return send_from_file(tail, sock);
     };
     loop {
         // SAFETY: splice between two fds we hold, no offsets.
@@ -610,12 +741,12 @@ pub(crate) fn splice_out(
         if short {
             if log() {
                 error!(
-                    "9p: a spliced Rread lost {} of its {} bytes (file truncated?); sending zeros",
+                    "9p: a spliced Rread lost {} of its {} bytes (file truncated?); sending them from the file",
                     tail.left, tail.len
                 );
             }
-            tail.pad();
-            return Ok(Some(0));
+            tail.pipe = None;
+            return send_from_file(tail, sock);
         }
     }
 }
@@ -647,20 +778,31 @@ mod tests {
         assert!(p.take(MAX_PIPE * 2).is_none());
     }
 
-    #[test]
-    fn test_short_pipe_is_padded_with_zeros() {
-        // A pipe holding 10 bytes for a tail of 100: the rest goes out as
-        // zeros instead of waiting for bytes that never come.
+    /// A tail whose pipe holds only the first 10 of its bytes, for a
+    /// file of `file_len` bytes.
+    fn short_tail(file_len: usize) -> (Tail, Vec<u8>) {
+        let data: Vec<u8> = (0..100u8).map(|i| i + 1).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&data[..file_len]).unwrap();
         let mut pool = PipePool::new(1);
         let pipe = pool.take(SPLICE_MIN).unwrap();
         let mut w = std::fs::File::from(pipe.w.try_clone().unwrap());
-        w.write_all(b"0123456789").unwrap();
-        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
-        let mut tail = Tail {
-            pipe: Some(pipe),
-            left: 100,
+        w.write_all(&data[..10]).unwrap();
+        let tail = Tail::new(Filled {
+            pipe,
             len: 100,
-        };
+            file: OwnedFd::from(f),
+            off: 0,
+        });
+        (tail, data)
+    }
+
+    #[test]
+    fn test_short_pipe_is_completed_from_the_file() {
+        // The pipe lost its last 90 bytes: they come from the file, as it
+        // is now, never as zeros.
+        let (mut tail, data) = short_tail(100);
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
         let mut logged = 0;
         while tail.left > 0 {
             let n = splice_out(&mut tail, a.as_fd(), || {
@@ -675,10 +817,29 @@ mod tests {
         assert_eq!(logged, 1);
         let mut got = [0u8; 100];
         b.read_exact(&mut got).unwrap();
-        assert_eq!(&got[..10], b"0123456789");
-        assert!(got[10..].iter().all(|&x| x == 0));
-        drop(w);
-        assert_eq!(pool.open(), 0);
+        assert_eq!(got[..], data[..]);
+    }
+
+    #[test]
+    fn test_short_pipe_of_a_shrunk_file_fails_instead_of_padding() {
+        let (mut tail, _) = short_tail(50);
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let n = splice_out(&mut tail, a.as_fd(), || true).unwrap().unwrap();
+        assert_eq!(n, 10);
+        tail.left -= n;
+        let e = splice_out(&mut tail, a.as_fd(), || true).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+    }
+
+    #[test]
+    fn test_recount_cuts_a_reply_to_the_file() {
+        let (mut tail, _) = short_tail(40);
+        assert_eq!(tail.recount(), Some(40));
+        assert_eq!((tail.len, tail.left), (40, 40));
+        assert!(!tail.into_pipe().unwrap().1, "a cut pipe is not reused");
+        let (mut tail, _) = short_tail(100);
+        assert_eq!(tail.recount(), None);
+        assert!(tail.into_pipe().unwrap().1);
     }
 
     #[test]

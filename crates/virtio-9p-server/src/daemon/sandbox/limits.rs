@@ -7,9 +7,10 @@ use super::{sys_err, Error, Result};
 /// timerfd, /proc, the export root, per-connection vring kicks and calls,
 /// and fds opened briefly while serving (reopened files, directories).
 /// The pipes of spliced Rreads in socket mode come from it too: at most
-/// 16 pipes (32 fds) per socket thread, at most 4 socket threads, so 128
-/// fds at the worst; when no fd is left a read is copied instead of
-/// spliced, so a short reserve slows reads and fails none.
+/// 16 pipes (32 fds) and 16 duplicated file fds per socket thread, at
+/// most 4 socket threads, so 192 fds at the worst; when no fd is left a
+/// read is copied instead of spliced, so a short reserve slows reads and
+/// fails none.
 pub const FD_RESERVE: u64 = 256;
 
 /// Socket clients the fd budget is shared by: each of them may hold
