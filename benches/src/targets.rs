@@ -344,6 +344,33 @@ pub const TARGETS: &[Target] = &[
         bound: 64.0,
         context: &["diod_idle_rss_mib"],
     },
+    Target {
+        suite: "virtio-9p-hostile",
+        claim: "a fresh client's Tversion + Tattach p99 while 2048 blocking Tlocks wait (issue 30)",
+        figure: "sock_fresh_p99_ms_lock_flood",
+        op: Op::AtMost,
+        bound: 100.0,
+        context: &["sock_fresh_p50_ms_lock_flood"],
+    },
+    Target {
+        suite: "virtio-9p-hostile",
+        claim: "a fresh client's Tversion + Tattach p99 while 48 connections flood (issue 30)",
+        figure: "sock_fresh_p99_ms_walk_flood",
+        op: Op::AtMost,
+        bound: 100.0,
+        context: &[
+            "sock_fresh_p50_ms_walk_flood",
+            "sock_innocent_getattr_p99_ms_walk_flood",
+        ],
+    },
+    Target {
+        suite: "virtio-9p-hostile",
+        claim: "a fresh client's requests p99 while 12 connections trickle a Twrite (issue 30)",
+        figure: "sock_fresh_p99_ms_trickle",
+        op: Op::AtMost,
+        bound: 100.0,
+        context: &["sock_fresh_p50_ms_trickle"],
+    },
 ];
 
 impl Target {

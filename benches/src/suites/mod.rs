@@ -8,6 +8,7 @@ mod mem_prealloc;
 mod mlock_policy;
 mod selftest;
 mod virtio_9p;
+mod virtio_9p_hostile;
 mod virtqueue_large;
 
 pub use virtio_9p::serve_socket_forever as virtio_9p_socket_server;
@@ -63,6 +64,12 @@ pub const SUITES: &[Suite] = &[
         about: virtio_9p::ABOUT,
         ready: virtio_9p::READY,
         run: virtio_9p::run,
+    },
+    Suite {
+        name: "virtio-9p-hostile",
+        about: virtio_9p_hostile::ABOUT,
+        ready: virtio_9p_hostile::READY,
+        run: virtio_9p_hostile::run,
     },
 ];
 
