@@ -9,7 +9,9 @@
 mod common;
 
 use std::io;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
+
+use common::Gate;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
@@ -24,38 +26,6 @@ use vm_memory::{Bytes, GuestMemoryMmap};
 
 /// How long the tests let a reset wait for a running call.
 const QUIESCE: Duration = Duration::from_millis(400);
-
-/// A gate the stuck call waits on; `open` lets it go.
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    cv: Condvar,
-    entered: Mutex<usize>,
-    entered_cv: Condvar,
-}
-
-impl Gate {
-    fn wait(&self) {
-        *self.entered.lock().unwrap() += 1;
-        self.entered_cv.notify_all();
-        let mut open = self.open.lock().unwrap();
-        while !*open {
-            open = self.cv.wait(open).unwrap();
-        }
-    }
-
-    fn wait_entered(&self, n: usize) {
-        let mut e = self.entered.lock().unwrap();
-        while *e < n {
-            e = self.entered_cv.wait(e).unwrap();
-        }
-    }
-
-    fn open(&self) {
-        *self.open.lock().unwrap() = true;
-        self.cv.notify_all();
-    }
-}
 
 /// A filesystem of one directory whose Tgetattr blocks until the gate
 /// opens (for ever, in the drop test); every walk leads back to the root,

@@ -5,6 +5,7 @@
 //! the session over; the frontend reconnects (as QEMU with `reconnect-ms`)
 //! and every request runs exactly once, with the guest's fids still valid.
 
+#[macro_use]
 mod vhost_user_support;
 
 use std::collections::HashMap;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vhost_user_support::scenarios::{attach_open, ofd_lock, Ring};
+use vhost_user_support::scenarios::{attach_open, hold_lock, ofd_lock, Ring};
 use vhost_user_support::*;
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, Submitted, VmmOptions};
@@ -120,12 +121,7 @@ fn handover_loses_and_repeats_nothing(ring: Ring) {
     let socket: PathBuf = sock_dir.path().join("vu.sock");
     std::fs::write(dir.path().join("log"), b"").unwrap();
     std::fs::write(dir.path().join("lockme"), b"x").unwrap();
-    let holder = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(dir.path().join("lockme"))
-        .unwrap();
-    ofd_lock(&holder, libc::F_WRLCK);
+    let holder = hold_lock(&dir.path().join("lockme"));
 
     let (stop, old) = start(dir.path(), &socket, None);
     let mut vmm = FakeVmm::connect(&socket, ring.opts(VmmOptions::default())).unwrap();
@@ -193,12 +189,6 @@ fn handover_loses_and_repeats_nothing(ring: Ring) {
     new.join().unwrap();
 }
 
-#[test]
-fn test_handover_on_a_split_ring() {
-    handover_loses_and_repeats_nothing(Ring::Split);
-}
-
-#[test]
-fn test_handover_on_a_packed_ring() {
-    handover_loses_and_repeats_nothing(Ring::Packed);
+on_both_rings! {
+    handover => handover_loses_and_repeats_nothing;
 }

@@ -10,15 +10,19 @@
 //! - a request given up on by a reset never writes guest memory, even when
 //!   its filesystem call returns afterwards.
 
+mod common;
+#[macro_use]
 mod vhost_user_support;
 
 use std::io;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
+
+use common::Gate;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vhost_user_support::scenarios::{attach_open, ofd_lock, Ring};
+use vhost_user_support::scenarios::{attach, attach_open, hold_lock, ofd_lock, Ring};
 use vhost_user_support::*;
 use virtio_9p_server::engine::OffloadPolicy;
 use virtio_9p_server::fs::{Cred, Filesystem};
@@ -27,27 +31,6 @@ use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, StopHandle};
 use virtio_9p_server::{Config, ReplyWriter, Server};
 use vm_memory::{Bytes, GuestAddress};
-
-/// One test per ring layout for each scenario.
-macro_rules! on_both_rings {
-    ($($name:ident => $run:expr;)*) => {
-        $(
-            mod $name {
-                use super::*;
-
-                #[test]
-                fn test_split() {
-                    ($run)(Ring::Split);
-                }
-
-                #[test]
-                fn test_packed() {
-                    ($run)(Ring::Packed);
-                }
-            }
-        )*
-    };
-}
 
 /// How long a reset waits for a running call before giving up on it.
 const QUIESCE: Duration = Duration::from_millis(300);
@@ -98,43 +81,6 @@ impl Drop for Device {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-/// A gate a filesystem call waits on until the test opens it.
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    cv: Condvar,
-    entered: Mutex<usize>,
-    entered_cv: Condvar,
-}
-
-impl Gate {
-    fn wait(&self) {
-        *self.entered.lock().unwrap() += 1;
-        self.entered_cv.notify_all();
-        let mut open = self.open.lock().unwrap();
-        while !*open {
-            open = self.cv.wait(open).unwrap();
-        }
-    }
-
-    fn wait_entered(&self, n: usize) {
-        let mut e = self.entered.lock().unwrap();
-        while *e < n {
-            let (guard, res) = self
-                .entered_cv
-                .wait_timeout(e, Duration::from_secs(10))
-                .unwrap();
-            e = guard;
-            assert!(!res.timed_out(), "the filesystem call never started");
-        }
-    }
-
-    fn open(&self) {
-        *self.open.lock().unwrap() = true;
-        self.cv.notify_all();
     }
 }
 
@@ -233,12 +179,7 @@ fn pause_drains_waiting_locks_and_keeps_the_session(ring: Ring) {
     let d = TestDaemon::start_with(2, 64, OffloadPolicy::Auto);
     let path = d.dir.path().join("lockme");
     std::fs::write(&path, b"x").unwrap();
-    let holder = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
-    ofd_lock(&holder, libc::F_WRLCK);
+    let holder = hold_lock(&path);
     let mut vmm = d.connect(ring.opts({
         let mut o = VmmOptions::default();
         o.mem_size = 16 << 20;
@@ -293,14 +234,7 @@ fn pause_waits_for_a_running_call(ring: Ring) {
     let (d, _server) = Device::start(GatedFs::new(slow), OffloadPolicy::Auto);
     let mut vmm = d.connect(ring);
     version(&mut vmm, 65536);
-    let attach = Tmessage::Attach(Tattach {
-        fid: 0,
-        afid: NOFID,
-        uname: b"root".to_vec(),
-        aname: Vec::new(),
-        n_uname: 0,
-    });
-    vmm.call(&frame(1, attach), 64, Layout::Direct).unwrap();
+    attach(&mut vmm);
     let sub = vmm.submit(&getattr(2, 0), 256, Layout::Direct).unwrap();
     vmm.kick().unwrap();
     std::thread::sleep(Duration::from_millis(100));
@@ -383,12 +317,7 @@ fn reset_device_ends_requests_and_drops_the_session(ring: Ring) {
     let path = d.dir.path().join("lockme");
     std::fs::write(&path, b"x").unwrap();
     std::fs::write(d.dir.path().join("f"), b"after reset").unwrap();
-    let holder = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
-    ofd_lock(&holder, libc::F_WRLCK);
+    let holder = hold_lock(&path);
     let mut vmm = d.connect(ring.opts({
         let mut o = VmmOptions::default();
         o.mem_size = 16 << 20;

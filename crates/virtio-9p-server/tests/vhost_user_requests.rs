@@ -6,32 +6,12 @@
 //! The scenarios live in `vhost_user_support::scenarios`, shared with
 //! `sandbox_vhost_user.rs`.
 
+#[macro_use]
 mod vhost_user_support;
 
 use vhost_user_support::scenarios::{self, Ring};
 use vhost_user_support::*;
 use virtio_9p_server::engine::OffloadPolicy;
-
-/// One test per ring layout for each scenario.
-macro_rules! on_both_rings {
-    ($($name:ident => $run:expr;)*) => {
-        $(
-            mod $name {
-                use super::*;
-
-                #[test]
-                fn test_split() {
-                    ($run)(Ring::Split);
-                }
-
-                #[test]
-                fn test_packed() {
-                    ($run)(Ring::Packed);
-                }
-            }
-        )*
-    };
-}
 
 on_both_rings! {
     read_128m_through_32768_data_descriptor_indirect_chain => |ring| {

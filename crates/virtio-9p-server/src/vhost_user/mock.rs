@@ -179,20 +179,7 @@ impl FakeVmm {
     /// features, memory table, one queue, kick/call eventfds, enable.
     /// Retries the connection for up to 10 s (the daemon may be starting).
     pub fn connect(path: &Path, opts: VmmOptions) -> MockResult<FakeVmm> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut frontend = loop {
-            match Frontend::connect(path, 1) {
-                Ok(f) => break f,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        };
-        frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-        let offered = frontend.get_features()?;
-        frontend.set_owner()?;
+        let (mut frontend, offered) = open_frontend(path)?;
         let mut features = offered;
         if opts.packed && features & (1 << VIRTIO_F_RING_PACKED) == 0 {
             return Err("the device does not offer VIRTIO_F_RING_PACKED".into());
@@ -339,19 +326,7 @@ impl FakeVmm {
     /// old backend took but never answered are offered again. Retries the
     /// connection for up to 10 s.
     pub fn reconnect(&mut self, path: &Path) -> MockResult<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut frontend = loop {
-            match Frontend::connect(path, 1) {
-                Ok(f) => break f,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        };
-        frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-        frontend.get_features()?;
-        frontend.set_owner()?;
+        let (mut frontend, _) = open_frontend(path)?;
         let proto = frontend.get_protocol_features()?;
         frontend.set_protocol_features(proto)?;
         frontend.set_features(self.features)?;
@@ -722,6 +697,26 @@ fn start_ring(
         call,
     )?;
     Ok(driver)
+}
+
+/// Connects to the backend at `path` (retrying for up to 10 s: the daemon
+/// may be starting), asks for replies, and takes ownership; returns the
+/// frontend and the features the backend offers.
+fn open_frontend(path: &Path) -> MockResult<(Frontend, u64)> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let frontend = loop {
+        match Frontend::connect(path, 1) {
+            Ok(f) => break f,
+            Err(_) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    let offered = frontend.get_features()?;
+    frontend.set_owner()?;
+    Ok((frontend, offered))
 }
 
 /// Sends the ring's size, addresses and base, its eventfds, and enables it.

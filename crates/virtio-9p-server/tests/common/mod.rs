@@ -2,7 +2,8 @@
 //! Shared helpers of the integration tests.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use virtio_9p_server::client::{Client, InProcess};
 use virtio_9p_server::protocol::{SetattrMask, Tsetattr};
@@ -129,4 +130,41 @@ pub fn host_set_xattr(p: &std::path::Path, name: &[u8], value: &[u8]) {
         String::from_utf8_lossy(name),
         std::io::Error::last_os_error()
     );
+}
+
+/// A gate a filesystem call waits on until the test opens it.
+#[derive(Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+    entered: Mutex<usize>,
+    entered_cv: Condvar,
+}
+
+impl Gate {
+    pub fn wait(&self) {
+        *self.entered.lock().unwrap() += 1;
+        self.entered_cv.notify_all();
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+    }
+
+    pub fn wait_entered(&self, n: usize) {
+        let mut e = self.entered.lock().unwrap();
+        while *e < n {
+            let (guard, res) = self
+                .entered_cv
+                .wait_timeout(e, Duration::from_secs(10))
+                .unwrap();
+            e = guard;
+            assert!(!res.timed_out(), "the filesystem call never started");
+        }
+    }
+
+    pub fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
 }

@@ -5,6 +5,28 @@
 
 pub mod scenarios;
 
+/// One test per ring layout for each scenario.
+#[allow(unused_macros)]
+macro_rules! on_both_rings {
+    ($($name:ident => $run:expr;)*) => {
+        $(
+            mod $name {
+                use super::*;
+
+                #[test]
+                fn test_split() {
+                    ($run)(Ring::Split);
+                }
+
+                #[test]
+                fn test_packed() {
+                    ($run)(Ring::Packed);
+                }
+            }
+        )*
+    };
+}
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;

@@ -44,8 +44,20 @@ pub fn ofd_lock(file: &std::fs::File, ty: i32) {
     assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
 }
 
-/// Tattach as fid 0, Twalk to `name` as fid 1, Tlopen fid 1 with `flags`.
-pub fn attach_open(vmm: &mut FakeVmm, name: &str, flags: OpenFlags) {
+/// Opens `path` read-write and takes an OFD write lock on it: a lock the
+/// host holds, which every guest Tlock meets.
+pub fn hold_lock(path: &Path) -> std::fs::File {
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    ofd_lock(&holder, libc::F_WRLCK);
+    holder
+}
+
+/// Tattach as fid 0 (uname root).
+pub fn attach(vmm: &mut FakeVmm) {
     let attach = Tmessage::Attach(Tattach {
         fid: 0,
         afid: NOFID,
@@ -57,6 +69,11 @@ pub fn attach_open(vmm: &mut FakeVmm, name: &str, flags: OpenFlags) {
         decode(&vmm.call(&frame(1, attach), 64, Layout::Direct).unwrap()).1,
         Rmessage::Attach(_)
     ));
+}
+
+/// Tattach as fid 0, Twalk to `name` as fid 1, Tlopen fid 1 with `flags`.
+pub fn attach_open(vmm: &mut FakeVmm, name: &str, flags: OpenFlags) {
+    attach(vmm);
     let walk = Tmessage::Walk(Twalk {
         fid: 0,
         newfid: 1,
@@ -193,12 +210,7 @@ pub fn blocked_locks_then_flushed(
     let path = dir.join("lockme");
     std::fs::write(&path, b"x").unwrap();
     // Hold an OFD write lock from the test: every guest Tlock blocks.
-    let holder = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
-    ofd_lock(&holder, libc::F_WRLCK);
+    let holder = hold_lock(&path);
 
     let mut vmm = connect(ring.opts({
         let mut o = VmmOptions::default();
@@ -389,12 +401,7 @@ pub fn reset_with_requests_in_flight(
     let path = dir.join("lockme");
     std::fs::write(&path, b"x").unwrap();
     std::fs::write(dir.join("f"), b"after reset").unwrap();
-    let holder = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
-    ofd_lock(&holder, libc::F_WRLCK);
+    let holder = hold_lock(&path);
     let mut vmm = connect(ring.opts({
         let mut o = VmmOptions::default();
         o.mem_size = 16 << 20;
