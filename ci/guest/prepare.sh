@@ -5,11 +5,12 @@
 # /var/cache/virtio-9p-ci):
 #   QEMU 10 + diod/socat (install-qemu.sh), the guest kernels and base
 #   initramfs (fetch-kernel.sh), pjdfstest 0.2.2 (cargo install), the static
-#   guest tools (posix-suite, relay), unless --no-vhost-qemu the QEMU
-#   rebuilt with a user-creatable vhost-user-device-pci (build-qemu-vhost.sh),
-#   and for the virtiofsd row and the tool-disk suites (suite.sh) virtiofsd
-#   (install-virtiofsd.sh), the xfstests build (build-xfstests.sh) and the
-#   tool disk (tooldisk.sh, last: it copies the host's installed packages).
+#   guest tools (posix-suite, relay, lifecycle), unless --no-vhost-qemu the
+#   QEMU rebuilt with a user-creatable vhost-user-device-pci
+#   (build-qemu-vhost.sh), and for the virtiofsd row and the tool-disk
+#   suites (suite.sh) virtiofsd (install-virtiofsd.sh), the xfstests build
+#   (build-xfstests.sh) and the tool disk (tooldisk.sh, last: it copies the
+#   host's installed packages).
 # Usage: prepare.sh [--no-vhost-qemu] [--kernel 6.12|6.1]...
 set -euo pipefail
 
@@ -50,9 +51,9 @@ if ! dpkg -s libc6-dev >/dev/null 2>&1 || ! command -v gcc >/dev/null; then
 fi
 sum=$(cat "$here"/src/*.c | sha256sum | cut -c1-16)
 tools=$CACHE/tools/$sum
-if [ ! -x "$tools/relay" ] || [ ! -x "$tools/posix-suite" ]; then
+if [ ! -x "$tools/relay" ] || [ ! -x "$tools/posix-suite" ] || [ ! -x "$tools/lifecycle" ]; then
     mkdir -p "$tools"
-    for t in posix-suite relay; do
+    for t in posix-suite relay lifecycle; do
         gcc -static -O2 -Wall -Wextra -Werror -o "$tools/$t.tmp" "$here/src/$t.c"
         mv "$tools/$t.tmp" "$tools/$t"
     done

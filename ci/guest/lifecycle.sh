@@ -1,0 +1,583 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+# Lifecycle scenarios with a real Linux guest (TCG): what a VMM does around
+# the 9p device while the guest uses it, driven over QMP. One guest per row
+# and scenario; QEMU's built-in 9p is the reference row of the same run.
+#   pause  (a) checksummed I/O across QMP stop/cont cycles (1-1.5 s paused),
+#              with a guest process in fcntl(F_SETLKW) on a file a host
+#              process holds a POSIX write lock on; the host releases it
+#              halfway through the cycles and the guest must get it. Also a
+#              plain wait first (no pause). Grant latency measured in the
+#              guest (grant time minus the time the guest saw the host's
+#              release marker).
+#   rebind (b) I/O killed mid-flight, umount, unbind and rebind 9pnet_virtio
+#              through sysfs, mount again, verify, more I/O, the POSIX suite.
+#   reset  (c) QMP system_reset under I/O; the same kernel boots again, sees
+#              its marker in the share, mounts, verifies, runs I/O and the
+#              POSIX suite.
+#
+# Usage: ci/guest/lifecycle.sh [options]
+#   --servers LIST    comma list from: qemu, ours-vhost (split ring,
+#                     --no-packed-ring), ours-vhost-packed, ours-vhost-mapped
+#                     (split, --security-model mapped-xattr, tmpfs share)
+#                     (default: all four)
+#   --scenarios LIST  comma list from: pause, rebind, reset (or a, b, c)
+#                     (default: all three)
+#   --kernel K        6.12 (default) or 6.1
+#   --cycles N        stop/cont cycles in pause (default 10)
+#   --timeout S       bound of one guest, in seconds (default 300)
+#   --server-bin P    our daemon (default: build crates/virtio-9p-server,
+#                     release, into $CARGO_TARGET_DIR, default target/)
+#   --out DIR         keep logs and results here (default: a fresh temp dir)
+#   --gate            exit 1 unless every row passes every scenario
+#   --report-only     boot nothing: print the table again from --out
+set -euo pipefail
+# One compound command: bash parses all of it before it runs any of it.
+{
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
+export VIRTIO_9P_CI_CACHE=$CACHE
+servers=qemu,ours-vhost,ours-vhost-packed,ours-vhost-mapped
+scenarios=pause,rebind,reset
+kernel=6.12
+cycles=10
+timeout_s=300
+server_bin=
+out=
+gate=0
+report_only=0
+while [ $# -gt 0 ]; do
+    case $1 in
+        --servers) servers=$2; shift ;;
+        --scenarios) scenarios=$2; shift ;;
+        --kernel) kernel=$2; shift ;;
+        --cycles) cycles=$2; shift ;;
+        --timeout) timeout_s=$2; shift ;;
+        --server-bin) server_bin=$2; shift ;;
+        --out) out=$2; shift ;;
+        --gate) gate=1 ;;
+        --report-only) report_only=1 ;;
+        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+        *) echo "lifecycle.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+case $cycles in ''|*[!0-9]*) echo "lifecycle.sh: --cycles needs a number" >&2; exit 2 ;; esac
+case $timeout_s in ''|*[!0-9]*) echo "lifecycle.sh: --timeout needs a number" >&2; exit 2 ;; esac
+scenarios=$(sed 's/\ba\b/pause/; s/\bb\b/rebind/; s/\bc\b/reset/' <<<"$scenarios")
+IFS=, read -r -a server_list <<<"$servers"
+IFS=, read -r -a scenario_list <<<"$scenarios"
+for s in "${server_list[@]}"; do
+    case $s in qemu|ours-vhost|ours-vhost-packed|ours-vhost-mapped) ;;
+        *) echo "lifecycle.sh: unknown server '$s'" >&2; exit 2 ;; esac
+done
+for c in "${scenario_list[@]}"; do
+    case $c in pause|rebind|reset) ;;
+        *) echo "lifecycle.sh: unknown scenario '$c'" >&2; exit 2 ;; esac
+done
+log() { echo "guest-lifecycle: $*" >&2; }
+
+# ------------------------------------------------------------ host helpers
+# A QMP client: connects, negotiates capabilities, runs each command named
+# in argv and prints "<command> <milliseconds>ms [status]" per command.
+# Exit 1 on an error reply, 2 when QEMU does not answer within QMP_TIMEOUT.
+QMP_PY='
+import json, os, socket, sys, time
+path, cmds = sys.argv[1], sys.argv[2:]
+limit = float(os.environ.get("QMP_TIMEOUT", "30"))
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(limit)
+for _ in range(100):
+    try:
+        s.connect(path)
+        break
+    except (FileNotFoundError, ConnectionRefusedError):
+        time.sleep(0.1)
+else:
+    print("qmp: cannot connect to " + path)
+    sys.exit(1)
+f = s.makefile("rw")
+def recv(name):
+    while True:
+        try:
+            line = f.readline()
+        except socket.timeout:
+            print("qmp: %s: no answer within %.0f s" % (name, limit))
+            sys.exit(2)
+        if not line:
+            print("qmp: %s: QEMU closed the connection" % name)
+            sys.exit(1)
+        msg = json.loads(line)
+        if "event" not in msg:
+            return msg
+def run(name):
+    f.write(json.dumps({"execute": name}) + "\n")
+    f.flush()
+    r = recv(name)
+    if "error" in r:
+        print("qmp: %s: %s" % (name, r["error"]))
+        sys.exit(1)
+    return r["return"]
+recv("greeting")
+run("qmp_capabilities")
+for name in cmds:
+    t = time.monotonic()
+    r = run(name)
+    ms = (time.monotonic() - t) * 1000
+    status = r.get("status", "") if isinstance(r, dict) else ""
+    print(("%s %.1fms %s" % (name, ms, status)).strip(), flush=True)
+'
+# A host process holding a POSIX write lock (fcntl F_SETLK, through
+# lockf) on argv[1] until SIGUSR1; then it unlocks, creates the marker
+# argv[2] at once and exits.
+LOCK_PY='
+import fcntl, os, signal, sys, time
+path, marker = sys.argv[1], sys.argv[2]
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
+fd = os.open(path, os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("locked %.3f" % time.time(), flush=True)
+if signal.sigwait({signal.SIGUSR1, signal.SIGTERM}) != signal.SIGUSR1:
+    sys.exit(0)
+fcntl.lockf(fd, fcntl.LOCK_UN)
+t = time.time()
+os.close(os.open(marker, os.O_CREAT | os.O_WRONLY, 0o644))
+print("released %.3f marker %.3f" % (t, time.time()), flush=True)
+'
+
+if [ "$report_only" -eq 1 ]; then
+    if [ -z "$out" ] || [ ! -d "$out" ]; then echo "lifecycle.sh: --report-only needs --out DIR" >&2; exit 2; fi
+    out=$(cd "$out" && pwd)
+    KERNEL=$(cat "$out/kernel" 2>/dev/null || echo unknown)
+else
+# ---------------------------------------------------------------- preparation
+need_vhost_qemu=0
+case ",$servers," in *,ours-*) need_vhost_qemu=1 ;; esac
+prep_args=(--kernel "$kernel")
+[ "$need_vhost_qemu" -eq 1 ] || prep_args+=(--no-vhost-qemu)
+vhost_qemu_err=
+if ! bash "$here/prepare.sh" "${prep_args[@]}"; then
+    if [ "$need_vhost_qemu" -eq 1 ] && bash "$here/prepare.sh" --kernel "$kernel" --no-vhost-qemu; then
+        vhost_qemu_err="the vhost-user QEMU rebuild failed (see ci/guest/build-qemu-vhost.sh)"
+    else
+        log "preparation failed"
+        exit 1
+    fi
+fi
+eval "$(bash "$here/fetch-kernel.sh" "$kernel")" # KERNEL=, INITRAMFS=
+QEMU=$(command -v qemu-system-x86_64)
+VHOST_QEMU=$CACHE/qemu-vhost/bin/qemu-system-x86_64
+tools=$CACHE/tools/current
+for t in lifecycle posix-suite; do
+    [ -x "$tools/$t" ] || { log "no guest tool $tools/$t (ci/guest/prepare.sh builds it)"; exit 1; }
+done
+
+[ -n "$out" ] || out=$(mktemp -d /tmp/virtio-9p-lifecycle.XXXXXX)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+log "logs and results in $out"
+
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do
+        kill "$p" 2>/dev/null && wait "$p" 2>/dev/null
+    done
+    pids=()
+    return 0
+}
+trap cleanup EXIT INT TERM
+
+# ------------------------------------------------------------- our daemon
+ours_err=
+ours_bin=
+case ",$servers," in
+*,ours-*)
+    if [ -n "$server_bin" ]; then
+        ours_bin=$server_bin
+    else
+        tdir=${CARGO_TARGET_DIR:-$repo/target}
+        log "building virtio-9p-server (release) into $tdir"
+        if (cd "$repo" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server) \
+            >"$out/server-build.log" 2>&1; then
+            ours_bin=$tdir/release/virtio-9p-server
+        else
+            ours_err="cargo build -p virtio-9p-server failed (see $out/server-build.log)"
+        fi
+    fi
+    if [ -n "$ours_bin" ] && [ ! -x "$ours_bin" ]; then
+        ours_err="no daemon binary at $ours_bin"
+        ours_bin=
+    fi
+    ;;
+esac
+ours_help=
+[ -z "$ours_bin" ] || ours_help=$("$ours_bin" --help 2>&1 || true)
+echo "${ours_bin:-none}" >"$out/server-bin"
+
+# --------------------------------------------------------- guest payload
+# Appended to the cached base initramfs (busybox, 9p modules, ci/guest/init):
+# /ci/run is the lifecycle driver, with the two static tools.
+payload_dir=$out/payload
+rm -rf "$payload_dir"
+mkdir -p "$payload_dir/ci/bin"
+install -m 0755 "$here/lifecycle-guest.sh" "$payload_dir/ci/run"
+install -m 0755 "$tools/lifecycle" "$tools/posix-suite" "$payload_dir/ci/bin/"
+(cd "$payload_dir" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$out/payload.cpio.gz"
+cat "$INITRAMFS" "$out/payload.cpio.gz" >"$out/initrd.img"
+echo "$KERNEL" >"$out/kernel"
+echo "$cycles" >"$out/cycles"
+
+# ------------------------------------------------------------ one scenario
+wait_for_socket() { # path pid
+    local i=0
+    while [ ! -S "$1" ] && [ $i -lt 100 ]; do
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.1
+        i=$((i + 1))
+    done
+    [ -S "$1" ]
+}
+
+# Globals of the running scenario (set by run_scenario).
+dir='' con='' qpid='' share=''
+declare -A holder=()
+hlog() { printf '%s %s\n' "$(date +%H:%M:%S.%3N)" "$*" >>"$dir/host.log"; }
+hfail() { hlog "HOST-FAIL $*"; }
+
+# wait_console ERE SECONDS: until the guest console shows ERE; fails when
+# QEMU ends first or the time runs out.
+wait_console() {
+    local i=0 n=$(($2 * 10))
+    until grep -qE -- "$1" "$con" 2>/dev/null; do
+        kill -0 "$qpid" 2>/dev/null || return 1
+        [ $i -lt "$n" ] || return 1
+        sleep 0.1
+        i=$((i + 1))
+    done
+}
+
+qmp() { # command... (output goes to host.log)
+    local o rc=0
+    o=$(python3 -c "$QMP_PY" "$dir/qmp.sock" "$@" 2>&1) || rc=$?
+    while IFS= read -r line; do hlog "qmp $line"; done <<<"$o"
+    return $rc
+}
+
+release_lock() { # plain|pause
+    local p=${holder[$1]} o
+    if grep -q "LC-LOCK $1 ok" "$con"; then
+        hlog "lock-$1: the guest had the lock before the host released it"
+        echo "$1" >>"$dir/early-grants"
+    fi
+    kill -USR1 "$p"
+    wait "$p" || hfail "lock holder $1 exited with $?"
+    o=$(tail -1 "$dir/holder-$1.log")
+    hlog "lock-$1 $o"
+}
+
+drive_pause() {
+    wait_console 'LC-LOCK plain waiting' 180 || { hfail "the guest never waited for lock-plain"; return 1; }
+    sleep 1
+    release_lock plain
+    wait_console 'LC-STAGE cycles-ready' 120 || { hfail "the guest never got ready for the cycles"; return 1; }
+    wait_console 'LC-LOCK pause waiting' 30 || { hfail "the guest never waited for lock-pause"; return 1; }
+    # Let the Tlock reach the server, so one is in flight at the first stop.
+    sleep 1
+    local i paused
+    for ((i = 1; i <= cycles; i++)); do
+        paused=1.$((i % 6))
+        hlog "cycle $i: stop for ${paused} s"
+        qmp stop query-status || { hfail "cycle $i: QMP stop failed"; return 1; }
+        sleep "$paused"
+        qmp cont query-status || { hfail "cycle $i: QMP cont failed"; return 1; }
+        sleep 0.5
+        [ $i -ne $(((cycles + 1) / 2)) ] || release_lock pause
+        sleep 0.5
+    done
+    hlog "cycles done: $cycles"
+    : >"$share/lc/host-done"
+}
+
+drive_reset() {
+    wait_console 'LC-STAGE busy' 180 || { hfail "the guest never got busy"; return 1; }
+    sleep 2
+    hlog "system_reset"
+    qmp system_reset || { hfail "QMP system_reset failed"; return 1; }
+    hlog "system_reset done"
+}
+
+# run_scenario ROW SCENARIO -> $out/ROW/SCENARIO/{console.log,host.log,...}
+run_scenario() {
+    local row=$1 sc=$2
+    dir=$out/$row/$sc
+    share=$dir/share
+    con=$dir/console.log
+    local sock=$dir/9p.sock qemu=$QEMU machine=q35 extra=() server_pid='' rc=0
+    if mountpoint -q "$share" 2>/dev/null; then umount "$share"; fi
+    rm -rf "$dir"
+    mkdir -p "$share"
+    : >"$dir/host.log"
+    : >"$con"
+    # The mapped row keeps owners and modes in user.virtfs.* xattrs: tmpfs,
+    # as in run.sh (ext4's one xattr block is too small for the POSIX suite).
+    case $row in *-mapped) mount -t tmpfs -o size=256m,mode=0755 "virtio-9p-lc-$row" "$share" ;; esac
+    mkdir -p "$share/lc"
+    case $row in
+    qemu)
+        extra=(-virtfs "local,path=$share,mount_tag=share,security_model=none")
+        ;;
+    ours-*)
+        if [ -z "$ours_bin" ]; then echo "not available: $ours_err" >"$dir/status"; return; fi
+        if ! grep -q -- '--socket-path' <<<"$ours_help"; then
+            echo "not available: virtio-9p-server has no --socket-path (vhost-user mode) yet" >"$dir/status"
+            return
+        fi
+        if [ -n "$vhost_qemu_err" ] || [ ! -x "$VHOST_QEMU" ]; then
+            echo "not available: ${vhost_qemu_err:-no rebuilt QEMU at $VHOST_QEMU}" >"$dir/status"
+            return
+        fi
+        local args=(--socket-path "$sock" --shared-dir "$share" --tag share --log-level debug)
+        case $row in
+        ours-vhost-packed) ;;
+        *) args+=(--no-packed-ring) ;;
+        esac
+        [ "$row" != ours-vhost-mapped ] || args+=(--security-model mapped-xattr)
+        hlog "daemon: $ours_bin ${args[*]}"
+        RUST_LOG=debug "$ours_bin" "${args[@]}" >"$dir/server.log" 2>&1 &
+        server_pid=$!
+        pids+=("$server_pid")
+        if ! wait_for_socket "$sock" "$server_pid"; then
+            echo "server failed: no socket at $sock (see $dir/server.log)" >"$dir/status"
+            cleanup
+            return
+        fi
+        qemu=$VHOST_QEMU
+        machine=q35,memory-backend=mem
+        extra=(-object "memory-backend-memfd,id=mem,size=512M,share=on"
+            -chardev "socket,id=vu,path=$sock"
+            -device "vhost-user-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024"
+            -L /usr/share/qemu -L /usr/share/seabios)
+        ;;
+    esac
+    holder=()
+    if [ "$sc" = pause ]; then
+        local l i
+        for l in plain pause; do
+            : >"$share/lc/lock-$l"
+            chmod 0666 "$share/lc/lock-$l"
+            python3 -c "$LOCK_PY" "$share/lc/lock-$l" "$share/lc/released-$l" >"$dir/holder-$l.log" 2>&1 &
+            holder[$l]=$!
+            pids+=("${holder[$l]}")
+            i=0
+            until grep -q '^locked' "$dir/holder-$l.log"; do
+                [ $i -lt 100 ] || { echo "host lock holder failed: $(cat "$dir/holder-$l.log")" >"$dir/status"; cleanup; return; }
+                sleep 0.1
+                i=$((i + 1))
+            done
+            hlog "lock-$l held by host pid ${holder[$l]}"
+        done
+    fi
+    # QMP system_reset under -no-reboot would end QEMU, so the reset
+    # scenario runs without it (the guest powers off at the end).
+    local noreboot=(-no-reboot)
+    [ "$sc" != reset ] || noreboot=()
+    local append="console=ttyS0 loglevel=4 panic=-1 CI_SCENARIO=$sc CI_SRC=share"
+    append="$append CI_OPTS=msize=512000,cache=mmap,access=client"
+    log "$row/$sc: booting guest ($(basename "$KERNEL"), bound ${timeout_s}s)"
+    local t0
+    t0=$(date +%s)
+    timeout --kill-after=10 "$timeout_s" "$qemu" -nodefaults -no-user-config -accel tcg \
+        -machine "$machine" -cpu max -m 512M -smp 1 -display none "${noreboot[@]}" \
+        -serial "file:$con" -monitor none -qmp "unix:$dir/qmp.sock,server=on,wait=off" \
+        -kernel "$KERNEL" -initrd "$out/initrd.img" -append "$append" \
+        "${extra[@]}" >"$dir/qemu.log" 2>&1 &
+    qpid=$!
+    pids+=("$qpid")
+    hlog "qemu started (pid $qpid)"
+    case $sc in
+    pause) drive_pause || true ;;
+    reset) drive_reset || true ;;
+    esac
+    # The guest powers off when done; a third boot or a panic ends it here.
+    local boots=1
+    [ "$sc" != reset ] || boots=2
+    while kill -0 "$qpid" 2>/dev/null; do
+        if [ "$(grep -c 'LC-STAGE boot' "$con")" -gt "$boots" ]; then
+            hfail "the guest booted more often than $boots time(s)"
+            kill "$qpid"
+            break
+        fi
+        if grep -q 'Kernel panic' "$con"; then
+            hfail "kernel panic"
+            kill "$qpid"
+            break
+        fi
+        sleep 0.5
+    done
+    wait "$qpid" || rc=$?
+    echo "$rc" >"$dir/qemu-rc"
+    echo "$(($(date +%s) - t0))" >"$dir/seconds"
+    hlog "qemu exited with $rc after $(cat "$dir/seconds") s"
+    cleanup
+    echo "done" >"$dir/status"
+    if mountpoint -q "$share"; then umount "$share"; fi
+}
+
+for s in "${server_list[@]}"; do
+    for c in "${scenario_list[@]}"; do
+        run_scenario "$s" "$c"
+    done
+done
+cleanup
+rm -f "$out/initrd.img"
+fi # report_only
+
+# ---------------------------------------------------------------- report
+cycles=$(cat "$out/cycles" 2>/dev/null || echo "$cycles")
+# judge ROW SCENARIO: prints "ok" or "FAIL: reason; reason..." and sets
+# J_LAT (lock latencies, pause only) and J_RING.
+J_LAT='' J_RING='' J_STOP=''
+judge() {
+    local row=$1 sc=$2 d=$out/$1/$2 st con
+    local why=()
+    J_LAT='' J_RING='' J_STOP=''
+    st=$(cat "$d/status" 2>/dev/null || echo "not run")
+    case $st in done) ;; *) echo "$st"; return ;; esac
+    con=$d/console.txt
+    tr -d '\r' <"$d/console.log" >"$con"
+    local rc
+    rc=$(cat "$d/qemu-rc" 2>/dev/null || echo '?')
+    case $rc in
+        0) ;;
+        124|137) why+=("guest did not end within the bound (last: $(grep -E '^LC-(STAGE|LOCK|IO-PROGRESS)' "$con" | tail -1))") ;;
+        *) why+=("qemu exited with $rc: $(tail -c 200 "$d/qemu.log" | tr '\n' ' ')") ;;
+    esac
+    while IFS= read -r l; do why+=("host: ${l#*HOST-FAIL }"); done < <(grep 'HOST-FAIL' "$d/host.log" || true)
+    while IFS= read -r l; do why+=("$l"); done < <(grep -E '^LC-FAIL|^LC-[A-Z]+ FAIL|^LC-LOCK [a-z]+ FAIL|^POSIX FAIL' "$con" | head -5 || true)
+    while IFS= read -r l; do why+=("kernel: $l"); done < <(grep -E 'BUG:|Oops|Call Trace|blocked for more than|WARNING:|general protection|p9_virtio_remove: waiting|Kernel panic' "$con" | head -3 || true)
+    need() { grep -qE -- "$1" "$con" || why+=("missing: $2"); }
+    need '^LC-END' "LC-END (the scenario did not finish)"
+    need '^CI-MOUNT ' "a 9p mount"
+    need '^LC-FILL ok' "LC-FILL ok"
+    need '^LC-VERIFY ok' "LC-VERIFY ok (files written before)"
+    case $sc in
+    pause)
+        need '^LC-IO ok' "LC-IO ok"
+        need '^LC-LOCK plain ok' "the plain lock grant"
+        need '^LC-LOCK pause ok' "the lock grant across pauses"
+        grep -q "cycles done: $cycles" "$d/host.log" || why+=("the host did not finish $cycles stop/cont cycles")
+        local l v lat=()
+        for l in plain pause; do
+            v=$(sed -n "s/^LC-LOCK $l ok latency_ms=\([-0-9.]*\) .*/\1 ms/p" "$con" | head -1)
+            if [ -z "$v" ] && grep -q "^LC-LOCK $l ok granted-before-release" "$con"; then v="at once"; fi
+            if grep -qx "$l" "$d/early-grants" 2>/dev/null; then
+                v="at once"
+            fi
+            if [ "$v" = "at once" ] && [ "$row" != qemu ]; then
+                why+=("lock-$l: granted while the host still held its lock")
+            fi
+            lat+=("${v:-none}")
+        done
+        J_LAT="${lat[0]} / ${lat[1]}"
+        J_STOP=$(sed -n 's/.*qmp stop \([0-9.]*\)ms.*/\1/p' "$d/host.log" | sort -n | tail -1)
+        ;;
+    rebind)
+        need '^LC-STAGE unbound' "the unbind"
+        need '^LC-STAGE rebound' "the rebind"
+        [ "$(grep -c '^CI-MOUNT ' "$con")" -ge 2 ] || why+=("missing: the mount after the rebind")
+        need '^LC-IO ok' "LC-IO ok after the rebind"
+        need '^POSIX-SUMMARY pass=[0-9]+ fail=0' "a clean POSIX-SUMMARY"
+        ;;
+    reset)
+        grep -q 'qmp system_reset' "$d/host.log" || why+=("missing: the QMP system_reset")
+        need '^LC-STAGE second-boot' "the second boot"
+        need '^LC-IO ok' "LC-IO ok after the reset"
+        need '^POSIX-SUMMARY pass=[0-9]+ fail=0' "a clean POSIX-SUMMARY"
+        ;;
+    esac
+    # The ring layout: the guest's negotiated bits (bit 34: RING_PACKED).
+    local feat
+    feat=$(sed -n 's/^CI-VIRTIO-9P [^ ]* features=\([01]*\)$/\1/p' "$con" | head -1)
+    if [ -n "$feat" ]; then
+        J_RING='split'
+        [ "${feat:34:1}" != 1 ] || J_RING=packed
+        if [ "$row" = ours-vhost-packed ] && [ "$J_RING" != packed ]; then why+=("the packed ring was not negotiated"); fi
+    fi
+    if [ ${#why[@]} -eq 0 ]; then
+        echo ok
+    else
+        local IFS=';'
+        echo "FAIL: ${why[*]}"
+    fi
+}
+
+declare -A RES LAT RING STOPMS
+for s in "${server_list[@]}"; do
+    for c in "${scenario_list[@]}"; do
+        # \x1f (not a tab, which read would merge) between the fields.
+        r=$(judge "$s" "$c"; printf '\x1f%s\x1f%s\x1f%s' "$J_LAT" "$J_RING" "$J_STOP")
+        IFS=$'\x1f' read -r res lat ring stopms <<<"${r//$'\n'/}"
+        RES[$s/$c]=$res
+        [ -z "$lat" ] || LAT[$s]=$lat
+        [ -z "$ring" ] || RING[$s]=$ring
+        [ -z "$stopms" ] || STOPMS[$s]=$stopms
+    done
+done
+
+short() { # result -> table cell
+    case $1 in
+        ok) echo ok ;;
+        FAIL*) echo FAIL ;;
+        "not available:"*) echo "n/a" ;;
+        *) echo "FAIL" ;;
+    esac
+}
+col() { # scenario -> result cell of row $s
+    if [[ ",$scenarios," == *",$1,"* ]]; then short "${RES[$s/$1]}"; else echo -; fi
+}
+printf '\n9p guest lifecycle (kernel %s, TCG, %s stop/cont cycles, %s)\n' \
+    "$(basename "$KERNEL" | sed 's/^vmlinuz-//')" "$cycles" "$(date -u +%Y-%m-%dT%H:%MZ)"
+fmt='%-17s | %-16s | %-17s | %-16s | %-31s | %s\n'
+# shellcheck disable=SC2059 # one format for every line of the table
+printf "$fmt" server "(a) pause/resume" "(b) unbind/rebind" "(c) system_reset" "lock grant: plain / across pauses" notes
+# shellcheck disable=SC2059
+printf "$fmt" ----------------- ---------------- ----------------- ---------------- ------------------------------- -----
+for s in "${server_list[@]}"; do
+    notes=
+    [ -z "${RING[$s]:-}" ] || notes="${RING[$s]} ring"
+    [ -z "${STOPMS[$s]:-}" ] || notes="$notes${notes:+; }slowest QMP stop ${STOPMS[$s]} ms"
+    [ "$s" != qemu ] || notes="$notes${notes:+; }built-in 9p ignores host locks"
+    # shellcheck disable=SC2059
+    printf "$fmt" "$s" "$(col pause)" "$(col rebind)" "$(col reset)" "${LAT[$s]:--}" "$notes"
+done
+echo
+gate_fail=0
+for s in "${server_list[@]}"; do
+    for c in "${scenario_list[@]}"; do
+        r=${RES[$s/$c]}
+        case $r in
+        ok) ;;
+        "not available: virtio-9p-server has no --"*) echo "$s/$c: skipped: ${r#not available: }" ;;
+        *)
+            echo "$s/$c: $r" | sed 's/;/\n    /g'
+            gate_fail=1
+            ;;
+        esac
+    done
+done
+echo "logs: $out"
+{
+    for s in "${server_list[@]}"; do
+        for c in "${scenario_list[@]}"; do
+            printf '%s\t%s\t%s\t%s\n' "$s" "$c" "$(short "${RES[$s/$c]}")" "${RES[$s/$c]}"
+        done
+    done
+} >"$out/summary.tsv"
+if [ "$gate" -eq 1 ] && [ "$gate_fail" -ne 0 ]; then
+    echo "guest lifecycle: FAILED (see above)"
+    exit 1
+fi
+exit 0
+}
