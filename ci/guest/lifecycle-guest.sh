@@ -28,7 +28,7 @@ FIXED_KIB=256
 finish() {
     cd /
     dmesg | grep -iE '9p|virtio|warning|bug|oops|call trace|blocked for more|error' \
-        | grep -vE 'CI-|LC-' | sed 's/^/LC-DMESG /'
+        | grep -vE 'CI-|LC-|Installing|pci=nocrs|Correctable Errors collector' | sed 's/^/LC-DMESG /'
     echo "LC-END scenario=$CI_SCENARIO"
     sync
     poweroff -f

@@ -30,6 +30,7 @@
 #                     release, into $CARGO_TARGET_DIR, default target/)
 #   --out DIR         keep logs and results here (default: a fresh temp dir)
 #   --gate            exit 1 unless every row passes every scenario
+#   --no-prepare      do not run prepare.sh: use what the cache holds
 #   --report-only     boot nothing: print the table again from --out
 set -euo pipefail
 # One compound command: bash parses all of it before it runs any of it.
@@ -47,6 +48,7 @@ server_bin=
 out=
 gate=0
 report_only=0
+prepare=1
 while [ $# -gt 0 ]; do
     case $1 in
         --servers) servers=$2; shift ;;
@@ -58,7 +60,8 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift ;;
         --gate) gate=1 ;;
         --report-only) report_only=1 ;;
-        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+        --no-prepare) prepare=0 ;;
+        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
         *) echo "lifecycle.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -79,35 +82,38 @@ done
 log() { echo "guest-lifecycle: $*" >&2; }
 
 # ------------------------------------------------------------ host helpers
-# A QMP client: connects, negotiates capabilities, runs each command named
-# in argv and prints "<command> <milliseconds>ms [status]" per command.
-# Exit 1 on an error reply, 2 when QEMU does not answer within QMP_TIMEOUT.
+# A QMP client that stays connected for the whole scenario (a coprocess,
+# so a command costs no interpreter start): connects (retrying while QEMU
+# starts), negotiates capabilities, prints "ready", then reads command
+# names from stdin and prints "<command> <milliseconds>ms [status]" for
+# each. On an error reply, a closed connection or no answer within
+# QMP_TIMEOUT it prints "qmp: <why>" and exits.
 QMP_PY='
 import json, os, socket, sys, time
-path, cmds = sys.argv[1], sys.argv[2:]
+path = sys.argv[1]
 limit = float(os.environ.get("QMP_TIMEOUT", "30"))
+def fail(why):
+    print("qmp: " + why, flush=True)
+    sys.exit(1)
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.settimeout(limit)
-for _ in range(100):
+for _ in range(300):
     try:
         s.connect(path)
         break
     except (FileNotFoundError, ConnectionRefusedError):
         time.sleep(0.1)
 else:
-    print("qmp: cannot connect to " + path)
-    sys.exit(1)
+    fail("cannot connect to " + path)
+s.settimeout(limit)
 f = s.makefile("rw")
 def recv(name):
     while True:
         try:
             line = f.readline()
         except socket.timeout:
-            print("qmp: %s: no answer within %.0f s" % (name, limit))
-            sys.exit(2)
+            fail("%s: no answer within %.0f s" % (name, limit))
         if not line:
-            print("qmp: %s: QEMU closed the connection" % name)
-            sys.exit(1)
+            fail("%s: QEMU closed the connection" % name)
         msg = json.loads(line)
         if "event" not in msg:
             return msg
@@ -116,17 +122,18 @@ def run(name):
     f.flush()
     r = recv(name)
     if "error" in r:
-        print("qmp: %s: %s" % (name, r["error"]))
-        sys.exit(1)
+        fail("%s: %s" % (name, r["error"]))
     return r["return"]
 recv("greeting")
 run("qmp_capabilities")
-for name in cmds:
-    t = time.monotonic()
-    r = run(name)
-    ms = (time.monotonic() - t) * 1000
-    status = r.get("status", "") if isinstance(r, dict) else ""
-    print(("%s %.1fms %s" % (name, ms, status)).strip(), flush=True)
+print("ready", flush=True)
+for line in sys.stdin:
+    for name in line.split():
+        t = time.monotonic()
+        r = run(name)
+        ms = (time.monotonic() - t) * 1000
+        status = r.get("status", "") if isinstance(r, dict) else ""
+        print(("%s %.1fms %s" % (name, ms, status)).strip(), flush=True)
 '
 # A host process holding a POSIX write lock (fcntl F_SETLK, through
 # lockf) on argv[1] until SIGUSR1; then it unlocks, creates the marker
@@ -157,7 +164,9 @@ case ",$servers," in *,ours-*) need_vhost_qemu=1 ;; esac
 prep_args=(--kernel "$kernel")
 [ "$need_vhost_qemu" -eq 1 ] || prep_args+=(--no-vhost-qemu)
 vhost_qemu_err=
-if ! bash "$here/prepare.sh" "${prep_args[@]}"; then
+if [ "$prepare" -eq 0 ]; then
+    log "--no-prepare: using the cache in $CACHE as it is"
+elif ! bash "$here/prepare.sh" "${prep_args[@]}"; then
     if [ "$need_vhost_qemu" -eq 1 ] && bash "$here/prepare.sh" --kernel "$kernel" --no-vhost-qemu; then
         vhost_qemu_err="the vhost-user QEMU rebuild failed (see ci/guest/build-qemu-vhost.sh)"
     else
@@ -240,8 +249,8 @@ wait_for_socket() { # path pid
     [ -S "$1" ]
 }
 
-# Globals of the running scenario (set by run_scenario).
-dir='' con='' qpid='' share=''
+# Globals of the running scenario (set by run_scenario and the drivers).
+dir='' con='' qpid='' share='' end_by=''
 declare -A holder=()
 hlog() { printf '%s %s\n' "$(date +%H:%M:%S.%3N)" "$*" >>"$dir/host.log"; }
 hfail() { hlog "HOST-FAIL $*"; }
@@ -258,11 +267,34 @@ wait_console() {
     done
 }
 
-qmp() { # command... (output goes to host.log)
-    local o rc=0
-    o=$(python3 -c "$QMP_PY" "$dir/qmp.sock" "$@" 2>&1) || rc=$?
-    while IFS= read -r line; do hlog "qmp $line"; done <<<"$o"
-    return $rc
+# qmp_open / qmp COMMAND... / qmp_close: the QMP coprocess of the scenario.
+qmp_open() {
+    local line=''
+    coproc python3 -u -c "$QMP_PY" "$dir/qmp.sock" 2>&1
+    pids+=("$COPROC_PID")
+    IFS= read -r -t 40 line <&"${COPROC[0]}" || true
+    hlog "qmp ${line:-no answer}"
+    [ "$line" = ready ]
+}
+qmp() {
+    local c line
+    for c in "$@"; do
+        [ -n "${COPROC[1]:-}" ] || { hlog "qmp: the client is gone"; return 1; }
+        # Written from a command substitution: should the client be gone,
+        # SIGPIPE ends that subshell, not this script.
+        : "$(printf '%s\n' "$c" 2>/dev/null 1>&"${COPROC[1]}")"
+        line=''
+        IFS= read -r -t 40 line <&"${COPROC[0]}" || true
+        hlog "qmp ${line:-$c: no answer}"
+        case $line in "$c "*|"$c") ;; *) return 1 ;; esac
+    done
+}
+qmp_close() {
+    if [ -n "${COPROC_PID:-}" ]; then
+        local p=$COPROC_PID
+        kill "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    fi
 }
 
 release_lock() { # plain|pause
@@ -278,14 +310,30 @@ release_lock() { # plain|pause
 }
 
 drive_pause() {
+    qmp_open || { hfail "no QMP connection"; return 1; }
     wait_console 'LC-LOCK plain waiting' 180 || { hfail "the guest never waited for lock-plain"; return 1; }
     sleep 1
     release_lock plain
     wait_console 'LC-STAGE cycles-ready' 120 || { hfail "the guest never got ready for the cycles"; return 1; }
     wait_console 'LC-LOCK pause waiting' 30 || { hfail "the guest never waited for lock-pause"; return 1; }
-    # Let the Tlock reach the server, so one is in flight at the first stop.
-    sleep 1
-    local i paused
+    # The first stop comes while the guest's Tlock is in flight: on our
+    # rows as soon as the daemon's debug log shows it (a server that
+    # answers Blocked after a bounded wait, 1 s in older daemons, would
+    # otherwise have answered before the stop), on QEMU's after 0.3 s.
+    local gpid i=0
+    gpid=$(tr -d '\r' <"$con" | sed -n 's/^LC-LOCK pause waiting pid=\([0-9]*\).*/\1/p' | head -1)
+    if [ -f "$dir/server.log" ] && [ -n "$gpid" ]; then
+        until grep -q "Wrlck, flags: LockFlags(BLOCK).*proc_id: $gpid," "$dir/server.log"; do
+            [ $i -lt 50 ] || { hlog "no Tlock of guest pid $gpid in the daemon log within 5 s"; break; }
+            sleep 0.1
+            i=$((i + 1))
+        done
+        hlog "the guest (pid $gpid) waits for lock-pause; its Tlock is in the daemon log"
+    else
+        hlog "the guest waits for lock-pause"
+        sleep 0.3
+    fi
+    local paused
     for ((i = 1; i <= cycles; i++)); do
         paused=1.$((i % 6))
         hlog "cycle $i: stop for ${paused} s"
@@ -298,14 +346,30 @@ drive_pause() {
     done
     hlog "cycles done: $cycles"
     : >"$share/lc/host-done"
+    # The guest allows its I/O 60 s and its lock waiter 50 s from here.
+    end_by=$(($(date +%s) + 150))
 }
 
 drive_reset() {
+    qmp_open || { hfail "no QMP connection"; return 1; }
     wait_console 'LC-STAGE busy' 180 || { hfail "the guest never got busy"; return 1; }
     sleep 2
     hlog "system_reset"
     qmp system_reset || { hfail "QMP system_reset failed"; return 1; }
-    hlog "system_reset done"
+    end_by=$(($(date +%s) + 240))
+}
+
+# stop_qemu: TERM through timeout(1), which passes it on; KILL after 10 s.
+stop_qemu() {
+    local i=0 child
+    kill "$qpid" 2>/dev/null || return 0
+    while kill -0 "$qpid" 2>/dev/null && [ $i -lt 100 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    if kill -0 "$qpid" 2>/dev/null; then
+        for child in $(ps -o pid= --ppid "$qpid"); do kill -KILL "$child" 2>/dev/null || true; done
+    fi
 }
 
 # run_scenario ROW SCENARIO -> $out/ROW/SCENARIO/{console.log,host.log,...}
@@ -371,7 +435,7 @@ run_scenario() {
             holder[$l]=$!
             pids+=("${holder[$l]}")
             i=0
-            until grep -q '^locked' "$dir/holder-$l.log"; do
+            until grep -q '^locked' "$dir/holder-$l.log" 2>/dev/null; do
                 [ $i -lt 100 ] || { echo "host lock holder failed: $(cat "$dir/holder-$l.log")" >"$dir/status"; cleanup; return; }
                 sleep 0.1
                 i=$((i + 1))
@@ -396,26 +460,32 @@ run_scenario() {
     qpid=$!
     pids+=("$qpid")
     hlog "qemu started (pid $qpid)"
+    end_by=''
+    local drove=0
     case $sc in
-    pause) drive_pause || true ;;
-    reset) drive_reset || true ;;
+    pause) drive_pause || drove=$? ;;
+    reset) drive_reset || drove=$? ;;
     esac
-    # The guest powers off when done; a third boot or a panic ends it here.
+    # A driver that failed leaves a guest waiting for the host: end it.
+    [ "$drove" -eq 0 ] || end_by=0
+    # The guest powers off when done; a third boot, a panic or the
+    # driver's deadline ends it here.
     local boots=1
     [ "$sc" != reset ] || boots=2
     while kill -0 "$qpid" 2>/dev/null; do
         if [ "$(grep -c 'LC-STAGE boot' "$con")" -gt "$boots" ]; then
             hfail "the guest booted more often than $boots time(s)"
-            kill "$qpid"
-            break
-        fi
-        if grep -q 'Kernel panic' "$con"; then
+            stop_qemu
+        elif grep -q 'Kernel panic' "$con"; then
             hfail "kernel panic"
-            kill "$qpid"
-            break
+            stop_qemu
+        elif [ -n "$end_by" ] && [ "$(date +%s)" -ge "$end_by" ]; then
+            [ "$end_by" -eq 0 ] || hfail "the guest did not finish in time after the host's part"
+            stop_qemu
         fi
         sleep 0.5
     done
+    qmp_close
     wait "$qpid" || rc=$?
     echo "$rc" >"$dir/qemu-rc"
     echo "$(($(date +%s) - t0))" >"$dir/seconds"

@@ -18,9 +18,10 @@
  *   lifecycle lockwait LABEL FILE MARKER
  *       takes a POSIX write lock on all of FILE with F_SETLKW while a child
  *       stats MARKER every 5 ms (the host creates it right after it
- *       releases its own lock on FILE). Prints "LC-LOCK LABEL waiting",
- *       then "LC-LOCK LABEL ok latency_ms=L waited_ms=W" (L: grant time
- *       minus the time the marker was first seen, both in the guest), or
+ *       releases its own lock on FILE). Prints "LC-LOCK LABEL waiting
+ *       pid=P" (P: the proc_id of its Tlock), then "LC-LOCK LABEL ok
+ *       latency_ms=L waited_ms=W" (L: grant time minus the time the
+ *       marker was first seen, both in the guest), or
  *       "LC-LOCK LABEL ok granted-before-release waited_ms=W" when the
  *       marker appears only 250 ms or more after the grant, or not within
  *       1 s (a server that ignores host locks), or "LC-LOCK LABEL FAIL why".
@@ -267,7 +268,7 @@ static int cmd_lockwait(const char *label, const char *file, const char *marker)
         }
         _exit(0);
     }
-    say("LC-LOCK %s waiting", label);
+    say("LC-LOCK %s waiting pid=%d", label, (int)getpid());
     double t0 = now_ms();
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
     int rc;
