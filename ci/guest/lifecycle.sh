@@ -237,6 +237,7 @@ install -m 0755 "$tools/lifecycle" "$tools/posix-suite" "$payload_dir/ci/bin/"
 cat "$INITRAMFS" "$out/payload.cpio.gz" >"$out/initrd.img"
 echo "$KERNEL" >"$out/kernel"
 echo "$cycles" >"$out/cycles"
+date -u +%Y-%m-%dT%H:%MZ >"$out/date"
 
 # ------------------------------------------------------------ one scenario
 wait_for_socket() { # path pid
@@ -540,7 +541,8 @@ judge() {
         grep -q "cycles done: $cycles" "$d/host.log" || why+=("the host did not finish $cycles stop/cont cycles")
         local l v lat=()
         for l in plain pause; do
-            v=$(sed -n "s/^LC-LOCK $l ok latency_ms=\([-0-9.]*\) .*/\1 ms/p" "$con" | head -1)
+            v=$(sed -n "s/^LC-LOCK $l ok latency_ms=\([-0-9.]*\) .*/\1/p" "$con" | head -1)
+            [ -z "$v" ] || v=$(awk -v ms="$v" 'BEGIN { if (ms >= 1000 || ms <= -1000) printf "%.1f s", ms / 1000; else printf "%.1f ms", ms }')
             if [ -z "$v" ] && grep -q "^LC-LOCK $l ok granted-before-release" "$con"; then v="at once"; fi
             if grep -qx "$l" "$d/early-grants" 2>/dev/null; then
                 v="at once"
@@ -608,7 +610,7 @@ col() { # scenario -> result cell of row $s
     if [[ ",$scenarios," == *",$1,"* ]]; then short "${RES[$s/$1]}"; else echo -; fi
 }
 printf '\n9p guest lifecycle (kernel %s, TCG, %s stop/cont cycles, %s)\n' \
-    "$(basename "$KERNEL" | sed 's/^vmlinuz-//')" "$cycles" "$(date -u +%Y-%m-%dT%H:%MZ)"
+    "$(basename "$KERNEL" | sed 's/^vmlinuz-//')" "$cycles" "$(cat "$out/date" 2>/dev/null || date -u +%Y-%m-%dT%H:%MZ)"
 fmt='%-17s | %-16s | %-17s | %-16s | %-31s | %s\n'
 # shellcheck disable=SC2059 # one format for every line of the table
 printf "$fmt" server "(a) pause/resume" "(b) unbind/rebind" "(c) system_reset" "lock grant: plain / across pauses" notes
