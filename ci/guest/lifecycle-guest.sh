@@ -90,6 +90,7 @@ io_for() {
 }
 
 echo "LC-STAGE boot scenario=$CI_SCENARIO"
+echo "LC-CLOCK $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
 do_mount || finish
 dev=$(virtio_9p_dev) && echo "CI-VIRTIO-9P $dev features=$(cat "/sys/bus/virtio/devices/$dev/features")"
 
