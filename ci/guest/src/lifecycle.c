@@ -21,10 +21,13 @@
  *       releases its own lock on FILE). Prints "LC-LOCK LABEL waiting
  *       pid=P" (P: the proc_id of its Tlock), then "LC-LOCK LABEL ok
  *       latency_ms=L waited_ms=W" (L: grant time minus the time the
- *       marker was first seen, both in the guest), or
- *       "LC-LOCK LABEL ok granted-before-release waited_ms=W" when the
- *       marker appears only 250 ms or more after the grant, or not within
- *       1 s (a server that ignores host locks), or "LC-LOCK LABEL FAIL why".
+ *       marker was first seen, both in the guest; negative when the grant
+ *       came first, by a poll interval or, for a server that ignores host
+ *       locks, by as long as the host kept its lock), or "LC-LOCK LABEL ok
+ *       granted-before-release waited_ms=W" when no marker appeared within
+ *       5 s of the grant, or "LC-LOCK LABEL FAIL why". Whether the grant
+ *       came before the host's release is for the host to judge (it looks
+ *       for this line before it releases).
  *
  * Every output line is one write(2), so lines of concurrent tools do not
  * mix on the console. Built with `gcc -static` by ci/guest/prepare.sh.
@@ -284,17 +287,17 @@ static int cmd_lockwait(const char *label, const char *file, const char *marker)
         say("LC-LOCK %s FAIL fcntl(F_SETLKW): %s after %.1f ms", label, strerror(err), granted - t0);
         return 1;
     }
-    /* The grant may come a poll (and stat round trip) before the marker is
-     * seen; a grant more than 250 ms before it, or with no marker within
-     * 1 s, came before the host released its lock. */
-    while (sh->seen_ms == 0 && now_ms() - granted < 1000.0) {
+    /* The grant may come before the marker is seen: by a poll and a stat
+     * round trip (longer on a loaded host), or by much more when the server
+     * ignores the host's lock. */
+    while (sh->seen_ms == 0 && now_ms() - granted < 5000.0) {
         struct timespec nap = {.tv_sec = 0, .tv_nsec = 2 * 1000 * 1000};
         nanosleep(&nap, NULL);
     }
     double seen = sh->seen_ms;
     sh->stop = 1;
     waitpid(poller, &status, 0);
-    if (seen == 0 || seen - granted > 250.0)
+    if (seen == 0)
         say("LC-LOCK %s ok granted-before-release waited_ms=%.1f", label, granted - t0);
     else
         say("LC-LOCK %s ok latency_ms=%.1f waited_ms=%.1f", label, granted - seen, granted - t0);
