@@ -263,6 +263,15 @@ fn qid_version(mtime: i64, size: i64) -> u32 {
 /// Host `open` flags for 9P2000.L flags. `O_DIRECT`, `O_NOATIME`,
 /// `FASYNC` and `O_NOFOLLOW` are dropped (as QEMU does), `O_CREAT` and
 /// `O_EXCL` belong to Tlcreate, and `O_CLOEXEC | O_NOCTTY` are always set.
+///
+/// `O_APPEND` is dropped too: every Twrite carries its offset, and on
+/// Linux a positional write to an `O_APPEND` descriptor lands at the end
+/// of the file whatever the offset (`pwrite(2)`, BUGS). A client that
+/// caches writes (v9fs `cache=mmap` or `loose`) writes a page back at its
+/// own offset, again when more is appended to it; on an `O_APPEND`
+/// descriptor that copy would be appended a second time and corrupt the
+/// file (xfstests generic/069). The client already puts appends at the
+/// end: it sends the file's size as the offset.
 pub(crate) fn host_open_flags(flags: OpenFlags) -> io::Result<libc::c_int> {
     let mode = flags.access_mode();
     let mut out = if mode == OpenFlags::RDONLY {
@@ -276,7 +285,6 @@ pub(crate) fn host_open_flags(flags: OpenFlags) -> io::Result<libc::c_int> {
     };
     for (p9, host) in [
         (OpenFlags::TRUNC, libc::O_TRUNC),
-        (OpenFlags::APPEND, libc::O_APPEND),
         (OpenFlags::NONBLOCK, libc::O_NONBLOCK),
         (OpenFlags::DSYNC, libc::O_DSYNC),
         (OpenFlags::DIRECTORY, libc::O_DIRECTORY),
@@ -1619,6 +1627,26 @@ mod tests {
         assert_eq!(f & libc::O_DIRECT, 0);
         assert_eq!(f & libc::O_NOATIME, 0);
         assert!(host_open_flags(OpenFlags::ACCMODE).is_err());
+    }
+
+    #[test]
+    fn test_append_open_keeps_writes_at_their_offset() {
+        // A guest opens with O_APPEND, then writes a range back at its
+        // offset (a cached page written again): the bytes must land there,
+        // not at the end of the file.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let flags = host_open_flags(OpenFlags::WRONLY | OpenFlags::APPEND).unwrap();
+        assert_eq!(flags & libc::O_APPEND, 0);
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: open of a NUL-terminated path; the result is checked.
+        let fd = unsafe { libc::open(c.as_ptr(), flags) };
+        assert!(fd >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: `fd` was just opened and is owned here alone.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        assert_eq!(crate::io::pwrite_all(fd.as_fd(), b"ab", 4).unwrap(), 2);
+        assert_eq!(std::fs::read(&path).unwrap(), b"0123ab6789");
     }
 
     #[test]
