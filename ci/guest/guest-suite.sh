@@ -190,7 +190,7 @@ run_workloads() {
             wl_step "$setting" cp_a "$rep" cp -a "$w" "$w.copy"
             wl_step "$setting" rm_rf "$rep" rm -rf "$w.copy" "$w"
             wl_step "$setting" git_status "$rep" git -C "$m/wl/repo" status --porcelain
-            wl_step "$setting" git_log_p "$rep" git -C "$m/wl/repo" log -p
+            wl_step "$setting" git_log_p "$rep" git -C "$m/wl/repo" log -p -20
             local f=(--filename="$m/wl/fio.dat" --size=256M --ioengine=libaio --direct=1
                 --randrepeat=1 --randseed=31 --norandommap=1 --group_reporting)
             wl_fio "$setting" fio_randread_4k "$rep" --name=rr "${f[@]}" --rw=randread --bs=4k --iodepth=16 --io_size=16M
