@@ -2,5 +2,5 @@
 //! Transports: how requests reach the [`Server`](crate::Server).
 
 pub mod socket;
-mod splice;
+
 pub mod unix;

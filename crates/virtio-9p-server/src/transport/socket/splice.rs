@@ -62,6 +62,7 @@ use log::{debug, error};
 
 use crate::engine;
 use crate::io::{pread_nowait, ReplyWriter, SliceWriter};
+use crate::protocol::{MsgType, Rmessage, HEADER_SIZE};
 use crate::virtio::io::range_cached;
 
 /// Smallest range spliced. A spliced Rread makes four more syscalls than
@@ -80,7 +81,7 @@ pub(crate) const MAX_PIPE: usize = 1 << 20;
 pub(crate) const MAX_PIPES: usize = 16;
 
 /// How long a free pipe stays in the pool before it is closed.
-pub(crate) const PIPE_IDLE_RELEASE: Duration = super::socket::IDLE_RELEASE;
+pub(crate) const PIPE_IDLE_RELEASE: Duration = super::buffers::IDLE_RELEASE;
 
 const PAGE: usize = 4096;
 
@@ -682,7 +683,7 @@ fn send_from_file(tail: &mut Tail, sock: BorrowedFd<'_>) -> io::Result<Option<us
     if tail.sent == tail.bounce.len() {
         tail.refill_from_file()?;
     }
-    let r = super::socket::send_fd(sock, &tail.bounce[tail.sent..], false)?;
+    let r = super::connection::send_fd(sock, &tail.bounce[tail.sent..], false)?;
     if let Some(n) = r {
         tail.sent += n;
     }
@@ -749,6 +750,38 @@ pub(crate) fn splice_out(
             return send_from_file(tail, sock);
         }
     }
+}
+
+/// An Rread whose data was spliced into a pipe: the bytes of `buf` to
+/// send (its header) and the pipe to send after them. A reply that is not
+/// that Rread (the filesystem failed after the splice, or reported
+/// another count) drops the pipe; a mismatched Rread becomes an `EIO`
+/// Rlerror, since its data is not in the buffer.
+pub(super) fn rread_tail(buf: &mut [u8], len: usize, f: Filled) -> (usize, Option<Tail>) {
+    const RHDR: usize = HEADER_SIZE + 4;
+    let is_rread = buf.get(4) == Some(&u8::from(MsgType::Rread));
+    let count = buf
+        .get(HEADER_SIZE..RHDR)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize);
+    if is_rread && len == RHDR + f.len && count == Some(f.len) {
+        return (RHDR, Some(Tail::new(f)));
+    }
+    if !is_rread {
+        return (len, None);
+    }
+    error!("9p: an Rread's count does not match its spliced data; answering EIO");
+    let tag = u16::from_le_bytes([buf[5], buf[6]]);
+    let frame = Rmessage::Lerror(libc::EIO as u32).encode_frame(tag);
+    buf[..frame.len()].copy_from_slice(&frame);
+    (frame.len(), None)
+}
+
+/// Rewrites the size and count of the Rread header in `buf` for `len`
+/// bytes of data.
+pub(super) fn set_rread_count(buf: &mut [u8], len: usize) {
+    const RHDR: usize = HEADER_SIZE + 4;
+    buf[..4].copy_from_slice(&((RHDR + len) as u32).to_le_bytes());
+    buf[HEADER_SIZE..RHDR].copy_from_slice(&(len as u32).to_le_bytes());
 }
 
 #[cfg(test)]

@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! The socket threads of a listener ("Threads" in the module docs): the
+//! hub hands each new connection to the least busy one.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+
+use coro_pool::{PoolConfig, StackPool};
+use log::error;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::buffers::BufferBudget;
+use super::connection::run_thread;
+use super::listener::SocketLimits;
+use crate::engine::{set_nonblocking, Executor, ThreadPool, DEFAULT_STACK_SIZE};
+use crate::fs::Filesystem;
+use crate::server::Server;
+
+/// The socket threads of one listener.
+pub(super) struct Hub {
+    pub(super) threads: Vec<ThreadHandle>,
+    pub(super) active: Arc<AtomicUsize>,
+}
+
+pub(super) struct ThreadHandle {
+    pub(super) tx: mpsc::Sender<OwnedFd>,
+    pub(super) wake: EventFd,
+    pub(super) conns: Arc<AtomicUsize>,
+}
+
+impl Hub {
+    pub(super) fn start<F: Filesystem + 'static>(
+        server: Arc<Server<F>>,
+        limits: &SocketLimits,
+    ) -> io::Result<Hub> {
+        let shared = Shared::new(server, limits)?;
+        let active = Arc::new(AtomicUsize::new(0));
+        let mut threads = Vec::new();
+        for i in 0..limits.threads.max(1) {
+            let (tx, rx) = mpsc::channel();
+            let wake = EventFd::new(EFD_NONBLOCK)?;
+            let conns = Arc::new(AtomicUsize::new(0));
+            let ctx = ThreadCtx {
+                shared: shared.clone(),
+                rx,
+                wake: wake.try_clone()?,
+                conns: Arc::clone(&conns),
+                active: Arc::clone(&active),
+            };
+            std::thread::Builder::new()
+                .name(format!("9p-sock-{i}"))
+                .spawn(move || {
+                    if let Err(e) = run_thread(ctx, false) {
+                        error!("9p: socket thread stopped: {e}");
+                    }
+                })?;
+            threads.push(ThreadHandle { tx, wake, conns });
+        }
+        Ok(Hub { threads, active })
+    }
+
+    /// Hands `fd` to the socket thread with the fewest connections.
+    pub(super) fn add(&self, fd: OwnedFd) -> io::Result<()> {
+        let t = self
+            .threads
+            .iter()
+            .min_by_key(|t| t.conns.load(Ordering::Acquire))
+            .ok_or_else(|| io::Error::other("no socket thread"))?;
+        set_nonblocking(fd.as_raw_fd())?;
+        self.active.fetch_add(1, Ordering::AcqRel);
+        t.conns.fetch_add(1, Ordering::AcqRel);
+        if t.tx.send(fd).is_err() {
+            self.active.fetch_sub(1, Ordering::AcqRel);
+            t.conns.fetch_sub(1, Ordering::AcqRel);
+            return Err(io::Error::other("the socket thread has stopped"));
+        }
+        t.wake.write(1)
+    }
+}
+
+/// What every socket thread of a listener shares.
+pub(super) struct Shared<F> {
+    pub(super) server: Arc<Server<F>>,
+    pub(super) budget: Arc<BufferBudget>,
+    pub(super) limits: SocketLimits,
+    pub(super) executor: Option<Arc<dyn Executor>>,
+    pub(super) pool: Arc<StackPool>,
+}
+
+impl<F> Clone for Shared<F> {
+    fn clone(&self) -> Self {
+        Shared {
+            server: Arc::clone(&self.server),
+            budget: Arc::clone(&self.budget),
+            limits: self.limits.clone(),
+            executor: self.executor.clone(),
+            pool: Arc::clone(&self.pool),
+        }
+    }
+}
+
+impl<F: Filesystem + 'static> Shared<F> {
+    pub(super) fn new(server: Arc<Server<F>>, limits: &SocketLimits) -> io::Result<Self> {
+        let executor: Option<Arc<dyn Executor>> = if limits.workers > 0 {
+            Some(Arc::new(ThreadPool::new(limits.workers, None)?))
+        } else {
+            None
+        };
+        let pool = StackPool::new(PoolConfig::default().stack_size(DEFAULT_STACK_SIZE))
+            .map_err(io::Error::other)?;
+        Ok(Shared {
+            server,
+            budget: BufferBudget::new(limits.buffer_bytes),
+            limits: limits.clone(),
+            executor,
+            pool: Arc::new(pool),
+        })
+    }
+}
+
+pub(super) struct ThreadCtx<F> {
+    pub(super) shared: Shared<F>,
+    pub(super) rx: mpsc::Receiver<OwnedFd>,
+    pub(super) wake: EventFd,
+    pub(super) conns: Arc<AtomicUsize>,
+    pub(super) active: Arc<AtomicUsize>,
+}
+
+/// Serves one client on `stream` on the calling thread, on an engine of
+/// its own (with the default [`SocketLimits`]), until it hangs up (`Ok`)
+/// or breaks the framing (`Err`). [`Listener::serve_with`](super::Listener::serve_with) is what the
+/// daemon runs; this is the same loop for one connection.
+pub fn serve_connection<F, S>(server: &Arc<Server<F>>, stream: S) -> io::Result<()>
+where
+    F: Filesystem + 'static,
+    S: AsFd,
+{
+    let fd = stream.as_fd().try_clone_to_owned()?;
+    drop(stream);
+    set_nonblocking(fd.as_raw_fd())?;
+    let limits = SocketLimits::default();
+    let shared = Shared::new(Arc::clone(server), &limits)?;
+    let (tx, rx) = mpsc::channel();
+    let wake = EventFd::new(EFD_NONBLOCK)?;
+    tx.send(fd)
+        .map_err(|_| io::Error::other("channel closed"))?;
+    wake.write(1)?;
+    let ctx = ThreadCtx {
+        shared,
+        rx,
+        wake,
+        conns: Arc::new(AtomicUsize::new(1)),
+        active: Arc::new(AtomicUsize::new(1)),
+    };
+    run_thread(ctx, true)
+}
