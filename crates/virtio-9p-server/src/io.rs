@@ -13,7 +13,9 @@
 //! socket transport and the in-process client use them).
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
+
+use crate::sys::{pread, pread_nowait, pwrite_all};
 
 /// Bounce-buffer size of the default copying implementations.
 const COPY_CHUNK: usize = 64 << 10;
@@ -105,102 +107,6 @@ pub trait ReplyWriter: Write + Sized {
         }
         Ok(done)
     }
-}
-
-/// `pread` retrying on EINTR.
-pub(crate) fn pread(file: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize> {
-    loop {
-        // SAFETY: `buf` is a valid writable buffer of `buf.len()` bytes and
-        // the fd is borrowed for the duration of the call.
-        let n = unsafe {
-            libc::pread64(
-                file.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                off as libc::off64_t,
-            )
-        };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
-}
-
-/// `preadv2(RWF_NOWAIT)`: reads what is in the page cache without
-/// blocking; `EAGAIN` (or any error) when nothing is.
-pub(crate) fn pread_nowait(file: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize> {
-    let iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    loop {
-        // SAFETY: one iovec over `buf`, valid and writable for the call;
-        // the fd is borrowed.
-        let n = unsafe {
-            libc::preadv2(
-                file.as_raw_fd(),
-                &iov,
-                1,
-                off as libc::off64_t,
-                libc::RWF_NOWAIT,
-            )
-        };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
-}
-
-/// Repeats `op(done)` (a syscall moving at most `len - done` bytes, its
-/// raw return value) until `len` bytes moved, it returns 0, or it fails:
-/// `EINTR` is retried, and an error after some progress returns the
-/// progress.
-pub(crate) fn repeat_io(len: usize, mut op: impl FnMut(usize) -> isize) -> io::Result<usize> {
-    let mut done = 0usize;
-    while done < len {
-        let n = op(done);
-        if n > 0 {
-            done += n as usize;
-            continue;
-        }
-        if n == 0 {
-            break;
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        if done > 0 {
-            break;
-        }
-        return Err(err);
-    }
-    Ok(done)
-}
-
-/// `pwrite` until everything is written, a zero-length write, or an error
-/// after some progress (then the progress is returned).
-pub(crate) fn pwrite_all(file: BorrowedFd<'_>, buf: &[u8], off: u64) -> io::Result<usize> {
-    repeat_io(buf.len(), |done| {
-        let rest = &buf[done..];
-        // SAFETY: `rest` is a valid readable buffer and the fd is borrowed.
-        unsafe {
-            libc::pwrite64(
-                file.as_raw_fd(),
-                rest.as_ptr().cast(),
-                rest.len(),
-                (off + done as u64) as libc::off64_t,
-            )
-        }
-    })
 }
 
 /// A [`RequestReader`] over a byte slice.

@@ -92,6 +92,7 @@ pub mod io;
 pub mod protocol;
 mod server;
 mod state;
+mod sys;
 pub mod syscalls;
 pub mod transport;
 

@@ -141,7 +141,7 @@ pub const WORKER_THREAD: &[Syscall] = &[
     s!(listxattrat, sys::SYS_LISTXATTRAT),
     s!(removexattrat, sys::SYS_REMOVEXATTRAT),
     // The page-cache hint of Tread (Linux 6.5).
-    s!(cachestat, 451), // not yet in every libc; virtio::io calls it by number
+    s!(cachestat, 451), // not yet in every libc; sys.rs calls it by number
     // Uncached Rread ranges of the socket transport, file -> pipe.
     s!(splice, libc::SYS_splice),
     // x86_64 has older forms that glibc and std still use there (Tattach

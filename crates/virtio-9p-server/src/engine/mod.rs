@@ -130,6 +130,7 @@ use crate::protocol::{
     TXATTRWALK,
 };
 use crate::server::{Blocking, Cancel, Interrupted};
+use crate::sys::{set_nonblocking, wait_readable};
 
 pub(crate) use workers::ThreadPool;
 use workers::{Completions, Done, JobCell, JobFn, JobId, Outcome};
@@ -1150,33 +1151,6 @@ impl Drop for Engine {
         // Bounded: see the module docs ("Teardown").
         self.shutdown();
     }
-}
-
-/// Waits up to `timeout` for `fd` to become readable.
-fn wait_readable(fd: RawFd, timeout: Duration) {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
-    // SAFETY: poll reads and writes the one pollfd we pass, valid for the
-    // call.
-    let _ = unsafe { libc::poll(&mut pfd, 1, ms) };
-}
-
-/// Sets `O_NONBLOCK` on `fd`.
-pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: F_GETFL/F_SETFL on an fd we own; no memory is involved.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

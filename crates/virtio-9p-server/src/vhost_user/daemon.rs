@@ -5,6 +5,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use coro_pool::{PoolConfig, StackPool};
 use log::{error, info, warn};
@@ -18,6 +19,7 @@ use crate::engine::DEFAULT_STACK_SIZE;
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::server::{Server, Session};
+use crate::sys::poll_in;
 
 /// The socket used when only `--shared-dir` is given.
 pub const DEFAULT_SOCKET_PATH: &str = "virtio-9p.sock";
@@ -426,34 +428,18 @@ impl<F: Filesystem + 'static> Daemon<F> {
             if self.stop.is_stopped() {
                 return Ok(false);
             }
-            let mut fds = [
-                libc::pollfd {
-                    fd: self.listener.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.stop.0.wake.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: poll reads and writes the two pollfds, valid for the call.
-            let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
-            if r < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(Error::DaemonIo(e));
-            }
+            let [listener, _] = poll_in(
+                [self.listener.as_raw_fd(), self.stop.0.wake.as_raw_fd()],
+                Duration::from_secs(1),
+            )
+            .map_err(Error::DaemonIo)?;
             if self.stop.is_stopped() {
                 return Ok(false);
             }
-            if fds[0].revents & libc::POLLIN != 0 {
+            if listener & libc::POLLIN != 0 {
                 return Ok(true);
             }
-            if fds[0].revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
+            if listener & (libc::POLLERR | libc::POLLNVAL) != 0 {
                 error!("virtio-9p: the listening socket failed");
                 return Err(Error::DaemonIo(std::io::Error::from_raw_os_error(
                     libc::EBADF,
@@ -467,26 +453,17 @@ impl<F: Filesystem + 'static> Daemon<F> {
 /// signal) and then shuts the current connection down.
 fn watch_stop(stop: &StopHandle) {
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: stop.0.wake.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.0.handover_wake.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: poll on two valid pollfds.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
-        if fds[1].revents & libc::POLLIN != 0 {
+        let ready = poll_in(
+            [stop.0.wake.as_raw_fd(), stop.0.handover_wake.as_raw_fd()],
+            Duration::from_secs(1),
+        )
+        .unwrap_or_default();
+        if ready[1] & libc::POLLIN != 0 {
             let _ = stop.0.handover_wake.read();
             stop.hand_over();
             return;
         }
-        if r > 0 || stop.is_stopped() {
+        if ready.iter().any(|&e| e != 0) || stop.is_stopped() {
             // Do not consume the event: the accept loop polls it too.
             stop.stop();
             return;

@@ -590,14 +590,10 @@ impl FakeVmm {
             if now >= deadline {
                 return Ok(Vec::new());
             }
-            let mut pfd = libc::pollfd {
-                fd: self.call.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = (deadline - now).as_millis().clamp(1, 100) as i32;
-            // SAFETY: poll on one valid pollfd.
-            unsafe { libc::poll(&mut pfd, 1, ms) };
+            crate::sys::wait_readable(
+                self.call.as_raw_fd(),
+                (deadline - now).min(Duration::from_millis(100)),
+            );
             let _ = self.call.read();
         }
     }

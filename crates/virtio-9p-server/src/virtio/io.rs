@@ -17,8 +17,7 @@
 use std::cell::RefCell;
 use std::io::{self, Read, Write};
 use std::ops::Deref;
-use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::os::fd::BorrowedFd;
 
 use virtqueue_large::{Reader, Writer};
 use vm_memory::GuestMemoryBackend;
@@ -26,6 +25,7 @@ use vm_memory::GuestMemoryBackend;
 use crate::engine;
 use crate::io::{ReplyWriter, RequestReader};
 use crate::server::Cancel;
+use crate::sys::range_cached;
 
 /// Largest piece a worker reads into its bounce buffer before copying it
 /// into guest memory (see the module docs).
@@ -179,7 +179,7 @@ where
             let want = (count - done).min(chunk);
             // May block for as long as the filesystem likes: guest memory
             // is not involved.
-            let got = crate::io::pread(file, &mut buf[..want], off + done as u64)?;
+            let got = crate::sys::pread(file, &mut buf[..want], off + done as u64)?;
             if got == 0 {
                 break;
             }
@@ -194,114 +194,4 @@ where
         }
         Ok(done)
     })
-}
-
-/// `cachestat(2)` support: 0 unknown, 1 yes, 2 no.
-static CACHESTAT: AtomicU8 = AtomicU8::new(0);
-
-#[repr(C)]
-struct CachestatRange {
-    off: u64,
-    len: u64,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct Cachestat {
-    nr_cache: u64,
-    nr_dirty: u64,
-    nr_writeback: u64,
-    nr_evicted: u64,
-    nr_recently_evicted: u64,
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-const SYS_CACHESTAT: libc::c_long = 451;
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no memory effects.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as u64
-    } else {
-        4096
-    }
-}
-
-/// Whether every page of `[off, off + count)` that lies inside the file is
-/// in the page cache. False when unknown (no `cachestat(2)`, Linux < 6.5),
-/// so the caller offloads.
-pub(crate) fn range_cached(file: BorrowedFd<'_>, count: usize, off: u64) -> bool {
-    if count == 0 {
-        return true;
-    }
-    if CACHESTAT.load(Ordering::Relaxed) == 2 {
-        return false;
-    }
-    let range = CachestatRange {
-        off,
-        len: count as u64,
-    };
-    let mut cs = Cachestat::default();
-    // SAFETY: cachestat reads `range` and writes `cs`, both valid for the
-    // call; the fd is borrowed.
-    let r = unsafe {
-        libc::syscall(
-            SYS_CACHESTAT,
-            file.as_raw_fd(),
-            &range as *const CachestatRange,
-            &mut cs as *mut Cachestat,
-            0u32,
-        )
-    };
-    if r != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ENOSYS) {
-            CACHESTAT.store(2, Ordering::Relaxed);
-        }
-        return false;
-    }
-    CACHESTAT.store(1, Ordering::Relaxed);
-    let page = page_size();
-    let end = off.saturating_add(count as u64);
-    let wanted = |end: u64| end.div_ceil(page).saturating_sub(off / page);
-    if cs.nr_cache >= wanted(end) {
-        return true;
-    }
-    // Part of the range may lie past the end of the file.
-    // SAFETY: fstat writes into `st`, valid for the call.
-    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; the fd is borrowed.
-    if unsafe { libc::fstat64(file.as_raw_fd(), &mut st) } != 0 {
-        return false;
-    }
-    let size = st.st_size.max(0) as u64;
-    if size <= off {
-        return true;
-    }
-    cs.nr_cache >= wanted(end.min(size))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::fd::AsFd;
-
-    #[test]
-    fn test_range_cached_after_write() {
-        let mut f = tempfile::tempfile().unwrap();
-        f.write_all(&vec![7u8; 64 << 10]).unwrap();
-        // Just written: in the page cache (where cachestat exists).
-        let cached = range_cached(f.as_fd(), 64 << 10, 0);
-        if CACHESTAT.load(Ordering::Relaxed) == 1 {
-            assert!(cached);
-            // Past the end of the file: nothing to read, nothing to wait for.
-            assert!(range_cached(f.as_fd(), 4096, 1 << 20));
-            // A range straddling the end counts only what exists.
-            assert!(range_cached(f.as_fd(), 1 << 20, 32 << 10));
-        } else {
-            eprintln!("cachestat(2) unavailable: reads are always offloaded");
-            assert!(!cached);
-        }
-    }
 }

@@ -1220,7 +1220,7 @@ impl Filesystem for PassthroughFs {
                 mapped::FILE_MODE,
                 self.cfg.use_openat2,
             )?;
-            let written = crate::io::pwrite_all(fd.as_fd(), target, 0);
+            let written = crate::sys::pwrite_all(fd.as_fd(), target, 0);
             if !matches!(written, Ok(n) if n == target.len()) {
                 // SAFETY: valid dirfd and C string.
                 let _ = unsafe { libc::unlinkat(dir.fd().as_raw_fd(), c.as_ptr(), 0) };
@@ -1314,7 +1314,7 @@ impl Filesystem for PassthroughFs {
                 if mode & libc::S_IFMT == libc::S_IFLNK {
                     let fd = self.open_fd(inode, libc::O_RDONLY)?;
                     let mut buf = vec![0u8; libc::PATH_MAX as usize];
-                    let n = crate::io::pread(fd.as_fd(), &mut buf, 0)?;
+                    let n = crate::sys::pread(fd.as_fd(), &mut buf, 0)?;
                     buf.truncate(n);
                     return Ok(buf);
                 }
@@ -1645,7 +1645,7 @@ mod tests {
         assert!(fd >= 0, "{}", io::Error::last_os_error());
         // SAFETY: `fd` was just opened and is owned here alone.
         let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        assert_eq!(crate::io::pwrite_all(fd.as_fd(), b"ab", 4).unwrap(), 2);
+        assert_eq!(crate::sys::pwrite_all(fd.as_fd(), b"ab", 4).unwrap(), 2);
         assert_eq!(std::fs::read(&path).unwrap(), b"0123ab6789");
     }
 

@@ -6,8 +6,8 @@
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -32,6 +32,7 @@ use crate::fs::Filesystem;
 use crate::io::SliceReader;
 use crate::protocol::{Header, Rmessage, HEADER_SIZE, TREAD, TVERSION, TWRITE};
 use crate::server::{Cancel, Session};
+use crate::sys::{read_some, send_fd};
 
 /// Epoll data of the thread's own fds; connections use their id.
 pub(super) const EV_NEW: u64 = 0;
@@ -225,45 +226,6 @@ pub(super) struct Loop<F: Filesystem> {
 /// making stay few (and warm in the cache) however many requests the client
 /// keeps outstanding.
 pub(crate) const OUT_HIGH_WATER: usize = 256 << 10;
-
-/// `read(2)` on a nonblocking socket: `Ok(None)` for `EAGAIN`.
-pub(super) fn read_some(sock: &File, buf: &mut [u8]) -> io::Result<Option<usize>> {
-    loop {
-        match (&*sock).read(buf) {
-            Ok(n) => return Ok(Some(n)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// `send(2)` without SIGPIPE: `Ok(None)` for `EAGAIN`; with `more`, the
-/// rest of the message follows (`MSG_MORE`).
-pub(super) fn send_fd(sock: BorrowedFd<'_>, buf: &[u8], more: bool) -> io::Result<Option<usize>> {
-    let more = if more { libc::MSG_MORE } else { 0 };
-    loop {
-        // SAFETY: `buf` is valid for reads of its length for the call; the
-        // fd is borrowed.
-        let n = unsafe {
-            libc::send(
-                sock.as_raw_fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | more,
-            )
-        };
-        if n >= 0 {
-            return Ok(Some(n as usize));
-        }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::WouldBlock => return Ok(None),
-            io::ErrorKind::Interrupted => continue,
-            _ => return Err(e),
-        }
-    }
-}
 
 /// Whether a request that started arriving at `start` and has `got`
 /// bytes now falls below the minimum rate: once `grace` has passed, it

@@ -14,9 +14,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::buffers::BufferBudget;
 use super::connection::run_thread;
 use super::listener::SocketLimits;
-use crate::engine::{set_nonblocking, Executor, ThreadPool, DEFAULT_STACK_SIZE};
+use crate::engine::{Executor, ThreadPool, DEFAULT_STACK_SIZE};
 use crate::fs::Filesystem;
 use crate::server::Server;
+use crate::sys::set_nonblocking;
 
 /// The socket threads of one listener.
 pub(super) struct Hub {

@@ -61,9 +61,9 @@ use std::time::{Duration, Instant};
 use log::{debug, error};
 
 use crate::engine;
-use crate::io::{pread_nowait, ReplyWriter, SliceWriter};
+use crate::io::{ReplyWriter, SliceWriter};
 use crate::protocol::{MsgType, Rmessage, HEADER_SIZE};
-use crate::virtio::io::range_cached;
+use crate::sys::{pread_nowait, range_cached};
 
 /// Smallest range spliced. A spliced Rread makes four more syscalls than
 /// a copied one (`fstat`, `cachestat`, the `RWF_NOWAIT` probe, a second
@@ -460,7 +460,7 @@ fn regular_size(file: BorrowedFd<'_>) -> Option<u64> {
 /// (NFS and FUSE, for example, do not: their cached pages may still need
 /// a round trip, so their reads go to a worker).
 fn nowait_reads(file: BorrowedFd<'_>, off: u64) -> bool {
-    crate::io::pread_nowait(file, &mut [0u8; 1], off).is_ok()
+    crate::sys::pread_nowait(file, &mut [0u8; 1], off).is_ok()
 }
 
 /// Splices up to `len` bytes of `file` at `off` into the empty `pipe`.
@@ -468,7 +468,7 @@ fn nowait_reads(file: BorrowedFd<'_>, off: u64) -> bool {
 /// only when nothing was spliced.
 fn fill(pipe: &Pipe, file: BorrowedFd<'_>, off: u64, len: usize) -> io::Result<usize> {
     // A full pipe (EAGAIN; it was sized for `len`) ends it like an error.
-    crate::io::repeat_io(len, |done| {
+    crate::sys::repeat_io(len, |done| {
         let mut o = (off + done as u64) as libc::loff_t;
         // SAFETY: splice between two fds we hold; `o` is valid for the call.
         unsafe {
@@ -683,7 +683,7 @@ fn send_from_file(tail: &mut Tail, sock: BorrowedFd<'_>) -> io::Result<Option<us
     if tail.sent == tail.bounce.len() {
         tail.refill_from_file()?;
     }
-    let r = super::connection::send_fd(sock, &tail.bounce[tail.sent..], false)?;
+    let r = crate::sys::send_fd(sock, &tail.bounce[tail.sent..], false)?;
     if let Some(n) = r {
         tail.sent += n;
     }

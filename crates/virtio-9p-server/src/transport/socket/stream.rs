@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 use log::warn;
 
 use super::buffers::{KEEP_BUFFER, SMALL_BUFFER};
-use super::connection::{
-    read_some, reply_len, too_slow, too_slow_error, Handoff, Input, Loop, TWRITE_HEAD,
-};
+use super::connection::{reply_len, too_slow, too_slow_error, Handoff, Input, Loop, TWRITE_HEAD};
 use super::listener::DUPLICATE_TAG_ERRNO;
 use super::splice::SockWriter;
 use crate::engine::{self};
@@ -23,6 +21,7 @@ use crate::fs::Filesystem;
 use crate::io::RequestReader;
 use crate::protocol::{Header, HEADER_SIZE};
 use crate::server::Cancel;
+use crate::sys::read_some;
 
 impl<F: Filesystem + 'static> Loop<F> {
     /// Runs a large Twrite whose data the request reads from the socket
@@ -263,7 +262,7 @@ impl RequestReader for StreamRequest {
             return Err(io::Error::other("Twrite data read before its head"));
         }
         let n = count.min(self.end - self.start);
-        let w = crate::io::pwrite_all(file, &self.chunk[self.start..self.start + n], off)?;
+        let w = crate::sys::pwrite_all(file, &self.chunk[self.start..self.start + n], off)?;
         self.start += w;
         Ok(w)
     }
