@@ -52,23 +52,14 @@ if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
 fi
 [ -f "$out/summary.tsv" ] || { echo "guest-lifecycle: FAILED: no summary (exit $rc)"; exit 1; }
 
-# The gate is decided here, from summary.tsv, so that one known failure
-# is reported without hiding the others: the packed ring's pause/resume
-# hang (issue 28, open; logs in ci/guest/README.md "Lifecycle
-# scenarios") still runs and prints, but does not fail the step.
-KNOWN="ours-vhost-packed/pause"
 rc=0
 # summary.tsv: row, scenario, ok|FAIL|n/a, the full result.
 while IFS=$'\t' read -r name scenario short full; do
     case $name in
         ours-*)
             if [ "$short" = FAIL ]; then
-                if [ "$name/$scenario" = "$KNOWN" ]; then
-                    echo "guest-lifecycle: KNOWN FAILURE (issue 28, open): $name/$scenario: $full"
-                else
-                    echo "guest-lifecycle: FAILED: $name/$scenario: $full"
-                    rc=1
-                fi
+                echo "guest-lifecycle: FAILED: $name/$scenario: $full"
+                rc=1
             fi ;;
     esac
     if [ "$name" = qemu ] && [ "$short" != ok ]; then

@@ -437,6 +437,10 @@ mod tests {
                     include_str!("suites/virtio_9p/diod.rs")
                 ),
             ),
+            (
+                "virtio-9p-hostile",
+                include_str!("suites/virtio_9p_hostile.rs"),
+            ),
         ];
         for t in TARGETS {
             let (_, src) = sources.iter().find(|(s, _)| *s == t.suite).unwrap();

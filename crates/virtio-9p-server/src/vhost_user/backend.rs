@@ -576,9 +576,9 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     }
 
     /// Completions of coroutines and Tflush go to the ring the chains came
-    /// from (split or packed), under the vring's lock. A stopped ring
-    /// (not ready) gets nothing, except from the drain of a stop
-    /// (`stopping`), which GET_VRING_BASE answers only afterwards.
+    /// from (split or packed), under the vring's lock. A ring that is not
+    /// ready gets nothing except from the drain of a stop (`stopping`),
+    /// which GET_VRING_BASE answers only afterwards.
     fn complete(
         q: &mut RequestQueue<F>,
         packed: Option<&mut PackedQueue>,
@@ -592,9 +592,11 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         };
         let mut st = vring.get_mut();
         if !st.get_queue().ready() && !stopping {
-            // Stopped: nothing is in flight after a stop's drain, so this
-            // only drops completions of a reset or a shutdown.
-            q.discard_completed();
+            // GET_VRING_BASE clears `ready` on the frontend's thread before
+            // our stop runs here: completions that land in between wait in
+            // the queue for the stop's drain. Dropping them would lose the
+            // reply (split) or leave a hole the driver waits on forever
+            // (packed). Reset and shutdown drop theirs in `end_queue`.
             return Ok(());
         }
         let m = mem.memory();
