@@ -34,7 +34,9 @@
 //! `tests/syscalls.rs` runs a workload of every request kind under a
 //! filter of exactly these lists, with calls on workers and inline, and
 //! with the passthrough built from a path and from fds; a call outside
-//! the lists fails that test. It also runs a socket session (spliced and
+//! the lists fails that test. The daemon's seccomp filters are built
+//! from these lists plus its own extras, and the same workload runs
+//! under them. It also runs a socket session (spliced and
 //! copied Rreads, cached and not, a client that reads its replies late, a
 //! streamed Twrite, Tflush, a hang-up) with every thread of the process
 //! under [`WORKER_THREAD`] and [`DEVICE_THREAD`]. Not covered: building the

@@ -23,6 +23,13 @@
 //! client whose replies wait for the socket, a streamed Twrite, Tflush
 //! and a hang-up with spliced replies pending.
 //!
+//! With the `daemon` feature, every child runs a second time under the
+//! daemon's own filters (`src/daemon/sandbox/seccomp.rs`, compiled in as
+//! the binary does): the process-wide list on the device thread (on every
+//! thread for the socket child), the worker list on each worker. The
+//! daemon builds them from the same lists, so this checks that its
+//! argument checks and narrowing leave serving whole.
+//!
 //! To see what a child calls, run it without the filter under strace:
 //! `SYSCALLS_CHILD=workers-fds SYSCALLS_NOFILTER=1 strace -f <this test
 //! binary> --exact test_documented_syscalls_cover_a_run --nocapture`; the
@@ -49,8 +56,56 @@ use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server, Session
 use virtqueue_large::mock::{guest_memory, Buf, ChainLayout, Layout, MockDriver};
 use vm_memory::GuestMemoryMmap;
 
+// The daemon's filters are the binary's code (src/daemon/sandbox/), not a
+// library module: compiled in as the binary does.
+#[cfg(feature = "daemon")]
+#[allow(dead_code, unused_imports)]
+#[path = "../src/daemon/error.rs"]
+mod error;
+#[cfg(feature = "daemon")]
+#[allow(dead_code, unused_imports)]
+#[path = "../src/daemon/sandbox/mod.rs"]
+mod sandbox;
+
 const CHILD: &str = "SYSCALLS_CHILD";
 const OK: &str = "syscalls: child ok";
+
+/// The filters of a child: of the library's lists alone, or the
+/// daemon's (`daemon` true).
+struct Filters {
+    /// The device thread's (every thread's, for the socket child).
+    device: BpfProgram,
+    /// Each engine worker's.
+    worker: BpfProgram,
+}
+
+impl Filters {
+    fn new(daemon: bool, device: &[&[Syscall]]) -> Filters {
+        if daemon {
+            return Filters::daemon();
+        }
+        Filters {
+            device: filter(device),
+            worker: filter(&[WORKER_THREAD]),
+        }
+    }
+
+    #[cfg(feature = "daemon")]
+    fn daemon() -> Filters {
+        use sandbox::seccomp::{build, build_thread, SeccompMode, ThreadKind};
+        Filters {
+            device: build(SeccompMode::Trap).unwrap().unwrap(),
+            worker: build_thread(ThreadKind::Worker, SeccompMode::Trap)
+                .unwrap()
+                .unwrap(),
+        }
+    }
+
+    #[cfg(not(feature = "daemon"))]
+    fn daemon() -> Filters {
+        unreachable!("the daemon's filters need the daemon feature")
+    }
+}
 
 fn filter(lists: &[&[Syscall]]) -> BpfProgram {
     let rules: BTreeMap<i64, Vec<_>> = lists
@@ -190,7 +245,7 @@ fn lock(fid: u32, ty: LockType, flags: LockFlags) -> Tmessage {
 
 /// The child: everything from the first request to the engine's teardown
 /// runs under the filter.
-fn child(mode: &str) {
+fn child(daemon: bool, mode: &str) {
     // "workers": every call on a worker (Always); "auto": workers with the
     // default policy, so the short metadata calls of a local export run
     // on the device thread; "inline": no workers.
@@ -210,8 +265,11 @@ fn child(mode: &str) {
         PassthroughFs::new(PassthroughConfig::new(dir.path()))
     }
     .unwrap();
-    let worker_filter = Arc::new(filter(&[WORKER_THREAD]));
-    let device_filter = filter(&[WORKER_THREAD, DEVICE_THREAD]);
+    let Filters {
+        device: device_filter,
+        worker,
+    } = Filters::new(daemon, &[WORKER_THREAD, DEVICE_THREAD]);
+    let worker_filter = Arc::new(worker);
     install_sigsys_handler();
 
     let mem = Arc::new(guest_memory(16 << 20));
@@ -446,7 +504,7 @@ fn tread(fid: u32, offset: u64, count: u32) -> Tmessage {
 
 /// The socket child: a listener with its threads and workers, then every
 /// thread under the documented lists.
-fn socket_child() {
+fn socket_child(daemon: bool) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("data"), vec![7u8; 2 << 20]).unwrap();
     std::fs::write(dir.path().join("cold"), vec![9u8; 1 << 20]).unwrap();
@@ -469,8 +527,8 @@ fn socket_child() {
     install_sigsys_handler();
     // From here on, on every thread, only the documented calls.
     if std::env::var_os("SYSCALLS_NOFILTER").is_none() {
-        let f = filter(&[WORKER_THREAD, DEVICE_THREAD, HARNESS_EXIT]);
-        seccompiler::apply_filter_all_threads(&f).unwrap();
+        let f = Filters::new(daemon, &[WORKER_THREAD, DEVICE_THREAD, HARNESS_EXIT]);
+        seccompiler::apply_filter_all_threads(&f.device).unwrap();
     } else {
         eprintln!("MARK-START");
     }
@@ -540,14 +598,18 @@ fn run(mode: &str) {
 #[test]
 fn test_documented_syscalls_cover_a_run() {
     if let Ok(mode) = std::env::var(CHILD) {
+        let (daemon, mode) = match mode.strip_prefix("daemon-") {
+            Some(m) => (true, m),
+            None => (false, mode.as_str()),
+        };
         if mode == "socket" {
-            socket_child();
+            socket_child(daemon);
         } else {
-            child(&mode);
+            child(daemon, mode);
         }
         return;
     }
-    for mode in [
+    let modes = [
         "socket",
         "workers-path",
         "workers-fds",
@@ -555,7 +617,13 @@ fn test_documented_syscalls_cover_a_run() {
         "auto-fds",
         "inline-path",
         "inline-fds",
-    ] {
+    ];
+    for mode in modes {
         run(mode);
+    }
+    if cfg!(feature = "daemon") {
+        for mode in modes {
+            run(&format!("daemon-{mode}"));
+        }
     }
 }

@@ -23,6 +23,12 @@
 //!    sockets, no thread creation, no event loops, no memory locking, no
 //!    `prctl`/`ioctl`/`seccomp`.
 //!
+//! The lists start from the library's own
+//! ([`virtio_9p_server::syscalls`]: [`WORKER_THREAD`] for workers, plus
+//! [`DEVICE_THREAD`] process-wide) and add only what the daemon itself
+//! makes beyond serving; `tests/syscalls.rs` runs its workload under the
+//! filters built here as well as under the library's lists alone.
+//!
 //! A syscall outside the lists:
 //! - `kill`: kills the whole process (`SECCOMP_RET_KILL_PROCESS`);
 //! - `log`: is allowed and logged by the kernel (audit, `dmesg`);
@@ -40,6 +46,7 @@ use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
 };
+use virtio_9p_server::syscalls::{Syscall, DEVICE_THREAD, WORKER_THREAD};
 
 use super::{Error, Result};
 
@@ -81,121 +88,53 @@ impl fmt::Display for SeccompMode {
     }
 }
 
-/// `cachestat(2)` (Linux 6.5), which the Rread path uses to decide whether
-/// a read can run without a thread hop; not yet in every libc.
-const SYS_CACHESTAT: i64 = 451;
-/// `fchmodat2(2)` (Linux 6.6).
+/// `fchmodat2(2)` (Linux 6.6); not yet in every libc.
 const SYS_FCHMODAT2: i64 = 452;
 
-/// What every thread of the daemon needs to live, whatever its kind: the
-/// allocator's memory calls, futexes, its signal mask and stack, time,
-/// randomness and its own end.
-const THREAD_SYSCALLS: &[i64] = &[
-    // Memory (the allocator; thread exit frees the signal stack).
-    libc::SYS_brk,
-    libc::SYS_mmap,
-    libc::SYS_munmap,
-    libc::SYS_mremap,
-    libc::SYS_mprotect,
-    libc::SYS_madvise,
-    // Synchronisation, time, the thread's own end.
-    libc::SYS_futex,
-    libc::SYS_sched_yield,
+/// The numbers of one of the library's lists.
+fn numbers(list: &[Syscall]) -> impl Iterator<Item = i64> + '_ {
+    list.iter().map(|s| s.nr)
+}
+
+/// What every thread of the daemon makes beyond the library's
+/// [`WORKER_THREAD`]: thread ids and signals (std's panic and thread
+/// machinery), the process's own end.
+const THREAD_EXTRAS: &[i64] = &[
     libc::SYS_sched_getaffinity,
     libc::SYS_gettid,
     libc::SYS_getpid,
     libc::SYS_tgkill,
-    libc::SYS_exit,
     libc::SYS_exit_group,
-    libc::SYS_rt_sigprocmask,
     libc::SYS_rt_sigreturn,
-    libc::SYS_sigaltstack,
     libc::SYS_restart_syscall,
-    libc::SYS_getrandom,
-    libc::SYS_clock_gettime,
-    libc::SYS_clock_nanosleep,
-    libc::SYS_nanosleep,
 ];
 
-/// The x86_64 forms of file calls that newer architectures only have as
-/// `*at` calls (std and glibc still use some of them there).
-#[cfg(target_arch = "x86_64")]
-const LEGACY_FILE_SYSCALLS: &[i64] = &[
-    libc::SYS_open,
-    libc::SYS_stat,
-    libc::SYS_lstat,
-    libc::SYS_renameat,
-    libc::SYS_readlink,
-    libc::SYS_access,
-    libc::SYS_getdents,
-    libc::SYS_time,
-];
-
-/// The calls on files and the export that every thread kind makes: I/O
-/// on fds, the passthrough filesystem, and the ids it checks.
-const FILE_SYSCALLS: &[i64] = &[
-    // I/O on fds.
-    libc::SYS_read,
-    libc::SYS_write,
-    libc::SYS_readv,
-    libc::SYS_writev,
-    libc::SYS_pread64,
-    libc::SYS_pwrite64,
-    libc::SYS_preadv,
-    libc::SYS_pwritev,
+/// The calls on files the daemon's threads make beyond the library's
+/// [`WORKER_THREAD`]: the file handles of a saved session
+/// (`--state-dir`), the `l*`/`f*` xattr forms and the other variants that
+/// glibc and std pick, and the ids the sandbox checks.
+const FILE_EXTRAS: &[i64] = &[
     libc::SYS_preadv2,
     libc::SYS_pwritev2,
-    libc::SYS_close,
-    libc::SYS_fcntl,
-    libc::SYS_lseek,
-    libc::SYS_fsync,
-    libc::SYS_fdatasync,
     libc::SYS_fallocate,
-    libc::SYS_ftruncate,
     libc::SYS_flock,
-    // The passthrough filesystem.
-    libc::SYS_openat,
-    libc::SYS_openat2,
-    libc::SYS_newfstatat,
-    libc::SYS_fstat,
-    libc::SYS_statx,
     libc::SYS_statfs,
-    libc::SYS_fstatfs,
-    libc::SYS_getdents64,
-    libc::SYS_readlinkat,
-    libc::SYS_mkdirat,
-    libc::SYS_mknodat,
-    libc::SYS_symlinkat,
-    libc::SYS_linkat,
-    libc::SYS_renameat2,
-    libc::SYS_unlinkat,
-    libc::SYS_fchownat,
     libc::SYS_fchown,
     libc::SYS_fchmod,
-    libc::SYS_fchmodat,
     SYS_FCHMODAT2,
-    libc::SYS_utimensat,
     // Saving and restoring a session (`--state-dir`): file handles.
     libc::SYS_name_to_handle_at,
     libc::SYS_open_by_handle_at,
     libc::SYS_faccessat,
     libc::SYS_faccessat2,
-    libc::SYS_getxattr,
     libc::SYS_lgetxattr,
     libc::SYS_fgetxattr,
-    libc::SYS_setxattr,
     libc::SYS_lsetxattr,
     libc::SYS_fsetxattr,
-    libc::SYS_listxattr,
     libc::SYS_llistxattr,
     libc::SYS_flistxattr,
-    libc::SYS_removexattr,
     libc::SYS_lremovexattr,
     libc::SYS_fremovexattr,
-    SYS_CACHESTAT,
-    // Zero-copy Rread: file -> pipe (socket threads, or workers for
-    // uncached ranges) and pipe -> socket (socket threads).
-    libc::SYS_splice,
     libc::SYS_getcwd,
     // Identity (read-only).
     libc::SYS_getuid,
@@ -204,91 +143,109 @@ const FILE_SYSCALLS: &[i64] = &[
     libc::SYS_getegid,
 ];
 
-/// The syscalls every thread of the daemon may make without an argument
-/// check, by area. Nothing here creates processes, loads code, changes
-/// namespaces, mounts, traces, or opens network sockets: a compromised
-/// daemon keeps its view of the export. `clone`, `ioctl`, `prctl` and
-/// `seccomp` are allowed only with the arguments of [`argument_rules`].
-pub fn allowed_syscalls() -> Vec<i64> {
-    use libc::*;
-    let mut v: Vec<i64> = vec![
-        // Memory beyond the allocator's (THREAD_SYSCALLS): coroutine stack
-        // guards use mprotect/madvise from there, the mlock policy these.
-        SYS_mlock,
-        SYS_mlock2,
-        SYS_munlock,
-        SYS_mlockall,
-        SYS_munlockall,
-        SYS_membarrier,
-        // Threads and synchronisation (std, the worker pool, vhost-user-backend).
-        // clone3 is answered with ENOSYS by the filter before this one
-        // (glibc then uses clone, which `argument_rules` checks); it is
-        // listed so that this filter does not kill it first.
-        SYS_clone3,
-        SYS_set_robust_list,
-        SYS_get_robust_list,
-        SYS_rseq,
-        SYS_set_tid_address,
-        SYS_getrlimit,
-        SYS_prlimit64,
-        // Signal handlers; a socket thread takes the SIGPIPE that a splice
-        // into a hung-up socket raises.
-        SYS_rt_sigaction,
-        SYS_rt_sigtimedwait,
-        // Time and timers.
-        SYS_clock_getres,
-        SYS_gettimeofday,
-        SYS_timerfd_create,
-        SYS_timerfd_settime,
-        SYS_timerfd_gettime,
-        // Event loops: epoll, eventfds, poll.
-        SYS_epoll_create1,
-        SYS_epoll_ctl,
-        SYS_epoll_pwait,
-        SYS_epoll_pwait2,
-        SYS_eventfd2,
-        SYS_ppoll,
-        SYS_pselect6,
-        // The sockets (vhost-user frontend with its fds, 9P clients).
-        SYS_accept4,
-        SYS_recvfrom,
-        SYS_recvmsg,
-        SYS_sendmsg,
-        SYS_sendto,
-        SYS_shutdown,
-        SYS_getsockopt,
-        SYS_setsockopt,
-        SYS_getsockname,
-        SYS_getpeername,
-        // fds (read, write and the like are in FILE_SYSCALLS).
-        SYS_close_range,
-        SYS_dup,
-        SYS_dup3,
-        SYS_memfd_create,
-        // Identity (read-only; the ids are in FILE_SYSCALLS).
-        SYS_uname,
-        // mlock-policy asks whether CAP_IPC_LOCK is held.
-        SYS_capget,
-        // vmm-sys-util's event notifier fallback; the socket threads'
-        // pipes of spliced Rreads (sized with fcntl(F_SETPIPE_SZ)).
-        SYS_pipe2,
-    ];
-    v.extend_from_slice(THREAD_SYSCALLS);
-    v.extend_from_slice(FILE_SYSCALLS);
-    #[cfg(target_arch = "x86_64")]
-    {
-        v.extend_from_slice(LEGACY_FILE_SYSCALLS);
-        v.extend_from_slice(&[
-            SYS_arch_prctl,
-            SYS_poll,
-            SYS_epoll_wait,
-            SYS_dup2,
-            SYS_accept,
-        ]);
-    }
+/// The x86_64 forms of file calls that newer architectures only have as
+/// `*at` calls (std and glibc still use some of them there), beyond those
+/// the library lists.
+#[cfg(target_arch = "x86_64")]
+const LEGACY_FILE_EXTRAS: &[i64] = &[
+    libc::SYS_open,
+    libc::SYS_stat,
+    libc::SYS_lstat,
+    libc::SYS_access,
+    libc::SYS_getdents,
+    libc::SYS_time,
+];
+
+/// What the daemon's other threads (main, vhost-user, vring, socket
+/// threads) make beyond the library's [`WORKER_THREAD`] and
+/// [`DEVICE_THREAD`] and the extras above. Nothing here creates
+/// processes, loads code, changes namespaces, mounts, traces, or opens
+/// network sockets.
+const PROCESS_EXTRAS: &[i64] = &[
+    // Memory beyond the allocator's: the mlock policy.
+    libc::SYS_mlock,
+    libc::SYS_mlock2,
+    libc::SYS_munlock,
+    libc::SYS_mlockall,
+    libc::SYS_munlockall,
+    libc::SYS_membarrier,
+    // Threads and synchronisation (std, the worker pool, vhost-user-backend).
+    // clone3 is answered with ENOSYS by the filter before this one
+    // (glibc then uses clone, which `argument_rules` checks); it is
+    // listed so that this filter does not kill it first.
+    libc::SYS_clone3,
+    libc::SYS_set_robust_list,
+    libc::SYS_get_robust_list,
+    libc::SYS_rseq,
+    libc::SYS_set_tid_address,
+    libc::SYS_getrlimit,
+    libc::SYS_prlimit64,
+    // Signal handlers.
+    libc::SYS_rt_sigaction,
+    // Time and timers.
+    libc::SYS_clock_getres,
+    libc::SYS_gettimeofday,
+    libc::SYS_timerfd_create,
+    // Event loops: epoll, eventfds, select.
+    libc::SYS_epoll_create1,
+    libc::SYS_epoll_pwait2,
+    libc::SYS_eventfd2,
+    libc::SYS_pselect6,
+    // The vhost-user frontend's socket with its fds, and 9P clients.
+    libc::SYS_recvmsg,
+    libc::SYS_sendmsg,
+    libc::SYS_shutdown,
+    libc::SYS_getsockopt,
+    libc::SYS_getsockname,
+    libc::SYS_getpeername,
+    // fds.
+    libc::SYS_close_range,
+    libc::SYS_dup,
+    libc::SYS_dup3,
+    libc::SYS_memfd_create,
+    // Identity (read-only).
+    libc::SYS_uname,
+    // mlock-policy asks whether CAP_IPC_LOCK is held.
+    libc::SYS_capget,
+];
+
+/// The x86_64 forms of [`PROCESS_EXTRAS`].
+#[cfg(target_arch = "x86_64")]
+const LEGACY_PROCESS_EXTRAS: &[i64] = &[libc::SYS_arch_prctl, libc::SYS_dup2, libc::SYS_accept];
+
+/// The calls allowed only with the arguments of [`argument_rules`]; the
+/// library's lists name some of them (`ioctl`), so they are taken out of
+/// the unconditional lists.
+const ARGUMENT_CHECKED: [i64; 4] = [
+    libc::SYS_clone,
+    libc::SYS_ioctl,
+    libc::SYS_prctl,
+    libc::SYS_seccomp,
+];
+
+/// Sorted, without duplicates and without the argument-checked calls.
+fn finish(mut v: Vec<i64>) -> Vec<i64> {
+    v.retain(|nr| !ARGUMENT_CHECKED.contains(nr));
     v.sort_unstable();
     v.dedup();
     v
+}
+
+/// The syscalls every thread of the daemon may make without an argument
+/// check: the library's [`WORKER_THREAD`] and [`DEVICE_THREAD`] (what
+/// serving makes) plus the daemon's own extras (the vhost-user sockets,
+/// thread creation, the mlock policy, saving a session). Nothing here
+/// creates processes, loads code, changes namespaces, mounts, traces, or
+/// opens network sockets: a compromised daemon keeps its view of the
+/// export. `clone`, `ioctl`, `prctl` and `seccomp` are allowed only with
+/// the arguments of [`argument_rules`].
+pub fn allowed_syscalls() -> Vec<i64> {
+    let mut v = worker_syscalls();
+    v.extend(numbers(DEVICE_THREAD));
+    v.extend_from_slice(PROCESS_EXTRAS);
+    #[cfg(target_arch = "x86_64")]
+    v.extend_from_slice(LEGACY_PROCESS_EXTRAS);
+    finish(v)
 }
 
 /// The `clone` flags of glibc's `pthread_create` (and so of
@@ -370,20 +327,19 @@ pub enum ThreadKind {
     Worker,
 }
 
-/// The syscalls of a [`ThreadKind::Worker`] thread: the passthrough
-/// filesystem, memory, futexes and its own exit. A subset of
+/// The syscalls of a [`ThreadKind::Worker`] thread: the library's
+/// [`WORKER_THREAD`] (the passthrough filesystem, memory, futexes and its
+/// own exit) plus the daemon's thread and file extras. A subset of
 /// [`allowed_syscalls`]; everything that reaches beyond the export's files
 /// (sockets, new threads, event loops, timers, memory locking, `prctl`,
 /// `ioctl`, `seccomp`) is left out.
 pub fn worker_syscalls() -> Vec<i64> {
-    // I/O on the fds the thread is handed (files, the wake eventfd,
-    // logging) and the passthrough filesystem.
-    let mut v = [THREAD_SYSCALLS, FILE_SYSCALLS].concat();
+    let mut v: Vec<i64> = numbers(WORKER_THREAD).collect();
+    v.extend_from_slice(THREAD_EXTRAS);
+    v.extend_from_slice(FILE_EXTRAS);
     #[cfg(target_arch = "x86_64")]
-    v.extend_from_slice(LEGACY_FILE_SYSCALLS);
-    v.sort_unstable();
-    v.dedup();
-    v
+    v.extend_from_slice(LEGACY_FILE_EXTRAS);
+    finish(v)
 }
 
 fn mismatch_action(mode: SeccompMode) -> Option<SeccompAction> {
