@@ -16,33 +16,10 @@
 //! binary and its hardening (clap, env_logger, seccompiler, mlock-policy),
 //! which live in the binary's own modules.
 //!
-//! Named public items of the no-default-features library (types, traits,
-//! free functions, constants; not fields, variants or methods), counted
-//! from rustdoc JSON (`RUSTC_BOOTSTRAP=1 cargo rustdoc -p virtio-9p-server
-//! --no-default-features --lib -- -Z unstable-options --output-format
-//! json`, the crate's entries in `paths`; `ci/public-items.sh` reruns it).
-//! Before is main at 7127e50 (after the daemon split); after is the narrow
-//! API of issue 18, item 2:
-//!
-//! | module | before | after | what went (or came) |
-//! |---|---|---|---|
-//! | `protocol` | 141 | 60 | loose constants became `MsgType` and typed flag sets |
-//! | crate root, `server` | 15 | 16 | (+ the guest log limit's default) |
-//! | `fs` | 21 | 13 | name checks, `host_open_flags`, the qid table, `ids::Translated` |
-//! | `engine` | 19 | 12 | `EngineError` (now [`Error`]), the coroutine helpers, `EngineExec` |
-//! | `virtio` | 21 | 14 | `ConfigError`, `QueueError` (now [`Error`]), the crate's own feature bits, `chain_limits`, `validate_queue_size` (+ `packed_ring`, `indirect_descriptors`) |
-//! | `transport` | 13 | 13 | buffer tuning constants, `unix::clear_stale` (+ the socket engine's limits, `DUPLICATE_TAG_ERRNO`) |
-//! | `io` | 6 | 4 | `pread`, `pwrite_all` |
-//! | `bound` | 7 | 3 | the formula's constants |
-//! | `syscalls` | 0 | 3 | (new: the syscall lists of the library's threads) |
-//! | `error` | 2 | 2 | |
-//! | **total** | **245** | **140** | |
-//! | outside `protocol` | 104 | 80 | |
-//!
-//! With default features the library has 152 (before: 295): `vhost_user`
-//! adds 12, and `sandbox` is no library module any more (it is the
-//! binary's, in `src/daemon/sandbox/`). `ci/public-items.sh` fails the
-//! build above 80 outside `protocol`.
+//! Outside [`protocol`] the no-default-features library has at most 80
+//! named public items (types, traits, free functions, constants), each one
+//! an embedder uses; `ci/public-items.sh` counts them from rustdoc JSON and
+//! fails above that.
 //!
 //! Follow one request through the crate:
 //!
@@ -96,11 +73,11 @@ mod sys;
 pub mod syscalls;
 pub mod transport;
 
-// The virtio transport and the coroutine engine (issue 8).
+// The virtio transport and the coroutine engine.
 pub mod engine;
 pub mod virtio;
 
-// Behind a feature (see "Library and daemon" in the README): the
+// Behind a feature (see "Features" in the README): the
 // vhost-user backend needs vhost and vhost-user-backend. The sandbox is the
 // binary's hardening, not library code: it lives in the binary's own
 // module tree (src/daemon/sandbox/, declared by src/daemon/mod.rs), so it
