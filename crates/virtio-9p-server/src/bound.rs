@@ -54,11 +54,10 @@ use crate::virtio::{MAX_CHAIN_DESCRIPTORS, MAX_IN_FLIGHT_SEGMENTS};
 /// What the binary, its libraries, the logger and the sandbox hold before
 /// any client (measured at 6 MiB on Linux 6.18; 16 MiB leaves room).
 pub(crate) const BASE: u64 = 16 << 20;
-/// What one socket connection holds when idle, with room to spare: its
-/// state and session on a socket thread, and that thread's share of the
-/// reply-encoding buffer (at most 64 KiB), stack and allocator arena. (An
-/// idle connection keeps no buffer since the socket transport runs on the
-/// engine; the figure is the one of the thread-per-connection design.)
+/// What one socket connection holds when idle, with room to spare: the
+/// two `KEEP_BUFFER`s it may keep, its socket thread's reply-encoding
+/// buffer (at most 64 KiB), and 320 KiB for its state, session and share
+/// of that thread's stack and allocator arena.
 pub(crate) const PER_CONNECTION: u64 = 3 * KEEP_BUFFER as u64 + (320 << 10);
 /// Upper bound on one fid: the table entry, the shared fid record and an
 /// inode record of its own.

@@ -23,7 +23,8 @@ use daemon::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxM
 use daemon::{syslog, vhost};
 use daemon::{Error, Result};
 
-/// The filesystem the binary serves: passthrough behind the id squashing.
+/// The filesystem the binary serves: the passthrough, which applies the
+/// id translation of `--translate-uid`/`--translate-gid` itself.
 type Fs = PassthroughFs;
 
 /// Everything before serving that the sandbox orders: the fd limit and fid

@@ -18,9 +18,10 @@
 //! request path; [`RequestQueue::process`] and [`RequestQueue::complete`]
 //! are the same for a split `virtio_queue::Queue`.
 //!
-//! Tflush never reaches the server: the queue starts a coroutine that
-//! cancels the old request through the engine and writes the Rflush only
-//! once the old chain is back in the used ring.
+//! A Tflush runs through the server like any other request; the server
+//! hands it to the engine ([`Blocking::flush`](crate::Blocking::flush)),
+//! which cancels the old request and waits for it, so the old chain is
+//! back in the used ring before the Rflush (the engine's "Tflush").
 
 pub(crate) mod io;
 mod queue;
