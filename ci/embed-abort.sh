@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-# The panic = "abort" embedding check (issue 18): a VMM-side virtio-9p device
+# The panic = "abort" embedding check: a VMM-side virtio-9p device
 # built with aborting panics (profile embed-abort) floods Tflush at blocked
 # Tlocks and reads in flight, resets with 1024 requests in flight and
 # disconnects, for many rounds. An unwound coroutine would abort it; it must

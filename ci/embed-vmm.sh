@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-# The embedding example (issue 18, item 7): a VMM-side virtio-9p device with
+# The embedding example: a VMM-side virtio-9p device with
 # a virtio_queue::Queue on GuestMemoryAtomic<GuestMemoryMmap>, its own epoll
 # thread and an interrupt callback, driven by virtqueue-large's MockDriver
 # through real 9P requests against a PassthroughFs on a temp dir. It must

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-# The library and daemon apart (issue 18, item 1): with default features
+# The library and daemon apart: with default features
 # off, virtio-9p-server is the embeddable core and pulls in no CLI, logger
 # backend, seccomp or vhost crate; it builds and its unit tests pass that
 # way; the vhost-user feature builds without the daemon; the embed_abort

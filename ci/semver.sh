@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Semver check of the public API with cargo-semver-checks, for the crates
-# made ready for crates.io (issue 22). The baseline is SEMVER_BASELINE_REV,
+# made ready for crates.io. The baseline is SEMVER_BASELINE_REV,
 # by default the merge-base of HEAD with main (on main itself: HEAD, which
 # passes trivially). Skipped with a notice where the tool is not installed
 # (ci/install.sh installs it).

@@ -172,7 +172,7 @@ if has_test dd; then
         echo "CI-DD read failed"
     fi
     # Parallel readers: four dd at once, a quarter of the file each, so
-    # the mount has requests of several processes in flight (issue 19).
+    # the mount has requests of several processes in flight.
     sync
     echo 3 >/proc/sys/vm/drop_caches
     q=$(($(stat -c %s "$mnt/data/big.bin") / 1048576 / 4))

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Kills the vhost-user 9p daemon (SIGKILL) under a running guest and starts
 # a new one on the same socket, several times, and reports what QEMU and the
-# guest saw. The base of the issue-29 scenario; not in CI yet.
+# guest saw. The restart scenario; not in CI yet.
 #
 # The guest (Linux under TCG, the rebuilt QEMU with `reconnect-ms`) mounts
 # the share and loops over a workload: write a 1 MiB file and check its
@@ -24,7 +24,7 @@
 #   --qemu PATH        QEMU binary (default: ci/guest/build-qemu-vhost.sh's)
 #   --server-bin PATH  our daemon (default: cargo build --release)
 #   --daemon-arg ARG   extra argument for every daemon instance (repeatable;
-#                      for example the state option of issue 29)
+#                      for example --state-dir)
 #   --timeout S        limit for the whole guest (default 900)
 #   --handover         a planned handover instead of SIGKILL: every daemon
 #                      runs with --state-dir OUT/state, gets SIGUSR1 (finish
@@ -33,9 +33,9 @@
 #   --strace           run each restarted daemon under strace and decode the
 #                      vhost-user messages it receives (vhost-msgs-N.txt:
 #                      order, ring bases, addresses, features); slower
-#   --strict           exit 1 unless the guest saw no error at all (the
-#                      issue-29 criterion; today's daemon keeps no session
-#                      state, so only the transport is expected to survive)
+#   --strict           exit 1 unless the guest saw no error at all (a
+#                      daemon with --state-dir keeps the session; without
+#                      it only the transport is expected to survive)
 #   --out DIR          keep logs here (default: a fresh /tmp/virtio-9p-restart.*)
 #
 # Exit status: 0 when the transport survived every restart (QEMU still
@@ -48,7 +48,8 @@
 # Packed rings do not: QEMU cannot rewind a packed ring when GET_VRING_BASE
 # fails, so the new daemon is told a stale base (0 with both wrap counters
 # set, when the device never stopped cleanly before) and the guest hangs
-# until the daemon restores the ring position itself (issue 29).
+# until the daemon restores the ring position itself (the session
+# state does not carry it yet).
 set -uo pipefail
 {
 here=$(cd "$(dirname "$0")" && pwd)

@@ -249,7 +249,7 @@ run_row() {
     ours-socket)
         if [ -z "$ours_bin" ]; then echo "not available: $ours_err" >"$dir/status"; return; fi
         if ! grep -q -- '--listen' <<<"$ours_help"; then
-            echo "not available: virtio-9p-server has no --listen (socket mode, issue 7) yet" >"$dir/status"
+            echo "not available: virtio-9p-server has no --listen (socket mode) yet" >"$dir/status"
             return
         fi
         RUST_LOG=${RUST_LOG:-debug} "$ours_bin" --listen "unix:$sock" --shared-dir "$share" \
@@ -262,7 +262,7 @@ run_row() {
     ours-vhost|ours-vhost-mapped|ours-vhost-packed)
         if [ -z "$ours_bin" ]; then echo "not available: $ours_err" >"$dir/status"; return; fi
         if ! grep -q -- '--socket-path' <<<"$ours_help"; then
-            echo "not available: virtio-9p-server has no --socket-path (vhost-user mode, issue 8) yet" >"$dir/status"
+            echo "not available: virtio-9p-server has no --socket-path (vhost-user mode) yet" >"$dir/status"
             return
         fi
         # ours-vhost-mapped: the same, in the model for untrusted guests
