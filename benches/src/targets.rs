@@ -40,8 +40,9 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "coro-pool",
-        // Issue 21 retired the 1.2 bound: it conflicts with unwinding on
-        // drop, exact stats and the per-thread lookup (crate README).
+        // Not the former 1.2 bound: that conflicts with unwinding on
+        // drop, exact stats and the per-thread lookup
+        // (docs/coro-pool-design.md).
         claim: "pooled lifecycle vs bare corosensei (borrowed stack)",
         figure: "overhead_vs_bare",
         op: Op::AtMost,
@@ -249,7 +250,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
-        claim: "socket sequential read vs diod, depth1 (issue 19)",
+        claim: "socket sequential read vs diod, depth1",
         figure: "ratio_read_vs_diod_depth1",
         op: Op::AtLeast,
         bound: 1.0,
@@ -257,7 +258,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
-        claim: "socket sequential read vs diod, depth4 (issue 19)",
+        claim: "socket sequential read vs diod, depth4",
         figure: "ratio_read_vs_diod_depth4",
         op: Op::AtLeast,
         bound: 1.0,
@@ -265,7 +266,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
-        claim: "socket sequential read vs diod, depth16 (issue 19)",
+        claim: "socket sequential read vs diod, depth16",
         figure: "ratio_read_vs_diod_depth16",
         op: Op::AtLeast,
         bound: 1.0,
@@ -273,7 +274,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
-        claim: "socket sequential read vs diod, 4conns (issue 19)",
+        claim: "socket sequential read vs diod, 4conns",
         figure: "ratio_read_vs_diod_4conns",
         op: Op::AtLeast,
         bound: 1.0,
@@ -281,7 +282,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
-        claim: "socket Tgetattr vs diod, depth1 (issue 19)",
+        claim: "socket Tgetattr vs diod, depth1",
         figure: "ratio_getattr_vs_diod_depth1",
         op: Op::AtMost,
         bound: 1.0,
@@ -289,7 +290,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
-        claim: "socket Tgetattr vs diod, depth4 (issue 19)",
+        claim: "socket Tgetattr vs diod, depth4",
         figure: "ratio_getattr_vs_diod_depth4",
         op: Op::AtMost,
         bound: 1.0,
@@ -297,7 +298,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
-        claim: "socket Tgetattr vs diod, depth16 (issue 19)",
+        claim: "socket Tgetattr vs diod, depth16",
         figure: "ratio_getattr_vs_diod_depth16",
         op: Op::AtMost,
         bound: 1.0,
@@ -305,7 +306,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
-        claim: "socket read throughput grows with requests outstanding (issue 19)",
+        claim: "socket read throughput grows with requests outstanding",
         figure: "sock_depth4_vs_depth1",
         op: Op::AtLeast,
         bound: 1.6,
@@ -317,7 +318,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
-        claim: "socket reads, 4 outstanding: spliced Rread vs the copy it replaced (issue 19)",
+        claim: "socket reads, 4 outstanding: spliced Rread vs the copy it replaced",
         figure: "sock_splice_vs_copy_depth4",
         op: Op::AtLeast,
         bound: 1.0,
@@ -330,7 +331,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
-        claim: "a slow request does not stall Tgetattr on its connection (issue 19)",
+        claim: "a slow request does not stall Tgetattr on its connection",
         figure: "sock_getattr_p99_slow_vs_idle",
         op: Op::AtMost,
         bound: 2.0,
@@ -338,7 +339,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
-        claim: "socket daemon RSS after 64 idle connections that each read 16 MiB (issue 19)",
+        claim: "socket daemon RSS after 64 idle connections that each read 16 MiB",
         figure: "sock_idle_rss_mib",
         op: Op::AtMost,
         bound: 64.0,
@@ -346,7 +347,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p-hostile",
-        claim: "a fresh client's Tversion + Tattach p99 while 2048 blocking Tlocks wait (issue 30)",
+        claim: "a fresh client's Tversion + Tattach p99 while 2048 blocking Tlocks wait",
         figure: "sock_fresh_p99_ms_lock_flood",
         op: Op::AtMost,
         bound: 100.0,
@@ -354,7 +355,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p-hostile",
-        claim: "a fresh client's Tversion + Tattach p99 while 48 connections flood (issue 30)",
+        claim: "a fresh client's Tversion + Tattach p99 while 48 connections flood",
         figure: "sock_fresh_p99_ms_walk_flood",
         op: Op::AtMost,
         bound: 100.0,
@@ -365,7 +366,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p-hostile",
-        claim: "a fresh client's requests p99 while 12 connections trickle a Twrite (issue 30)",
+        claim: "a fresh client's requests p99 while 12 connections trickle a Twrite",
         figure: "sock_fresh_p99_ms_trickle",
         op: Op::AtMost,
         bound: 100.0,

@@ -2,9 +2,9 @@
 //! Suite `virtio-9p`: 9P request costs of `virtio-9p-server` against
 //! crosvm's `p9` crate, in process, with the same request stream.
 //!
-//! The parts live in `virtio_9p/`: `inproc.rs` drives the server directly
-//! (issue #7), `vhost.rs` through a fake VMM over vhost-user (issue #8),
-//! `diod.rs` over a unix socket against diod (issue #10).
+//! The parts live in `virtio_9p/`: `inproc.rs` drives the server directly,
+//! `vhost.rs` through a fake VMM over vhost-user, `diod.rs` over a unix
+//! socket against diod.
 
 mod diod;
 mod inproc;

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Suite `virtio-9p-hostile` (issue 30): how fast the socket transport
+//! Suite `virtio-9p-hostile`: how fast the socket transport
 //! serves a fresh client while others attack it together.
 //!
 //! Our server runs in this process with the daemon's default limits
 //! (`SocketLimits::default()`, `Config::default()`), as `virtio-9p-server
-//! --listen unix:PATH` does. Three attacks, each the issue's:
+//! --listen unix:PATH` does. Three attacks:
 //!
 //! - **lock flood**: this process holds an OFD lock on a file, and 32
 //!   connections keep a blocking Tlock waiting on it on each of 64 fids
@@ -18,9 +18,9 @@
 //!
 //! During each, fresh clients connect one after another and time Tversion
 //! plus Tattach (and, under the trickle, Twalk, Tlopen and Treaddir too);
-//! the figures are the 50th and 99th percentiles. The issue's target is
-//! under 100 ms at the 99th percentile. diod is not run: it crashes on
-//! some of these attacks (issue 30).
+//! the figures are the 50th and 99th percentiles. The target is under
+//! 100 ms at the 99th percentile. diod is not run: it crashes on some of
+//! these attacks.
 
 use std::error::Error;
 use std::io::{Read, Write};

@@ -28,7 +28,8 @@ const PAGE: usize = 4096;
 /// File I/O samples are short: they run this many times the usual repetitions.
 const FILE_REPS_FACTOR: usize = 3;
 
-/// Measures and reports the six metrics of issue #6.
+/// Measures and reports the suite's metrics: walk cost against
+/// virtio-queue, file I/O against memcpy and the kernel's ceilings.
 pub fn run(ctx: &Ctx) -> SuiteResult {
     let descs: usize = ctx.pick(32768, 4096);
     let walks: usize = ctx.pick(40, 5);
@@ -75,7 +76,7 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         Ok(elapsed.as_nanos() as f64 / (walks * descs) as f64)
     };
     // The same chain as one direct chain on a ring of its size (split),
-    // and both layouts on packed rings (issue 23).
+    // and both layouts on packed rings.
     let mem_direct = guest_memory(bytes + (16 << 20));
     let mut driver_direct = MockDriver::new(&mem_direct, descs as u16);
     let mut queue_direct: Queue = driver_direct.create_queue();
@@ -222,7 +223,7 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
              large policy. Walk: pop + full validation (bounds, limits, region lookup, segment \
              list) vs virtio-queue 0.18 pop + iteration (no buffer validation), {walks} pops per \
              sample. Split direct: the same chain as one direct chain on a \
-             32768-entry split ring. Packed (issue 23): the same chain direct on a 32768-entry \
+             32768-entry split ring. Packed: the same chain direct on a 32768-entry \
              packed ring and indirect on a 256-entry one, pop_packed with full validation \
              (wrap counters, buffer id, in-flight table), each pop timed alone (the ring-base \
              rewind between pops, which clears the in-flight table, is not counted). File: preadv of a page-cached tempfile into the chain. Scattered: the \
