@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! virtiofsd's conventions for the daemon (issue 22, item 5), tested on
+//! virtiofsd's conventions for the daemon, tested on
 //! the real binary: the locked `<socket>.pid` refuses a second instance
 //! and leaves the running one alone; the daemon exits when its frontend
 //! leaves (unless `--keep-serving`); options of the other mode are
@@ -8,7 +8,7 @@
 //! `--print-capabilities` matches the shipped JSON descriptor;
 //! `--no-inline-metadata` keeps metadata calls on workers. The start logs
 //! no warning in any sandbox, and the coroutine stacks' budget inside the
-//! sandbox knows the real `vm.max_map_count` and mapping count (issue 28).
+//! sandbox knows the real `vm.max_map_count` and mapping count.
 
 mod sandbox_support;
 
@@ -555,7 +555,7 @@ fn warnings(log: &str) -> Vec<&str> {
 
 #[test]
 fn test_start_prints_no_warning_in_any_sandbox() {
-    // Issue 28: coro-pool logged two warnings at every start in the
+    // coro-pool used to log two warnings at every start in the
     // namespace and chroot sandboxes, which hide /proc/self/maps and
     // /proc/sys/vm/max_map_count from it. The daemons start together, serve
     // a request (the first coroutine stacks) and run through two trims of

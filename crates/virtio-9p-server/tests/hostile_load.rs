@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Hostile clients together against the socket transport (issue 30): floods
+//! Hostile clients together against the socket transport: floods
 //! past the thread's request cap, blocking Tlocks that never end, and
 //! senders that trickle a request a byte at a time. Every attack checks
 //! that each request is answered, that fresh clients are served during it,
@@ -109,7 +109,7 @@ fn innocent(sock: PathBuf, stop: Arc<AtomicBool>) -> JoinHandle<Result<(Peer, u6
     })
 }
 
-/// Issue 30, item 1: 48 connections flood far past the thread's request
+/// 48 connections flood far past the thread's request
 /// cap while 16 others send one Tgetattr at a time and fresh clients
 /// connect. Every request is answered, and afterwards every connection,
 /// flooders included, serves a new request.
@@ -176,7 +176,7 @@ fn test_flood_past_thread_cap_leaves_no_connection_unread() {
     );
 }
 
-/// Issue 30, item 2: a host process holds a lock and 8 connections keep
+/// A host process holds a lock and 8 connections keep
 /// 32 blocking Tlocks each waiting for it, more than the listener's
 /// request slots. Fresh clients still get Tversion and Tattach answered,
 /// the waiters' connections still take requests, and once they hang up
@@ -250,7 +250,7 @@ fn start_trickle(p: &mut Peer, fid: u32, count: u32) {
     p.send_raw(&f).unwrap();
 }
 
-/// Issue 30, item 3: two connections trickle the data of an xattr Twrite
+/// Two connections trickle the data of an xattr Twrite
 /// and four that of a file Twrite (frames over 64 KiB, so streamed), one
 /// byte every 200 ms: more than the socket threads plus the workers. Fresh
 /// clients are served meanwhile (Tversion, Tattach, Twalk, Tlopen,

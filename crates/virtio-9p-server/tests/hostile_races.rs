@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Races a hostile socket client can run (issue 30): Tflush of a Tflush
+//! Races a hostile socket client can run: Tflush of a Tflush
 //! while the flushed request is in a filesystem call, files truncated
 //! under spliced Rreads, fid lifecycle races (one fid clunked twice at
 //! once, Tremove while other connections walk in, a Twalk onto a fid an
@@ -102,7 +102,7 @@ impl Filesystem for GatedFs {
     }
 }
 
-/// Issue 30, item 4: a Tgetattr held in its filesystem call on a worker,
+/// A Tgetattr held in its filesystem call on a worker,
 /// a Tflush of it, and a Tflush of that Tflush, 1000 rounds. Neither
 /// Rflush may go out before the Tgetattr's reply: nothing is answered
 /// while the call is held (a later request's reply shows the server got
@@ -254,7 +254,7 @@ fn stalled_reads(sock: &Path) -> Peer {
     p
 }
 
-/// Issue 30, item 5: the file shrinks under Rreads whose data sits in
+/// The file shrinks under Rreads whose data sits in
 /// pipes. Every byte received is the file's, and each reply holds exactly
 /// the bytes the file still has (a short read at the new end), but for
 /// the one reply whose header was already on its way.
@@ -295,7 +295,7 @@ fn test_spliced_rread_of_a_shrunk_file_is_short_not_padded() {
     ));
 }
 
-/// Issue 30, item 5: the file is truncated under waiting spliced replies
+/// The file is truncated under waiting spliced replies
 /// and written back to its old size with the same bytes. Every reply is
 /// whole and every byte is the file's.
 #[test]
@@ -328,7 +328,7 @@ fn test_spliced_rread_of_a_truncated_then_rewritten_file_is_exact() {
     ));
 }
 
-/// Issue 30, item 5: a host thread truncates the file (to 0 or [`CUT`])
+/// A host thread truncates the file (to 0 or [`CUT`])
 /// and writes it back, over and over, while a client keeps 8 spliced
 /// reads outstanding. Every byte received is the file's; a reply is short
 /// only where the file was. (A reply whose pages vanish after its header

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The transport doors of the binary (issue 17): a writable passthrough
+//! The transport doors of the binary: a writable passthrough
 //! export over TCP needs `--allow-unauthenticated-tcp-passthrough`; unix
 //! sockets (`--socket-path`, `--listen unix:`) replace only a stale socket,
 //! refuse anything else with one clear line and exit 1, and are created

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Memory is bounded (issue 17, item 5): names are limited at decode, fids
+//! Memory is bounded: names are limited at decode, fids
 //! and xattr bytes per session and in total, socket buffers within a
 //! shared budget and freed when idle, a kick's work within a budget, and
 //! one msize snapshot per request. The hostile-client acceptance test runs

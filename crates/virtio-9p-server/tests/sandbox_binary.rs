@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The hardened binary (issue 12): every sandbox mode under `--seccomp
+//! The hardened binary: every sandbox mode under `--seccomp
 //! kill` serves the socket and vhost-user transports (the full path-escape
 //! suite runs against it from `tests/escape.rs`); forbidden syscalls are
 //! killed, logged or trapped; the worker threads carry their own filter;

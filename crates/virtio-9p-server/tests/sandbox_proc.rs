@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The sandbox hides the host's kernel knobs (issue 17): from inside the
+//! The sandbox hides the host's kernel knobs: from inside the
 //! namespace and chroot sandboxes, `/proc/sys` and `/proc/1/root` are
 //! unreachable through every fd the running daemon holds.
 //!

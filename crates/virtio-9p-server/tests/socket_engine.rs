@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The socket transport on the request engine (issue 19): requests of one
+//! The socket transport on the request engine: requests of one
 //! connection in flight at once, replies out of order by tag, Tflush, a
 //! duplicate tag, the in-flight limit, a hang-up with requests in flight,
 //! and a client that sends faster than it reads.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Zero-copy Rread on the socket transport (issue 19, item 3): Rread data
+//! Zero-copy Rread on the socket transport: Rread data
 //! spliced file -> pipe -> socket, over unix and TCP sockets.
 //!
 //! In-process servers check content at page, pipe and EOF boundaries,

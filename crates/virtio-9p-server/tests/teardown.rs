@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Bounded teardown (issue 18, item 5): a reset or a drop of the device
+//! Bounded teardown: a reset or a drop of the device
 //! returns within the engine's bound even when a `Filesystem` call never
 //! returns; the stuck request is leaked and counted, never freed under the
 //! worker, and the device keeps serving. Also where calls run under the

@@ -435,7 +435,7 @@ pub(crate) struct Summary {
 /// reads it with one 16-byte volatile load and splits it in registers:
 /// reading it as `virtio_queue`'s descriptor types made the compiler store
 /// the fields one by one and load them back wider, a store-forwarding stall
-/// on every descriptor (issue 23: the packed indirect walk spent 40 % of its
+/// on every descriptor (the packed indirect walk spent 40 % of its
 /// time on that reload).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RawDesc {

@@ -82,7 +82,7 @@ pub struct Cli {
     pub hardening: Hardening,
 }
 
-/// The sandbox options (issue 12).
+/// The sandbox options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Hardening {
     /// Confinement: namespace (new mount, pid and net namespaces and
