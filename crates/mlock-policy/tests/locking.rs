@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use mlock_policy::{Error, LockBudget, MlockPolicy};
 
-/// 1 GiB, as the issue asks.
+/// 1 GiB, the size of a small guest's RAM.
 const REGION: usize = 1 << 30;
 /// The part touched to watch lock-on-fault grow.
 const TOUCH: usize = 256 << 20;
