@@ -4,13 +4,19 @@
 //!
 //! The parts live in `virtio_9p/`: `inproc.rs` drives the server directly,
 //! `vhost.rs` through a fake VMM over vhost-user, `diod.rs` over a unix
-//! socket against diod.
+//! socket against diod, and `splice.rs` measures the socket transport's
+//! zero-copy Rread. The socket parts share `socket_client.rs` (the load
+//! generator) and `peers.rs` (our server and diod, the processes they
+//! talk to).
 
 mod diod;
 mod inproc;
+mod peers;
+mod socket_client;
+mod splice;
 mod vhost;
 
-pub use diod::serve_socket_forever;
+pub use peers::serve_socket_forever;
 
 use crate::harness::{Ctx, SuiteResult};
 

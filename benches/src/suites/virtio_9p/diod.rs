@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Part of suite `virtio-9p` (issue #10): the socket transport against
+//! Part of suite `virtio-9p`: the socket transport against
 //! diod, the 9P2000.L server Debian ships, with one load generator.
 //!
 //! The load generator is a plain 9P client on a unix socket (the
@@ -20,468 +20,22 @@
 
 use std::error::Error;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
-use virtio_9p_server::client::{Client, StreamTransport};
-use virtio_9p_server::protocol::{
-    GetattrMask, LockFlags, LockStatus, LockType, MsgType, OpenFlags, Rmessage, Tattach, Tfid,
-    Tgetattr, Tlock, Tmessage, Tread, Twalk, IOHDRSZ, NOFID,
-};
-use virtio_9p_server::transport::socket::{ListenAddr, Listener, SocketLimits};
-use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
+use virtio_9p_server::protocol::{LockFlags, LockStatus, LockType, OpenFlags, IOHDRSZ};
+use virtio_9p_server::transport::socket::SocketLimits;
 
+use super::peers::{diod_version, find_diod, rss_mib, Diod, OursProcess, OursSocket};
+use super::socket_client::{par_read, trivial_session, Session, ROOT};
+use super::splice::{splice_e2e_part, splice_part};
 use crate::harness::{alternate, format_value, Ctx, SuiteReport, Table};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
-const GIB: f64 = (1u64 << 30) as f64;
 const KIB: u32 = 1024;
-/// 9P message types the lean loop checks by number.
-const RGETATTR: u8 = MsgType::Rgetattr as u8;
-const RLOCK: u8 = MsgType::Rlock as u8;
-const RREAD: u8 = MsgType::Rread as u8;
-
-const ROOT: u32 = 0;
-const BIG: u32 = 1;
-const SMALL: u32 = 2;
-const WALKED: u32 = 3;
-
-/// Our socket server on a listener of this process: `Listener::serve_with`,
-/// what `virtio-9p-server --listen unix:PATH` runs (socket threads on the
-/// request engine, the default limits). Its accept thread runs until the
-/// bench process exits.
-struct OursSocket {
-    path: PathBuf,
-}
-
-impl OursSocket {
-    fn new(dir: &Path, sock: PathBuf) -> Res<Self> {
-        Self::with_limits(dir, sock, SocketLimits::default())
-    }
-
-    fn with_limits(dir: &Path, sock: PathBuf, limits: SocketLimits) -> Res<Self> {
-        let fs = PassthroughFs::new(PassthroughConfig::new(dir))?;
-        let server = Arc::new(Server::new(fs, Config::default())?);
-        let listener = Listener::bind(&ListenAddr::Unix(sock.clone()))?;
-        std::thread::Builder::new()
-            .name("ours-accept".into())
-            .spawn(move || listener.serve_with(server, limits))?;
-        Ok(OursSocket { path: sock })
-    }
-
-    fn connect(&mut self) -> Res<UnixStream> {
-        Ok(UnixStream::connect(&self.path)?)
-    }
-}
-
-/// Serves `dir` on the unix socket `sock` in this process, forever: the
-/// child process whose memory the idle-RSS figure reads
-/// (`vmm-benches __socket-server DIR SOCK`).
-pub fn serve_socket_forever(dir: &Path, sock: &Path) -> Res<()> {
-    let fs = PassthroughFs::new(PassthroughConfig::new(dir))?;
-    let server = Arc::new(Server::new(fs, Config::default())?);
-    let listener = Listener::bind(&ListenAddr::Unix(sock.to_path_buf()))?;
-    listener.serve_with(server, SocketLimits::default())?;
-    Ok(())
-}
-
-/// Our server in a child process (see [`serve_socket_forever`]).
-struct OursProcess {
-    child: Child,
-    sock: PathBuf,
-}
-
-impl OursProcess {
-    fn start(dir: &Path, sock: PathBuf) -> Res<Self> {
-        let child = Command::new(std::env::current_exe()?)
-            .arg("__socket-server")
-            .arg(dir)
-            .arg(&sock)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let me = OursProcess { child, sock };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while UnixStream::connect(&me.sock).is_err() {
-            if Instant::now() > deadline {
-                return Err("our socket server did not listen within 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(me)
-    }
-}
-
-impl Drop for OursProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// VmRSS of process `pid`, MiB.
-fn rss_mib(pid: u32) -> Res<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or("no VmRSS")?;
-    Ok(kib / 1024.0)
-}
-
-/// A diod process, killed and reaped on drop.
-struct Diod {
-    child: Child,
-    sock: PathBuf,
-    log: PathBuf,
-}
-
-impl Drop for Diod {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
-}
-
-/// `diod` on `PATH`, or in the sbin directories a non-root `PATH` may lack.
-fn find_diod() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    dirs.extend(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from));
-    dirs.into_iter()
-        .map(|d| d.join("diod"))
-        .find(|p| p.is_file())
-}
-
-fn diod_version(path: &Path) -> String {
-    // diod has no --version; the Debian package records it.
-    Command::new("dpkg-query")
-        .args(["-W", "-f", "${Version}", "diod"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|v| format!("diod {v}"))
-        .unwrap_or_else(|| format!("diod ({})", path.display()))
-}
-
-impl Diod {
-    fn start(path: &Path, dir: &Path, sock: PathBuf, log: PathBuf) -> Res<Self> {
-        let child = Command::new(path)
-            .args(["-f", "-n", "-N", "-L", "stderr", "-l"])
-            .arg(&sock)
-            .arg("-e")
-            .arg(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log)?)
-            .spawn()?;
-        let mut diod = Diod { child, sock, log };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = diod.child.try_wait()? {
-                return Err(format!("diod exited with {status}: {}", diod.log_text()).into());
-            }
-            if UnixStream::connect(&diod.sock).is_ok() {
-                return Ok(diod);
-            }
-            if Instant::now() > deadline {
-                return Err(format!("diod did not listen within 10 s: {}", diod.log_text()).into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn connect(&self) -> Res<UnixStream> {
-        Ok(UnixStream::connect(&self.sock)?)
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log)
-            .map(|s| s.trim().chars().take(400).collect())
-            .unwrap_or_default()
-    }
-}
-
-/// One negotiated session of the load generator.
-struct Session {
-    client: Client<StreamTransport<UnixStream>>,
-    msize: u32,
-    reply: Vec<u8>,
-    offset: u64,
-    file_len: u64,
-}
-
-impl Session {
-    /// Tversion, Tattach as root to `aname`, walks to "big" (opened for
-    /// reading) and "f".
-    fn open(stream: UnixStream, msize: u32, aname: &[u8], file_len: u64) -> Res<Self> {
-        let mut client = Client::new(StreamTransport(stream));
-        let granted = client.version(msize)?;
-        match client.rpc(&Tmessage::Attach(Tattach {
-            fid: ROOT,
-            afid: NOFID,
-            uname: b"root".to_vec(),
-            aname: aname.to_vec(),
-            n_uname: 0,
-        }))? {
-            Rmessage::Attach(_) => {}
-            r => return Err(format!("attach: unexpected reply {r:?}").into()),
-        }
-        client.walk(ROOT, BIG, &[b"big"])?;
-        client.lopen(BIG, OpenFlags::RDONLY)?;
-        client.walk(ROOT, SMALL, &[b"f"])?;
-        Ok(Session {
-            client,
-            msize: granted,
-            reply: vec![0u8; granted as usize],
-            offset: 0,
-            file_len,
-        })
-    }
-
-    /// Sends `frame` and reads the reply into the reused buffer; returns
-    /// the reply's type and its length.
-    fn call(&mut self, frame: &[u8]) -> Res<(u8, usize)> {
-        let stream = &mut self.client.transport().0;
-        stream.write_all(frame)?;
-        stream.read_exact(&mut self.reply[..4])?;
-        let size = u32::from_le_bytes(self.reply[..4].try_into()?) as usize;
-        if size < 7 || size > self.reply.len() {
-            return Err(format!("reply of {size} bytes at msize {}", self.msize).into());
-        }
-        stream.read_exact(&mut self.reply[4..size])?;
-        let ty = self.reply[4];
-        if ty == MsgType::Rlerror {
-            let errno = u32::from_le_bytes(self.reply[7..11].try_into()?);
-            return Err(format!("Rlerror {errno}").into());
-        }
-        Ok((ty, size))
-    }
-
-    /// Sequential Treads of `msize - IOHDRSZ` bytes until `total` bytes
-    /// came back; GiB/s.
-    fn read(&mut self, total: u64) -> Res<f64> {
-        let count = self.msize - IOHDRSZ;
-        let mut done = 0u64;
-        let start = Instant::now();
-        while done < total {
-            let frame = self.next_read(1);
-            let (ty, size) = self.call(&frame)?;
-            let got = u32::from_le_bytes(self.reply[7..11].try_into()?);
-            if ty != MsgType::Rread || got != count || size != 11 + count as usize {
-                return Err(format!("Tread of {count}: reply type {ty}, {got} bytes").into());
-            }
-            done += u64::from(got);
-        }
-        Ok(done as f64 / GIB / start.elapsed().as_secs_f64())
-    }
-
-    /// µs per Tgetattr (basic attributes) of a small file.
-    fn getattr_us(&mut self, iters: usize) -> Res<f64> {
-        let frame = Tmessage::Getattr(Tgetattr {
-            fid: SMALL,
-            request_mask: GetattrMask::BASIC,
-        })
-        .encode_frame(2);
-        let start = Instant::now();
-        for _ in 0..iters {
-            let (ty, _) = self.call(&frame)?;
-            if ty != MsgType::Rgetattr {
-                return Err(format!("Tgetattr: reply type {ty}").into());
-            }
-        }
-        Ok(start.elapsed().as_secs_f64() * 1e6 / iters as f64)
-    }
-
-    /// Sends one frame.
-    fn send(&mut self, frame: &[u8]) -> Res<()> {
-        self.client.transport().0.write_all(frame)?;
-        Ok(())
-    }
-
-    /// Reads one reply into the reused buffer: (tag, type, size).
-    fn recv(&mut self) -> Res<(u16, u8, usize)> {
-        let stream = &mut self.client.transport().0;
-        stream.read_exact(&mut self.reply[..4])?;
-        let size = u32::from_le_bytes(self.reply[..4].try_into()?) as usize;
-        if size < 7 || size > self.reply.len() {
-            return Err(format!("reply of {size} bytes at msize {}", self.msize).into());
-        }
-        stream.read_exact(&mut self.reply[4..size])?;
-        let tag = u16::from_le_bytes(self.reply[5..7].try_into()?);
-        Ok((tag, self.reply[4], size))
-    }
-
-    /// The next sequential Tread of `msize - IOHDRSZ` bytes, as a frame
-    /// with `tag`.
-    fn next_read(&mut self, tag: u16) -> Vec<u8> {
-        let count = self.msize - IOHDRSZ;
-        if self.offset + u64::from(count) > self.file_len {
-            self.offset = 0;
-        }
-        let frame = Tmessage::Read(Tread {
-            fid: BIG,
-            offset: self.offset,
-            count,
-        })
-        .encode_frame(tag);
-        self.offset += u64::from(count);
-        frame
-    }
-
-    /// Sequential Treads with `depth` outstanding on this connection until
-    /// `total` bytes came back; GiB/s.
-    fn read_depth(&mut self, depth: u16, total: u64) -> Res<f64> {
-        let count = u64::from(self.msize - IOHDRSZ);
-        let n = total.div_ceil(count);
-        let start = Instant::now();
-        let mut sent = 0u64;
-        for tag in 1..=depth {
-            if sent < n {
-                let f = self.next_read(tag);
-                self.send(&f)?;
-                sent += 1;
-            }
-        }
-        let mut done = 0u64;
-        for _ in 0..n {
-            let (tag, ty, size) = self.recv()?;
-            let got = u32::from_le_bytes(self.reply[7..11].try_into()?);
-            if ty != RREAD || u64::from(got) != count || size != 11 + count as usize {
-                return Err(format!("Tread of {count}: reply type {ty}, {got} bytes").into());
-            }
-            done += u64::from(got);
-            if sent < n {
-                let f = self.next_read(tag);
-                self.send(&f)?;
-                sent += 1;
-            }
-        }
-        Ok(done as f64 / GIB / start.elapsed().as_secs_f64())
-    }
-
-    /// µs per Tgetattr with `depth` outstanding (wall time / requests).
-    fn getattr_depth_us(&mut self, depth: u16, iters: usize) -> Res<f64> {
-        let frames: Vec<Vec<u8>> = (1..=depth)
-            .map(|tag| {
-                Tmessage::Getattr(Tgetattr {
-                    fid: SMALL,
-                    request_mask: GetattrMask::BASIC,
-                })
-                .encode_frame(tag)
-            })
-            .collect();
-        let start = Instant::now();
-        let mut sent = 0usize;
-        for f in &frames {
-            if sent < iters {
-                self.send(f)?;
-                sent += 1;
-            }
-        }
-        for _ in 0..iters {
-            let (tag, ty, _) = self.recv()?;
-            if ty != RGETATTR {
-                return Err(format!("Tgetattr: reply type {ty}").into());
-            }
-            if sent < iters {
-                self.send(&frames[usize::from(tag) - 1])?;
-                sent += 1;
-            }
-        }
-        Ok(start.elapsed().as_secs_f64() * 1e6 / iters as f64)
-    }
-
-    /// Tgetattr latencies (µs), one at a time, `iters` of them; with
-    /// `slow_fid`, a blocking Tlock on it (tag 100) stays outstanding the
-    /// whole time on the same connection (re-sent whenever the server
-    /// answers BLOCKED).
-    fn getattr_latencies(&mut self, iters: usize, slow_fid: Option<u32>) -> Res<Vec<f64>> {
-        const SLOW_TAG: u16 = 100;
-        let getattr = Tmessage::Getattr(Tgetattr {
-            fid: SMALL,
-            request_mask: GetattrMask::BASIC,
-        })
-        .encode_frame(1);
-        let tlock = slow_fid.map(|fid| {
-            Tmessage::Lock(Tlock {
-                fid,
-                ty: LockType::Wrlck,
-                flags: LockFlags::BLOCK,
-                start: 0,
-                length: 0,
-                proc_id: 2,
-                client_id: b"bench".to_vec(),
-            })
-            .encode_frame(SLOW_TAG)
-        });
-        if let Some(t) = &tlock {
-            self.send(t)?;
-        }
-        let mut out = Vec::with_capacity(iters);
-        for _ in 0..iters {
-            let t0 = Instant::now();
-            self.send(&getattr)?;
-            loop {
-                let (tag, ty, _) = self.recv()?;
-                if tag == SLOW_TAG && ty == RLOCK {
-                    // BLOCKED after the server's lock wait: ask again.
-                    if let Some(t) = &tlock {
-                        self.send(t)?;
-                    }
-                    continue;
-                }
-                if ty != RGETATTR {
-                    return Err(format!("Tgetattr: reply type {ty}").into());
-                }
-                break;
-            }
-            out.push(t0.elapsed().as_secs_f64() * 1e6);
-        }
-        if tlock.is_some() {
-            // Leave the connection without an outstanding lock.
-            self.send(
-                &Tmessage::Flush(virtio_9p_server::protocol::Tflush { oldtag: SLOW_TAG })
-                    .encode_frame(101),
-            )?;
-            loop {
-                let (tag, _, _) = self.recv()?;
-                if tag == 101 {
-                    break;
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// µs per Twalk of one name plus the Tclunk of the new fid.
-    fn walk_clunk_us(&mut self, iters: usize) -> Res<f64> {
-        let walk = Tmessage::Walk(Twalk {
-            fid: ROOT,
-            newfid: WALKED,
-            wnames: vec![b"f".to_vec()],
-        })
-        .encode_frame(3);
-        let clunk = Tmessage::Clunk(Tfid { fid: WALKED }).encode_frame(3);
-        let start = Instant::now();
-        for _ in 0..iters {
-            self.call(&walk)?;
-            self.call(&clunk)?;
-        }
-        Ok(start.elapsed().as_secs_f64() * 1e6 / iters as f64)
-    }
-}
 
 fn size_label(msize: u32) -> String {
     if msize >= 1 << 20 {
@@ -694,7 +248,7 @@ pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         file_len,
     )?;
     splice_part(ctx, report, &export)?;
-    check_issue19_metrics(report, diod.is_some())?;
+    check_socket_metrics(report, diod.is_some())?;
 
     // Ours only, past diod's cap.
     let larger: Vec<u32> = ctx.pick(
@@ -740,9 +294,9 @@ pub fn run(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
     Ok(())
 }
 
-/// The metrics of issue 19 this part reports (the `diod_` and `ratio_`
+/// The metrics this part reports (the `diod_` and `ratio_`
 /// ones only when diod runs); checked at the end of the part.
-const ISSUE19_METRICS: &[&str] = &[
+const SOCKET_METRICS: &[&str] = &[
     "sock_read_gib_per_s_depth1",
     "sock_read_gib_per_s_depth4",
     "sock_read_gib_per_s_depth16",
@@ -766,7 +320,7 @@ const ISSUE19_METRICS: &[&str] = &[
     "sock_splice_vs_copy_depth16",
 ];
 /// The same against diod.
-const ISSUE19_DIOD_METRICS: &[&str] = &[
+const DIOD_METRICS: &[&str] = &[
     "diod_read_gib_per_s_depth1",
     "diod_read_gib_per_s_depth4",
     "diod_read_gib_per_s_depth16",
@@ -784,12 +338,12 @@ const ISSUE19_DIOD_METRICS: &[&str] = &[
     "ratio_getattr_vs_diod_depth16",
 ];
 
-/// Fails if a metric of issue 19 is missing from `report`.
-fn check_issue19_metrics(report: &SuiteReport, with_diod: bool) -> Res<()> {
+/// Fails if a metric of this part is missing from `report`.
+fn check_socket_metrics(report: &SuiteReport, with_diod: bool) -> Res<()> {
     let names: Vec<&str> = report.metrics().iter().map(|(n, _)| n.as_str()).collect();
-    let wanted = ISSUE19_METRICS
+    let wanted = SOCKET_METRICS
         .iter()
-        .chain(if with_diod { ISSUE19_DIOD_METRICS } else { &[] });
+        .chain(if with_diod { DIOD_METRICS } else { &[] });
     for m in wanted {
         if !names.contains(m) {
             return Err(format!("metric {m} was not reported").into());
@@ -832,68 +386,6 @@ fn versus(
     }
 }
 
-/// A session on a trivial server thread that answers every Tread with a
-/// canned Rread of `msize - IOHDRSZ` bytes written from memory, and
-/// anything else with nothing: the ceiling of the load generator itself.
-fn trivial_session(msize: u32, file_len: u64) -> Res<Session> {
-    let (ours, mut theirs) = UnixStream::pair()?;
-    let count = msize - IOHDRSZ;
-    let mut canned = Vec::with_capacity(11 + count as usize);
-    canned.extend_from_slice(&(11 + count).to_le_bytes());
-    canned.push(RREAD);
-    canned.extend_from_slice(&[0, 0]);
-    canned.extend_from_slice(&count.to_le_bytes());
-    canned.resize(11 + count as usize, 0);
-    std::thread::Builder::new()
-        .name("trivial-9p".into())
-        .spawn(move || {
-            let mut frame = vec![0u8; 64 * KIB as usize];
-            // Ends when the session is dropped (EOF or an error).
-            while theirs.read_exact(&mut frame[..4]).is_ok() {
-                let size = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
-                if !(7..=frame.len()).contains(&size)
-                    || theirs.read_exact(&mut frame[4..size]).is_err()
-                {
-                    break;
-                }
-                if frame[4] == MsgType::Tread as u8 {
-                    canned[5..7].copy_from_slice(&frame[5..7]);
-                    if theirs.write_all(&canned).is_err() {
-                        break;
-                    }
-                }
-            }
-        })?;
-    Ok(Session {
-        client: Client::new(StreamTransport(ours)),
-        msize,
-        reply: vec![0u8; msize as usize],
-        offset: 0,
-        file_len,
-    })
-}
-
-/// Sequential reads on each of `sessions` at once, `depth` outstanding on
-/// each, `total` bytes in all; aggregate GiB/s.
-fn par_read(sessions: &mut [Session], depth: u16, total: u64) -> Res<f64> {
-    let per = total / sessions.len() as u64;
-    let start = Instant::now();
-    let results: Vec<Result<f64, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = sessions
-            .iter_mut()
-            .map(|se| s.spawn(move || se.read_depth(depth, per).map_err(|e| e.to_string())))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("reader panicked".into())))
-            .collect()
-    });
-    for r in results {
-        r?;
-    }
-    Ok(per as f64 * sessions.len() as f64 / GIB / start.elapsed().as_secs_f64())
-}
-
 fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let i = ((v.len() as f64 - 1.0) * p).round() as usize;
@@ -904,7 +396,7 @@ fn median_of(mut v: Vec<f64>) -> f64 {
     percentile(std::mem::take(&mut v), 0.5)
 }
 
-/// Issue 19: requests outstanding on one connection, both servers at
+/// Requests outstanding on one connection, both servers at
 /// msize 64 KiB (diod's cap), and a slow request beside a Tgetattr stream.
 #[allow(clippy::too_many_arguments)]
 fn depth_part(
@@ -1069,7 +561,7 @@ fn depth_part(
     Ok(())
 }
 
-/// Issue 19: the RSS of a server process after `n` connections each did
+/// The RSS of a server process after `n` connections each did
 /// one 16 MiB read and went idle (ours at msize 16 MiB: one Tread; diod at
 /// its 64 KiB cap: 256 of them).
 fn idle_rss_part(
@@ -1109,7 +601,7 @@ fn idle_rss_part(
         report.metric("diod_idle_rss_mib", rss_mib(d.child.id())?);
     }
     report.note(format!(
-        "Issue 19 figures: depth N keeps N requests outstanding on one connection (tags 1..N, \
+        "Socket figures: depth N keeps N requests outstanding on one connection (tags 1..N, \
          a new request as each reply arrives), msize 64 KiB for both servers; 4conns is four \
          connections of 4 outstanding each at once. The p99 pair runs {} Tgetattr one at a time \
          on one connection, alone and beside a blocking Tlock (held off by another \
@@ -1118,168 +610,6 @@ fn idle_rss_part(
          connections each read {} MiB and went idle for 300 ms.",
         ctx.pick(5_000, 300),
         read >> 20
-    ));
-    Ok(())
-}
-
-/// Sends `total` bytes of `file` (cached) into a unix socket whose peer
-/// drains it, `chunk` bytes per Rread-sized step: by `pread` into one
-/// buffer and `send` (what the socket transport does), or by `splice`
-/// through a pipe (file to pipe, pipe to socket: no user-space copy).
-/// GiB/s.
-fn rread_to_socket(file: &File, total: u64, chunk: usize, splice: bool) -> Res<f64> {
-    use std::os::fd::AsRawFd;
-    let (tx, mut rx) = UnixStream::pair()?;
-    let drain = std::thread::spawn(move || {
-        let mut buf = vec![0u8; 1 << 20];
-        let mut got = 0u64;
-        while let Ok(n) = rx.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            got += n as u64;
-        }
-        got
-    });
-    let len = file.metadata()?.len();
-    let fd = file.as_raw_fd();
-    let mut pipe = [0i32; 2];
-    if splice {
-        // SAFETY: pipe2 writes two fds into the array.
-        if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        // SAFETY: F_SETPIPE_SZ on the pipe just made.
-        unsafe { libc::fcntl(pipe[1], libc::F_SETPIPE_SZ, chunk.max(1 << 16) as i32) };
-    }
-    let mut buf = vec![0u8; chunk];
-    let start = Instant::now();
-    let (mut done, mut off) = (0u64, 0u64);
-    while done < total {
-        if off + chunk as u64 > len {
-            off = 0;
-        }
-        if splice {
-            let mut left = chunk;
-            let mut o = off as libc::loff_t;
-            while left > 0 {
-                // SAFETY: splice between fds we hold; `o` is valid for the call.
-                let n = unsafe {
-                    libc::splice(
-                        fd,
-                        &mut o,
-                        pipe[1],
-                        std::ptr::null_mut(),
-                        left,
-                        libc::SPLICE_F_MOVE,
-                    )
-                };
-                if n <= 0 {
-                    return Err(std::io::Error::last_os_error().into());
-                }
-                let mut out = n as usize;
-                while out > 0 {
-                    // SAFETY: as above, no offsets.
-                    let m = unsafe {
-                        libc::splice(
-                            pipe[0],
-                            std::ptr::null_mut(),
-                            tx.as_raw_fd(),
-                            std::ptr::null_mut(),
-                            out,
-                            libc::SPLICE_F_MOVE,
-                        )
-                    };
-                    if m <= 0 {
-                        return Err(std::io::Error::last_os_error().into());
-                    }
-                    out -= m as usize;
-                }
-                left -= n as usize;
-            }
-        } else {
-            std::os::unix::fs::FileExt::read_exact_at(file, &mut buf, off)?;
-            (&tx).write_all(&buf)?;
-        }
-        done += chunk as u64;
-        off += chunk as u64;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    if splice {
-        // SAFETY: closing the pipe fds made above.
-        unsafe {
-            libc::close(pipe[0]);
-            libc::close(pipe[1]);
-        }
-    }
-    drop(tx);
-    let _ = drain.join();
-    Ok(done as f64 / GIB / secs)
-}
-
-/// Issue 19: is splicing Rread data into the socket faster than the copy?
-/// Issue 19, zero-copy Rread end to end: the same socket server with
-/// Rread data spliced (the default) and copied through the reply buffer
-/// (`SocketLimits::splice_reads` false), sequential reads at msize 64 KiB
-/// with 1, 4 and 16 outstanding, in alternation.
-fn splice_e2e_part(
-    ctx: &Ctx,
-    report: &mut SuiteReport,
-    table: &mut Table,
-    spliced: &mut OursSocket,
-    copied: &mut OursSocket,
-    aname: &[u8],
-    file_len: u64,
-) -> Res<()> {
-    let msize = 64 * KIB;
-    let total: u64 = ctx.pick(512 << 20, 16 << 20);
-    for depth in [1u16, 4, 16] {
-        let mut a = Session::open(spliced.connect()?, msize, aname, file_len)?;
-        let mut b = Session::open(copied.connect()?, msize, aname, file_len)?;
-        a.read_depth(depth, total / 8)?;
-        b.read_depth(depth, total / 8)?;
-        let [s, c] = alternate(
-            ctx.reps(),
-            &mut [&mut || a.read_depth(depth, total), &mut || {
-                b.read_depth(depth, total)
-            }],
-        )?;
-        report
-            .metric(&format!("sock_read_gib_per_s_depth{depth}_copy"), c)
-            .metric(&format!("sock_splice_vs_copy_depth{depth}"), s / c);
-        table.row(&[
-            format!("sequential read, {depth} outstanding: spliced / copied Rread (GiB/s)"),
-            format!("{} / {}", format_value(s), format_value(c)),
-            "-".into(),
-            format!("x{}", format_value(s / c)),
-        ]);
-    }
-    Ok(())
-}
-
-fn splice_part(ctx: &Ctx, report: &mut SuiteReport, export: &Path) -> Res<()> {
-    let file = File::open(export.join("big"))?;
-    let total: u64 = ctx.pick(1 << 30, 32 << 20);
-    let chunk = 64 << 10;
-    rread_to_socket(&file, total / 8, chunk, false)?;
-    rread_to_socket(&file, total / 8, chunk, true)?;
-    let [copy, splice] = alternate(
-        ctx.reps(),
-        &mut [
-            &mut || rread_to_socket(&file, total, chunk, false),
-            &mut || rread_to_socket(&file, total, chunk, true),
-        ],
-    )?;
-    report
-        .metric("rread_copy_gib_per_s", copy)
-        .metric("rread_splice_gib_per_s", splice)
-        .metric("rread_splice_vs_copy", splice / copy);
-    report.note(format!(
-        "Rread by splice: 64 KiB of a cached file into a unix socket whose peer drains it, \
-         {} MiB per run: pread into one buffer and send (the socket transport's path) \
-         {copy:.2} GiB/s, splice file -> pipe -> socket {splice:.2} GiB/s ({:.2}x).",
-        total >> 20,
-        splice / copy
     ));
     Ok(())
 }
