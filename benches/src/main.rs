@@ -8,6 +8,7 @@
 //! cargo run --release -p vmm-benches -- selftest
 //! cargo run --release -p vmm-benches -- --quick all
 //! cargo run --release -p vmm-benches -- report      # regenerates BENCHMARKS.md
+//! cargo run --release -p vmm-benches -- report-guest # only its guest section (docs/benchmarks/guest.md)
 //! ```
 
 mod harness;
@@ -37,8 +38,9 @@ struct Args {
     /// Where the JSON results go (default: `<target>/bench`).
     #[arg(long)]
     out_dir: Option<PathBuf>,
-    /// Suites to run, `all`, `list` to show them, or `report` to run every
-    /// suite and regenerate BENCHMARKS.md (with --quick: target/bench/BENCHMARKS.quick.md).
+    /// Suites to run, `all`, `list` to show them, `report` to run every
+    /// suite and regenerate BENCHMARKS.md (with --quick: target/bench/BENCHMARKS.quick.md),
+    /// or `report-guest` to copy docs/benchmarks/guest.md into its last section.
     #[arg(required = true)]
     suites: Vec<String>,
 }
@@ -59,6 +61,15 @@ fn main() -> ExitCode {
             println!("{:<18} {}", suite.name, suite.about);
         }
         return ExitCode::SUCCESS;
+    }
+    if args.suites.iter().any(|s| s == "report-guest") {
+        return match report::refresh_guest() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("vmm-benches: report-guest failed: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     if args.suites.iter().any(|s| s == "report") {
         let ctx = Ctx::new(args.quick, args.reps, args.out_dir);

@@ -214,7 +214,59 @@ fn render(
             }
         }
     }
+    if let Some(guest) = guest_section()? {
+        out.push_str(&guest);
+    }
     Ok(out)
+}
+
+/// The real-guest figures (xfstests, workloads): they need root, QEMU and
+/// hours of TCG, so ci/guest measures them and this file keeps them, each
+/// table with its own date and command. The report ends with them.
+const GUEST_FIGURES: &str = "docs/benchmarks/guest.md";
+
+/// The heading that starts the guest section, the report's last.
+const GUEST_HEADING: &str = "## Real Linux guest (ci/guest)\n";
+
+/// The report's closing section, from [`GUEST_FIGURES`] (`None` without
+/// that file).
+fn guest_section() -> Result<Option<String>, Box<dyn Error>> {
+    let guest = match fs::read_to_string(workspace_root().join(GUEST_FIGURES)) {
+        Ok(g) => g,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{GUEST_FIGURES}: {e}").into()),
+    };
+    let mut out = String::new();
+    writeln!(out, "{GUEST_HEADING}")?;
+    writeln!(
+        out,
+        "Not measured by this command: copied from `{GUEST_FIGURES}`, where each table \
+         gives the date and the `ci/guest` command that measured it. \
+         `cargo run --release -p vmm-benches -- report-guest` copies it again without \
+         measuring anything else.\n"
+    )?;
+    writeln!(out, "{}", guest.trim_end())?;
+    Ok(Some(out))
+}
+
+/// `vmm-benches report-guest`: replaces the guest section of the committed
+/// BENCHMARKS.md with [`GUEST_FIGURES`], leaving every measured figure above
+/// it as the last `report` wrote it.
+pub fn refresh_guest() -> Result<(), Box<dyn Error>> {
+    let path = workspace_root().join("BENCHMARKS.md");
+    let current = fs::read_to_string(&path)?;
+    let kept = match current.find(&format!("\n{GUEST_HEADING}")) {
+        Some(at) => &current[..=at],
+        None => current.as_str(),
+    };
+    let mut out = kept.trim_end().to_string();
+    out.push_str("\n\n");
+    if let Some(guest) = guest_section()? {
+        out.push_str(&guest);
+    }
+    fs::write(&path, out)?;
+    eprintln!("== wrote {}", path.display());
+    Ok(())
 }
 
 /// The distinct plot ids a report contributes to, in order.

@@ -250,6 +250,21 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p",
+        claim: "128 MiB Tread into 32768 scattered 4 KiB pages vs preadv of the same iovec list",
+        figure: "read_128m_vs_scattered_ceiling",
+        op: Op::AtLeast,
+        bound: 0.9,
+        context: &[
+            "read_pages_scattered_gib_per_s_128m",
+            "preadv_scattered_gib_per_s_128m",
+            "read_128m_vs_adjacent_ceiling",
+            "pread_one_buffer_gib_per_s_128m",
+            "ceiling_scattered_4m_vs_128m",
+            "pread_one_buffer_4m_vs_128m",
+        ],
+    },
+    Target {
+        suite: "virtio-9p",
         claim: "socket sequential read vs diod, depth1",
         figure: "ratio_read_vs_diod_depth1",
         op: Op::AtLeast,
