@@ -187,6 +187,36 @@ fi
 (cd "$payload" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$out/payload.cpio.gz"
 cat "$INITRAMFS" "$out/payload.cpio.gz" >"$out/initrd.img"
 
+# CPU ticks of the given processes and all their descendants (threads
+# included; /proc/PID/stat fields 14 and 15, after the comm).
+tree_ticks() { # pid...
+    cat /proc/[0-9]*/stat 2>/dev/null | sed 's/^\([0-9]*\) (.*) /\1 /' | awk -v roots=" $* " '
+        { pp[$1] = $3; t[$1] = $13 + $14 }
+        END {
+            for (p in t) {
+                q = p
+                for (i = 0; i < 64 && q > 1; i++) {
+                    if (index(roots, " " q " ")) { sum += t[p]; break }
+                    q = pp[q]
+                }
+            }
+            print sum + 0
+        }'
+}
+# Workloads: every 2 s, "epoch steps-done guest-ticks server-ticks hz" in
+# DIR/cpu.log, so the report can charge each step the CPU time the guest
+# (its QEMU) and the server (every process of it) used, which a shared
+# host's load does not inflate the way it inflates wall time.
+cpu_poll() { # dir qemu-pid server-pid...
+    local dir=$1 q=$2 hz
+    shift 2
+    hz=$(getconf CLK_TCK)
+    while kill -0 "$q" 2>/dev/null; do
+        echo "$(date +%s.%N) $(grep -c '^CI-WL ' "$dir/console.log" 2>/dev/null) $(tree_ticks "$q") $( [ $# -gt 0 ] && tree_ticks "$@" || echo 0) $hz"
+        sleep 2
+    done >>"$dir/cpu.log"
+}
+
 wait_for_socket() { # path pid
     local i=0
     while [ ! -S "$1" ] && [ $i -lt 100 ]; do
@@ -311,9 +341,16 @@ run_row() {
         "${extra[@]}" >"$dir/qemu.log" 2>&1 &
     # In the background, so a signal to this script ends the guest too.
     local qpid=$!
+    local cpoll= p servers=()
+    if [ "$suite" = workloads ]; then
+        for p in "${pids[@]}"; do servers+=("$p"); done
+        cpu_poll "$dir" "$qpid" "${servers[@]}" &
+        cpoll=$!
+    fi
     pids+=("$qpid")
     wait "$qpid"
     rc=$?
+    [ -z "$cpoll" ] || wait "$cpoll" 2>/dev/null
     echo "$(( $(date +%s) - t0 ))" >"$dir/seconds"
     cleanup
     if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
@@ -483,6 +520,57 @@ else
         done
     done
     echo
+    # CPU seconds per step (guest QEMU + server), from cpu.log: step k is
+    # charged what was used between the polls that first saw k-1 and k
+    # steps done; a step the poll skipped over is left out. Median over
+    # the rounds; in brackets the server's part.
+    declare -A CPU
+    have_cpu=0
+    for s in "${server_list[@]}"; do
+        [ -s "$out/$s/cpu.log" ] && [ -f "$out/$s/console.txt" ] || continue
+        have_cpu=1
+        while read -r setting step tot srv; do
+            CPU[$s,$setting,$step]="$tot $srv"
+        done < <(awk '
+            NR == FNR { if ($1 == "CI-WL") { n++; set[n] = $2; stp[n] = $3 } next }
+            { c = $2; if (!(c in at)) { at[c] = ($3 + $4) / $5; sv[c] = $4 / $5 } }
+            END {
+                for (k = 1; k <= n; k++) {
+                    if (!((k - 1) in at) || !(k in at)) continue
+                    key = set[k] " " stp[k]
+                    m[key]++; tv[key, m[key]] = at[k] - at[k - 1]; ss[key, m[key]] = sv[k] - sv[k - 1]
+                }
+                for (key in m) {
+                    # median by insertion sort (at most a handful of rounds)
+                    for (i = 1; i <= m[key]; i++) { a[i] = tv[key, i]; b[i] = ss[key, i] }
+                    for (i = 2; i <= m[key]; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { x = a[j]; a[j] = a[j - 1]; a[j - 1] = x; y = b[j]; b[j] = b[j - 1]; b[j - 1] = y }
+                    h = int((m[key] + 1) / 2)
+                    printf "%s %.1f %.1f\n", key, a[h], b[h]
+                }
+            }' "$out/$s/console.txt" "$out/$s/cpu.log")
+    done
+    if [ "$have_cpu" -eq 1 ]; then
+        printf 'CPU seconds per step, guest QEMU + server (the server alone in brackets), median; (x qemu / x virtiofsd)\n\n'
+        echo "$hdr"; echo "$sep"
+        for setting in strict cached; do
+            for step in $steps; do
+                line="| $setting | $step |"
+                for s in "${server_list[@]}"; do
+                    read -r tot srv <<<"${CPU[$s,$setting,$step]:--}"
+                    cell=$tot
+                    [ "$tot" = - ] || [ "$s" = qemu ] || cell="$tot [$srv]"
+                    if [ "$s" != qemu ] && [ "$s" != virtiofsd ]; then
+                        read -r qt _ <<<"${CPU[qemu,$setting,$step]:--}"
+                        read -r vt _ <<<"${CPU[virtiofsd,$setting,$step]:--}"
+                        cell="$cell ($(ratio "$tot" "$qt") / $(ratio "$tot" "$vt"))"
+                    fi
+                    line="$line $cell |"
+                done
+                echo "$line"
+            done
+        done
+        echo
+    fi
     for s in "${server_list[@]}"; do
         st=$(status_of "$s")
         [ "$st" = ok ] || echo "$s: $st"
