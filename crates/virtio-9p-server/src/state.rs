@@ -22,6 +22,7 @@
 
 use crate::error::StateProblem;
 
+pub(crate) mod inflight;
 pub(crate) mod journal;
 
 /// The magic bytes a state starts with.

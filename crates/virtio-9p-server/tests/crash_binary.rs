@@ -8,15 +8,16 @@
 
 mod vhost_user_support;
 
+use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vhost_user_support::scenarios::{attach_open, Ring};
+use vhost_user_support::scenarios::{attach_open, ofd_lock, Ring};
 use vhost_user_support::*;
 use virtio_9p_server::protocol::*;
-use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
+use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, Submitted, VmmOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtio-9p-server");
 
@@ -41,7 +42,12 @@ fn spawn(share: &Path, sock: &Path, state: &Path, extra: &[&str]) -> Daemon {
         .arg(share)
         .arg("--state-dir")
         .arg(state)
-        .args(["--thread-pool-size", "2", "--log-level", "error"])
+        .args(["--thread-pool-size", "2"])
+        .args(if extra.contains(&"--log-level") {
+            &[][..]
+        } else {
+            &["--log-level", "error"][..]
+        })
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -283,4 +289,358 @@ fn test_damaged_crash_state_stops_the_start_unless_discarded() {
     }
     let mut vmm = FakeVmm::connect(&sock, VmmOptions::default()).unwrap();
     assert_eq!(version(&mut vmm, 65536), 65536);
+}
+
+/// The kinds of request the exactly-once test drives, one per index
+/// modulo their number.
+const KINDS: u32 = 16;
+
+/// Request `i` of the batch and the fid it needs prepared, if any.
+fn request(i: u32) -> Tmessage {
+    let name = |p: &str| format!("{p}{i:05}").into_bytes();
+    match i % KINDS {
+        0 => Tmessage::Write(Twrite {
+            fid: 1,
+            offset: u64::from(i) * 16,
+            data: format!("record {i:05}...\n").into_bytes(),
+        }),
+        1 => Tmessage::Mkdir(Tmkdir {
+            dfid: 0,
+            name: name("d"),
+            mode: 0o755,
+            gid: 0,
+        }),
+        2 => Tmessage::Lcreate(Tlcreate {
+            fid: 10_000 + i,
+            name: name("c"),
+            flags: OpenFlags::RDWR | OpenFlags::CREATE | OpenFlags::EXCL,
+            mode: 0o644,
+            gid: 0,
+        }),
+        3 => Tmessage::Symlink(Tsymlink {
+            fid: 0,
+            name: name("s"),
+            symtgt: b"log".to_vec(),
+            gid: 0,
+        }),
+        4 => Tmessage::Mknod(Tmknod {
+            dfid: 0,
+            name: name("n"),
+            mode: libc::S_IFIFO | 0o644,
+            major: 0,
+            minor: 0,
+            gid: 0,
+        }),
+        5 => Tmessage::Link(Tlink {
+            dfid: 0,
+            fid: 1,
+            name: name("l"),
+        }),
+        6 => Tmessage::Unlinkat(Tunlinkat {
+            dirfid: 0,
+            name: name("u"),
+            flags: UnlinkFlags::empty(),
+        }),
+        7 => Tmessage::Renameat(Trenameat {
+            olddirfid: 0,
+            oldname: name("r"),
+            newdirfid: 0,
+            newname: name("moved"),
+        }),
+        8 => Tmessage::Remove(Tfid { fid: 10_000 + i }),
+        9 => Tmessage::Setattr(Tsetattr {
+            fid: 10_000 + i,
+            valid: SetattrMask::SIZE,
+            mode: 0,
+            uid: 0,
+            gid: 0,
+            size: u64::from(i) + 1,
+            atime_sec: 0,
+            atime_nsec: 0,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+        }),
+        10 => Tmessage::Walk(Twalk {
+            fid: 0,
+            newfid: 10_000 + i,
+            wnames: vec![b"log".to_vec()],
+        }),
+        11 => Tmessage::Clunk(Tfid { fid: 10_000 + i }),
+        12 => Tmessage::Lopen(Tlopen {
+            fid: 10_000 + i,
+            flags: OpenFlags::RDONLY,
+        }),
+        13 => Tmessage::Xattrwalk(Txattrwalk {
+            fid: 0,
+            newfid: 10_000 + i,
+            name: Vec::new(),
+        }),
+        14 => Tmessage::Getattr(Tgetattr {
+            fid: 1,
+            request_mask: GetattrMask::BASIC,
+        }),
+        // Waits in the server while the host holds the file's lock: taken
+        // and not answered when the daemon is killed, with later requests
+        // answered already.
+        _ => Tmessage::Lock(Tlock {
+            fid: 2,
+            ty: LockType::Wrlck,
+            flags: LockFlags::BLOCK,
+            start: u64::from(i),
+            length: 1,
+            proc_id: i,
+            client_id: b"guest".to_vec(),
+        }),
+    }
+}
+
+/// What request `i` needs before the batch: a file and a fid walked to it
+/// or to the root.
+fn prepare(vmm: &mut FakeVmm, share: &Path, i: u32) {
+    let walk = |vmm: &mut FakeVmm, names: Vec<Vec<u8>>| {
+        let m = Tmessage::Walk(Twalk {
+            fid: 0,
+            newfid: 10_000 + i,
+            wnames: names,
+        });
+        let r = call(vmm, 30, m);
+        assert!(matches!(r, Rmessage::Walk(_)), "{r:?}");
+    };
+    let file = |p: &str| {
+        let n = format!("{p}{i:05}");
+        std::fs::write(share.join(&n), b"x").unwrap();
+        n.into_bytes()
+    };
+    match i % KINDS {
+        2 => walk(vmm, Vec::new()),
+        6 => {
+            file("u");
+        }
+        7 => {
+            file("r");
+        }
+        8 => {
+            let n = file("x");
+            walk(vmm, vec![n]);
+        }
+        9 => {
+            let n = file("t");
+            walk(vmm, vec![n]);
+        }
+        11 | 12 => walk(vmm, vec![b"log".to_vec()]),
+        _ => {}
+    }
+}
+
+/// Checks what request `i` left in the export.
+fn check_effect(share: &Path, i: u32, log: &[u8]) {
+    let p = |pre: &str| share.join(format!("{pre}{i:05}"));
+    match i % KINDS {
+        0 => {
+            let at = i as usize * 16;
+            assert_eq!(&log[at..at + 16], format!("record {i:05}...\n").as_bytes());
+        }
+        1 => assert!(p("d").is_dir()),
+        2 => assert!(p("c").is_file()),
+        3 => assert!(p("s").symlink_metadata().unwrap().file_type().is_symlink()),
+        4 => assert!(p("n").symlink_metadata().is_ok()),
+        5 => assert!(p("l").is_file()),
+        6 => assert!(!p("u").exists()),
+        7 => assert!(!p("r").exists() && p("moved").exists()),
+        8 => assert!(!p("x").exists()),
+        9 => assert_eq!(p("t").metadata().unwrap().len(), u64::from(i) + 1),
+        _ => {}
+    }
+}
+
+fn reply_ok(i: u32, r: &Rmessage) -> bool {
+    matches!(
+        (i % KINDS, r),
+        (0, Rmessage::Write(16))
+            | (1, Rmessage::Mkdir(_))
+            | (2, Rmessage::Lcreate(..))
+            | (3, Rmessage::Symlink(_))
+            | (4, Rmessage::Mknod(_))
+            | (5, Rmessage::Link)
+            | (6, Rmessage::Unlinkat)
+            | (7, Rmessage::Renameat)
+            | (8, Rmessage::Remove)
+            | (9, Rmessage::Setattr)
+            | (10, Rmessage::Walk(_))
+            | (11, Rmessage::Clunk)
+            | (12, Rmessage::Lopen(..))
+            | (13, Rmessage::Xattrwalk(_))
+            | (14, Rmessage::Getattr(_))
+            | (15, Rmessage::Lock(LockStatus::Success))
+    )
+}
+
+/// 1024 requests of every kind in flight, the daemon killed with SIGKILL
+/// in their midst, a new one started on the same state: every request is
+/// answered once, with success, and did what it does once.
+fn kill_in_flight_runs_each_request_once(ring: Ring) {
+    const N: u32 = 1024;
+    let share = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir().unwrap();
+    std::fs::write(share.path().join("log"), vec![b'.'; N as usize * 16]).unwrap();
+    let sock = run.path().join("vu.sock");
+    let state = run.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let mut old = spawn(share.path(), &sock, &state, &[]);
+    wait_socket(&sock);
+    let mut o = ring.opts(VmmOptions::default());
+    o.mem_size = 64 << 20;
+    o.queue_size = 1024;
+    let mut vmm = FakeVmm::connect(&sock, o).unwrap();
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "log", OpenFlags::RDWR);
+    std::fs::write(share.path().join("lockme"), b"l").unwrap();
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(share.path().join("lockme"))
+        .unwrap();
+    ofd_lock(&holder, libc::F_WRLCK);
+    assert!(matches!(walk(&mut vmm, 2, &["lockme"]), Rmessage::Walk(_)));
+    let open = Tmessage::Lopen(Tlopen {
+        fid: 2,
+        flags: OpenFlags::RDWR,
+    });
+    assert!(matches!(call(&mut vmm, 5, open), Rmessage::Lopen(..)));
+    for i in 0..N {
+        prepare(&mut vmm, share.path(), i);
+    }
+    // The batch, tag i + 1 for request i, streamed as a guest does (a
+    // kick every 8 requests); the daemon is killed half-way, and the
+    // guest goes on making requests available while it is dead.
+    let mut subs = HashMap::new();
+    let mut answered: HashMap<u32, Vec<Rmessage>> = HashMap::new();
+    let take = |vmm: &mut FakeVmm,
+                subs: &HashMap<u16, (u32, Submitted)>,
+                answered: &mut HashMap<u32, Vec<Rmessage>>,
+                used: Vec<(u16, u32)>| {
+        for (head, len) in used {
+            let (i, s) = subs[&head];
+            let (tag, r) = decode(&vmm.read(s.reply_addr, len as usize).unwrap());
+            assert_eq!(tag, i as u16 + 1);
+            answered.entry(i).or_default().push(r);
+        }
+    };
+    let mut killed = None;
+    for i in 0..N {
+        let frame = frame(i as u16 + 1, request(i));
+        let s = vmm
+            .submit(&frame, 256, Layout::Indirect { seg: 256 })
+            .unwrap();
+        subs.insert(s.head, (i, s));
+        if i % 8 == 7 {
+            vmm.kick().unwrap();
+        }
+        let used = vmm.collect_used().unwrap();
+        take(&mut vmm, &subs, &mut answered, used);
+        if i == N / 2 {
+            // Mid-flight: some answered, others taken and waiting.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while answered.len() < 100 {
+                assert!(Instant::now() < deadline, "the batch is not served");
+                let used = vmm.wait_used(Duration::from_millis(50)).unwrap();
+                take(&mut vmm, &subs, &mut answered, used);
+            }
+            kill9(&mut old, &sock);
+            killed = Some(Instant::now());
+            let used = vmm.collect_used().unwrap();
+            take(&mut vmm, &subs, &mut answered, used);
+        }
+    }
+    let killed = killed.unwrap();
+    let before = answered.len();
+    assert!(before < N as usize, "everything was done before the kill");
+
+    let mut new = spawn(share.path(), &sock, &state, &["--log-level", "info"]);
+    vmm.reconnect(&sock).unwrap();
+    vmm.kick().unwrap();
+    let mut first = None;
+    let mut held = Some(holder);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while answered.len() < N as usize && Instant::now() < deadline {
+        let used = vmm.wait_used(Duration::from_millis(100)).unwrap();
+        if !used.is_empty() && first.is_none() {
+            first = Some(killed.elapsed());
+        }
+        take(&mut vmm, &subs, &mut answered, used);
+        if first.is_some() {
+            // The waiting Tlocks get the lock now.
+            if let Some(h) = held.take() {
+                ofd_lock(&h, libc::F_UNLCK);
+            }
+        }
+    }
+    eprintln!(
+        "{ring:?} ring: {before} of {N} answered before the kill; kill -9 to the first reply of the new daemon: {:?}",
+        first
+    );
+    // Nothing more comes.
+    std::thread::sleep(Duration::from_millis(200));
+
+    let used = vmm.collect_used().unwrap();
+    take(&mut vmm, &subs, &mut answered, used);
+    let log = std::fs::read(share.path().join("log")).unwrap();
+    for i in 0..N {
+        let replies = answered
+            .get(&i)
+            .unwrap_or_else(|| panic!("request {i} ({:?}) never answered", request(i)));
+        assert_eq!(
+            replies.len(),
+            1,
+            "request {i} answered {} times",
+            replies.len()
+        );
+        assert!(
+            reply_ok(i, &replies[0]),
+            "request {i} ({:?}): {:?}",
+            request(i),
+            replies[0]
+        );
+        check_effect(share.path(), i, &log);
+    }
+    // The fids the batch made or kept are there once, those it clunked
+    // or removed are gone.
+    for i in 0..N {
+        let fid = 10_000 + i;
+        let r = call(&mut vmm, 40, Tmessage::Clunk(Tfid { fid }));
+        match i % KINDS {
+            2 | 9 | 10 | 12 | 13 => assert_eq!(r, Rmessage::Clunk, "fid of request {i}"),
+            8 | 11 => assert_eq!(
+                r,
+                Rmessage::Lerror(libc::EBADF as u32),
+                "fid of request {i}"
+            ),
+            _ => {}
+        }
+    }
+    // What the new daemon found (its log, for the test's output).
+    kill9(&mut new, &sock);
+    let mut err = String::new();
+    use std::io::Read;
+    new.0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    for l in err.lines().filter(|l| {
+        l.contains("recovery at") || l.contains("exactly once") || l.contains("cannot be served")
+    }) {
+        eprintln!("{l}");
+    }
+}
+
+#[test]
+fn test_kill_in_flight_runs_each_request_once_on_a_split_ring() {
+    kill_in_flight_runs_each_request_once(Ring::Split);
+}
+
+#[test]
+fn test_kill_in_flight_runs_each_request_once_on_a_packed_ring() {
+    kill_in_flight_runs_each_request_once(Ring::Packed);
 }

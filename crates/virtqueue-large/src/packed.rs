@@ -391,6 +391,50 @@ impl PackedQueue {
         Ok(())
     }
 
+    /// Passes over the chain at the next available slot without taking
+    /// it: the next available position moves on by `slots` (the slots
+    /// that chain occupies), nothing is written and no buffer id goes in
+    /// flight. For a device that knows from its own records that the
+    /// driver already got this chain back (a daemon restarted after a
+    /// crash, whose frontend offers completed chains again). Returns false
+    /// (and does nothing) when the next slot is not available; `slots`
+    /// must be 1 to the queue size.
+    pub fn skip_available<G: GuestMemoryBackend>(&mut self, mem: &G, slots: u16) -> Result<bool> {
+        if slots == 0 || slots > self.size {
+            return Err(Error::InvalidQueueConfig("skipped slots out of range"));
+        }
+        if !self.has_available(mem)? {
+            return Ok(false);
+        }
+        let (pos, wrap) = advance(self.next_avail, self.avail_wrap, slots, self.size);
+        self.next_avail = pos;
+        self.avail_wrap = wrap;
+        Ok(true)
+    }
+
+    /// Puts buffer id `id`, occupying `slots` ring slots, in flight
+    /// without popping it: a chain a previous instance of the device
+    /// popped and did not return, which this one will return with
+    /// [`add_used`](Self::add_used) (a daemon restarted after a crash).
+    /// Refused for an id out of range or already in flight.
+    pub fn adopt(&mut self, id: u16, slots: u16) -> Result<()> {
+        if id >= self.size {
+            return Err(Error::BufferIdOutOfRange {
+                id,
+                queue_size: self.size,
+            });
+        }
+        if slots == 0 || slots > self.size {
+            return Err(Error::InvalidQueueConfig("adopted slots out of range"));
+        }
+        if self.in_flight[usize::from(id)] != 0 {
+            return Err(Error::BufferIdInFlight { id });
+        }
+        self.in_flight[usize::from(id)] = slots;
+        self.in_flight_count += 1;
+        Ok(())
+    }
+
     /// Reads and validates the driver event suppression structure.
     pub fn driver_event<G: GuestMemoryBackend>(&self, mem: &G) -> Result<EventMode> {
         let ev = mem
@@ -636,6 +680,52 @@ fn walk_packed_table<G: GuestMemoryBackend>(
 }
 
 impl ChainWalker {
+    /// Validates the packed chain that starts with the 16-byte descriptor
+    /// `desc` (as it was in the ring when popped), for a queue of
+    /// `queue_size` entries: an indirect descriptor's table is walked from
+    /// guest memory (it stays the device's until the chain is used); a
+    /// descriptor without `NEXT` is a one-buffer chain. [`Chain::head_index`]
+    /// is the buffer id in `desc`. Nothing is read from the ring and
+    /// nothing is written: for a device that recorded a chain it popped
+    /// and must serve again after a crash, when the ring slot may hold a
+    /// used descriptor by now. A descriptor with `NEXT` (a chain spread
+    /// over several slots) is refused: only its slots described it.
+    pub fn walk_packed_descriptor<M>(
+        &mut self,
+        mem: M,
+        desc: [u8; 16],
+        queue_size: u16,
+    ) -> Result<Chain<M>>
+    where
+        M: Deref,
+        M::Target: GuestMemoryBackend + Sized,
+    {
+        let raw = RawDesc::from_bytes(desc);
+        let flags = raw.word14;
+        if flags & F_NEXT != 0 {
+            return Err(Error::InvalidQueueConfig(
+                "a recorded packed chain must fit one slot",
+            ));
+        }
+        let mut segs = self.take_buffer();
+        let summary = {
+            let out = &mut segs.get_mut().segs;
+            out.clear();
+            let limits = self.limits().clone();
+            let mut acc = Acc::new(&limits, queue_size);
+            if flags & F_INDIRECT != 0 {
+                if !limits.indirect {
+                    return Err(Error::IndirectNotNegotiated);
+                }
+                walk_packed_table(mem.deref(), &mut acc, raw, out)?;
+            } else {
+                acc.buffer(mem.deref(), raw.addr, raw.len, flags & F_WRITE != 0, out)?;
+            }
+            acc.finish(out.len())
+        };
+        Ok(Chain::from_walk(mem, raw.word12, segs, summary))
+    }
+
     /// Pops the next available chain of a packed queue and validates it,
     /// with the same outcomes as [`pop`](Self::pop):
     ///

@@ -47,6 +47,23 @@ pub trait DeviceRing {
 
     /// Applies a vhost-user `SET_VRING_BASE` value.
     fn set_ring_base(&mut self, base: u32) -> Result<()>;
+
+    /// The next used position: the split ring's next used index, or the
+    /// packed ring's next used slot with its wrap counter in bit 15.
+    fn used_position(&self) -> u16;
+
+    /// Passes over the next available chain without taking it (nothing
+    /// is written, nothing goes in flight); `slots` is the ring slots it
+    /// occupies (packed; the split ring ignores it). For a device that
+    /// knows from its own records that the driver already got this chain
+    /// back. False when no chain is available.
+    fn skip_available<G: GuestMemoryBackend>(&mut self, mem: &G, slots: u16) -> Result<bool>;
+
+    /// Puts chain `id` (head index or buffer id), occupying `slots` ring
+    /// slots, in flight without popping it, for a device that will return
+    /// a chain a previous instance popped ([`PackedQueue::adopt`]; the
+    /// split ring keeps no such state and accepts any head).
+    fn adopt_in_flight(&mut self, id: u16, slots: u16) -> Result<()>;
 }
 
 /// A split queue (any `virtio_queue::QueueT`, borrowed) as a [`DeviceRing`].
@@ -89,6 +106,28 @@ impl<Q: QueueT> DeviceRing for SplitRing<'_, Q> {
         self.0.set_next_avail(base as u16);
         Ok(())
     }
+
+    fn used_position(&self) -> u16 {
+        self.0.next_used()
+    }
+
+    fn skip_available<G: GuestMemoryBackend>(&mut self, mem: &G, _slots: u16) -> Result<bool> {
+        let avail = self
+            .0
+            .avail_idx(mem, std::sync::atomic::Ordering::Acquire)
+            .map_err(Error::Ring)?
+            .0;
+        let next = self.0.next_avail();
+        if avail == next {
+            return Ok(false);
+        }
+        self.0.set_next_avail(next.wrapping_add(1));
+        Ok(true)
+    }
+
+    fn adopt_in_flight(&mut self, _id: u16, _slots: u16) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl DeviceRing for PackedQueue {
@@ -122,6 +161,19 @@ impl DeviceRing for PackedQueue {
 
     fn set_ring_base(&mut self, base: u32) -> Result<()> {
         PackedQueue::set_ring_base(self, base)
+    }
+
+    fn used_position(&self) -> u16 {
+        let (slot, wrap) = self.next_used();
+        crate::packed::encode_position(slot, wrap)
+    }
+
+    fn skip_available<G: GuestMemoryBackend>(&mut self, mem: &G, slots: u16) -> Result<bool> {
+        PackedQueue::skip_available(self, mem, slots)
+    }
+
+    fn adopt_in_flight(&mut self, id: u16, slots: u16) -> Result<()> {
+        self.adopt(id, slots)
     }
 }
 
@@ -182,5 +234,20 @@ impl<Q: QueueT> DeviceRing for AnyRing<'_, Q> {
 
     fn set_ring_base(&mut self, base: u32) -> Result<()> {
         each!(self, r => r.set_ring_base(base))
+    }
+
+    fn used_position(&self) -> u16 {
+        match self {
+            AnyRing::Split(q) => q.next_used(),
+            AnyRing::Packed(q) => DeviceRing::used_position(&**q),
+        }
+    }
+
+    fn skip_available<G: GuestMemoryBackend>(&mut self, mem: &G, slots: u16) -> Result<bool> {
+        each!(self, r => r.skip_available(mem, slots))
+    }
+
+    fn adopt_in_flight(&mut self, id: u16, slots: u16) -> Result<()> {
+        each!(self, r => r.adopt_in_flight(id, slots))
     }
 }

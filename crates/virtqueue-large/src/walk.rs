@@ -450,6 +450,11 @@ pub(crate) struct RawDesc {
 }
 
 impl RawDesc {
+    /// A descriptor from its 16 bytes as they lie in guest memory.
+    pub(crate) fn from_bytes(b: [u8; 16]) -> Self {
+        Self::from_le(u128::from_ne_bytes(b))
+    }
+
     #[inline(always)]
     fn from_le(raw: u128) -> Self {
         let raw = u128::from_le(raw);

@@ -560,3 +560,83 @@ fn test_event_idx_notifies_after_a_whole_lap_unsignalled() {
     // Five slots used on a ring of four since the last check: every event passed.
     assert!(queue.needs_notification(&mem).unwrap());
 }
+
+#[test]
+fn test_a_restarted_device_skips_what_was_used_and_serves_a_recorded_chain() {
+    // Three one-slot (indirect) chains popped; the second and third are
+    // used, which overwrites the first one's slot; then the device
+    // "crashes" and a new one starts at the used position, as a frontend
+    // that lost its backend rewinds it.
+    let mem = guest_memory(1 << 20);
+    let mut driver = MockPackedDriver::new(&mem, 8);
+    let mut queue = driver.create_queue();
+    let mut walker = large();
+    let (desc_ring, _, _) = queue.addresses();
+    let mut laid = Vec::new();
+    for (i, payload) in [b"first ", b"second", b"third "].iter().enumerate() {
+        laid.push(
+            driver
+                .add_chain_with_data(Layout::Indirect, &[payload.as_slice()], &[16])
+                .unwrap(),
+        );
+        let _ = i;
+    }
+    let mut recorded = [0u8; 16];
+    mem.read_slice(&mut recorded, desc_ring).unwrap();
+    let chains: Vec<_> = (0..3)
+        .map(|_| walker.pop_packed(&mut queue, &mem).unwrap().unwrap())
+        .collect();
+    for c in &chains[1..] {
+        queue.add_used(&mem, c.head_index(), 0).unwrap();
+    }
+    assert_eq!(driver.take_used().len(), 2);
+    drop(chains);
+
+    let mut fresh = driver.create_queue();
+    let (slot, wrap) = driver.used_position();
+    let pos = u32::from(virtqueue_large::packed::encode_position(slot, wrap));
+    fresh.set_ring_base(pos | (pos << 16)).unwrap();
+    // The third chain is offered again: skipped, nothing written.
+    assert!(fresh.skip_available(&mem, 1).unwrap());
+    assert!(!fresh.skip_available(&mem, 1).unwrap(), "nothing more");
+    assert!(fresh.skip_available(&mem, 0).is_err());
+    // The first is not offered again: served from its recorded slot.
+    let chain = walker
+        .walk_packed_descriptor(&mem, recorded, fresh.size())
+        .unwrap();
+    assert_eq!(chain.head_index(), laid[0].head);
+    let mut got = Vec::new();
+    chain.reader().read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"first ");
+    fresh.adopt(chain.head_index(), 1).unwrap();
+    assert!(matches!(
+        fresh.adopt(chain.head_index(), 1),
+        Err(Error::BufferIdInFlight { .. })
+    ));
+    assert!(fresh.adopt(8, 1).is_err());
+    let mut w = chain.writer();
+    w.write_all(b"late").unwrap();
+    fresh.add_used(&mem, chain.head_index(), 4).unwrap();
+    assert_eq!(driver.take_used(), vec![(laid[0].head, 4)]);
+    assert_eq!(&driver.read_writable(&laid[0]).unwrap()[..4], b"late");
+    // A recorded descriptor that continues in the next slot is refused.
+    let mut next = recorded;
+    next[14] |= F_NEXT as u8;
+    assert!(walker.walk_packed_descriptor(&mem, next, 8).is_err());
+}
+
+#[test]
+fn test_skip_available_on_a_split_ring() {
+    let mem = guest_memory(1 << 20);
+    let mut driver = MockDriver::new(&mem, 8);
+    let mut q: Queue = driver.create_queue();
+    driver
+        .add_chain_with_data(Layout::Direct, &[b"x"], &[4])
+        .unwrap();
+    let mut ring = AnyRing::Split(&mut q);
+    assert_eq!(ring.used_position(), 0);
+    assert!(ring.skip_available(&mem, 1).unwrap());
+    assert!(!ring.skip_available(&mem, 1).unwrap());
+    assert_eq!(ring.ring_base(), 1);
+    assert_eq!(ring.used_position(), 0, "nothing used");
+}

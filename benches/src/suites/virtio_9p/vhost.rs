@@ -67,6 +67,16 @@ impl Drop for Running {
 }
 
 fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<Running> {
+    start_with(dir, policy, offload, None)
+}
+
+/// [`start`], keeping the session crash-safe in `state` if given.
+fn start_with(
+    dir: &Path,
+    policy: coro_pool::Policy,
+    offload: OffloadPolicy,
+    state: Option<Arc<std::os::fd::OwnedFd>>,
+) -> Res<Running> {
     let sock_dir = tempfile::tempdir()?;
     let socket = sock_dir.path().join("vu.sock");
     let fs = PassthroughFs::new(PassthroughConfig::new(dir))?;
@@ -78,6 +88,7 @@ fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<R
     config.backend.engine.max_in_flight = 1024;
     config.backend.engine.offload = offload;
     config.stack_policy = policy;
+    config.backend.state_dir = state;
     let mut daemon = Daemon::new(server, config)?;
     let stop = daemon.stop_handle();
     let thread = std::thread::spawn(move || {
@@ -1128,6 +1139,69 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
         format_value(read4k / floor),
     ]);
     report.table(ft);
+
+    // The crash-safe session state (--state-dir, issue 29) against none,
+    // alternating on two daemons over the same file: 4 KiB random reads
+    // with 64 in flight and Tgetattr one at a time. Without a state
+    // directory nothing is kept; with one, every fid change is journaled
+    // (these requests change no fid).
+    let state = tempfile::tempdir()?;
+    let state_fd = Arc::new(std::os::fd::OwnedFd::from(std::fs::File::open(
+        state.path(),
+    )?));
+    let kept = start_with(
+        dir.path(),
+        coro_pool::Policy::Bounded,
+        OffloadPolicy::Auto,
+        Some(state_fd),
+    )?;
+    let (mut iops_off, mut iops_on) = (Vec::new(), Vec::new());
+    let (mut ga_off, mut ga_on) = (Vec::new(), Vec::new());
+    let getattr_frame = Tmessage::Getattr(Tgetattr {
+        fid: 1,
+        request_mask: GetattrMask::BASIC,
+    })
+    .encode_frame(10);
+    for round in 0..2 * reps.max(2) {
+        for on in [round % 2 == 1, round % 2 == 0] {
+            let run = if on { &kept } else { &pooled };
+            // One frontend at a time per daemon: the reads' session
+            // ends before the Tgetattr one starts.
+            let (i, _) = random_4k(run, file_len, 64, dur, false)?;
+            let mut vmm = session(run, 64 << 10, "big", OpenFlags::RDONLY)?;
+            per_request_us(&mut vmm, &getattr_frame, 256, n / 10)?;
+            let g = per_request_us(&mut vmm, &getattr_frame, 256, n)?;
+            if on {
+                iops_on.push(i);
+                ga_on.push(g);
+            } else {
+                iops_off.push(i);
+                ga_off.push(g);
+            }
+        }
+    }
+    drop(kept);
+    let (io_off, io_on) = (median(&iops_off), median(&iops_on));
+    let (g_off, g_on) = (median(&ga_off), median(&ga_on));
+    report.metric("state_dir_iops_4k_ratio", io_on / io_off);
+    report.metric("state_dir_getattr_us_ratio", g_on / g_off);
+    let mut st = Table::new(
+        "crash-safe session state (--state-dir) vs none, alternating rounds",
+        &["what", "no state dir", "state dir", "with / without"],
+    );
+    st.row(&[
+        "4 KiB random reads, 64 in flight, IOPS".to_string(),
+        format_value(io_off),
+        format_value(io_on),
+        format_value(io_on / io_off),
+    ])
+    .row(&[
+        "Tgetattr, one at a time, µs".to_string(),
+        format_value(g_off),
+        format_value(g_on),
+        format_value(g_on / g_off),
+    ]);
+    report.table(st);
     report.note(format!(
         "vhost-user part: in-process fake VMM over a real vhost-user socket and memfd guest memory, \
          {} MiB file in the page cache, 4 workers, queue size 1024; reads use 4 KiB indirect descriptors \

@@ -66,11 +66,15 @@ impl<F: Filesystem> Server<F> {
         })
     }
 
-    /// Tremove clunks the fid even when the removal fails.
+    /// Tremove clunks the fid even when the removal fails. The file goes
+    /// first, the fid after: a daemon killed in between leaves a fid
+    /// whose file is gone, which its successor can tell from a removal
+    /// that did not happen (`recover`).
     pub(super) fn remove<B: Blocking>(&self, session: &Session<F>, fid: u32, exec: &B) -> OpResult {
-        let fid = session.remove(fid)?;
-        self.call(exec, TREMOVE, || self.fs.remove(&fid.inode))
-            .map_err(|e| errno::from_io(&e))?;
+        let entry = session.get(fid)?;
+        let res = self.call(exec, TREMOVE, || self.fs.remove(&entry.inode));
+        let _ = session.remove(fid);
+        res.map_err(|e| errno::from_io(&e))?;
         Ok(Rmessage::Remove)
     }
 }

@@ -49,6 +49,7 @@ mod log_limit;
 mod open_create;
 mod persist;
 mod read_write;
+pub(crate) mod recover;
 mod session;
 mod xattr;
 
@@ -265,6 +266,27 @@ impl<F: Filesystem> Server<F> {
         W: ReplyWriter + Send,
         B: Blocking,
     {
+        self.handle_recorded(session, req, reply, exec, cancel, None)
+    }
+
+    /// [`Server::handle`], telling `rec` (the device's in-flight record of
+    /// this request) the intent of a call that is not idempotent before
+    /// it runs, and the reply of every request that changes fids or the
+    /// export before it goes out (see `recover`).
+    pub(crate) fn handle_recorded<R, W, B>(
+        &self,
+        session: &Session<F>,
+        req: &mut R,
+        reply: &mut W,
+        exec: &B,
+        cancel: &Cancel,
+        rec: Option<&dyn recover::RequestRecord>,
+    ) -> Result<Reply>
+    where
+        R: RequestReader + Send,
+        W: ReplyWriter + Send,
+        B: Blocking,
+    {
         if reply.available_bytes() < RHDR_COUNT {
             return Err(Error::ReplyTooSmall(reply.available_bytes()));
         }
@@ -327,6 +349,9 @@ impl<F: Filesystem> Server<F> {
         // for a worker.
         drop(large);
         debug!("9p: tag {} {:?}", h.tag, msg);
+        if let Some(rec) = rec {
+            self.record_intent(session, &msg, rec);
+        }
         let result = match msg {
             Tmessage::Version(m) => {
                 let out = self.version(session, &m);
@@ -378,7 +403,8 @@ impl<F: Filesystem> Server<F> {
             Tmessage::Renameat(m) => self.renameat(session, &m, exec),
             Tmessage::Unlinkat(m) => self.unlinkat(session, &m, exec),
         };
-        self.send(reply, &h, result, msize)
+        let rec = rec.filter(|_| recover::records_reply(h.ty));
+        self.send_recorded(reply, &h, result, msize, rec)
     }
 
     /// Encodes and writes a reply, replacing it by Rlerror(EMSGSIZE) if it
@@ -389,6 +415,18 @@ impl<F: Filesystem> Server<F> {
         h: &Header,
         result: OpResult,
         msize: u32,
+    ) -> Result<Reply> {
+        self.send_recorded(reply, h, result, msize, None)
+    }
+
+    /// [`Server::send`], recording the encoded reply in `rec` first.
+    fn send_recorded<W: ReplyWriter>(
+        &self,
+        reply: &mut W,
+        h: &Header,
+        result: OpResult,
+        msize: u32,
+        rec: Option<&dyn recover::RequestRecord>,
     ) -> Result<Reply> {
         let msg = match result {
             Ok(m) => m,
@@ -411,6 +449,9 @@ impl<F: Filesystem> Server<F> {
                     );
                 }
                 encode_reply(&mut frame, &Rmessage::Lerror(errno::EMSGSIZE), h.tag);
+            }
+            if let Some(rec) = rec {
+                rec.commit(&frame);
             }
             reply.write_all(&frame).map_err(Error::Transport)?;
             let out = Reply {

@@ -45,6 +45,7 @@ pub(crate) const JOURNAL: &CStr = c"session.journal";
 /// Where refused crash state is moved.
 const SNAPSHOT_REFUSED: &CStr = c"session.snap.refused";
 const JOURNAL_REFUSED: &CStr = c"session.journal.refused";
+const INFLIGHT_REFUSED: &CStr = c"session.inflight.refused";
 
 const SNAP_MAGIC: &[u8; 8] = b"V9PCRASH";
 const JOURNAL_MAGIC: &[u8; 8] = b"V9PJOURN";
@@ -459,12 +460,17 @@ fn unlink(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
 /// Removes the crash state (the session ended cleanly).
 pub(crate) fn remove_state(dir: BorrowedFd<'_>) -> io::Result<()> {
     unlink(dir, SNAPSHOT)?;
-    unlink(dir, JOURNAL)
+    unlink(dir, JOURNAL)?;
+    unlink(dir, super::inflight::INFLIGHT)
 }
 
 /// Moves refused crash state aside (`*.refused`).
 pub(crate) fn set_aside(dir: BorrowedFd<'_>) -> io::Result<()> {
-    for (from, to) in [(SNAPSHOT, SNAPSHOT_REFUSED), (JOURNAL, JOURNAL_REFUSED)] {
+    for (from, to) in [
+        (SNAPSHOT, SNAPSHOT_REFUSED),
+        (JOURNAL, JOURNAL_REFUSED),
+        (super::inflight::INFLIGHT, INFLIGHT_REFUSED),
+    ] {
         match rename(dir, from, to) {
             Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
             _ => {}

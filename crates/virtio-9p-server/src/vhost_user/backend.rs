@@ -24,6 +24,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::engine::{EngineConfig, DRAIN_LOG_EVERY, WORKER_JOIN_TIMEOUT};
 use crate::fs::Filesystem;
 use crate::server::{Server, Session};
+use crate::state::inflight::InflightTable;
 use crate::virtio::{
     indirect_descriptors, packed_ring, DeviceConfig, RequestQueue, DEVICE_FEATURES,
 };
@@ -181,6 +182,9 @@ pub struct Virtio9pBackend<F: Filesystem> {
     leaked: AtomicU64,
     /// Where each session is kept crash-safe ([`BackendConfig::state_dir`]).
     state_dir: Option<Arc<OwnedFd>>,
+    /// The session was recovered after a crash: the chains the killed
+    /// daemon's in-flight table lists are served exactly once.
+    recovering: AtomicBool,
 }
 
 impl<F: Filesystem> std::fmt::Debug for Virtio9pBackend<F> {
@@ -237,6 +241,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             exit_fds: Mutex::new(Vec::new()),
             leaked: AtomicU64::new(0),
             state_dir: config.state_dir.clone(),
+            recovering: AtomicBool::new(false),
         })
     }
 
@@ -282,6 +287,50 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         if let Err(e) = self.server.journal_session(session, Arc::clone(dir)) {
             error!("virtio-9p: the session is not kept crash-safe: {e}");
         }
+    }
+
+    /// Makes the first ring start serve the chains a killed daemon took
+    /// and did not answer, from the in-flight table in the state
+    /// directory (the session is one [`Daemon::recover_crashed_session`](super::Daemon::recover_crashed_session)
+    /// brought back). Without it, that table is emptied at the first
+    /// start.
+    pub fn set_recovering(&self, recovering: bool) {
+        self.recovering.store(recovering, Ordering::Release);
+    }
+
+    /// Gives the request queue its in-flight table (opened at the first
+    /// start of the ring, with what a killed daemon left if recovering),
+    /// or the ring's current configuration.
+    fn inflight<Q: QueueT>(&self, q: &mut RequestQueue<F>, queue: &Q) -> std::io::Result<()> {
+        let Some(dir) = &self.state_dir else {
+            return Ok(());
+        };
+        let packed = self.packed();
+        if q.has_inflight() {
+            q.set_ring(packed, queue.size(), queue.desc_table());
+            return Ok(());
+        }
+        let (table, old) = InflightTable::open(dir.as_fd(), queue.size(), packed)?;
+        let old = if self.recovering.swap(false, Ordering::AcqRel) {
+            if !old.is_empty() {
+                info!(
+                    "virtio-9p: {} requests of the killed daemon are served exactly once",
+                    old.len()
+                );
+            }
+            old
+        } else {
+            table.clear();
+            Vec::new()
+        };
+        q.set_inflight(
+            Arc::new(table),
+            old,
+            packed,
+            queue.size(),
+            queue.desc_table(),
+        );
+        Ok(())
     }
 
     /// With a [`BackendConfig::state_dir`], removes the crash-safe state
@@ -434,6 +483,10 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             let result = match op {
                 ControlOp::Stop | ControlOp::Freeze => self.stop(cell, vrings),
                 ControlOp::Reset => {
+                    if let Some(q) = cell.queue.as_mut() {
+                        // The ring starts again from scratch.
+                        q.clear_inflight();
+                    }
                     self.end_queue(cell);
                     let fresh = Arc::new(Session::new());
                     self.journal(&fresh);
@@ -504,6 +557,9 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                         }
                     }
                 }
+                if let Err(e) = self.inflight(q, st.get_queue()) {
+                    error!("virtio-9p: no in-flight table, requests are not kept crash-safe: {e}");
+                }
                 let m = mem.memory();
                 let mut ring = any_ring(st.get_queue_mut(), cell.packed.as_mut());
                 if let Err(e) = q.process_ring(&mut ring, m) {
@@ -542,6 +598,10 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             } else {
                 // Shutting down: the shutdown that follows ends the rest.
                 warn!("virtio-9p: stop abandoned with {left} requests in flight: shutting down");
+            }
+            if left == 0 {
+                // Everything taken is on the used ring: nothing to recover.
+                q.clear_inflight();
             }
             q.reset(self.indirect()).map_err(std::io::Error::other)?;
         }

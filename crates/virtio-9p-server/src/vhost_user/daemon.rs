@@ -164,6 +164,8 @@ pub struct Daemon<F: Filesystem> {
     restored: Option<Arc<Session<F>>>,
     /// The saved session of a handover.
     handover: Option<Result<Vec<u8>>>,
+    /// `restored` came from a killed daemon's crash-safe state.
+    recovered: bool,
 }
 
 /// Removes the socket file it names when dropped.
@@ -248,6 +250,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
             _socket_file: socket_file,
             restored: None,
             handover: None,
+            recovered: false,
         })
     }
 
@@ -289,6 +292,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
         };
         let n = session.fid_count();
         self.restored = Some(Arc::new(session));
+        self.recovered = true;
         Ok(Some(n))
     }
 
@@ -372,6 +376,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
                 info!("virtio-9p: this connection takes over the saved session");
                 backend.set_session(session);
             }
+            backend.set_recovering(std::mem::take(&mut self.recovered));
             backend.start_journal();
             if let Err(e) = daemon.start(&mut self.listener) {
                 warn!("virtio-9p: accepting a frontend failed: {e}");

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Serving one request queue: pop, start a coroutine per chain, complete.
 
-use std::io::Read;
+use std::collections::HashMap;
+use std::io::{Read, Write};
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use coro_pool::StackPool;
 use log::{error, warn};
 use virtio_queue::QueueT;
 use virtqueue_large::{ChainWalker, DeviceRing, SplitRing, WalkerStats};
-use vm_memory::GuestMemoryBackend;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::io::{ChainReader, ChainWriter};
@@ -18,7 +19,9 @@ use crate::engine::{self, Engine, EngineConfig, EngineExec, EngineStats};
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::protocol::{Header, HEADER_SIZE};
+use crate::server::recover::{Left, RequestRecord};
 use crate::server::{Cancel, Server, Session};
+use crate::state::inflight::{InflightTable, Slot, INTENT, USED};
 
 /// Descriptors one [`RequestQueue::process`] call walks at most (a chain
 /// fault counts as [`MAX_CHAIN_DESCRIPTORS`](super::MAX_CHAIN_DESCRIPTORS)).
@@ -31,6 +34,104 @@ pub const KICK_BUDGET: u32 = 65_536;
 /// While they hold more, no further chain is popped; completions resume
 /// the queue through [`RequestQueue::more_fd`].
 pub const MAX_IN_FLIGHT_SEGMENTS: usize = 1 << 18;
+
+/// A request's slot in the in-flight table.
+struct SlotRecord {
+    table: Arc<InflightTable>,
+    pos: u32,
+}
+
+impl RequestRecord for SlotRecord {
+    fn intent(&self, time: u64, qid: u64) {
+        self.table.intent(self.pos, time, qid);
+    }
+
+    fn commit(&self, reply: &[u8]) {
+        self.table.commit(self.pos, reply);
+    }
+}
+
+/// The crash bookkeeping of a queue kept in a state directory: every
+/// chain taken and used goes to the in-flight table, and the chains a
+/// killed instance left are served exactly once (see
+/// [`RequestQueue::set_inflight`]).
+struct Book {
+    table: Arc<InflightTable>,
+    packed: bool,
+    size: u16,
+    desc_area: u64,
+    /// The position of each chain in flight, by head index or buffer id.
+    pos_of: Vec<u32>,
+    /// What a killed instance left, by position, with whether its reply
+    /// reached the driver; until served or passed over.
+    old: HashMap<u32, (Slot, bool)>,
+    /// Whether `old` was sorted against the ring's first positions.
+    classified: bool,
+    /// Chains a killed instance took and did not answer, before the
+    /// position the frontend rewound to: served without being offered.
+    adopt: Vec<Slot>,
+}
+
+impl Book {
+    fn modulus(&self) -> u32 {
+        if self.packed {
+            2 * u32::from(self.size)
+        } else {
+            1 << 16
+        }
+    }
+
+    /// A ring position (the split index, or the packed slot with its wrap
+    /// counter in bit 15) as a count modulo [`Book::modulus`].
+    fn lin(&self, enc: u16) -> u32 {
+        if self.packed {
+            let slot = u32::from(enc & 0x7fff);
+            if enc & 0x8000 != 0 {
+                slot
+            } else {
+                slot + u32::from(self.size)
+            }
+        } else {
+            u32::from(enc)
+        }
+    }
+
+    /// Whether position `a` comes before `b` (less than a ring apart).
+    fn before(&self, a: u32, b: u32) -> bool {
+        let m = self.modulus();
+        let d = (b + m - a % m) % m;
+        d != 0 && d <= u32::from(self.size)
+    }
+
+    /// Sorts what a killed instance left against the ring's positions now
+    /// (before anything is taken): `avail` the next chain the frontend
+    /// offers, `used` the next used position.
+    fn classify(&mut self, avail: u32, used: u32) {
+        self.classified = true;
+        let old = std::mem::take(&mut self.old);
+        for (pos, (s, _)) in old {
+            let delivered = s.state == USED && self.before(s.used, used);
+            let offered = !self.before(pos, avail);
+            match (delivered, offered) {
+                (true, true) => {
+                    self.old.insert(pos, (s, true));
+                }
+                (true, false) => self.table.forget(pos),
+                (false, true) => {
+                    self.old.insert(pos, (s, false));
+                }
+                (false, false) => self.adopt.push(s),
+            }
+        }
+        self.adopt.sort_by_key(|s| s.pos);
+        let passed = self.old.values().filter(|(_, d)| *d).count();
+        log::info!(
+            "9p: recovery at position {avail} (used {used}): {passed} answered chains offered again are passed over, {} taken chains are offered again, {} are served from the table",
+            self.old.len() - passed,
+            self.adopt.len()
+        );
+    }
+}
 
 /// The request queue of one virtio-9p device: chain walker, engine and the
 /// 9P session of the device.
@@ -53,6 +154,8 @@ pub struct RequestQueue<F: Filesystem> {
     /// Segments of the chains in flight, and of each one by head index.
     segments: usize,
     segments_of: Vec<u32>,
+    /// The in-flight table, with a state directory.
+    book: Option<Book>,
 }
 
 impl<F: Filesystem> std::fmt::Debug for RequestQueue<F> {
@@ -95,7 +198,64 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
             stalled: false,
             segments: 0,
             segments_of: Vec::new(),
+            book: None,
         })
+    }
+
+    /// Records every chain this queue takes and uses in `table` (the
+    /// crash bookkeeping of a device with a state directory), and serves
+    /// the chains `old` lists, which a killed instance took and did not
+    /// answer, exactly once: a chain whose used element the driver has
+    /// is passed over when offered again; one whose reply was recorded
+    /// gets that reply; the others run (see `server::recover`). Call it
+    /// before the first [`RequestQueue::process_ring`], with the ring
+    /// configuration: `packed` layout, `size` entries, descriptors at
+    /// guest address `desc_area`.
+    pub(crate) fn set_inflight(
+        &mut self,
+        table: Arc<InflightTable>,
+        old: Vec<Slot>,
+        packed: bool,
+        size: u16,
+        desc_area: u64,
+    ) {
+        self.book = Some(Book {
+            table,
+            packed,
+            size,
+            desc_area,
+            pos_of: vec![0; usize::from(size)],
+            old: old.into_iter().map(|s| (s.pos, (s, false))).collect(),
+            classified: false,
+            adopt: Vec::new(),
+        });
+    }
+
+    /// Whether [`RequestQueue::set_inflight`] was called.
+    pub(crate) fn has_inflight(&self) -> bool {
+        self.book.is_some()
+    }
+
+    /// A new ring configuration (the ring started again after a stop).
+    pub(crate) fn set_ring(&mut self, packed: bool, size: u16, desc_area: u64) {
+        if let Some(b) = self.book.as_mut() {
+            b.packed = packed;
+            b.desc_area = desc_area;
+            if b.size != size {
+                b.size = size;
+                b.pos_of = vec![0; usize::from(size)];
+            }
+        }
+    }
+
+    /// Forgets every chain in the in-flight table (the ring stopped with
+    /// nothing in flight, or was reset).
+    pub(crate) fn clear_inflight(&mut self) {
+        if let Some(b) = self.book.as_mut() {
+            b.table.clear();
+            b.old.clear();
+            b.adopt.clear();
+        }
     }
 
     /// An eventfd that becomes readable when the queue left chains on the
@@ -198,6 +358,12 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         if self.broken {
             return Ok(());
         }
+        if let Some(b) = self.book.as_mut() {
+            if !b.classified {
+                let (avail, used) = (b.lin(ring.ring_base() as u16), b.lin(ring.used_position()));
+                b.classify(avail, used);
+            }
+        }
         let mut budget = KICK_BUDGET;
         loop {
             ring.disable_kicks(mem.deref()).map_err(Error::Used)?;
@@ -212,12 +378,35 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                     self.resume_later();
                     return Ok(());
                 }
+                let pos = match self.book.as_mut() {
+                    None => None,
+                    Some(b) => {
+                        let p = b.lin(ring.ring_base() as u16);
+                        if let Some((s, true)) = b.old.get(&p) {
+                            // Its used element is the driver's already.
+                            let slots = s.slots.max(1);
+                            if ring
+                                .skip_available(mem.deref(), slots)
+                                .map_err(Error::Used)?
+                            {
+                                b.old.remove(&p);
+                                continue;
+                            }
+                            break;
+                        }
+                        Some(p)
+                    }
+                };
                 match ring.pop_chain(&mut self.walker, mem.clone()) {
                     Ok(Some(chain)) => {
                         budget = budget.saturating_sub(chain.descriptor_count());
-                        self.start(chain);
+                        let book = pos.map(|p| self.took(p, ring, mem.deref()));
+                        self.start(chain, book);
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        self.adopt_left(ring, &mem);
+                        break;
+                    }
                     // Logged and consumed by the walker (length-0 used entry).
                     Err(e) if e.is_chain_fault() => {
                         budget = budget.saturating_sub(super::MAX_CHAIN_DESCRIPTORS);
@@ -268,6 +457,11 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         self.finish_done();
         let any = !self.done.is_empty();
         for (head, len) in self.done.drain(..) {
+            if let Some(b) = self.book.as_ref() {
+                if let Some(&pos) = b.pos_of.get(usize::from(head)) {
+                    b.table.used(pos, b.lin(ring.used_position()));
+                }
+            }
             ring.push_used(mem, head, len).map_err(Error::Used)?;
         }
         Ok(any)
@@ -303,8 +497,77 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         self.engine.reset()
     }
 
-    fn start<M>(&mut self, chain: virtqueue_large::Chain<M>)
+    /// The in-flight record of the chain just taken at position `pos`:
+    /// how many ring slots it took, its first descriptor (packed), and
+    /// what a killed instance left about it.
+    fn took<R: DeviceRing, G: GuestMemoryBackend>(
+        &mut self,
+        pos: u32,
+        ring: &R,
+        mem: &G,
+    ) -> (u32, u16, [u8; 16], Option<Slot>) {
+        let Some(b) = self.book.as_mut() else {
+            return (pos, 1, [0; 16], None);
+        };
+        let next = b.lin(ring.ring_base() as u16);
+        let m = b.modulus();
+        let slots = ((next + m - pos) % m).max(1) as u16;
+        let mut desc = [0u8; 16];
+        if b.packed {
+            let at = b.desc_area + 16 * u64::from(pos % u32::from(b.size));
+            let _ = mem.read_slice(&mut desc, GuestAddress(at));
+        }
+        let old = b.old.remove(&pos).map(|(s, _)| s);
+        (pos, slots, desc, old)
+    }
+
+    /// Serves the chains a killed instance took and did not answer that
+    /// the frontend does not offer again (before the position it rewound
+    /// to): walked from their head (split) or recorded descriptor
+    /// (packed), and run or answered as any other left chain. Done once,
+    /// when the ring has nothing more to offer: on a packed ring the used
+    /// elements need the slots of the chains passed over first.
+    fn adopt_left<R, M>(&mut self, ring: &mut R, mem: &M)
     where
+        R: DeviceRing,
+        M: Deref + Clone + Send + 'static,
+        M::Target: GuestMemoryBackend + Sized,
+    {
+        let Some(b) = self.book.as_mut() else {
+            return;
+        };
+        if b.adopt.is_empty() {
+            return;
+        }
+        let left = std::mem::take(&mut b.adopt);
+        let (packed, size, desc_area) = (b.packed, b.size, b.desc_area);
+        for s in left {
+            let chain = if packed {
+                self.walker
+                    .walk_packed_descriptor(mem.clone(), s.desc, size)
+                    .and_then(|c| ring.adopt_in_flight(s.id, s.slots.max(1)).map(|()| c))
+            } else {
+                self.walker
+                    .walk(mem.clone(), GuestAddress(desc_area), size, s.id)
+            };
+            match chain {
+                Ok(chain) => {
+                    let info = (s.pos, s.slots, s.desc, Some(s));
+                    self.start(chain, Some(info));
+                }
+                Err(e) => error!(
+                    "9p: a request the killed daemon took (chain {}) cannot be served again: {e}",
+                    s.id
+                ),
+            }
+        }
+    }
+
+    fn start<M>(
+        &mut self,
+        chain: virtqueue_large::Chain<M>,
+        book: Option<(u32, u16, [u8; 16], Option<Slot>)>,
+    ) where
         M: Deref + Clone + Send + 'static,
         M::Target: GuestMemoryBackend + Sized,
     {
@@ -323,8 +586,44 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         // (owned by the engine, see `engine`) finds requests by it.
         let mut peek = reader.clone();
         let mut hdr = [0u8; HEADER_SIZE];
-        let tag = (peek.available_bytes() >= HEADER_SIZE && peek.read_exact(&mut hdr).is_ok())
-            .then(|| Header::from_bytes(&hdr).tag);
+        let header = (peek.available_bytes() >= HEADER_SIZE && peek.read_exact(&mut hdr).is_ok())
+            .then(|| Header::from_bytes(&hdr));
+        let tag = header.map(|h| h.tag);
+        // The in-flight record: a new chain is noted; a chain a killed
+        // instance left and whose reply it recorded gets that reply now.
+        let mut record = None;
+        let mut left = None;
+        if let (Some(b), Some((pos, slots, desc, old))) = (self.book.as_mut(), book) {
+            if let Some(p) = b.pos_of.get_mut(slot) {
+                *p = pos;
+            }
+            match old {
+                None => {
+                    let (tag, ty) = header.map_or((u16::MAX, 0), |h| (h.tag, h.ty));
+                    b.table.popped(pos, head, slots, desc, tag, ty);
+                }
+                Some(s) => {
+                    if let Some(reply) = s.reply {
+                        let mut w = writer;
+                        let len = match w.write_all(&reply) {
+                            Ok(()) => reply.len() as u32,
+                            Err(_) => 0,
+                        };
+                        self.done.push((head, len));
+                        return;
+                    }
+                    left = Some(Left {
+                        intent: s.state == INTENT,
+                        time: s.time,
+                        qid: s.qid,
+                    });
+                }
+            }
+            record = Some(SlotRecord {
+                table: Arc::clone(&b.table),
+                pos,
+            });
+        }
         let cancel = Cancel::new();
         let server = Arc::clone(&self.server);
         let session = Arc::clone(&self.session);
@@ -333,7 +632,14 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         let mut w = ChainWriter::new(writer, cancel.clone());
         let mut r = ChainReader(reader);
         let result = self.engine.spawn(head, tag, cancel, move || {
-            match server.handle(&session, &mut r, &mut w, &exec, &token) {
+            let rec = record.as_ref().map(|r| r as &dyn RequestRecord);
+            let handled = match (left, header) {
+                (Some(left), Some(h)) => {
+                    server.serve_left(&session, &mut r, &mut w, &exec, &token, h, &left, rec)
+                }
+                _ => server.handle_recorded(&session, &mut r, &mut w, &exec, &token, rec),
+            };
+            match handled {
                 Ok(reply) if engine::flushed_silently(reply.reply_type, &token) => 0,
                 Ok(reply) => reply.size,
                 Err(e) => {

@@ -1,0 +1,305 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! The device's own record of the chains it took (issue 29: exactly once
+//! across a crash): one slot per ring position modulo the queue size, in
+//! a file of the state directory mapped shared, so a SIGKILL loses no
+//! store made before it.
+//!
+//! ```text
+//! session.inflight  header (64 bytes): magic "V9PINFLT" | version u32
+//!                   | queue size u32 | layout u8 (0 split, 1 packed)
+//!                   | 3 zero bytes | crc32 of those 20 bytes | zeros
+//!                   then queue-size slots of 256 bytes:
+//!   0  control u64: state u8 | message type u8 | tag u16 | position u32
+//!   8  used position u32 | buffer id u16 | ring slots u16
+//!  16  the chain's first descriptor as it was in the ring (16 bytes)
+//!  32  intent: time u64 (ns, CLOCK_REALTIME) | qid path u64 | spare u64
+//!  56  reply length u16 | 6 zero bytes
+//!  64  reply (up to 192 bytes)
+//! ```
+//!
+//! A slot's fields are written first and its control word last, with one
+//! 8-byte release store: a slot is always a whole old state or a whole
+//! new one. States: popped (the device took the chain), intent (a call
+//! that is not idempotent is about to run), committed (its reply is
+//! recorded), used (its used element went to the ring at the used
+//! position). Positions are the split ring's available index, or the
+//! packed ring's slot plus the queue size when its wrap counter is 0
+//! (so they run modulo 65536, or modulo twice the queue size).
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The table file in the state directory.
+pub(crate) const INFLIGHT: &std::ffi::CStr = c"session.inflight";
+const MAGIC: &[u8; 8] = b"V9PINFLT";
+const VERSION: u32 = 1;
+const HEADER: usize = 64;
+/// Bytes per slot.
+pub(crate) const SLOT: usize = 256;
+/// Largest reply a slot records.
+pub(crate) const MAX_REPLY: usize = SLOT - 64;
+
+/// Slot states.
+pub(crate) const EMPTY: u8 = 0;
+pub(crate) const POPPED: u8 = 1;
+pub(crate) const INTENT: u8 = 2;
+pub(crate) const COMMITTED: u8 = 3;
+pub(crate) const USED: u8 = 4;
+/// Set beside the state once a reply is recorded (kept when used).
+const HAS_REPLY: u64 = 0x10;
+
+/// One slot as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub state: u8,
+    pub ty: u8,
+    pub tag: u16,
+    pub pos: u32,
+    pub used: u32,
+    pub id: u16,
+    pub slots: u16,
+    pub desc: [u8; 16],
+    pub time: u64,
+    pub qid: u64,
+    /// The recorded reply, if the slot was committed before it was used.
+    pub reply: Option<Vec<u8>>,
+}
+
+fn control(state: u8, ty: u8, tag: u16, pos: u32) -> u64 {
+    u64::from(state) | u64::from(ty) << 8 | u64::from(tag) << 16 | u64::from(pos) << 32
+}
+
+fn header(queue_size: u16, packed: bool) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&u32::from(queue_size).to_le_bytes());
+    h[16] = u8::from(packed);
+    let crc = crc32fast::hash(&h[..20]);
+    h[20..24].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// The table of one ring, mapped shared.
+pub(crate) struct InflightTable {
+    ptr: *mut u8,
+    len: usize,
+    size: u16,
+}
+
+// SAFETY: the mapping is owned by the table (unmapped on drop). Slots are
+// written through atomics (the control word) and plain stores to a slot
+// only its request's owner writes (one request per position at a time).
+unsafe impl Send for InflightTable {}
+// SAFETY: as above.
+unsafe impl Sync for InflightTable {}
+
+impl std::fmt::Debug for InflightTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InflightTable")
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl Drop for InflightTable {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `open`, unmapped only here.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+impl InflightTable {
+    /// Opens (creating) the table of a ring of `queue_size` entries and
+    /// `packed` layout in `dir`, and returns it with the slots a previous
+    /// instance left, if the file was one of the same ring (else empty).
+    pub fn open(
+        dir: BorrowedFd<'_>,
+        queue_size: u16,
+        packed: bool,
+    ) -> io::Result<(Self, Vec<Slot>)> {
+        let len = HEADER + SLOT * usize::from(queue_size);
+        // SAFETY: a valid dirfd and C string; the fd returned is checked.
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                INFLIGHT.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new fd we own.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        // SAFETY: ftruncate on a file we opened for writing.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh shared mapping of `len` bytes of a file that
+        // long; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let t = InflightTable {
+            ptr: ptr.cast(),
+            len,
+            size: queue_size,
+        };
+        let want = header(queue_size, packed);
+        let old = if t.bytes(0, HEADER) == want {
+            (0..queue_size).filter_map(|i| t.read(i)).collect()
+        } else {
+            Vec::new()
+        };
+        if old.is_empty() {
+            t.clear();
+            t.write(0, &want);
+        }
+        Ok((t, old))
+    }
+
+    fn bytes(&self, at: usize, n: usize) -> &[u8] {
+        assert!(at + n <= self.len);
+        // SAFETY: within the mapping (checked); racing writers only
+        // change what a reader of a live slot would ignore.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(at), n) }
+    }
+
+    fn write(&self, at: usize, b: &[u8]) {
+        assert!(at + b.len() <= self.len);
+        // SAFETY: within the mapping (checked); one writer per slot.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), self.ptr.add(at), b.len()) };
+    }
+
+    fn ctl(&self, index: u16) -> &AtomicU64 {
+        let at = HEADER + SLOT * usize::from(index);
+        // SAFETY: slot offsets are 8-byte aligned within a page-aligned
+        // mapping, and AtomicU64 has the layout of u64.
+        unsafe { &*(self.ptr.add(at) as *const AtomicU64) }
+    }
+
+    /// Empties every slot (a fresh ring: nothing of before is in flight).
+    pub fn clear(&self) {
+        for i in 0..self.size {
+            self.ctl(i).store(0, Ordering::Release);
+        }
+    }
+
+    /// Records that the chain at `pos` (buffer id or head `id`, `slots`
+    /// ring slots, first descriptor `desc`) was taken, with its 9P tag
+    /// and type.
+    pub fn popped(&self, pos: u32, id: u16, slots: u16, desc: [u8; 16], tag: u16, ty: u8) {
+        let index = (pos % u32::from(self.size)) as u16;
+        let at = HEADER + SLOT * usize::from(index);
+        let mut b = [0u8; 48];
+        b[4..6].copy_from_slice(&id.to_le_bytes());
+        b[6..8].copy_from_slice(&slots.to_le_bytes());
+        b[8..24].copy_from_slice(&desc);
+        self.ctl(index).store(0, Ordering::Release);
+        self.write(at + 8, &b);
+        self.ctl(index)
+            .store(control(POPPED, ty, tag, pos), Ordering::Release);
+    }
+
+    fn live(&self, pos: u32) -> Option<(u16, u64)> {
+        let index = (pos % u32::from(self.size)) as u16;
+        let c = self.ctl(index).load(Ordering::Acquire);
+        ((c >> 32) as u32 == pos && c & 0x0f != 0).then_some((index, c))
+    }
+
+    /// Records the intent of a call that is not idempotent: the time
+    /// before it and the qid path of what it will change (0 if none).
+    pub fn intent(&self, pos: u32, time: u64, qid: u64) {
+        let Some((index, c)) = self.live(pos) else {
+            return;
+        };
+        let at = HEADER + SLOT * usize::from(index) + 32;
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&time.to_le_bytes());
+        b[8..].copy_from_slice(&qid.to_le_bytes());
+        self.write(at, &b);
+        self.ctl(index)
+            .store(c & !0xff | u64::from(INTENT), Ordering::Release);
+    }
+
+    /// Records the reply of the request at `pos` (if it fits).
+    pub fn commit(&self, pos: u32, reply: &[u8]) {
+        let Some((index, c)) = self.live(pos) else {
+            return;
+        };
+        if reply.len() > MAX_REPLY {
+            return;
+        }
+        let at = HEADER + SLOT * usize::from(index);
+        self.write(at + 56, &(reply.len() as u16).to_le_bytes());
+        self.write(at + 64, reply);
+        self.ctl(index).store(
+            c & !0xff | u64::from(COMMITTED) | HAS_REPLY,
+            Ordering::Release,
+        );
+    }
+
+    /// Records that the chain at `pos` went to the used ring at `used`.
+    pub fn used(&self, pos: u32, used: u32) {
+        let Some((index, c)) = self.live(pos) else {
+            return;
+        };
+        let at = HEADER + SLOT * usize::from(index);
+        self.write(at + 8, &used.to_le_bytes());
+        self.ctl(index).store(
+            c & !0xff | u64::from(USED) | (c & HAS_REPLY),
+            Ordering::Release,
+        );
+    }
+
+    /// Forgets the chain at `pos`.
+    pub fn forget(&self, pos: u32) {
+        if let Some((index, _)) = self.live(pos) {
+            self.ctl(index).store(0, Ordering::Release);
+        }
+    }
+
+    /// Slot `index` as it is, if not empty.
+    pub fn read(&self, index: u16) -> Option<Slot> {
+        let c = self.ctl(index).load(Ordering::Acquire);
+        let state = (c & 0x0f) as u8;
+        if state == EMPTY || state > USED {
+            return None;
+        }
+        let at = HEADER + SLOT * usize::from(index);
+        let b = self.bytes(at, SLOT);
+        let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or_default());
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default());
+        let reply_len = usize::from(u16_at(56));
+        let mut desc = [0u8; 16];
+        desc.copy_from_slice(&b[16..32]);
+        Some(Slot {
+            state,
+            ty: (c >> 8) as u8,
+            tag: (c >> 16) as u16,
+            pos: (c >> 32) as u32,
+            used: u32_at(8),
+            id: u16_at(12),
+            slots: u16_at(14),
+            desc,
+            time: u64_at(32),
+            qid: u64_at(40),
+            reply: (c & HAS_REPLY != 0 && reply_len <= MAX_REPLY)
+                .then(|| b[64..64 + reply_len].to_vec()),
+        })
+    }
+}
