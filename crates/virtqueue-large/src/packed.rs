@@ -711,7 +711,7 @@ impl ChainWalker {
         let summary = {
             let out = &mut segs.get_mut().segs;
             out.clear();
-            let limits = self.limits().clone();
+            let limits = *self.limits();
             let mut acc = Acc::new(&limits, queue_size);
             if flags & F_INDIRECT != 0 {
                 if !limits.indirect {

@@ -26,6 +26,9 @@
 //! packed ring's slot plus the queue size when its wrap counter is 0
 //! (so they run modulo 65536, or modulo twice the queue size).
 
+// Opened and read back by the vhost-user backend only.
+#![cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
+
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -301,5 +304,102 @@ impl InflightTable {
             reply: (c & HAS_REPLY != 0 && reply_len <= MAX_REPLY)
                 .then(|| b[64..64 + reply_len].to_vec()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn dir() -> (tempfile::TempDir, std::fs::File) {
+        let d = tempfile::tempdir().unwrap();
+        let f = std::fs::File::open(d.path()).unwrap();
+        (d, f)
+    }
+
+    #[test]
+    fn test_slots_go_through_their_states_and_survive_the_process() {
+        let (_d, f) = dir();
+        let (t, old) = InflightTable::open(f.as_fd(), 8, false).unwrap();
+        assert!(old.is_empty());
+        t.popped(9, 3, 1, [7; 16], 42, 72);
+        t.popped(10, 4, 1, [0; 16], 43, 110);
+        t.intent(9, 1234, 99);
+        t.commit(9, b"reply");
+        t.used(10, 5);
+        // A position not in the table (another lap) changes nothing.
+        t.used(17, 6);
+        t.commit(1, b"x");
+        drop(t);
+        // What a successor reads: the same file, the same ring.
+        let (t, mut old) = InflightTable::open(f.as_fd(), 8, false).unwrap();
+        old.sort_by_key(|s| s.pos);
+        assert_eq!(old.len(), 2);
+        assert_eq!(
+            old[0],
+            Slot {
+                state: COMMITTED,
+                ty: 72,
+                tag: 42,
+                pos: 9,
+                used: 0,
+                id: 3,
+                slots: 1,
+                desc: [7; 16],
+                time: 1234,
+                qid: 99,
+                reply: Some(b"reply".to_vec()),
+            }
+        );
+        assert_eq!(
+            (old[1].state, old[1].used, old[1].reply.clone()),
+            (USED, 5, None)
+        );
+        // Used after its reply was recorded: the reply stays readable.
+        t.used(9, 8);
+        let s = t.read(1).unwrap();
+        assert_eq!(
+            (s.state, s.used, s.reply),
+            (USED, 8, Some(b"reply".to_vec()))
+        );
+        // A new chain at the same slot a lap later replaces it whole.
+        t.popped(17, 2, 1, [0; 16], 1, 100);
+        let s = t.read(1).unwrap();
+        assert_eq!((s.state, s.pos, s.reply, s.time), (POPPED, 17, None, 0));
+        t.forget(17);
+        assert!(t.read(1).is_none());
+        t.clear();
+        assert!((0..8).all(|i| t.read(i).is_none()));
+    }
+
+    #[test]
+    fn test_a_table_of_another_ring_or_damaged_is_not_used() {
+        let (d, f) = dir();
+        let (t, _) = InflightTable::open(f.as_fd(), 8, false).unwrap();
+        t.popped(0, 0, 1, [0; 16], 1, 100);
+        drop(t);
+        // Another layout or size: nothing of it is served, and it is emptied.
+        let (t, old) = InflightTable::open(f.as_fd(), 8, true).unwrap();
+        assert!(old.is_empty());
+        t.popped(0, 0, 1, [0; 16], 1, 100);
+        drop(t);
+        let (_t, old) = InflightTable::open(f.as_fd(), 16, true).unwrap();
+        assert!(old.is_empty());
+        // A damaged header, or a file that is not a table.
+        let path = d.path().join("session.inflight");
+        let mut b = std::fs::read(&path).unwrap();
+        b[3] ^= 1;
+        std::fs::write(&path, &b).unwrap();
+        let (_t, old) = InflightTable::open(f.as_fd(), 16, true).unwrap();
+        assert!(old.is_empty());
+        std::fs::write(&path, b"garbage").unwrap();
+        let (_t, old) = InflightTable::open(f.as_fd(), 16, true).unwrap();
+        assert!(old.is_empty());
+        // A slot with an unknown state is ignored.
+        let (t, _) = InflightTable::open(f.as_fd(), 16, true).unwrap();
+        t.popped(3, 1, 1, [0; 16], 1, 100);
+        t.ctl(3).store(0x0f | 3 << 32, Ordering::Release);
+        assert!(t.read(3).is_none());
     }
 }

@@ -202,6 +202,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         })
     }
 
+    #[cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
     /// Records every chain this queue takes and uses in `table` (the
     /// crash bookkeeping of a device with a state directory), and serves
     /// the chains `old` lists, which a killed instance took and did not
@@ -231,11 +232,13 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         });
     }
 
+    #[cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
     /// Whether [`RequestQueue::set_inflight`] was called.
     pub(crate) fn has_inflight(&self) -> bool {
         self.book.is_some()
     }
 
+    #[cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
     /// A new ring configuration (the ring started again after a stop).
     pub(crate) fn set_ring(&mut self, packed: bool, size: u16, desc_area: u64) {
         if let Some(b) = self.book.as_mut() {
@@ -248,6 +251,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         }
     }
 
+    #[cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
     /// Forgets every chain in the in-flight table (the ring stopped with
     /// nothing in flight, or was reset).
     pub(crate) fn clear_inflight(&mut self) {
