@@ -386,7 +386,12 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                     None => None,
                     Some(b) => {
                         let p = b.lin(ring.ring_base() as u16);
-                        if let Some((s, true)) = b.old.get(&p) {
+                        let left = if b.old.is_empty() {
+                            None
+                        } else {
+                            b.old.get(&p)
+                        };
+                        if let Some((s, true)) = left {
                             // Its used element is the driver's already.
                             let slots = s.slots.max(1);
                             if ring
@@ -521,7 +526,11 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
             let at = b.desc_area + 16 * u64::from(pos % u32::from(b.size));
             let _ = mem.read_slice(&mut desc, GuestAddress(at));
         }
-        let old = b.old.remove(&pos).map(|(s, _)| s);
+        let old = if b.old.is_empty() {
+            None
+        } else {
+            b.old.remove(&pos).map(|(s, _)| s)
+        };
         (pos, slots, desc, old)
     }
 
