@@ -471,6 +471,8 @@ mod tests {
             flags: UnlinkFlags::empty(),
         });
         assert!(s.recover(&session, &unlink, &left).is_none(), "still there");
+        // Kept open, so a new file cannot get its inode number back.
+        let _keep = std::fs::File::open(share.path().join("u")).unwrap();
         std::fs::remove_file(share.path().join("u")).unwrap();
         assert!(matches!(
             s.recover(&session, &unlink, &left),
