@@ -118,7 +118,24 @@ fn host_can_lock(path: &Path) -> bool {
     unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) == 0 }
 }
 
-fn sigkill_keeps_the_session(ring: Ring) {
+/// How the frontend comes back to the new daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rejoin {
+    /// At the used position of the ring (what a frontend that can read
+    /// the position back sends).
+    Used,
+    /// As QEMU 10 does: a packed ring at the stale base it last knew.
+    Qemu,
+}
+
+fn rejoin(vmm: &mut FakeVmm, sock: &Path, how: Rejoin) {
+    match how {
+        Rejoin::Used => vmm.reconnect(sock).unwrap(),
+        Rejoin::Qemu => vmm.reconnect_like_qemu(sock).unwrap(),
+    }
+}
+
+fn sigkill_keeps_the_session(ring: Ring, how: Rejoin) {
     let share = tempfile::tempdir().unwrap();
     let run = tempfile::tempdir().unwrap();
     std::fs::write(share.path().join("f"), b"still open after kill -9").unwrap();
@@ -181,7 +198,7 @@ fn sigkill_keeps_the_session(ring: Ring) {
     // The kill released the old process's lock; the new daemon takes it
     // again before it serves.
     let _new = spawn(share.path(), &sock, &state, &[]);
-    vmm.reconnect(&sock).unwrap();
+    rejoin(&mut vmm, &sock, how);
     let read = Tmessage::Read(Tread {
         fid: 1,
         offset: 0,
@@ -230,12 +247,19 @@ fn sigkill_keeps_the_session(ring: Ring) {
 
 #[test]
 fn test_sigkill_keeps_the_session_on_a_split_ring() {
-    sigkill_keeps_the_session(Ring::Split);
+    sigkill_keeps_the_session(Ring::Split, Rejoin::Qemu);
 }
 
 #[test]
 fn test_sigkill_keeps_the_session_on_a_packed_ring() {
-    sigkill_keeps_the_session(Ring::Packed);
+    sigkill_keeps_the_session(Ring::Packed, Rejoin::Used);
+}
+
+/// QEMU sends the packed ring's stale base at the reconnect: the new
+/// daemon goes on from the position the killed one recorded.
+#[test]
+fn test_sigkill_keeps_the_session_on_a_packed_ring_at_qemus_stale_base() {
+    sigkill_keeps_the_session(Ring::Packed, Rejoin::Qemu);
 }
 
 #[test]
@@ -478,7 +502,7 @@ fn reply_ok(i: u32, r: &Rmessage) -> bool {
 /// 1024 requests of every kind in flight, the daemon killed with SIGKILL
 /// in their midst, a new one started on the same state: every request is
 /// answered once, with success, and did what it does once.
-fn kill_in_flight_runs_each_request_once(ring: Ring) {
+fn kill_in_flight_runs_each_request_once(ring: Ring, how: Rejoin) {
     const N: u32 = 1024;
     let share = tempfile::tempdir().unwrap();
     let run = tempfile::tempdir().unwrap();
@@ -557,7 +581,7 @@ fn kill_in_flight_runs_each_request_once(ring: Ring) {
     assert!(before < N as usize, "everything was done before the kill");
 
     let mut new = spawn(share.path(), &sock, &state, &["--log-level", "info"]);
-    vmm.reconnect(&sock).unwrap();
+    rejoin(&mut vmm, &sock, how);
     vmm.kick().unwrap();
     let mut first = None;
     let mut held = Some(holder);
@@ -576,7 +600,7 @@ fn kill_in_flight_runs_each_request_once(ring: Ring) {
         }
     }
     eprintln!(
-        "{ring:?} ring: {before} of {N} answered before the kill; kill -9 to the first reply of the new daemon: {:?}",
+        "{ring:?} ring, {how:?} rejoin: {before} of {N} answered before the kill; kill -9 to the first reply of the new daemon: {:?}",
         first
     );
     // Nothing more comes.
@@ -629,7 +653,10 @@ fn kill_in_flight_runs_each_request_once(ring: Ring) {
         .read_to_string(&mut err)
         .unwrap();
     for l in err.lines().filter(|l| {
-        l.contains("recovery at") || l.contains("exactly once") || l.contains("cannot be served")
+        l.contains("recovery at")
+            || l.contains("exactly once")
+            || l.contains("cannot be served")
+            || l.contains("stale base")
     }) {
         eprintln!("{l}");
     }
@@ -637,10 +664,18 @@ fn kill_in_flight_runs_each_request_once(ring: Ring) {
 
 #[test]
 fn test_kill_in_flight_runs_each_request_once_on_a_split_ring() {
-    kill_in_flight_runs_each_request_once(Ring::Split);
+    kill_in_flight_runs_each_request_once(Ring::Split, Rejoin::Qemu);
 }
 
 #[test]
 fn test_kill_in_flight_runs_each_request_once_on_a_packed_ring() {
-    kill_in_flight_runs_each_request_once(Ring::Packed);
+    kill_in_flight_runs_each_request_once(Ring::Packed, Rejoin::Used);
+}
+
+/// The packed ring rejoined at QEMU's stale base: the chains the killed
+/// daemon took and did not answer are served from its table, the others
+/// are taken where it left off.
+#[test]
+fn test_kill_in_flight_runs_each_request_once_on_a_packed_ring_at_qemus_stale_base() {
+    kill_in_flight_runs_each_request_once(Ring::Packed, Rejoin::Qemu);
 }

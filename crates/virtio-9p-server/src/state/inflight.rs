@@ -7,7 +7,11 @@
 //! ```text
 //! session.inflight  header (64 bytes): magic "V9PINFLT" | version u32
 //!                   | queue size u32 | layout u8 (0 split, 1 packed)
-//!                   | 3 zero bytes | crc32 of those 20 bytes | zeros
+//!                   | 3 zero bytes | crc32 of those 20 bytes
+//!                   | 24: ring word u64 (packed): next available u16
+//!                     | next used u16 | started u16 | valid bit 48
+//!                   | 32: descriptor ring, driver area, device area
+//!                     (u64 guest addresses) | zeros
 //!                   then queue-size slots of 256 bytes:
 //!   0  control u64: state u8 | message type u8 | tag u16 | position u32
 //!   8  used position u32 | buffer id u16 | ring slots u16
@@ -25,6 +29,13 @@
 //! position). Positions are the split ring's available index, or the
 //! packed ring's slot plus the queue size when its wrap counter is 0
 //! (so they run modulo 65536, or modulo twice the queue size).
+//!
+//! The ring word keeps a packed ring's own position, which a frontend
+//! that lost its backend cannot give back (QEMU keeps the base it last
+//! sent or read, see [`RingRecord`]): the next available and next used
+//! slot, each with its wrap counter in bit 15, stored after every chain
+//! taken and every used element written, and the base the ring was
+//! started with (or reported at its last stop). It is one 8-byte store.
 
 // Opened and read back by the vhost-user backend only.
 #![cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
@@ -51,6 +62,35 @@ pub(crate) const COMMITTED: u8 = 3;
 pub(crate) const USED: u8 = 4;
 /// Set beside the state once a reply is recorded (kept when used).
 const HAS_REPLY: u64 = 0x10;
+/// The header bytes that name the table (magic to CRC).
+const NAMED: usize = 24;
+/// Offset of the ring word and of the ring addresses in the header.
+const RING_WORD: usize = 24;
+const RING_ADDRS: usize = 32;
+/// The ring word holds a position.
+const RING_VALID: u64 = 1 << 48;
+
+/// A packed ring's position as the table last recorded it: the next
+/// available and next used slot (wrap counter in bit 15), the
+/// `SET_VRING_BASE` value the ring was started with or the base its last
+/// stop reported (what the frontend knows), and its guest addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RingRecord {
+    pub avail: u16,
+    pub used: u16,
+    pub started: u16,
+    pub addrs: [u64; 3],
+}
+
+impl RingRecord {
+    /// The ring word of this record.
+    pub fn word(&self) -> u64 {
+        u64::from(self.avail)
+            | u64::from(self.used) << 16
+            | u64::from(self.started) << 32
+            | RING_VALID
+    }
+}
 
 /// One slot as read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,11 +157,12 @@ impl InflightTable {
     /// Opens (creating) the table of a ring of `queue_size` entries and
     /// `packed` layout in `dir`, and returns it with the slots a previous
     /// instance left, if the file was one of the same ring (else empty).
+    /// With it, the packed ring position it recorded, if any.
     pub fn open(
         dir: BorrowedFd<'_>,
         queue_size: u16,
         packed: bool,
-    ) -> io::Result<(Self, Vec<Slot>)> {
+    ) -> io::Result<(Self, Vec<Slot>, Option<RingRecord>)> {
         let len = HEADER + SLOT * usize::from(queue_size);
         // SAFETY: a valid dirfd and C string; the fd returned is checked.
         let fd = unsafe {
@@ -162,16 +203,59 @@ impl InflightTable {
             size: queue_size,
         };
         let want = header(queue_size, packed);
-        let old = if t.bytes(0, HEADER) == want {
-            (0..queue_size).filter_map(|i| t.read(i)).collect()
-        } else {
-            Vec::new()
-        };
-        if old.is_empty() {
-            t.clear();
-            t.write(0, &want);
+        if t.bytes(0, NAMED) == &want[..NAMED] {
+            let old = (0..queue_size).filter_map(|i| t.read(i)).collect();
+            let ring = t.ring_record();
+            return Ok((t, old, ring));
         }
-        Ok((t, old))
+        t.clear();
+        t.write(0, &want);
+        Ok((t, Vec::new(), None))
+    }
+
+    fn ring_word(&self) -> &AtomicU64 {
+        // SAFETY: offset 24 is 8-byte aligned within the page-aligned
+        // mapping, and AtomicU64 has the layout of u64.
+        unsafe { &*(self.ptr.add(RING_WORD) as *const AtomicU64) }
+    }
+
+    /// The packed ring position recorded, if any.
+    pub fn ring_record(&self) -> Option<RingRecord> {
+        let w = self.ring_word().load(Ordering::Acquire);
+        if w & RING_VALID == 0 {
+            return None;
+        }
+        let b = self.bytes(RING_ADDRS, 24);
+        let a = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or_default());
+        Some(RingRecord {
+            avail: w as u16,
+            used: (w >> 16) as u16,
+            started: (w >> 32) as u16,
+            addrs: [a(0), a(1), a(2)],
+        })
+    }
+
+    /// Records a packed ring as started (or stopped): its addresses, then
+    /// its ring word.
+    pub fn set_ring(&self, rec: &RingRecord) {
+        let mut b = [0u8; 24];
+        for (i, a) in rec.addrs.iter().enumerate() {
+            b[8 * i..8 * i + 8].copy_from_slice(&a.to_le_bytes());
+        }
+        self.ring_word().store(0, Ordering::Release);
+        self.write(RING_ADDRS, &b);
+        self.ring_word().store(rec.word(), Ordering::Release);
+    }
+
+    /// Stores a ring word (the data path: one store after each chain
+    /// taken and each used element written).
+    pub fn store_ring_word(&self, word: u64) {
+        self.ring_word().store(word, Ordering::Release);
+    }
+
+    /// Forgets the ring position (the device was reset).
+    pub fn forget_ring(&self) {
+        self.ring_word().store(0, Ordering::Release);
     }
 
     fn bytes(&self, at: usize, n: usize) -> &[u8] {
@@ -321,7 +405,7 @@ mod tests {
     #[test]
     fn test_slots_go_through_their_states_and_survive_the_process() {
         let (_d, f) = dir();
-        let (t, old) = InflightTable::open(f.as_fd(), 8, false).unwrap();
+        let (t, old, _) = InflightTable::open(f.as_fd(), 8, false).unwrap();
         assert!(old.is_empty());
         t.popped(9, 3, 1, [7; 16], 42, 72);
         t.popped(10, 4, 1, [0; 16], 43, 110);
@@ -333,7 +417,7 @@ mod tests {
         t.commit(1, b"x");
         drop(t);
         // What a successor reads: the same file, the same ring.
-        let (t, mut old) = InflightTable::open(f.as_fd(), 8, false).unwrap();
+        let (t, mut old, _) = InflightTable::open(f.as_fd(), 8, false).unwrap();
         old.sort_by_key(|s| s.pos);
         assert_eq!(old.len(), 2);
         assert_eq!(
@@ -376,30 +460,62 @@ mod tests {
     #[test]
     fn test_a_table_of_another_ring_or_damaged_is_not_used() {
         let (d, f) = dir();
-        let (t, _) = InflightTable::open(f.as_fd(), 8, false).unwrap();
+        let (t, _, _) = InflightTable::open(f.as_fd(), 8, false).unwrap();
         t.popped(0, 0, 1, [0; 16], 1, 100);
         drop(t);
         // Another layout or size: nothing of it is served, and it is emptied.
-        let (t, old) = InflightTable::open(f.as_fd(), 8, true).unwrap();
+        let (t, old, _) = InflightTable::open(f.as_fd(), 8, true).unwrap();
         assert!(old.is_empty());
         t.popped(0, 0, 1, [0; 16], 1, 100);
         drop(t);
-        let (_t, old) = InflightTable::open(f.as_fd(), 16, true).unwrap();
+        let (_t, old, _) = InflightTable::open(f.as_fd(), 16, true).unwrap();
         assert!(old.is_empty());
         // A damaged header, or a file that is not a table.
         let path = d.path().join("session.inflight");
         let mut b = std::fs::read(&path).unwrap();
         b[3] ^= 1;
         std::fs::write(&path, &b).unwrap();
-        let (_t, old) = InflightTable::open(f.as_fd(), 16, true).unwrap();
+        let (_t, old, _) = InflightTable::open(f.as_fd(), 16, true).unwrap();
         assert!(old.is_empty());
         std::fs::write(&path, b"garbage").unwrap();
-        let (_t, old) = InflightTable::open(f.as_fd(), 16, true).unwrap();
+        let (_t, old, _) = InflightTable::open(f.as_fd(), 16, true).unwrap();
         assert!(old.is_empty());
         // A slot with an unknown state is ignored.
-        let (t, _) = InflightTable::open(f.as_fd(), 16, true).unwrap();
+        let (t, _, _) = InflightTable::open(f.as_fd(), 16, true).unwrap();
         t.popped(3, 1, 1, [0; 16], 1, 100);
         t.ctl(3).store(0x0f | 3 << 32, Ordering::Release);
         assert!(t.read(3).is_none());
+    }
+
+    #[test]
+    fn test_the_packed_ring_position_survives_and_goes_with_the_ring() {
+        let (_d, f) = dir();
+        let (t, _, ring) = InflightTable::open(f.as_fd(), 8, true).unwrap();
+        assert!(ring.is_none());
+        let rec = RingRecord {
+            avail: 0x8000 | 3,
+            used: 0x8000 | 1,
+            started: 0x8000,
+            addrs: [0x1000, 0x2000, 0x3000],
+        };
+        t.set_ring(&rec);
+        // The data path moves the positions on (avail 6 of the next lap).
+        let moved = RingRecord { avail: 6, ..rec };
+        t.store_ring_word(moved.word());
+        t.popped(9, 3, 1, [0; 16], 42, 72);
+        // Emptying the slots (a stop with nothing in flight) keeps it.
+        t.clear();
+        drop(t);
+        let (t, old, ring) = InflightTable::open(f.as_fd(), 8, true).unwrap();
+        assert!(old.is_empty());
+        assert_eq!(ring, Some(moved));
+        // A reset forgets it.
+        t.forget_ring();
+        assert_eq!(t.ring_record(), None);
+        t.set_ring(&rec);
+        drop(t);
+        // A table of another ring does not keep it.
+        let (_t, _, ring) = InflightTable::open(f.as_fd(), 16, true).unwrap();
+        assert_eq!(ring, None);
     }
 }

@@ -185,6 +185,9 @@ pub struct Virtio9pBackend<F: Filesystem> {
     /// The session was recovered after a crash: the chains the killed
     /// daemon's in-flight table lists are served exactly once.
     recovering: AtomicBool,
+    /// The session is a predecessor's ([`Virtio9pBackend::set_session`]):
+    /// the packed ring position it recorded may replace a stale base.
+    taken_over: AtomicBool,
 }
 
 impl<F: Filesystem> std::fmt::Debug for Virtio9pBackend<F> {
@@ -242,6 +245,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             leaked: AtomicU64::new(0),
             state_dir: config.state_dir.clone(),
             recovering: AtomicBool::new(false),
+            taken_over: AtomicBool::new(false),
         })
     }
 
@@ -264,9 +268,14 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     }
 
     /// Makes this device serve `session` (a restored one) from its first
-    /// request: call it before the frontend starts the ring.
+    /// request: call it before the frontend starts the ring. With a
+    /// [`BackendConfig::state_dir`], a packed ring also goes on where the
+    /// previous device left it, when the frontend can only give a stale
+    /// base (QEMU after it lost its backend; see "Exactly once across a
+    /// kill" in the design notes).
     pub fn set_session(&self, session: Arc<Session<F>>) {
         *self.session.lock().unwrap_or_else(|e| e.into_inner()) = session;
+        self.taken_over.store(true, Ordering::Release);
     }
 
     /// With a [`BackendConfig::state_dir`], starts keeping the current
@@ -310,7 +319,8 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             q.set_ring(packed, queue.size(), queue.desc_table());
             return Ok(());
         }
-        let (table, old) = InflightTable::open(dir.as_fd(), queue.size(), packed)?;
+        let (table, old, ring) = InflightTable::open(dir.as_fd(), queue.size(), packed)?;
+        let prior = ring.filter(|_| self.taken_over.swap(false, Ordering::AcqRel));
         let old = if self.recovering.swap(false, Ordering::AcqRel) {
             if !old.is_empty() {
                 info!(
@@ -326,6 +336,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         q.set_inflight(
             Arc::new(table),
             old,
+            prior,
             packed,
             queue.size(),
             queue.desc_table(),
@@ -481,12 +492,16 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 (op, c.requested)
             };
             let result = match op {
-                ControlOp::Stop | ControlOp::Freeze => self.stop(cell, vrings),
+                ControlOp::Stop => self.stop(cell, vrings, true),
+                ControlOp::Freeze => self.stop(cell, vrings, false),
                 ControlOp::Reset => {
                     if let Some(q) = cell.queue.as_mut() {
                         // The ring starts again from scratch.
                         q.clear_inflight();
+                        q.forget_ring();
                     }
+                    self.recovering.store(false, Ordering::Release);
+                    self.taken_over.store(false, Ordering::Release);
                     self.end_queue(cell);
                     let fresh = Arc::new(Session::new());
                     self.journal(&fresh);
@@ -545,7 +560,8 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 if !st.get_queue().ready() {
                     return Ok(());
                 }
-                if cell.packed.is_none() && self.packed() {
+                let fresh = cell.packed.is_none() && self.packed();
+                if fresh {
                     match PackedQueue::from_queue(st.get_queue()) {
                         Ok(p) => {
                             debug!("virtio-9p: packed ring of {} entries", p.size());
@@ -561,6 +577,9 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                     error!("virtio-9p: no in-flight table, requests are not kept crash-safe: {e}");
                 }
                 let m = mem.memory();
+                if let (true, Some(p)) = (fresh, cell.packed.as_mut()) {
+                    q.packed_started(p, st.get_queue().next_avail(), &*m);
+                }
                 let mut ring = any_ring(st.get_queue_mut(), cell.packed.as_mut());
                 if let Err(e) = q.process_ring(&mut ring, m) {
                     error!("virtio-9p: request queue stopped: {e}");
@@ -583,8 +602,15 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     /// finishes and its reply goes to the used ring, with the notification
     /// the driver asked for, before the frontend gets the ring base; then
     /// the device is stopped and writes nothing until the ring starts
-    /// again. The session (fids) stays: a stop is a pause.
-    fn stop(&self, cell: &mut QueueCell<F>, vrings: &[VringRwLock]) -> std::io::Result<()> {
+    /// again. The session (fids) stays: a stop is a pause. `reported`:
+    /// the frontend gets the ring base (GET_VRING_BASE; a handover's
+    /// freeze tells it nothing).
+    fn stop(
+        &self,
+        cell: &mut QueueCell<F>,
+        vrings: &[VringRwLock],
+        reported: bool,
+    ) -> std::io::Result<()> {
         if let Some(q) = cell.queue.as_mut() {
             let left = q.drain(|| self.shutting_down.load(Ordering::Acquire));
             if left == 0 {
@@ -610,6 +636,9 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         if let Some(p) = cell.packed.take() {
             if let Some(vring) = vrings.first() {
                 p.sync_to(vring.get_mut().get_queue_mut());
+            }
+            if let (true, Some(q)) = (reported, cell.queue.as_mut()) {
+                q.packed_stopped(p.avail_base());
             }
         }
         Ok(())

@@ -154,6 +154,9 @@ pub struct FakeVmm {
     /// Frontend virtual address of guest address 0.
     host: u64,
     pending: HashMap<u16, Submitted>,
+    /// The ring base as QEMU knows it: the last one sent with
+    /// SET_VRING_BASE or read with GET_VRING_BASE.
+    known_base: u16,
 }
 
 impl std::fmt::Debug for FakeVmm {
@@ -232,7 +235,7 @@ impl FakeVmm {
 
         let kick = EventFd::new(EFD_NONBLOCK)?;
         let call = EventFd::new(EFD_NONBLOCK)?;
-        let driver = start_ring(&mut frontend, mem, &opts, host, &kick, &call, None)?;
+        let (driver, known_base) = start_ring(&mut frontend, mem, &opts, host, &kick, &call, None)?;
         Ok(FakeVmm {
             frontend,
             driver,
@@ -244,6 +247,7 @@ impl FakeVmm {
             bump: DATA_START,
             host,
             pending: HashMap::new(),
+            known_base,
         })
     }
 
@@ -253,7 +257,9 @@ impl FakeVmm {
     /// (split), or the next available slot with its wrap counter in bit 15
     /// (packed).
     pub fn stop_ring(&mut self) -> MockResult<u32> {
-        Ok(self.frontend.get_vring_base(0)?)
+        let base = self.frontend.get_vring_base(0)?;
+        self.known_base = base as u16;
+        Ok(base)
     }
 
     /// The base [`FakeVmm::stop_ring`] should report: the driver's
@@ -282,7 +288,7 @@ impl FakeVmm {
         let mem = self.memory().clone();
         self.kick = EventFd::new(EFD_NONBLOCK)?;
         self.call = EventFd::new(EFD_NONBLOCK)?;
-        self.driver = start_ring(
+        (self.driver, self.known_base) = start_ring(
             &mut self.frontend,
             mem,
             &self.opts,
@@ -315,7 +321,9 @@ impl FakeVmm {
             base as u16,
             &self.kick,
             &self.call,
-        )
+        )?;
+        self.known_base = base as u16;
+        Ok(())
     }
 
     /// Connects to a new backend at `path` after the old one went away, as
@@ -326,6 +334,33 @@ impl FakeVmm {
     /// old backend took but never answered are offered again. Retries the
     /// connection for up to 10 s.
     pub fn reconnect(&mut self, path: &Path) -> MockResult<()> {
+        let base = match &self.driver {
+            Driver::Split(d) => d.used_idx(),
+            Driver::Packed(d) => {
+                let (slot, wrap) = d.used_position();
+                virtqueue_large::packed::encode_position(slot, wrap)
+            }
+        };
+        self.reconnect_at(path, base)
+    }
+
+    /// [`FakeVmm::reconnect`] as QEMU 10 does it: a split ring starts at
+    /// the used index (read from guest memory); a packed ring at the base
+    /// QEMU last sent or read ([`FakeVmm::stop_ring`]), because it cannot
+    /// read a packed ring's position back
+    /// (`virtio_queue_packed_restore_last_avail_idx` does nothing). Unless
+    /// the backend keeps the position itself, a packed ring is then
+    /// stale: the device looks for chains where the driver made none
+    /// available and writes used elements where the driver does not look.
+    pub fn reconnect_like_qemu(&mut self, path: &Path) -> MockResult<()> {
+        let base = match &self.driver {
+            Driver::Split(d) => d.used_idx(),
+            Driver::Packed(_) => self.known_base,
+        };
+        self.reconnect_at(path, base)
+    }
+
+    fn reconnect_at(&mut self, path: &Path, base: u16) -> MockResult<()> {
         let (mut frontend, _) = open_frontend(path)?;
         let proto = frontend.get_protocol_features()?;
         frontend.set_protocol_features(proto)?;
@@ -337,13 +372,6 @@ impl FakeVmm {
             .collect::<Result<Vec<_>, _>>()?;
         frontend.set_mem_table(&regions)?;
         self.frontend = frontend;
-        let base = match &self.driver {
-            Driver::Split(d) => d.used_idx(),
-            Driver::Packed(d) => {
-                let (slot, wrap) = d.used_position();
-                virtqueue_large::packed::encode_position(slot, wrap)
-            }
-        };
         self.kick = EventFd::new(EFD_NONBLOCK)?;
         self.call = EventFd::new(EFD_NONBLOCK)?;
         let addrs = self.driver.ring_addresses();
@@ -355,7 +383,9 @@ impl FakeVmm {
             base,
             &self.kick,
             &self.call,
-        )
+        )?;
+        self.known_base = base;
+        Ok(())
     }
 
     /// Resets the device as a driver does on unbind or reboot: RESET_DEVICE
@@ -668,7 +698,7 @@ fn start_ring(
     kick: &EventFd,
     call: &EventFd,
     base: Option<u16>,
-) -> MockResult<Driver> {
+) -> MockResult<(Driver, u16)> {
     let q = opts.queue_size;
     let (driver, (desc, avail, used), fresh_base) = if opts.packed {
         let d = MockPackedDriver::new_owned(mem, q);
@@ -683,16 +713,9 @@ fn start_ring(
     if used.0 + 8 * u64::from(q) + 6 > DATA_START {
         return Err(format!("queue size {q} does not fit below the data area").into());
     }
-    program_ring(
-        frontend,
-        q,
-        (desc, avail, used),
-        host,
-        base.unwrap_or(fresh_base),
-        kick,
-        call,
-    )?;
-    Ok(driver)
+    let base = base.unwrap_or(fresh_base);
+    program_ring(frontend, q, (desc, avail, used), host, base, kick, call)?;
+    Ok((driver, base))
 }
 
 /// Connects to the backend at `path` (retrying for up to 10 s: the daemon

@@ -21,7 +21,7 @@ use crate::fs::Filesystem;
 use crate::protocol::{Header, HEADER_SIZE};
 use crate::server::recover::{Left, RequestRecord};
 use crate::server::{Cancel, Server, Session};
-use crate::state::inflight::{InflightTable, Slot, INTENT, USED};
+use crate::state::inflight::{InflightTable, RingRecord, Slot, INTENT, USED};
 
 /// Descriptors one [`RequestQueue::process`] call walks at most (a chain
 /// fault counts as [`MAX_CHAIN_DESCRIPTORS`](super::MAX_CHAIN_DESCRIPTORS)).
@@ -70,6 +70,12 @@ struct Book {
     /// Chains a killed instance took and did not answer, before the
     /// position the frontend rewound to: served without being offered.
     adopt: Vec<Slot>,
+    /// A packed ring's position as recorded in the table (kept current
+    /// on the data path); `None` on a split ring.
+    ring: Option<RingRecord>,
+    /// The packed ring position the previous instance recorded, until
+    /// the first start of the ring weighs it against the frontend's base.
+    prior: Option<RingRecord>,
 }
 
 impl Book {
@@ -94,6 +100,98 @@ impl Book {
         } else {
             u32::from(enc)
         }
+    }
+
+    /// Stores the ring word after the next available or next used
+    /// position moved (packed rings only).
+    fn ring_moved(&mut self, avail: u32, used: u16) {
+        if let Some(r) = self.ring.as_mut() {
+            r.avail = avail as u16;
+            r.used = used;
+            self.table.store_ring_word(r.word());
+        }
+    }
+
+    /// Where a packed ring the previous instance served goes on, when the
+    /// frontend starts it at a base that can only be stale: the base
+    /// `started` is the one that instance recorded as the frontend's
+    /// knowledge (what it started the ring with, or reported at its last
+    /// stop), the ring is the same (size and addresses), and the recorded
+    /// position differs. QEMU does exactly this: when GET_VRING_BASE
+    /// fails because the backend is gone, it cannot read a packed ring's
+    /// position back (`virtio_queue_packed_restore_last_avail_idx` does
+    /// nothing) and sends the base it last knew at the reconnect. A used
+    /// element written after the ring word (a kill between the two) is
+    /// counted in; a ring whose slot before the recorded used position is
+    /// not a used descriptor of that lap (a driver that reset and laid out
+    /// a fresh ring at the same address) is not resumed.
+    fn resume_base<G: GuestMemoryBackend>(
+        &self,
+        prior: &RingRecord,
+        started: u16,
+        addrs: [u64; 3],
+        mem: &G,
+    ) -> Option<u32> {
+        if prior.addrs != addrs || prior.started != started {
+            return None;
+        }
+        let size = self.size;
+        let desc = |slot: u16| -> Option<(u16, u16)> {
+            let at = GuestAddress(self.desc_area + 16 * u64::from(slot));
+            let mut d = [0u8; 16];
+            mem.read_slice(&mut d, at).ok()?;
+            Some((
+                u16::from_le_bytes([d[12], d[13]]),
+                u16::from_le_bytes([d[14], d[15]]),
+            ))
+        };
+        let (avail_flag, used_flag) = (1u16 << 7, 1u16 << 15);
+        let (mut slot, mut wrap) = (prior.used & 0x7fff, prior.used & 0x8000 != 0);
+        if slot >= size || prior.avail & 0x7fff >= size {
+            return None;
+        }
+        // Used elements past the recorded used position.
+        for _ in 0..size {
+            let (id, flags) = desc(slot)?;
+            let lap = if wrap { avail_flag | used_flag } else { 0 };
+            if flags & (avail_flag | used_flag) != lap {
+                break;
+            }
+            let here = self.lin(encode(slot, wrap));
+            let Some((s, _)) = self
+                .old
+                .values()
+                .find(|(s, _)| s.state == USED && s.used == here && s.id == id)
+            else {
+                break;
+            };
+            let next = u32::from(slot) + u32::from(s.slots.max(1));
+            if next >= u32::from(size) {
+                wrap = !wrap;
+            }
+            slot = (next % u32::from(size)) as u16;
+        }
+        // The slot before it was made available in that lap (it may hold
+        // a used element since, or be available again for the next lap):
+        // neither flag can differ from that lap's wrap counter. A zeroed
+        // ring in the first lap fails this.
+        let (prev, prev_wrap) = if slot == 0 {
+            (size - 1, !wrap)
+        } else {
+            (slot - 1, wrap)
+        };
+        if (slot, wrap) != (0, true) {
+            let (_, flags) = desc(prev)?;
+            if (flags & avail_flag != 0) != prev_wrap && (flags & used_flag != 0) != prev_wrap {
+                log::warn!(
+                    "9p: the packed ring does not hold what this device recorded: it starts at the frontend's base"
+                );
+                return None;
+            }
+        }
+        let used = encode(slot, wrap);
+        let base = u32::from(prior.avail) | u32::from(used) << 16;
+        (base != u32::from(started) | u32::from(started) << 16).then_some(base)
     }
 
     /// Whether position `a` comes before `b` (less than a ring apart).
@@ -216,6 +314,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         &mut self,
         table: Arc<InflightTable>,
         old: Vec<Slot>,
+        prior: Option<RingRecord>,
         packed: bool,
         size: u16,
         desc_area: u64,
@@ -229,7 +328,69 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
             old: old.into_iter().map(|s| (s.pos, (s, false))).collect(),
             classified: false,
             adopt: Vec::new(),
+            ring: None,
+            prior,
         });
+    }
+
+    #[cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
+    /// A packed ring `p` starts, at the frontend's base `started` (its
+    /// `SET_VRING_BASE`): at its first start after a predecessor, the
+    /// position that predecessor recorded replaces a stale base (see
+    /// `Book::resume_base`); then the ring's position is recorded.
+    pub(crate) fn packed_started<G: GuestMemoryBackend>(
+        &mut self,
+        p: &mut virtqueue_large::PackedQueue,
+        started: u16,
+        mem: &G,
+    ) {
+        let Some(b) = self.book.as_mut() else {
+            return;
+        };
+        let (d, a, u) = p.addresses();
+        let addrs = [d.0, a.0, u.0];
+        if let Some(prior) = b.prior.take() {
+            if let Some(base) = b.resume_base(&prior, started, addrs, mem) {
+                match p.set_ring_base(base) {
+                    Ok(()) => log::info!(
+                        "9p: the frontend started the packed ring at its stale base {started:#x}: it goes on where this device's predecessor left it ({base:#x})"
+                    ),
+                    Err(e) => warn!("9p: the recorded packed ring position is not usable: {e}"),
+                }
+            }
+        }
+        let (slot, wrap) = p.next_used();
+        let rec = RingRecord {
+            avail: p.avail_base(),
+            used: encode(slot, wrap),
+            started,
+            addrs,
+        };
+        b.table.set_ring(&rec);
+        b.ring = Some(rec);
+    }
+
+    #[cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
+    /// The packed ring stopped and the frontend was told `reported` as
+    /// its base (GET_VRING_BASE): what it knows from now on.
+    pub(crate) fn packed_stopped(&mut self, reported: u16) {
+        if let Some(b) = self.book.as_mut() {
+            if let Some(r) = b.ring.as_mut() {
+                r.started = reported;
+                b.table.store_ring_word(r.word());
+            }
+        }
+    }
+
+    #[cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
+    /// Forgets the ring position (the device was reset: the next ring is
+    /// a fresh one).
+    pub(crate) fn forget_ring(&mut self) {
+        if let Some(b) = self.book.as_mut() {
+            b.ring = None;
+            b.prior = None;
+            b.table.forget_ring();
+        }
     }
 
     #[cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
@@ -399,6 +560,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                                 .map_err(Error::Used)?
                             {
                                 b.old.remove(&p);
+                                b.ring_moved(ring.ring_base(), ring.used_position());
                                 continue;
                             }
                             break;
@@ -411,6 +573,9 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                         budget = budget.saturating_sub(chain.descriptor_count());
                         let book = pos.map(|p| self.took(p, ring, mem.deref()));
                         self.start(chain, book);
+                        if let Some(b) = self.book.as_mut() {
+                            b.ring_moved(ring.ring_base(), ring.used_position());
+                        }
                     }
                     Ok(None) => {
                         self.adopt_left(ring, &mem);
@@ -472,6 +637,9 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                 }
             }
             ring.push_used(mem, head, len).map_err(Error::Used)?;
+            if let Some(b) = self.book.as_mut() {
+                b.ring_moved(ring.ring_base(), ring.used_position());
+            }
         }
         Ok(any)
     }
@@ -672,4 +840,9 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
             self.done.push((head, 0));
         }
     }
+}
+
+/// A packed ring position: the slot with its wrap counter in bit 15.
+fn encode(slot: u16, wrap: bool) -> u16 {
+    virtqueue_large::packed::encode_position(slot, wrap)
 }
