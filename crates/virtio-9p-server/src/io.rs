@@ -15,6 +15,7 @@
 use std::io::{self, Read, Write};
 use std::os::fd::BorrowedFd;
 
+use crate::server::{Blocking, Inline};
 use crate::sys::{pread, pread_nowait, pwrite_all};
 
 /// Bounce-buffer size of the default copying implementations.
@@ -146,21 +147,37 @@ impl RequestReader for SliceReader<'_> {
     }
 }
 
-/// A [`ReplyWriter`] over a mutable byte slice.
+/// A [`ReplyWriter`] over a mutable byte slice, whose file reads the
+/// executor `B` places ([`Blocking::read_at`]).
 #[derive(Debug)]
-pub struct SliceWriter<'a> {
+pub struct SliceWriter<'a, B = Inline> {
     buf: &'a mut [u8],
     pos: usize,
+    exec: B,
 }
 
 impl<'a> SliceWriter<'a> {
-    /// A writer filling `buf` from its start.
+    /// A writer filling `buf` from its start; its file reads run on the
+    /// calling thread.
     pub fn new(buf: &'a mut [u8]) -> Self {
-        SliceWriter { buf, pos: 0 }
+        SliceWriter::with_exec(buf, Inline)
     }
 }
 
-impl Write for SliceWriter<'_> {
+impl<'a, B: Blocking + Clone> SliceWriter<'a, B> {
+    /// A writer filling `buf` from its start, whose file reads `exec`
+    /// places: the executor the request runs on.
+    pub fn with_exec(buf: &'a mut [u8], exec: B) -> Self {
+        SliceWriter { buf, pos: 0, exec }
+    }
+
+    /// The executor that places this writer's file reads.
+    pub(crate) fn exec(&self) -> &B {
+        &self.exec
+    }
+}
+
+impl<B> Write for SliceWriter<'_, B> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         let n = data.len().min(self.buf.len() - self.pos);
         if n == 0 && !data.is_empty() {
@@ -179,7 +196,7 @@ impl Write for SliceWriter<'_> {
     }
 }
 
-impl ReplyWriter for SliceWriter<'_> {
+impl<B: Blocking + Clone> ReplyWriter for SliceWriter<'_, B> {
     fn available_bytes(&self) -> usize {
         self.buf.len() - self.pos
     }
@@ -199,13 +216,13 @@ impl ReplyWriter for SliceWriter<'_> {
         let buf = std::mem::take(&mut self.buf);
         let (head, tail) = buf.split_at_mut(at);
         self.buf = head;
-        Ok(SliceWriter { buf: tail, pos: 0 })
+        Ok(SliceWriter::with_exec(tail, self.exec.clone()))
     }
 
-    /// Reads straight into the slice. On an engine coroutine whose Tread
-    /// the engine placed by hint, the part already in the page cache is
-    /// read here (`preadv2(RWF_NOWAIT)`) and only the rest goes to a
-    /// worker (`engine::offload_read`).
+    /// Reads straight into the slice, where the executor says
+    /// ([`Blocking::read_at`]): when it asks, the part already in the page
+    /// cache is read first (`preadv2(RWF_NOWAIT)`), and only the rest may
+    /// go to a worker.
     fn write_from_file_at(
         &mut self,
         file: BorrowedFd<'_>,
@@ -216,7 +233,7 @@ impl ReplyWriter for SliceWriter<'_> {
         // The slice, the bytes read so far, and whether the rest needs no
         // blocking read (both closures reach it; only one runs at a time).
         let state = std::sync::Mutex::new((&mut self.buf[self.pos..self.pos + count], 0, false));
-        let n = crate::engine::offload_read(
+        let n = self.exec.read_at(
             || {
                 let mut g = state.lock().unwrap_or_else(|e| e.into_inner());
                 let (buf, done, complete) = &mut *g;

@@ -14,10 +14,13 @@
 //! `virtio-9p` benchmark suite and documented in the repository's
 //! `docs/virtio-9p-benchmarks.md`):
 //!
-//! - Tread whose range is already in the page cache runs inline: the
-//!   `preadv` into guest memory costs less than a thread hop. The reply
-//!   writer gives the hint (`cachestat(2)`), the engine decides
-//!   (`offload_read`). Uncached ranges go to a worker.
+//! - Tread of a filesystem whose reads go through the reply writer
+//!   ([`Filesystem::reads_through_writer`](crate::fs::Filesystem::reads_through_writer))
+//!   runs inline, and the writer asks the executor where each range is
+//!   read ([`Blocking::read_at`]): a range already in the page cache
+//!   (`cachestat(2)`) right there, since the `preadv` into guest memory
+//!   costs less than a thread hop; any other range on a worker. Every
+//!   other filesystem's Tread runs on a worker.
 //! - The short metadata calls (Tgetattr, Twalk, Tclunk's `close`, Tstatfs,
 //!   Treadlink, Txattrwalk) run inline when the filesystem says its
 //!   metadata calls are local
@@ -272,12 +275,9 @@ struct Slot {
 }
 
 /// What a running coroutine can reach from the calls it makes: its
-/// yielder, and whether a Tread may decide per range where to read.
+/// yielder.
 struct Context {
     yielder: NonNull<Yielder<Resume, Suspend>>,
-    /// Set while an inline Tread runs under [`OffloadPolicy::Auto`]
-    /// (see [`offload_read`]).
-    read_by_hint: Cell<bool>,
 }
 
 thread_local! {
@@ -297,19 +297,11 @@ impl Drop for CurrentGuard {
     }
 }
 
-fn with_context<R>(f: impl FnOnce(&Context) -> R) -> Option<R> {
+fn suspend(s: Suspend) -> Option<Resume> {
     let ctx = CURRENT.with(|c| c.get())?;
     // SAFETY: CURRENT only holds the context of the coroutine running on
     // this thread right now; it lives on that coroutine's stack for the
-    // coroutine's whole run, and `f` runs before any suspension.
-    Some(f(unsafe { ctx.as_ref() }))
-}
-
-fn suspend(s: Suspend) -> Option<Resume> {
-    let ctx = CURRENT.with(|c| c.get())?;
-    // SAFETY: as in `with_context`; the yielder lives as long as its
-    // coroutine, and the context (on the coroutine's stack) as long as the
-    // coroutine runs.
+    // coroutine's whole run, and the yielder as long as its coroutine.
     let yielder = unsafe { ctx.as_ref().yielder.as_ref() };
     let input = yielder.suspend(s);
     CURRENT.with(|c| c.set(Some(ctx)));
@@ -364,23 +356,6 @@ fn offload_in<R: Interrupted + Send>(may_wait: bool, f: impl FnOnce() -> R + Sen
     }
 }
 
-/// Reads file data for a Tread: inline when `cached` (the filesystem's
-/// hint that the range is in the page cache) says so and the current Tread
-/// runs inline under [`OffloadPolicy::Auto`], else on a worker. Off an
-/// engine coroutine, or when the Tread as a whole was already placed by
-/// the policy, `read` simply runs here.
-pub(crate) fn offload_read<R: Interrupted + Send>(
-    cached: impl FnOnce() -> bool,
-    read: impl FnOnce() -> R + Send,
-) -> R {
-    let by_hint = with_context(|c| c.read_by_hint.get()).unwrap_or(false);
-    if by_hint && !cached() {
-        offload(read)
-    } else {
-        read()
-    }
-}
-
 /// Sleeps `d`: on an engine coroutine by yielding to a timer (the thread
 /// keeps serving), elsewhere with `std::thread::sleep`. Returns early when
 /// the request is cancelled.
@@ -432,27 +407,11 @@ impl EngineExec {
     }
 }
 
-/// Clears [`Context::read_by_hint`] on scope exit.
-struct ReadByHint;
-
-impl Drop for ReadByHint {
-    fn drop(&mut self) {
-        let _ = with_context(|c| c.read_by_hint.set(false));
-    }
-}
-
 impl Blocking for EngineExec {
     fn run<R: Interrupted + Send>(&self, op: MsgType, f: impl FnOnce() -> R + Send) -> R {
         match self.policy {
             OffloadPolicy::Never => f(),
             OffloadPolicy::Always => offload(f),
-            OffloadPolicy::Auto if op == TREAD && on_coroutine() => {
-                // The reply writer reads each range where the engine says
-                // (`offload_read`), from the filesystem's cache hint.
-                let _ = with_context(|c| c.read_by_hint.set(true));
-                let _reset = ReadByHint;
-                f()
-            }
             OffloadPolicy::Auto if op == TVERSION => f(),
             OffloadPolicy::Auto if op == TLOCK => offload_in(true, f),
             OffloadPolicy::Auto => offload(f),
@@ -462,16 +421,35 @@ impl Blocking for EngineExec {
     fn run_hinted<R: Interrupted + Send>(
         &self,
         op: MsgType,
-        metadata_is_local: bool,
+        hint: bool,
         f: impl FnOnce() -> R + Send,
     ) -> R {
-        if self.policy == OffloadPolicy::Auto && metadata_is_local && INLINE_IF_LOCAL.contains(&op)
-        {
+        let inline = match op {
+            // The reply writer places each range (`read_at`).
+            TREAD => on_coroutine(),
             // A short metadata call on a local filesystem: cheaper than the
             // thread hop, and it cannot hang on a peer.
+            _ => INLINE_IF_LOCAL.contains(&op),
+        };
+        if self.policy == OffloadPolicy::Auto && hint && inline {
             f()
         } else {
             self.run(op, f)
+        }
+    }
+
+    fn read_at<R: Interrupted + Send>(
+        &self,
+        cached: impl FnOnce() -> bool,
+        read: impl FnOnce() -> R + Send,
+    ) -> R {
+        // Only an inline Tread (`run_hinted`) reads on the engine's
+        // thread: there a range that may block goes to a worker. Anywhere
+        // else (a worker, `Never`, off the engine) the read runs here.
+        if self.policy == OffloadPolicy::Auto && on_coroutine() && !cached() {
+            offload(read)
+        } else {
+            read()
         }
     }
 
@@ -657,7 +635,6 @@ impl Engine {
             move |yielder: &Yielder<Resume, Suspend>, _input| {
                 let ctx = Context {
                     yielder: NonNull::from(yielder),
-                    read_by_hint: Cell::new(false),
                 };
                 let _guard = CurrentGuard(None);
                 CURRENT.with(|c| c.set(Some(NonNull::from(&ctx))));
@@ -1518,7 +1495,10 @@ mod tests {
                 .unwrap(),
             6
         );
-        assert_eq!(offload_read(|| false, || Ok::<_, u32>(7)), Ok(7));
+        assert_eq!(
+            EngineExec::new(OffloadPolicy::Auto).read_at(|| false, || Ok::<_, u32>(7)),
+            Ok(7)
+        );
     }
 
     #[test]

@@ -296,6 +296,24 @@ pub trait Filesystem: Send + Sync {
         false
     }
 
+    /// Whether [`Filesystem::read`] reads file data only through the reply
+    /// writer's [`ReplyWriter::write_from_file_at`] on an fd of a local
+    /// file, so that the writer can place each range itself: under
+    /// [`OffloadPolicy::Auto`](crate::engine::OffloadPolicy) the engine
+    /// then runs the Tread inline on its own thread and the writer reads a
+    /// range that is in the page cache right there (no thread hop), and
+    /// hands any other range to a worker. With `false` the whole Tread
+    /// runs on a worker.
+    ///
+    /// The default, `false`, is the safe answer for a filesystem that reads
+    /// from the network, through FUSE, or copies its data itself: its
+    /// reads never stall the device thread or slip past the teardown
+    /// bound. [`PassthroughFs`](crate::PassthroughFs) answers `true`. The
+    /// server asks on every Tread, so return a constant or a stored value.
+    fn reads_through_writer(&self) -> bool {
+        false
+    }
+
     /// Bytes naming `inode` that [`Filesystem::restore_inode`] of another
     /// instance over the same export resolves to the same file: how a
     /// session outlives its daemon

@@ -27,21 +27,42 @@ pub trait Blocking {
     /// EINTR and finishes normally; nothing is unwound).
     fn run<R: Interrupted + Send>(&self, op: MsgType, f: impl FnOnce() -> R + Send) -> R;
 
-    /// [`Blocking::run`] with the filesystem's hint: `metadata_is_local`
-    /// is its [`Filesystem::metadata_is_local`](crate::fs::Filesystem::metadata_is_local)
+    /// [`Blocking::run`] with the filesystem's hint for `op`: for Tread
+    /// its [`Filesystem::reads_through_writer`](crate::fs::Filesystem::reads_through_writer)
+    /// (its reads go through the reply writer, which places each range
+    /// with [`Blocking::read_at`]), for every other call its
+    /// [`Filesystem::metadata_is_local`](crate::fs::Filesystem::metadata_is_local)
     /// (its metadata calls never block for long). The server runs every
     /// filesystem call through this method; the executor decides what the
-    /// hint changes (the coroutine engine runs short metadata calls inline,
-    /// see [`crate::engine`], "What runs where"). The default ignores the
-    /// hint.
+    /// hint changes (the coroutine engine runs such a Tread and the short
+    /// metadata calls inline, see [`crate::engine`], "What runs where").
+    /// The default ignores the hint.
     fn run_hinted<R: Interrupted + Send>(
         &self,
         op: MsgType,
-        metadata_is_local: bool,
+        hint: bool,
         f: impl FnOnce() -> R + Send,
     ) -> R {
-        let _ = metadata_is_local;
+        let _ = hint;
         self.run(op, f)
+    }
+
+    /// Reads file data into a reply: the reply writer's
+    /// [`write_from_file_at`](crate::io::ReplyWriter::write_from_file_at)
+    /// calls it with `cached` (whether the range can be read without
+    /// blocking, e.g. it is in the page cache) and `read` (the read
+    /// itself). An executor that ran the Tread inline on a thread that
+    /// must not block (the coroutine engine, for a filesystem whose reads
+    /// go through the writer) runs `read` on a worker unless `cached()`
+    /// says it will not block. The default, and every executor whose Tread
+    /// already runs where it may block, calls `read` here.
+    fn read_at<R: Interrupted + Send>(
+        &self,
+        cached: impl FnOnce() -> bool,
+        read: impl FnOnce() -> R + Send,
+    ) -> R {
+        let _ = cached;
+        read()
     }
 
     /// Waits `d` between the attempts of a blocking Tlock. The default

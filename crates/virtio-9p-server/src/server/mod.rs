@@ -483,15 +483,21 @@ impl<F: Filesystem> Server<F> {
     }
 
     /// Runs one filesystem call of `op` through `exec`, with the
-    /// filesystem's hint ([`Filesystem::metadata_is_local`]): the executor
-    /// decides where it runs.
+    /// filesystem's hint for it ([`Filesystem::reads_through_writer`] for
+    /// Tread, [`Filesystem::metadata_is_local`] for the rest): the
+    /// executor decides where it runs.
     fn call<B: Blocking, R: Interrupted + Send>(
         &self,
         exec: &B,
         op: MsgType,
         f: impl FnOnce() -> R + Send,
     ) -> R {
-        exec.run_hinted(op, self.fs.metadata_is_local(), f)
+        let hint = if op == TREAD {
+            self.fs.reads_through_writer()
+        } else {
+            self.fs.metadata_is_local()
+        };
+        exec.run_hinted(op, hint, f)
     }
 
     /// Runs `op` on the fid's inode.

@@ -24,7 +24,7 @@ use vm_memory::GuestMemoryBackend;
 
 use crate::engine;
 use crate::io::{ReplyWriter, RequestReader};
-use crate::server::Cancel;
+use crate::server::{Blocking, Cancel, Inline};
 use crate::sys::range_cached;
 
 /// Largest piece a worker reads into its bounce buffer before copying it
@@ -41,18 +41,26 @@ thread_local! {
 #[derive(Debug)]
 pub struct ChainReader<M>(pub Reader<M>);
 
-/// The device-writable part of a chain: room for one 9P reply, and the
-/// request's [`Cancel`] token that guards writes from other threads.
+/// The device-writable part of a chain: room for one 9P reply, the
+/// request's [`Cancel`] token that guards writes from other threads, and
+/// the executor the request runs on, which places file reads
+/// ([`Blocking::read_at`]).
 #[derive(Debug)]
-pub struct ChainWriter<M> {
+pub struct ChainWriter<M, B = Inline> {
     writer: Writer<M>,
     token: Cancel,
+    exec: B,
 }
 
-impl<M> ChainWriter<M> {
-    /// The reply room `writer` of the request whose token is `token`.
-    pub fn new(writer: Writer<M>, token: Cancel) -> Self {
-        ChainWriter { writer, token }
+impl<M, B> ChainWriter<M, B> {
+    /// The reply room `writer` of the request whose token is `token`,
+    /// run on `exec`.
+    pub fn new(writer: Writer<M>, token: Cancel, exec: B) -> Self {
+        ChainWriter {
+            writer,
+            token,
+            exec,
+        }
     }
 }
 
@@ -93,7 +101,7 @@ where
     }
 }
 
-impl<M> Write for ChainWriter<M>
+impl<M, B> Write for ChainWriter<M, B>
 where
     M: Deref + Clone,
     M::Target: GuestMemoryBackend + Sized,
@@ -113,8 +121,9 @@ where
     }
 }
 
-impl<M> ReplyWriter for ChainWriter<M>
+impl<M, B> ReplyWriter for ChainWriter<M, B>
 where
+    B: Blocking + Clone,
     M: Deref + Clone + Send,
     M::Target: GuestMemoryBackend + Sized,
 {
@@ -129,7 +138,7 @@ where
     fn split_at(&mut self, offset: usize) -> io::Result<Self> {
         self.writer
             .split_at(offset)
-            .map(|writer| ChainWriter::new(writer, self.token.clone()))
+            .map(|writer| ChainWriter::new(writer, self.token.clone(), self.exec.clone()))
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
     }
 
@@ -139,12 +148,12 @@ where
         count: usize,
         off: u64,
     ) -> io::Result<usize> {
-        // The engine decides where the read runs; the hint is whether the
-        // range is in the page cache (then a copy right here is cheaper
+        // The executor decides where the read runs; the hint is whether
+        // the range is in the page cache (then a copy right here is cheaper
         // than a thread hop).
         let w = &mut self.writer;
         let token = &self.token;
-        engine::offload_read(
+        self.exec.read_at(
             || range_cached(file, count, off),
             move || read_file(w, token, file, count, off),
         )

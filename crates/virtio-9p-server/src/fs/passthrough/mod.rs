@@ -742,6 +742,11 @@ impl Filesystem for PassthroughFs {
         self.metadata_local.load(Ordering::Relaxed)
     }
 
+    /// Every read is a `preadv` of the file's fd through the writer.
+    fn reads_through_writer(&self) -> bool {
+        true
+    }
+
     fn attach(&self, aname: &[u8], cred: Cred) -> io::Result<(Inode, Qid)> {
         // A forbidden id may not attach.
         self.ids.cred(cred)?;

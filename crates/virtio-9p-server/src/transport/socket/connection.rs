@@ -825,7 +825,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             let r = server.handle(
                 &session,
                 &mut SliceReader::new(&buf[..size]),
-                &mut SockWriter::new(&mut reply[..room], splicer.as_ref()),
+                &mut SockWriter::new(&mut reply[..room], splicer.as_ref(), exec),
                 &exec,
                 &cancel,
             );

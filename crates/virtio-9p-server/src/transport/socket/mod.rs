@@ -162,7 +162,7 @@
 //!   a promised count is never filled with bytes that were not in the
 //!   file.
 //! - **Where the fill runs.** As for every Tread's read
-//!   (`engine::offload_read`): inline on the socket thread when the range
+//!   ([`Blocking::read_at`](crate::Blocking::read_at)): inline on the socket thread when the range
 //!   is in the page cache (`cachestat(2)`) and the file's filesystem
 //!   answers `RWF_NOWAIT` reads (a 1-byte probe; NFS and FUSE do not),
 //!   else spliced into the pipe on a worker, where a cold disk or a hung

@@ -10,8 +10,8 @@
 //!    range ([`ReplyWriter::write_from_file_at`]) and that range is the
 //!    whole data of the reply, it takes a pipe from its socket thread's
 //!    [`PipePool`] and splices the range into it (file -> pipe: page
-//!    references, no copy). Where that runs is the engine's decision as
-//!    for every Tread (`engine::offload_read`): inline when the range is
+//!    references, no copy). Where that runs is the executor's decision,
+//!    as for every Tread read ([`Blocking::read_at`]): inline when the range is
 //!    in the page cache (`cachestat(2)`) and the file's filesystem
 //!    promises non-blocking reads (a 1-byte `preadv2(RWF_NOWAIT)`
 //!    probe), else on a worker, where a read of the disk or of a hung
@@ -60,9 +60,9 @@ use std::time::{Duration, Instant};
 
 use log::{debug, error};
 
-use crate::engine;
 use crate::io::{ReplyWriter, SliceWriter};
 use crate::protocol::{MsgType, Rmessage, HEADER_SIZE};
+use crate::server::Blocking;
 use crate::sys::{pread_nowait, range_cached};
 
 /// Smallest range spliced. A spliced Rread makes four more syscalls than
@@ -290,8 +290,8 @@ impl Splicer {
 /// reply buffer whose split-off data part may defer a file range to a
 /// pipe (see the module docs).
 #[derive(Debug)]
-pub(crate) struct SockWriter<'a> {
-    buf: SliceWriter<'a>,
+pub(crate) struct SockWriter<'a, B> {
+    buf: SliceWriter<'a, B>,
     splicer: Option<&'a Splicer>,
     /// Split off the head: its bytes follow the head's.
     tail: bool,
@@ -300,11 +300,12 @@ pub(crate) struct SockWriter<'a> {
     spliced: usize,
 }
 
-impl<'a> SockWriter<'a> {
-    /// A writer over `buf`; with a `splicer`, file ranges may be spliced.
-    pub(crate) fn new(buf: &'a mut [u8], splicer: Option<&'a Splicer>) -> Self {
+impl<'a, B: Blocking + Clone> SockWriter<'a, B> {
+    /// A writer over `buf` for a request run on `exec`, which places its
+    /// file reads; with a `splicer`, file ranges may be spliced.
+    pub(crate) fn new(buf: &'a mut [u8], splicer: Option<&'a Splicer>, exec: B) -> Self {
         SockWriter {
-            buf: SliceWriter::new(buf),
+            buf: SliceWriter::with_exec(buf, exec),
             splicer,
             tail: false,
             spliced: 0,
@@ -376,7 +377,7 @@ impl<'a> SockWriter<'a> {
         // fid may be clunked meanwhile); no fd to spare means a copy.
         let dup = dup_fd(file)?;
         let pipe = lock(&sp.pipes).take(len)?;
-        let r = engine::offload_read(
+        let r = self.buf.exec().read_at(
             || range_cached(file, len, off) && nowait_reads(file, off),
             || fill(&pipe, file, off, len),
         );
@@ -484,7 +485,7 @@ fn fill(pipe: &Pipe, file: BorrowedFd<'_>, off: u64, len: usize) -> io::Result<u
     })
 }
 
-impl Write for SockWriter<'_> {
+impl<B: Blocking + Clone> Write for SockWriter<'_, B> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         self.materialize()?;
         self.buf.write(data)
@@ -495,7 +496,7 @@ impl Write for SockWriter<'_> {
     }
 }
 
-impl ReplyWriter for SockWriter<'_> {
+impl<B: Blocking + Clone> ReplyWriter for SockWriter<'_, B> {
     fn available_bytes(&self) -> usize {
         self.buf.available_bytes().saturating_sub(self.spliced)
     }
@@ -787,6 +788,7 @@ pub(super) fn set_rread_count(buf: &mut [u8], len: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::Inline;
     use std::io::{Read, Seek};
 
     fn pool() -> SharedPipes {
@@ -882,7 +884,7 @@ mod tests {
         f.write_all(&data).unwrap();
         let sp = Splicer::new(pool());
         let mut buf = vec![0u8; 11 + 70_000];
-        let mut head = SockWriter::new(&mut buf, Some(&sp));
+        let mut head = SockWriter::new(&mut buf, Some(&sp), Inline);
         // The head itself never splices.
         let mut tail = head.split_at(11).unwrap();
         let n = tail.write_from_file_at(f.as_fd(), 70_000, 40_000).unwrap();
@@ -898,7 +900,7 @@ mod tests {
 
         // A write after the range moves it back into the buffer.
         let mut buf = vec![0u8; 11 + 70_000];
-        let mut head = SockWriter::new(&mut buf, Some(&sp));
+        let mut head = SockWriter::new(&mut buf, Some(&sp), Inline);
         let mut tail = head.split_at(11).unwrap();
         assert_eq!(
             tail.write_from_file_at(f.as_fd(), 32_768, 0).unwrap(),
@@ -912,7 +914,7 @@ mod tests {
 
         // Small ranges and ranges past the end are copied.
         let mut buf = vec![0u8; 11 + 70_000];
-        let mut head = SockWriter::new(&mut buf, Some(&sp));
+        let mut head = SockWriter::new(&mut buf, Some(&sp), Inline);
         let mut tail = head.split_at(11).unwrap();
         assert_eq!(tail.write_from_file_at(f.as_fd(), 1000, 5).unwrap(), 1000);
         assert!(sp.take().is_none());

@@ -93,7 +93,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             let r = server.handle(
                 &session,
                 &mut req,
-                &mut SockWriter::new(&mut reply[..SMALL_BUFFER], None),
+                &mut SockWriter::new(&mut reply[..SMALL_BUFFER], None, exec),
                 &exec,
                 &cancel,
             );
