@@ -15,7 +15,7 @@
 use std::io::{self, Read, Write};
 use std::os::fd::BorrowedFd;
 
-use crate::server::{Blocking, Inline};
+use crate::exec::{Blocking, Inline};
 use crate::sys::{pread, pread_nowait, pwrite_all};
 
 /// Bounce-buffer size of the default copying implementations.

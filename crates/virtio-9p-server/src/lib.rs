@@ -64,6 +64,7 @@ mod readme_doctest {}
 
 pub mod bound;
 pub mod error;
+mod exec;
 pub mod fs;
 pub mod io;
 pub mod protocol;
@@ -91,11 +92,11 @@ pub mod vhost_user;
 pub mod client;
 
 pub use error::{Error, Result};
+pub use exec::{Blocking, Cancel, Inline, Interrupted};
 pub use fs::passthrough::{PassthroughConfig, PassthroughFs, SecurityModel};
 pub use io::{ReplyWriter, RequestReader};
 pub use server::{
-    Blocking, Cancel, Config, Inline, Interrupted, Reply, Server, Session,
-    DEFAULT_GUEST_LOG_LINES_PER_SEC, DEFAULT_MAX_FIDS, DEFAULT_MAX_LOCK_WAITERS,
-    DEFAULT_MAX_TOTAL_FIDS, DEFAULT_MAX_TOTAL_XATTR_BYTES, DEFAULT_MAX_XATTR_BYTES, MAX_XATTR_NAME,
-    MAX_XATTR_SIZE,
+    Config, Reply, Server, Session, DEFAULT_GUEST_LOG_LINES_PER_SEC, DEFAULT_MAX_FIDS,
+    DEFAULT_MAX_LOCK_WAITERS, DEFAULT_MAX_TOTAL_FIDS, DEFAULT_MAX_TOTAL_XATTR_BYTES,
+    DEFAULT_MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTR_SIZE,
 };

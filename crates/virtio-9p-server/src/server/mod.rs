@@ -21,9 +21,10 @@
 //! (Tgetattr, Tsetattr, Tstatfs, Treadlink), `xattr` (Txattrwalk,
 //! Txattrcreate and its commit), `lock` (Tlock, Tgetlock), `link_rename`
 //! (Tlink, Trename, Trenameat, Tunlinkat, Tremove). `session` is the fid
-//! table, `blocking` the executor hook and cancel token, `log_limit` the
+//! table, `log_limit` the
 //! per-server limit on guest-triggered log lines
-//! ([`Config::guest_log_lines_per_sec`]).
+//! ([`Config::guest_log_lines_per_sec`]). The executor hook and cancel
+//! token the server runs with are in `exec.rs`.
 //!
 //! # Engines, concurrency and Tflush
 //!
@@ -39,7 +40,6 @@
 // dispatches; each operation lives in the file of its area.
 mod attach_walk;
 mod attr;
-mod blocking;
 mod dir;
 mod errno;
 mod journal;
@@ -63,7 +63,7 @@ use crate::fs::{validate_name, Filesystem};
 use crate::io::{ReplyWriter, RequestReader};
 use crate::protocol::*;
 
-pub use blocking::{Blocking, Cancel, Inline, Interrupted};
+pub use crate::exec::{Blocking, Cancel, Inline, Interrupted};
 pub(crate) use log_limit::LogLimit;
 pub use log_limit::DEFAULT_GUEST_LOG_LINES_PER_SEC;
 pub(crate) use session::try_add;

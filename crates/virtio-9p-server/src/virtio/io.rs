@@ -23,8 +23,8 @@ use virtqueue_large::{Reader, Writer};
 use vm_memory::GuestMemoryBackend;
 
 use crate::engine;
+use crate::exec::{Blocking, Cancel, Inline};
 use crate::io::{ReplyWriter, RequestReader};
-use crate::server::{Blocking, Cancel, Inline};
 use crate::sys::range_cached;
 
 /// Largest piece a worker reads into its bounce buffer before copying it

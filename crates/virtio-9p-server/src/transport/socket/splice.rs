@@ -60,9 +60,9 @@ use std::time::{Duration, Instant};
 
 use log::{debug, error};
 
+use crate::exec::Blocking;
 use crate::io::{ReplyWriter, SliceWriter};
 use crate::protocol::{MsgType, Rmessage, HEADER_SIZE};
-use crate::server::Blocking;
 use crate::sys::{pread_nowait, range_cached};
 
 /// Smallest range spliced. A spliced Rread makes four more syscalls than
@@ -788,7 +788,7 @@ pub(super) fn set_rread_count(buf: &mut [u8], len: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::Inline;
+    use crate::exec::Inline;
     use std::io::{Read, Seek};
 
     fn pool() -> SharedPipes {

@@ -1,14 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! How a request's filesystem calls run: the [`Blocking`] executor an
-//! engine provides ([`Inline`] runs them on the calling thread), the
+//! The executor seam between the server and whatever runs its calls: how
+//! a request's filesystem calls run (the [`Blocking`] executor an engine
+//! provides; [`Inline`] runs them on the calling thread), the
 //! [`Interrupted`] stand-in result of a call cancelled before it ran, and
-//! the [`Cancel`] token an engine sets on Tflush, stop and teardown.
+//! the [`Cancel`] token an engine sets on Tflush, stop and teardown. The
+//! server, the reply writers and the engine all use it; it uses none of
+//! them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::errno;
 use crate::protocol::MsgType;
 
 /// Runs potentially blocking filesystem calls. An engine on coroutines
@@ -97,7 +99,7 @@ impl<T> Interrupted for std::io::Result<T> {
 
 impl<T> Interrupted for std::result::Result<T, u32> {
     fn interrupted() -> Self {
-        Err(errno::EINTR)
+        Err(libc::EINTR as u32)
     }
 }
 
