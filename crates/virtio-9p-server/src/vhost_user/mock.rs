@@ -4,8 +4,9 @@
 //! memfd as guest memory, and plays the virtio driver on a split or a
 //! packed ring ([`VmmOptions::packed`]): direct and indirect chains,
 //! event-idx, and malformed chains. The rings are laid out, published and
-//! read back by virtqueue-large's `MockDriver` and `MockPackedDriver`, the
-//! one driver-side ring implementation of the workspace; the fake VMM adds
+//! read back by virtqueue-large's `MockDriver` and `MockPackedDriver`
+//! through their common `MockRing`, the one driver-side ring
+//! implementation of the workspace; the fake VMM adds
 //! the vhost-user control path, its own buffer allocation and 9P calls.
 
 use std::collections::HashMap;
@@ -21,7 +22,7 @@ use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtqueue_large::mock::{self as ring_mock, Buf, MockDriver, MockPackedDriver};
+use virtqueue_large::mock::{self as ring_mock, Buf, MockDriver, MockPackedDriver, MockRing};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -39,26 +40,26 @@ const DATA_START: u64 = 0x20_0000;
 type Mem = GuestMemoryMmap<()>;
 
 /// The driver side of the ring, in either layout: virtqueue-large's mocks,
-/// owning the guest memory.
+/// owning the guest memory. Everything goes through their common
+/// [`MockRing`]; the concrete mock is kept for the layout-specific
+/// patterns of [`FakeVmm::split_driver`] and [`FakeVmm::packed_driver`].
 enum Driver {
     Split(MockDriver<'static, Mem>),
     Packed(MockPackedDriver<'static, Mem>),
 }
 
 impl Driver {
-    fn memory(&self) -> &Mem {
+    fn ring(&self) -> &dyn MockRing<Memory = Mem> {
         match self {
-            Driver::Split(d) => d.memory(),
-            Driver::Packed(d) => d.memory(),
+            Driver::Split(d) => d,
+            Driver::Packed(d) => d,
         }
     }
 
-    /// Guest addresses of the descriptor table, the available (driver)
-    /// area and the used (device) area.
-    fn ring_addresses(&self) -> (GuestAddress, GuestAddress, GuestAddress) {
+    fn ring_mut(&mut self) -> &mut dyn MockRing<Memory = Mem> {
         match self {
-            Driver::Split(d) => d.ring_addresses(),
-            Driver::Packed(d) => d.create_queue().addresses(),
+            Driver::Split(d) => d,
+            Driver::Packed(d) => d,
         }
     }
 }
@@ -266,13 +267,7 @@ impl FakeVmm {
     /// available index (split), or its next available slot and wrap
     /// counter (packed).
     pub fn driver_ring_base(&self) -> u32 {
-        match &self.driver {
-            Driver::Split(d) => u32::from(d.avail_idx()),
-            Driver::Packed(d) => {
-                let (slot, wrap) = d.avail_position();
-                u32::from(virtqueue_large::packed::encode_position(slot, wrap))
-            }
-        }
+        u32::from(self.driver.ring().avail_base())
     }
 
     /// Starts the stopped ring again from scratch, as a driver does after
@@ -312,7 +307,7 @@ impl FakeVmm {
         self.frontend.set_features(self.features)?;
         self.kick = EventFd::new(EFD_NONBLOCK)?;
         self.call = EventFd::new(EFD_NONBLOCK)?;
-        let addrs = self.driver.ring_addresses();
+        let addrs = self.driver.ring().ring_addresses();
         program_ring(
             &mut self.frontend,
             self.opts.queue_size,
@@ -334,13 +329,7 @@ impl FakeVmm {
     /// old backend took but never answered are offered again. Retries the
     /// connection for up to 10 s.
     pub fn reconnect(&mut self, path: &Path) -> MockResult<()> {
-        let base = match &self.driver {
-            Driver::Split(d) => d.used_idx(),
-            Driver::Packed(d) => {
-                let (slot, wrap) = d.used_position();
-                virtqueue_large::packed::encode_position(slot, wrap)
-            }
-        };
+        let base = self.driver.ring().used_base();
         self.reconnect_at(path, base)
     }
 
@@ -353,9 +342,11 @@ impl FakeVmm {
     /// stale: the device looks for chains where the driver made none
     /// available and writes used elements where the driver does not look.
     pub fn reconnect_like_qemu(&mut self, path: &Path) -> MockResult<()> {
-        let base = match &self.driver {
-            Driver::Split(d) => d.used_idx(),
-            Driver::Packed(_) => self.known_base,
+        let ring = self.driver.ring();
+        let base = if ring.is_packed() {
+            self.known_base
+        } else {
+            ring.used_base()
         };
         self.reconnect_at(path, base)
     }
@@ -374,7 +365,7 @@ impl FakeVmm {
         self.frontend = frontend;
         self.kick = EventFd::new(EFD_NONBLOCK)?;
         self.call = EventFd::new(EFD_NONBLOCK)?;
-        let addrs = self.driver.ring_addresses();
+        let addrs = self.driver.ring().ring_addresses();
         program_ring(
             &mut self.frontend,
             self.opts.queue_size,
@@ -399,7 +390,7 @@ impl FakeVmm {
 
     /// Whether the ring is packed ([`VmmOptions::packed`]).
     pub fn is_packed(&self) -> bool {
-        matches!(self.driver, Driver::Packed(_))
+        self.driver.ring().is_packed()
     }
 
     /// The split ring's driver (`None` for a packed ring), for chains
@@ -432,7 +423,7 @@ impl FakeVmm {
 
     /// The guest memory.
     pub fn memory(&self) -> &GuestMemoryMmap<()> {
-        self.driver.memory()
+        self.driver.ring().memory()
     }
 
     /// The frontend connection (for raw control messages).
@@ -593,10 +584,10 @@ impl FakeVmm {
             }
         }
         let table = Some(GuestAddress(table));
-        let chain = match &mut self.driver {
-            Driver::Split(d) => d.add_chain_placed(ring_layout, &bufs, &addrs, table)?,
-            Driver::Packed(d) => d.add_chain_placed(ring_layout, &bufs, &addrs, table)?,
-        };
+        let chain = self
+            .driver
+            .ring_mut()
+            .add_chain_placed(ring_layout, &bufs, &addrs, table)?;
         let sub = Submitted {
             head: chain.head,
             reply_addr,
@@ -633,24 +624,13 @@ impl FakeVmm {
     pub fn collect_used(&mut self) -> MockResult<Vec<(u16, u32)>> {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let event_idx = self.features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
-        let out: Vec<(u16, u32)> = match &mut self.driver {
-            Driver::Split(d) => {
-                let used = d.take_used();
-                if event_idx {
-                    // used_event: notify me at the next used entry.
-                    d.set_used_event(d.used_seen())?;
-                }
-                used.into_iter().map(|(id, len)| (id as u16, len)).collect()
-            }
-            Driver::Packed(d) => {
-                let used = d.take_used();
-                if event_idx {
-                    let (slot, wrap) = d.used_position();
-                    d.set_used_event(slot, wrap)?;
-                }
-                used
-            }
-        };
+        let ring = self.driver.ring_mut();
+        let used = ring.take_used_entries();
+        if event_idx {
+            // used_event: notify me at the next used entry.
+            ring.notify_at_next_used()?;
+        }
+        let out: Vec<(u16, u32)> = used.into_iter().map(|u| (u.id as u16, u.len)).collect();
         for (head, _) in &out {
             self.pending.remove(head);
         }
@@ -700,16 +680,15 @@ fn start_ring(
     base: Option<u16>,
 ) -> MockResult<(Driver, u16)> {
     let q = opts.queue_size;
-    let (driver, (desc, avail, used), fresh_base) = if opts.packed {
-        let d = MockPackedDriver::new_owned(mem, q);
-        let addrs = d.create_queue().addresses();
-        // Position 0 with the wrap counter (bit 15) set.
-        (Driver::Packed(d), addrs, 0x8000)
+    let driver = if opts.packed {
+        Driver::Packed(MockPackedDriver::new_owned(mem, q))
     } else {
-        let d = MockDriver::new_owned(mem, q);
-        let addrs = d.ring_addresses();
-        (Driver::Split(d), addrs, 0)
+        Driver::Split(MockDriver::new_owned(mem, q))
     };
+    // A fresh ring's base: index 0 (split), or slot 0 with the wrap
+    // counter (bit 15) set (packed).
+    let (desc, avail, used) = driver.ring().ring_addresses();
+    let fresh_base = driver.ring().avail_base();
     if used.0 + 8 * u64::from(q) + 6 > DATA_START {
         return Err(format!("queue size {q} does not fit below the data area").into());
     }

@@ -28,8 +28,10 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 mod packed;
+mod ring;
 
 pub use self::packed::{avail_bits, pdesc, MockPackedDriver, PackedMalicious};
+pub use self::ring::{MockRing, UsedEntry};
 pub use crate::io::IoCall;
 use crate::limits::{ChainLimits, LARGE_MAX_BYTES, LARGE_MAX_DESCRIPTORS};
 use crate::ErrorKind;
