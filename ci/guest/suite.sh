@@ -557,8 +557,10 @@ else
                 line="| $setting | $step |"
                 for s in "${server_list[@]}"; do
                     read -r tot srv <<<"${CPU[$s,$setting,$step]:--}"
+                    # A step that failed did not do the work: no figure.
+                    [ "${MED[$s,$setting,$step]}" = fail ] && tot=fail
                     cell=$tot
-                    [ "$tot" = - ] || [ "$s" = qemu ] || cell="$tot [$srv]"
+                    case $tot in -|fail) ;; *) [ "$s" = qemu ] || cell="$tot [$srv]" ;; esac
                     if [ "$s" != qemu ] && [ "$s" != virtiofsd ]; then
                         read -r qt _ <<<"${CPU[qemu,$setting,$step]:--}"
                         read -r vt _ <<<"${CPU[virtiofsd,$setting,$step]:--}"
