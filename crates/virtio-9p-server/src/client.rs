@@ -12,7 +12,8 @@ use std::sync::Arc;
 use crate::fs::Filesystem;
 use crate::io::{SliceReader, SliceWriter};
 use crate::protocol::*;
-use crate::server::{Cancel, Inline, Server, Session};
+use crate::exec::{Cancel, Inline};
+use crate::server::{Server, Session};
 
 /// Moves one request frame to a server and returns the reply frame.
 pub trait Transport {

@@ -20,7 +20,7 @@ use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, 
 use daemon::cli::{self, Cli};
 use daemon::pidfile::PidFile;
 use daemon::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
-use daemon::{syslog, vhost};
+use daemon::{syslog, vhost_mode};
 use daemon::{Error, Result};
 
 /// The filesystem the binary serves: the passthrough, which applies the
@@ -382,7 +382,10 @@ fn run_vhost_user(cli: &Cli) -> Result<()> {
         pid_file = Some(pid);
         info!("vhost-user socket {}", path.display());
         if defaulted {
-            println!("{}", vhost::attach_help(&path, &args.tag, args.queue_size));
+            println!(
+                "{}",
+                vhost_mode::attach_help(&path, &args.tag, args.queue_size)
+            );
         }
         args.fd = Some(listener.into_raw_fd());
         cleanup = Some(std::fs::canonicalize(&path).unwrap_or(path));
@@ -409,7 +412,7 @@ fn run_vhost_user(cli: &Cli) -> Result<()> {
             Vec::new()
         },
     )?;
-    let result = vhost::run_daemon(&args, server, cli.readonly, state.as_ref());
+    let result = vhost_mode::run_daemon(&args, server, cli.readonly, state.as_ref());
     if sandbox == SandboxMode::None {
         let mut files: Vec<&Path> = cleanup.iter().map(PathBuf::as_path).collect();
         files.extend(pid_path.iter().map(PathBuf::as_path));
@@ -426,8 +429,8 @@ fn listen_error(addr: String, source: std::io::Error) -> Error {
 }
 
 fn main() -> ExitCode {
-    if vhost::wants_capabilities(std::env::args_os().skip(1)) {
-        println!("{}", vhost::CAPABILITIES_JSON);
+    if vhost_mode::wants_capabilities(std::env::args_os().skip(1)) {
+        println!("{}", vhost_mode::CAPABILITIES_JSON);
         return ExitCode::SUCCESS;
     }
     let (cli, matches) = cli::parse();

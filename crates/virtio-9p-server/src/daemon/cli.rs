@@ -75,7 +75,7 @@ pub struct Cli {
 
     /// vhost-user daemon options (used when --listen is not given).
     #[command(flatten)]
-    pub vhost: super::vhost::VhostUserArgs,
+    pub vhost: super::vhost_mode::VhostUserArgs,
 
     /// Hardening options (see SECURITY.md).
     #[command(flatten)]
@@ -149,10 +149,10 @@ fn parse_nofile(s: &str) -> Result<u64> {
 /// `--thread-pool-size`, which sizes the socket mode's worker pool too. An
 /// option added there is refused in socket mode without a change here.
 ///
-/// [`VhostUserArgs`]: super::vhost::VhostUserArgs
+/// [`VhostUserArgs`]: super::vhost_mode::VhostUserArgs
 pub fn vhost_user_only() -> Vec<(String, String)> {
     use clap::Args;
-    super::vhost::VhostUserArgs::augment_args(clap::Command::new("vhost-user"))
+    super::vhost_mode::VhostUserArgs::augment_args(clap::Command::new("vhost-user"))
         .get_arguments()
         .filter(|a| a.get_id() != "print_capabilities" && a.get_id() != "thread_pool_size")
         .filter_map(|a| Some((a.get_id().to_string(), format!("--{}", a.get_long()?))))

@@ -10,6 +10,6 @@ pub mod sandbox;
 pub mod signals;
 pub mod state_dir;
 pub mod syslog;
-pub mod vhost;
+pub mod vhost_mode;
 
 pub use error::{Error, Result};

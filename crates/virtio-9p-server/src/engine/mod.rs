@@ -131,6 +131,7 @@ mod workers;
 pub(crate) use coroutine::{on_coroutine, sleep};
 pub use policy::OffloadPolicy;
 pub(crate) use policy::{flushed_silently, EngineExec};
+#[cfg(feature = "vhost-user")]
 pub(crate) use scheduler::DRAIN_LOG_EVERY;
 pub use scheduler::{
     Engine, EngineConfig, EngineStats, DEFAULT_STACK_SIZE, DEFAULT_WORKERS, QUIESCE_TIMEOUT,

@@ -31,7 +31,7 @@
 //! A `Server` is `Sync` and a [`Session`] is `Sync`: an engine may run many
 //! requests of one session at once (fids are reference counted, so a Tclunk
 //! during a Tread is safe). The server answers Tflush with Rflush (encoded
-//! by the protocol codec) after [`Blocking::flush`] returns: at once for [`Inline`], which runs
+//! by the protocol codec) after [`Blocking::flush`] returns: at once for [`Inline`](crate::Inline), which runs
 //! requests one after another; once the old request has finished for the
 //! coroutine engine, which owns Tflush for every transport
 //! ([`crate::engine`], "Tflush").
@@ -63,7 +63,7 @@ use crate::fs::{validate_name, Filesystem};
 use crate::io::{ReplyWriter, RequestReader};
 use crate::protocol::*;
 
-pub use crate::exec::{Blocking, Cancel, Inline, Interrupted};
+pub use crate::exec::{Blocking, Cancel, Interrupted};
 pub(crate) use log_limit::LogLimit;
 pub use log_limit::DEFAULT_GUEST_LOG_LINES_PER_SEC;
 pub(crate) use session::try_add;
@@ -143,7 +143,7 @@ pub struct Config {
     /// ([`Cancel::end_waits`]) or the session ends: the Linux client
     /// sleeps its `locktimeout` (30 s) after every `BLOCKED`, so waiting
     /// here is what makes a released lock reach a waiting guest at once.
-    /// With the [`Inline`] executor a waiting Tlock holds the calling
+    /// With the [`Inline`](crate::Inline) executor a waiting Tlock holds the calling
     /// thread: bound it there.
     pub lock_wait: Option<Duration>,
     /// Most blocking Tlocks of one session that wait in the server at once

@@ -47,14 +47,14 @@
 //! daemon.run().unwrap();
 //! ```
 
+mod accept;
 mod backend;
-mod daemon;
 #[cfg(any(test, feature = "test-utils"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod mock;
 
+pub use accept::{Daemon, DaemonConfig, Listen, StopHandle, DEFAULT_SOCKET_PATH};
 pub use backend::{
     protocol_features, BackendConfig, Virtio9pBackend, CONTROL_EVENT, QUEUE_EVENT, TIMER_EVENT,
     WAKE_EVENT,
 };
-pub use daemon::{Daemon, DaemonConfig, Listen, StopHandle, DEFAULT_SOCKET_PATH};
