@@ -9,10 +9,10 @@
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
+use crate::exec::{Cancel, Inline};
 use crate::fs::Filesystem;
 use crate::io::{SliceReader, SliceWriter};
 use crate::protocol::*;
-use crate::exec::{Cancel, Inline};
 use crate::server::{Server, Session};
 
 /// Moves one request frame to a server and returns the reply frame.
