@@ -654,7 +654,7 @@ fn kill_in_flight_runs_each_request_once(ring: Ring, how: Rejoin) {
         .unwrap();
     for l in err.lines().filter(|l| {
         l.contains("recovery at")
-            || l.contains("exactly once")
+            || l.contains("in-flight table")
             || l.contains("cannot be served")
             || l.contains("stale base")
     }) {

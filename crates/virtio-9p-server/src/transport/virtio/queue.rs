@@ -189,8 +189,20 @@ impl Book {
                 return None;
             }
         }
+        // Taken again from the used position, as a split ring's rewind
+        // does: the chains after it are still in their ring slots (the
+        // table sorts out which were answered), and a chain spread over
+        // several slots can only be walked from there. Unless that
+        // position is not a chain's first slot (chains of several slots
+        // answered out of order): then from the recorded available one.
         let used = encode(slot, wrap);
-        let base = u32::from(prior.avail) | u32::from(used) << 16;
+        let head = self.lin(used);
+        let avail = if head == self.lin(prior.avail) || self.old.contains_key(&head) {
+            used
+        } else {
+            prior.avail
+        };
+        let base = u32::from(avail) | u32::from(used) << 16;
         (base != u32::from(started) | u32::from(started) << 16).then_some(base)
     }
 
