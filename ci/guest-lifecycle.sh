@@ -6,6 +6,11 @@
 # (c) system_reset under I/O. Rows: QEMU's built-in 9p (reference) and our
 # daemon in vhost-user mode on the split ring, the packed ring and with
 # mapped-xattr. See ci/guest/README.md ("Lifecycle scenarios").
+# Then (d), issue 29: three SIGKILLs of our daemon at random moments under a
+# running guest, each followed by a new daemon on the same socket and
+# --state-dir (ci/guest/restart.sh --state --strict), on the split and the
+# packed ring: the guest's mount, a file it keeps open and a lock it holds
+# must survive with no error, its checksums must match. About 30 s a ring.
 #
 # Fails when one of our rows fails a scenario (a hang, a checksum mismatch,
 # an error in the guest, a lock granted while the host held it), and when
@@ -20,6 +25,7 @@
 #   GUEST_LIFECYCLE_SERVER_BIN  a prebuilt virtio-9p-server (default: build it)
 #   GUEST_LIFECYCLE_OUT         where the logs go (default: a temp dir)
 #   GUEST_LIFECYCLE=skip        skip the step (exit 77)
+#   GUEST_RESTART=skip          skip (d)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -74,4 +80,22 @@ while IFS=$'\t' read -r name scenario short full; do
             rc=1 ;;
     esac
 done <"$out/summary.tsv"
+
+# (d) kill -9 under a running guest, with the crash-safe state.
+if [ "${GUEST_RESTART:-}" = skip ]; then
+    echo "guest-lifecycle: notice: restart scenario skipped (GUEST_RESTART=skip)"
+else
+    bin=${GUEST_LIFECYCLE_SERVER_BIN:-$(cat "$out/server-bin" 2>/dev/null)}
+    for ring in split packed; do
+        args=(--state --strict --kills 3 --gap 2:6 --timeout 300 --out "$out/restart-$ring")
+        [ "$ring" = packed ] && args+=(--packed)
+        [ -x "${bin:-}" ] && args+=(--server-bin "$bin")
+        if timeout --kill-after=30 420 bash ci/guest/restart.sh "${args[@]}" >"$out/restart-$ring.txt" 2>&1; then
+            echo "guest-lifecycle: restart ($ring ring, 3 x SIGKILL, --state-dir): ok: $(grep -m1 '^guest total' "$out/restart-$ring.txt")"
+        else
+            echo "guest-lifecycle: FAILED: restart ($ring ring, 3 x SIGKILL, --state-dir): $(grep -E 'FAILED|guest total|^  guest: CI-R' "$out/restart-$ring.txt" | head -5 | tr '\n' ' ') (logs: $out/restart-$ring)"
+            rc=1
+        fi
+    done
+fi
 exit $rc

@@ -2,13 +2,20 @@
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Kills the vhost-user 9p daemon (SIGKILL) under a running guest and starts
 # a new one on the same socket, several times, and reports what QEMU and the
-# guest saw. The restart scenario; not in CI yet.
+# guest saw. With --state --strict it is the issue-29 scenario: every
+# daemon keeps its session crash-safe in --state-dir, and the guest must
+# see no error at all.
 #
 # The guest (Linux under TCG, the rebuilt QEMU with `reconnect-ms`) mounts
 # the share and loops over a workload: write a 1 MiB file and check its
 # sha256 on read-back, mkdir/create/rename/remove/rmdir, append a line to
-# a file it keeps open, list the directory. A step that fails is printed
-# with its error, then the guest remounts (umount -l + mount) and goes on.
+# a file it keeps open, list the directory. With --state or --handover a
+# guest process also keeps a file open with a POSIX write lock on it
+# (ci/guest/src/holdlock.c): it reads the file back through its open fd at
+# every iteration, and the host checks after each restart that the new
+# daemon holds the lock again (a host lockf on the file must fail). A step
+# that fails is printed with its error, then the guest remounts (umount -l
+# + mount) and goes on.
 # The host waits a random time, SIGKILLs the daemon, starts a new one on
 # the same socket and waits for QEMU to restart the device in it ("driver
 # acked features" in the new daemon's log) and for the guest's next good
@@ -26,6 +33,10 @@
 #   --daemon-arg ARG   extra argument for every daemon instance (repeatable;
 #                      for example --state-dir)
 #   --timeout S        limit for the whole guest (default 900)
+#   --state            SIGKILL with the crash-safe state (issue 29): every
+#                      daemon runs with --state-dir OUT/state and the next
+#                      one recovers the session and the requests in flight;
+#                      use with --strict
 #   --handover         a planned handover instead of SIGKILL: every daemon
 #                      runs with --state-dir OUT/state, gets SIGUSR1 (finish
 #                      the requests taken, save the session, exit) and the
@@ -68,6 +79,7 @@ timeout_s=900
 strict=0
 use_strace=0
 handover=0
+state=0
 out=
 while [ $# -gt 0 ]; do
     case $1 in
@@ -83,6 +95,7 @@ while [ $# -gt 0 ]; do
         --strict) strict=1 ;;
         --strace) use_strace=1 ;;
         --handover) handover=1 ;;
+        --state) state=1 ;;
         --out) out=$2; shift ;;
         -h|--help) awk 'NR > 1 && /^set / { exit } NR > 1' "$0"; exit 0 ;;
         *) echo "restart.sh: unknown option $1" >&2; exit 2 ;;
@@ -96,6 +109,7 @@ for v in "$kills" "$gap_min" "$gap_max" "$timeout_s"; do
 done
 [ "$gap_max" -ge "$gap_min" ] || { echo "restart.sh: --gap MIN:MAX with MIN <= MAX" >&2; exit 2; }
 [ -n "$seed" ] || seed=$(( $(date +%s) % 32768 ))
+[ "$handover" -eq 1 ] && state=1
 RANDOM=$seed
 log() { echo "restart: $(date -u +%H:%M:%S) $*" >&2; }
 now_ms() { date +%s%3N; }
@@ -114,6 +128,10 @@ if [ -z "$server_bin" ]; then
     server_bin=$tdir/release/virtio-9p-server
 fi
 [ -x "$server_bin" ] || { log "no daemon at $server_bin"; exit 1; }
+if [ "$state" -eq 1 ] && ! command -v gcc >/dev/null; then
+    log "--state and --handover need gcc (the guest's lock holder, a static binary)"
+    exit 1
+fi
 if [ "$use_strace" -eq 1 ] && ! command -v strace >/dev/null; then
     log "--strace needs strace (apt-get install strace)"
     exit 1
@@ -133,7 +151,14 @@ log "logs in $out (seed $seed)"
 #   CI-R OK iter=N                      CI-R FAIL iter=N step=S: <error>
 #   CI-R REMOUNT iter=N rc=R            CI-R STOP iter=N ok=N fail=N remounts=N
 #   CI-R TIMEOUT                        CI-DONE
+# and with CI_STATE=1 (--state, --handover), from holdlock and at the end:
+#   CI-R LOCKED pid=P   CI-R HELD ok|FAIL why   CI-R UNLOCKED ok|FAIL why
+#   CI-R HELDLOG lines=N ok=N in-order=yes|no
 mkdir -p "$out/payload/ci"
+if [ "$state" -eq 1 ]; then
+    gcc -static -O2 -Wall -Wextra -Werror -o "$out/payload/ci/holdlock" "$here/src/holdlock.c" \
+        || { log "building holdlock failed"; exit 1; }
+fi
 cat >"$out/payload/ci/run" <<'GUEST'
 #!/bin/sh
 mnt=/mnt
@@ -150,6 +175,13 @@ dd if=/dev/urandom of=/tmp/pat bs=64k count=16 2>/dev/null
 want=$(sha256sum /tmp/pat | cut -d' ' -f1)
 mkdir -p "$mnt/w"
 exec 3>>"$mnt/w/held.log"
+lockpid=
+if [ "${CI_STATE:-0}" = 1 ]; then
+    /ci/holdlock "$mnt/w/lockfile" &
+    lockpid=$!
+    n=0
+    while [ ! -s "$mnt/w/lockfile" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+fi
 # One step: run it under a kill timer (a 9p wait is only killable), print
 # its error on failure. K is the guest-side limit per step in seconds.
 K=120
@@ -171,7 +203,8 @@ while :; do
         step read "[ \"\$(sha256sum $f | cut -d' ' -f1)\" = $want ] || { echo sha256 mismatch; exit 1; }" &&
         step meta "mkdir $d && echo x >$d/a && mv $d/a $d/b && rm $d/b && rmdir $d" &&
         step held "echo iter $i >&3" &&
-        step list "ls $mnt/w >/dev/null"; then
+        step list "ls $mnt/w >/dev/null" &&
+        { [ -z "$lockpid" ] || step lock "kill -USR1 $lockpid"; }; then
         ok=$((ok + 1))
         echo "CI-R OK iter=$i"
     else
@@ -194,6 +227,18 @@ while :; do
     fi
 done
 echo "CI-R STOP iter=$i ok=$ok fail=$fail remounts=$remounts"
+if [ -n "$lockpid" ]; then
+    kill -TERM "$lockpid"
+    wait "$lockpid"
+    echo "CI-R HOLDLOCK exit=$?"
+    exec 3>&-
+    # The file kept open got one line per good iteration, in order, once.
+    lines=$(grep -c '^iter ' "$mnt/w/held.log")
+    sorted=no
+    grep '^iter ' "$mnt/w/held.log" | cut -d' ' -f2 >/tmp/held
+    sort -n -u /tmp/held | cmp -s - /tmp/held && sorted=yes
+    echo "CI-R HELDLOG lines=$lines ok=$ok in-order=$sorted"
+fi
 echo "CI-DONE"
 GUEST
 chmod 0755 "$out/payload/ci/run"
@@ -203,7 +248,7 @@ cat "$INITRAMFS" "$out/payload.cpio.gz" >"$out/initrd.img"
 # ---------------------------------------------------------------- daemons
 ring=(--no-packed-ring)
 [ "$packed" -eq 1 ] && ring=()
-if [ "$handover" -eq 1 ]; then
+if [ "$state" -eq 1 ]; then
     rm -rf "$out/state"
     mkdir -m 0700 "$out/state"
     daemon_args+=(--state-dir "$out/state")
@@ -359,7 +404,7 @@ trap cleanup EXIT INT TERM
 start_daemon 1 || { log "daemon 1 did not start (see $out/server-1.log)"; exit 1; }
 # no_timer_check: under TCG on a loaded host the IO-APIC timer check can
 # fail and panic the kernel ("IO-APIC + timer doesn't work").
-append="console=ttyS0 loglevel=4 panic=-1 no_timer_check CI_SRC=share CI_SECONDS=$timeout_s"
+append="console=ttyS0 loglevel=4 panic=-1 no_timer_check CI_SRC=share CI_SECONDS=$timeout_s CI_STATE=$state"
 # vhost-user trace events (message numbers in the order QEMU sends them)
 # and the vhost device's start/stop/cleanup go to qemu-trace.log.
 nice -n 5 "$qemu" -nodefaults -no-user-config -accel tcg \
@@ -383,15 +428,35 @@ wait_line() { # file regex seconds -> 0 when a line matches, 1 at timeout or QEM
     done
 }
 count_lines() { grep -cE "$2" "$1" 2>/dev/null || true; }
+# Whether a host process can take a POSIX write lock on the guest's lock
+# file now: "free" or "held" (by the daemon, for the guest).
+host_lock() {
+    python3 - "$share/w/lockfile" <<'PY'
+import fcntl, sys
+try:
+    f = open(sys.argv[1], "r+")
+except OSError as e:
+    print("no file (%s)" % e.strerror); sys.exit()
+try:
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("free")
+except OSError:
+    print("held")
+PY
+}
 fail() { log "FAILED: $*"; verdict_fail=1; }
 
 verdict_fail=0
-declare -a R_KILL R_CLEAN R_ACK R_BEFORE R_GUEST R_HANDOVER
+declare -a R_KILL R_CLEAN R_ACK R_BEFORE R_GUEST R_HANDOVER R_LOCK R_FIRST
 if ! wait_line "$con" '^CI-R (MOUNTED|MOUNT-FAILED)' 300 || grep -q '^CI-R MOUNT-FAILED' "$con"; then
     fail "the guest did not mount (see $con, $out/qemu.log)"
 fi
 if [ "$verdict_fail" -eq 0 ]; then
     wait_line "$con" '^CI-R OK' 300 || fail "no good iteration before the first kill"
+fi
+if [ "$verdict_fail" -eq 0 ] && [ "$state" -eq 1 ]; then
+    grep -q '^CI-R LOCKED pid=' "$con" || fail "the guest's lock holder did not lock ($(grep -m1 '^CI-R LOCKED' "$con"))"
+    [ "$(host_lock)" = held ] || fail "the guest's lock is not held on the host before the first kill"
 fi
 k=0
 while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
@@ -453,6 +518,7 @@ while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
         break
     fi
     R_ACK[$k]=$(( $(now_ms) - t1 ))
+    R_FIRST[$k]=$(( $(now_ms) - t0 ))
     if [ "$use_strace" -eq 1 ]; then
         sleep 1
         decode_vhost_msgs "$out/strace-$((k + 1)).txt" >"$out/vhost-msgs-$((k + 1)).txt"
@@ -467,7 +533,12 @@ while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
         fi
         sleep 0.2
     done
-    R_GUEST[$k]=$(tail -n +"$((lines_before + 1))" "$con" | tr -d '\r' | grep -E '^CI-R (FAIL|REMOUNT)' | head -8)
+    R_GUEST[$k]=$(tail -n +"$((lines_before + 1))" "$con" | tr -d '\r' | grep -E '^CI-R (FAIL|REMOUNT|HELD FAIL)' | head -8)
+    if [ "$state" -eq 1 ]; then
+        # The new daemon took the guest's lock again before it served.
+        R_LOCK[$k]=$(host_lock)
+        [ "${R_LOCK[$k]}" = held ] || fail "after restart $k the guest's lock is ${R_LOCK[$k]} on the host"
+    fi
 done
 # Stop the guest: it checks for the file at each iteration.
 touch "$share/ci-stop"
@@ -502,7 +573,8 @@ echo "9p daemon $([ "$handover" -eq 1 ] && echo handover || echo SIGKILL) under 
 echo "guest: $(grep -m1 '^CI-R MOUNTED' "$out/console.txt" | cut -d' ' -f3-)"
 for i in $(seq 1 "$k"); do
     [ -n "${R_HANDOVER[$i]:-}" ] && echo "restart $i: handover (SIGUSR1): ${R_HANDOVER[$i]}"
-    echo "restart $i: old daemon gone at ${R_KILL[$i]:-?}; QEMU stopped the device ${R_CLEAN[$i]:-?} ms after the signal; the new daemon had it (\"driver acked features\") ${R_ACK[$i]:-?} ms after its start"
+    echo "restart $i: old daemon gone at ${R_KILL[$i]:-?}; QEMU stopped the device ${R_CLEAN[$i]:-?} ms after the signal; the new daemon had it (\"driver acked features\") ${R_ACK[$i]:-?} ms after its start (${R_FIRST[$i]:-?} ms after the signal)"
+    [ -n "${R_LOCK[$i]:-}" ] && echo "  the guest's lock on the host after the restart: ${R_LOCK[$i]}"
     echo "  QEMU queue 0 with no backend (SET_VRING_BASE gets last_avail): ${R_BEFORE[$i]:-?}"
     if [ -s "$out/vhost-msgs-$((i + 1)).txt" ]; then
         echo "  vhost-user messages daemon $((i + 1)) received (vhost-msgs-$((i + 1)).txt):"
@@ -515,6 +587,20 @@ for i in $(seq 1 "$k"); do
     fi
 done
 echo "guest total: ${stop:-no STOP line} (failed steps: $nfail)"
+if [ "$state" -eq 1 ]; then
+    held_ok=$(grep -c '^CI-R HELD ok' "$out/console.txt")
+    held_fail=$(grep -c '^CI-R HELD FAIL' "$out/console.txt")
+    echo "guest lock holder: $(grep -m1 '^CI-R LOCKED' "$out/console.txt"); open-file checks ok=$held_ok fail=$held_fail; $(grep -m1 '^CI-R UNLOCKED' "$out/console.txt"); $(grep -m1 '^CI-R HOLDLOCK' "$out/console.txt")"
+    echo "file kept open: $(grep -m1 '^CI-R HELDLOG' "$out/console.txt")"
+    heldlog=$(grep -m1 '^CI-R HELDLOG' "$out/console.txt")
+    okn=$(sed -n 's/.* ok=\([0-9]*\).*/\1/p' <<<"$stop")
+    if [ "$held_fail" -gt 0 ] || ! grep -q '^CI-R UNLOCKED ok' "$out/console.txt" \
+        || ! grep -q '^CI-R HOLDLOCK exit=0' "$out/console.txt" \
+        || [ "$heldlog" != "CI-R HELDLOG lines=$okn ok=$okn in-order=yes" ]; then
+        nfail=$((nfail + 1))
+        echo "the open file or the lock did not survive"
+    fi
+fi
 echo "QEMU: exit ${qemu_rc}; $(grep -ciE 'assert|abort' "$out/qemu.log") assert/abort lines; vhost-user messages traced in qemu-trace.log"
 echo "logs: $out"
 [ "$verdict_fail" -eq 0 ] && [ -n "$stop" ] || { echo "restart: FAILED"; exit 1; }
