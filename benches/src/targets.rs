@@ -387,6 +387,26 @@ pub const TARGETS: &[Target] = &[
         bound: 100.0,
         context: &["sock_fresh_p50_ms_trickle"],
     },
+    Target {
+        suite: "virtio-9p-restart",
+        claim: "4 KiB random read IOPS with --state-dir vs without (issue 29: at most 5 % slower)",
+        figure: "state_dir_iops_4k_ratio",
+        op: Op::AtLeast,
+        bound: 0.95,
+        context: &[
+            "control_iops_4k_ratio",
+            "state_dir_iops_4k_packed_ratio",
+            "iops_4k_no_state_dir",
+        ],
+    },
+    Target {
+        suite: "virtio-9p-restart",
+        claim: "Tgetattr latency with --state-dir vs without (issue 29: at most 5 % slower)",
+        figure: "state_dir_getattr_us_ratio",
+        op: Op::AtMost,
+        bound: 1.05,
+        context: &["control_getattr_us_ratio", "getattr_us_no_state_dir"],
+    },
 ];
 
 impl Target {
@@ -456,6 +476,10 @@ mod tests {
             (
                 "virtio-9p-hostile",
                 include_str!("suites/virtio_9p_hostile.rs"),
+            ),
+            (
+                "virtio-9p-restart",
+                include_str!("suites/virtio_9p/restart.rs"),
             ),
         ];
         for t in TARGETS {

@@ -11,6 +11,7 @@ mod virtio_9p;
 mod virtio_9p_hostile;
 mod virtqueue_large;
 
+pub use virtio_9p::restart::serve_vhost_daemon as virtio_9p_vhost_daemon;
 pub use virtio_9p::serve_socket_forever as virtio_9p_socket_server;
 
 use crate::harness::{Ctx, SuiteResult};
@@ -70,6 +71,12 @@ pub const SUITES: &[Suite] = &[
         about: virtio_9p_hostile::ABOUT,
         ready: virtio_9p_hostile::READY,
         run: virtio_9p_hostile::run,
+    },
+    Suite {
+        name: "virtio-9p-restart",
+        about: virtio_9p::restart::ABOUT,
+        ready: virtio_9p::restart::READY,
+        run: virtio_9p::restart::run,
     },
 ];
 

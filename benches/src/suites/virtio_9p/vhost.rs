@@ -40,7 +40,7 @@ use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
 
 use crate::harness::{format_value, median, Ctx, SuiteReport, Table};
 
-type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
+pub(super) type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
 const GIB: f64 = (1u64 << 30) as f64;
 const MAX_MSIZE: u32 = 128 << 20;
@@ -50,10 +50,10 @@ const REQ_AREA: u64 = 0x30_0000;
 const TABLE_AREA: u64 = 0x40_0000;
 const DATA_AREA: u64 = 0x100_0000;
 
-struct Running {
+pub(super) struct Running {
     stop: StopHandle,
     thread: Option<JoinHandle<()>>,
-    socket: std::path::PathBuf,
+    pub(super) socket: std::path::PathBuf,
     _sock_dir: tempfile::TempDir,
 }
 
@@ -71,7 +71,7 @@ fn start(dir: &Path, policy: coro_pool::Policy, offload: OffloadPolicy) -> Res<R
 }
 
 /// [`start`], keeping the session crash-safe in `state` if given.
-fn start_with(
+pub(super) fn start_with(
     dir: &Path,
     policy: coro_pool::Policy,
     offload: OffloadPolicy,
@@ -105,7 +105,7 @@ fn start_with(
 }
 
 /// Sends one request through the ring and waits for it (setup messages).
-fn call(vmm: &mut FakeVmm, tag: u16, msg: Tmessage) -> Res<()> {
+pub(super) fn call(vmm: &mut FakeVmm, tag: u16, msg: Tmessage) -> Res<()> {
     let reply = vmm.call(&msg.encode_frame(tag), 4096, Layout::Direct)?;
     if reply.len() > 4 && reply[4] == 7 {
         return Err(format!("9P error reply to {msg:?}").into());
@@ -115,12 +115,12 @@ fn call(vmm: &mut FakeVmm, tag: u16, msg: Tmessage) -> Res<()> {
 
 /// Connects (split ring), negotiates `msize` and opens `name` as fid 1
 /// with `flags`.
-fn session(run: &Running, msize: u32, name: &str, flags: OpenFlags) -> Res<FakeVmm> {
+pub(super) fn session(run: &Running, msize: u32, name: &str, flags: OpenFlags) -> Res<FakeVmm> {
     session_on(run, msize, name, flags, false)
 }
 
 /// [`session`] on a packed ring if `packed`.
-fn session_on(
+pub(super) fn session_on(
     run: &Running,
     msize: u32,
     name: &str,
@@ -165,7 +165,7 @@ fn session_on(
     Ok(vmm)
 }
 
-fn wait_one(vmm: &mut FakeVmm) -> Res<(u16, u32)> {
+pub(super) fn wait_one(vmm: &mut FakeVmm) -> Res<(u16, u32)> {
     let used = vmm.wait_used(Duration::from_secs(30))?;
     match used.as_slice() {
         [u] => Ok(*u),
@@ -176,7 +176,12 @@ fn wait_one(vmm: &mut FakeVmm) -> Res<(u16, u32)> {
 
 /// µs per request of `frame`, one at a time: submit, kick, wait for the
 /// used entry (the fake VMM polls its call eventfd).
-fn per_request_us(vmm: &mut FakeVmm, frame: &[u8], reply_len: u32, n: usize) -> Res<f64> {
+pub(super) fn per_request_us(
+    vmm: &mut FakeVmm,
+    frame: &[u8],
+    reply_len: u32,
+    n: usize,
+) -> Res<f64> {
     let t0 = Instant::now();
     for _ in 0..n {
         vmm.submit(frame, reply_len, Layout::Direct)?;
@@ -337,7 +342,7 @@ fn sequential(run: &Running, msize: u32, total: u64, file_len: u64, write: bool)
 
 /// 4 KiB random reads with `depth` in flight for `dur` (on a packed ring
 /// if `packed`); returns IOPS and the latencies in µs.
-fn random_4k(
+pub(super) fn random_4k(
     run: &Running,
     file_len: u64,
     depth: usize,
@@ -1140,68 +1145,6 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
     ]);
     report.table(ft);
 
-    // The crash-safe session state (--state-dir, issue 29) against none,
-    // alternating on two daemons over the same file: 4 KiB random reads
-    // with 64 in flight and Tgetattr one at a time. Without a state
-    // directory nothing is kept; with one, every fid change is journaled
-    // (these requests change no fid).
-    let state = tempfile::tempdir()?;
-    let state_fd = Arc::new(std::os::fd::OwnedFd::from(std::fs::File::open(
-        state.path(),
-    )?));
-    let kept = start_with(
-        dir.path(),
-        coro_pool::Policy::Bounded,
-        OffloadPolicy::Auto,
-        Some(state_fd),
-    )?;
-    let (mut iops_off, mut iops_on) = (Vec::new(), Vec::new());
-    let (mut ga_off, mut ga_on) = (Vec::new(), Vec::new());
-    let getattr_frame = Tmessage::Getattr(Tgetattr {
-        fid: 1,
-        request_mask: GetattrMask::BASIC,
-    })
-    .encode_frame(10);
-    for round in 0..2 * reps.max(2) {
-        for on in [round % 2 == 1, round % 2 == 0] {
-            let run = if on { &kept } else { &pooled };
-            // One frontend at a time per daemon: the reads' session
-            // ends before the Tgetattr one starts.
-            let (i, _) = random_4k(run, file_len, 64, dur, false)?;
-            let mut vmm = session(run, 64 << 10, "big", OpenFlags::RDONLY)?;
-            per_request_us(&mut vmm, &getattr_frame, 256, n / 10)?;
-            let g = per_request_us(&mut vmm, &getattr_frame, 256, n)?;
-            if on {
-                iops_on.push(i);
-                ga_on.push(g);
-            } else {
-                iops_off.push(i);
-                ga_off.push(g);
-            }
-        }
-    }
-    drop(kept);
-    let (io_off, io_on) = (median(&iops_off), median(&iops_on));
-    let (g_off, g_on) = (median(&ga_off), median(&ga_on));
-    report.metric("state_dir_iops_4k_ratio", io_on / io_off);
-    report.metric("state_dir_getattr_us_ratio", g_on / g_off);
-    let mut st = Table::new(
-        "crash-safe session state (--state-dir) vs none, alternating rounds",
-        &["what", "no state dir", "state dir", "with / without"],
-    );
-    st.row(&[
-        "4 KiB random reads, 64 in flight, IOPS".to_string(),
-        format_value(io_off),
-        format_value(io_on),
-        format_value(io_on / io_off),
-    ])
-    .row(&[
-        "Tgetattr, one at a time, µs".to_string(),
-        format_value(g_off),
-        format_value(g_on),
-        format_value(g_on / g_off),
-    ]);
-    report.table(st);
     report.note(format!(
         "vhost-user part: in-process fake VMM over a real vhost-user socket and memfd guest memory, \
          {} MiB file in the page cache, 4 workers, queue size 1024; reads use 4 KiB indirect descriptors \
