@@ -6,7 +6,7 @@
 # (c) system_reset under I/O. Rows: QEMU's built-in 9p (reference) and our
 # daemon in vhost-user mode on the split ring, the packed ring and with
 # mapped-xattr. See ci/guest/README.md ("Lifecycle scenarios").
-# Then (d), issue 29: three SIGKILLs of our daemon at random moments under a
+# Then (d), a restart: three SIGKILLs of our daemon at random moments under a
 # running guest, each followed by a new daemon on the same socket and
 # --state-dir (ci/guest/restart.sh --state --strict), on the split and the
 # packed ring: the guest's mount, a file it keeps open and a lock it holds

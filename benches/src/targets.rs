@@ -389,7 +389,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p-restart",
-        claim: "4 KiB random read IOPS with --state-dir vs without (issue 29: at most 5 % slower)",
+        claim: "4 KiB random read IOPS with --state-dir vs without (at most 5 % slower)",
         figure: "state_dir_iops_4k_ratio",
         op: Op::AtLeast,
         bound: 0.95,
@@ -401,7 +401,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "virtio-9p-restart",
-        claim: "Tgetattr latency with --state-dir vs without (issue 29: at most 5 % slower)",
+        claim: "Tgetattr latency with --state-dir vs without (at most 5 % slower)",
         figure: "state_dir_getattr_us_ratio",
         op: Op::AtMost,
         bound: 1.05,

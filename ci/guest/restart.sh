@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Kills the vhost-user 9p daemon (SIGKILL) under a running guest and starts
 # a new one on the same socket, several times, and reports what QEMU and the
-# guest saw. With --state --strict it is the issue-29 scenario: every
+# guest saw. With --state --strict it is the crash scenario: every
 # daemon keeps its session crash-safe in --state-dir, and the guest must
 # see no error at all.
 #
@@ -33,7 +33,7 @@
 #   --daemon-arg ARG   extra argument for every daemon instance (repeatable;
 #                      for example --state-dir)
 #   --timeout S        limit for the whole guest (default 900)
-#   --state            SIGKILL with the crash-safe state (issue 29): every
+#   --state            SIGKILL with the crash-safe state: every
 #                      daemon runs with --state-dir OUT/state and the next
 #                      one recovers the session and the requests in flight;
 #                      use with --strict

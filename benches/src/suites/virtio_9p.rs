@@ -7,8 +7,7 @@
 //! socket against diod, and `splice.rs` measures the socket transport's
 //! zero-copy Rread. The socket parts share `socket_client.rs` (the load
 //! generator) and `peers.rs` (our server and diod, the processes they
-//! talk to). `restart.rs` is a suite of its own, `virtio-9p-restart`
-//! (issue 29).
+//! talk to). `restart.rs` is a suite of its own, `virtio-9p-restart`.
 
 mod diod;
 mod inproc;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Suite `virtio-9p-restart` (issue 29): what keeping the session
+//! Suite `virtio-9p-restart`: what keeping the session
 //! crash-safe costs on the data path, and how long a guest waits when the
 //! daemon is killed with SIGKILL and a new one takes over.
 //!
