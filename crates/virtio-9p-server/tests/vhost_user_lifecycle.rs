@@ -89,9 +89,11 @@ const LATE: u8 = 0xab;
 
 /// One directory and one file whose read waits for the gate, then writes
 /// [`LATE`] bytes into the reply and records what that write returned;
-/// whose getattr takes `slow_getattr`.
+/// whose getattr takes `slow_getattr`; whose fsync waits for a pass of
+/// `fsync`.
 struct GatedFs {
     gate: Arc<Gate>,
+    fsync: Arc<Turnstile>,
     late_write: Arc<Mutex<Option<io::Result<()>>>>,
     slow_getattr: Duration,
 }
@@ -100,6 +102,7 @@ impl GatedFs {
     fn new(slow_getattr: Duration) -> Self {
         GatedFs {
             gate: Arc::default(),
+            fsync: Arc::default(),
             late_write: Arc::default(),
             slow_getattr,
         }
@@ -122,6 +125,10 @@ impl Filesystem for GatedFs {
     }
     fn open(&self, _: &(), _: OpenFlags) -> io::Result<((), Qid)> {
         Ok(((), Qid::default()))
+    }
+    fn fsync(&self, _: &(), _: bool) -> io::Result<()> {
+        self.fsync.enter();
+        Ok(())
     }
     fn read<W: ReplyWriter>(&self, _: &(), w: &mut W, count: usize, _: u64) -> io::Result<usize> {
         self.gate.wait();
@@ -356,9 +363,6 @@ fn reset_device_ends_requests_and_drops_the_session(ring: Ring) {
 }
 
 /// Fsync calls (on a worker) that each wait for one pass of the test.
-#[derive(Clone, Default)]
-struct TurnstileFs(Arc<Turnstile>);
-
 #[derive(Default)]
 struct Turnstile {
     /// (calls entered, passes given)
@@ -381,32 +385,14 @@ impl Turnstile {
         self.state.lock().unwrap().1 += 1;
         self.cv.notify_all();
     }
-}
 
-impl Filesystem for TurnstileFs {
-    type Inode = ();
-    type File = ();
-
-    fn attach(&self, _: &[u8], _: Cred) -> io::Result<((), Qid)> {
-        Ok(((), Qid::default()))
-    }
-    fn walk(&self, _: &(), _: &[u8]) -> io::Result<((), Qid)> {
-        Ok(((), Qid::default()))
-    }
-    fn getattr(&self, _: &(), _: GetattrMask) -> io::Result<Rgetattr> {
-        Ok(Rgetattr::default())
-    }
-    fn open(&self, _: &(), _: OpenFlags) -> io::Result<((), Qid)> {
-        Ok(((), Qid::default()))
-    }
-    fn fsync(&self, _: &(), _: bool) -> io::Result<()> {
-        let t = &self.0;
-        let mut g = t.state.lock().unwrap();
+    /// Waits for the pass of this call.
+    fn enter(&self) {
+        let mut g = self.state.lock().unwrap();
         g.0 += 1;
         let me = g.0;
-        t.cv.notify_all();
-        let _g = t.cv.wait_while(g, |s| s.1 < me).unwrap();
-        Ok(())
+        self.cv.notify_all();
+        let _g = self.cv.wait_while(g, |s| s.1 < me).unwrap();
     }
 }
 
@@ -419,8 +405,8 @@ impl Filesystem for TurnstileFs {
 /// so the pause is repeated as the call returns.
 fn pause_keeps_replies_that_finish_as_the_ring_stops(ring: Ring) {
     const ROUNDS: usize = 40;
-    let fs = TurnstileFs::default();
-    let turnstile = Arc::clone(&fs.0);
+    let fs = GatedFs::new(Duration::ZERO);
+    let turnstile = Arc::clone(&fs.fsync);
     let (d, _server) = Device::start(fs, OffloadPolicy::Auto);
     let mut vmm = d.connect(ring);
     version(&mut vmm, 65536);
