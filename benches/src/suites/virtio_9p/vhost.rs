@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Part of suite `virtio-9p` (issue #8): the vhost-user data path. An
+//! Part of suite `virtio-9p`: the vhost-user data path. An
 //! in-process fake VMM (`virtio_9p_server::vhost_user::mock::FakeVmm`)
 //! talks real vhost-user to the daemon over a unix socket and shares memfd
 //! guest memory; the file is in the page cache.
@@ -975,7 +975,7 @@ fn run_inner(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
     drop(nopool);
 
     // The same 4 KiB random reads, 64 in flight, on a packed ring against
-    // the split ring (issue 23), alternating on one daemon: the device's
+    // the split ring, alternating on one daemon: the device's
     // packed walk, used-descriptor writes and event suppression against
     // the split ones, everything else equal.
     // An even number of rounds, each layout first in half of them, so

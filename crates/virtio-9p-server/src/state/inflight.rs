@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The device's own record of the chains it took (issue 29: exactly once
+//! The device's own record of the chains it took (exactly once
 //! across a crash): one slot per ring position modulo the queue size, in
 //! a file of the state directory mapped shared, so a SIGKILL loses no
 //! store made before it.
