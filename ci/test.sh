@@ -11,6 +11,9 @@ steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL_STEPS[@]}")
 
 passed=() failed=() skipped=()
+# Each step's output also goes to a log, so the summary can repeat the end
+# of a failed step's output (CI reports often keep only the last lines).
+logs=$(mktemp -d /tmp/ci-steps.XXXXXX)
 start_all=$(date +%s)
 for step in "${steps[@]}"; do
     script="ci/$step.sh"
@@ -20,7 +23,9 @@ for step in "${steps[@]}"; do
     fi
     echo "=== step $step"
     start=$(date +%s)
-    bash "$script"
+    # Process substitution, not a pipe: a step's stray background child
+    # holding stdout must not keep the step from ending.
+    bash "$script" > >(tee "$logs/$step.log") 2>&1
     rc=$?
     secs=$(( $(date +%s) - start ))
     case $rc in
@@ -31,5 +36,9 @@ for step in "${steps[@]}"; do
 done
 
 total=$(( $(date +%s) - start_all ))
+for step in "${failed[@]}"; do
+    echo "=== the last lines of failed step $step (whole log: $logs/$step.log)"
+    tail -n 40 "$logs/$step.log"
+done
 echo "ci summary: ${#passed[@]} steps ok, ${#failed[@]} failed (${failed[*]:-none}), ${#skipped[@]} skipped (${skipped[*]:-none}) in ${total}s"
 [ ${#failed[@]} -eq 0 ]
