@@ -39,11 +39,12 @@ fn harden(
 ) -> Result<Arc<Server<Fs>>> {
     let h = &cli.hardening;
     let nofile = limits::set_nofile(h.rlimit_nofile)?;
-    let max_fids = limits::fid_budget(nofile, sessions, virtio_9p_server::DEFAULT_MAX_FIDS);
-    if max_fids < limits::MIN_FIDS {
+    let max_open_fids =
+        limits::open_fid_budget(nofile, sessions, virtio_9p_server::DEFAULT_MAX_FIDS);
+    if max_open_fids < limits::MIN_FIDS {
         return Err(Error::FidBudget {
             nofile,
-            max_fids,
+            max_fids: max_open_fids,
             sessions,
         });
     }
@@ -57,6 +58,7 @@ fn harden(
     pcfg.readonly = cli.readonly;
     pcfg.inline_metadata = !cli.no_inline_metadata;
     pcfg.security_model = cli.security_model;
+    pcfg.max_path_fds = limits::path_fd_budget(nofile);
     let ids = id_translation(cli)?;
     let mut scfg = SandboxConfig::new(h.sandbox, &shared_dir);
     scfg.uid_map = h.uid_map.clone();
@@ -86,7 +88,7 @@ fn harden(
     let kept = caps::drop_to(keep)?;
     seccomp::apply(h.seccomp)?;
     info!(
-        "sandbox {}, seccomp {}, capabilities [{}], RLIMIT_NOFILE {nofile}, {max_fids} fids per session",
+        "sandbox {}, seccomp {}, capabilities [{}], RLIMIT_NOFILE {nofile}, {max_open_fids} open fids per session",
         h.sandbox,
         h.seccomp,
         kept.names()
@@ -106,7 +108,7 @@ fn harden(
     let config = {
         let mut cfg = Config::default();
         cfg.msize_max = cli.msize_max;
-        cfg.max_fids = max_fids;
+        cfg.max_open_fids = max_open_fids;
         cfg
     };
     Ok(Arc::new(Server::new(fs, config)?))

@@ -744,6 +744,88 @@ fn test_escape_race_swap_dir_and_symlink_while_walking() {
     });
 }
 
+/// The same race with a fd cache of 2: every use reopens the fid's file by
+/// name while the name flips between the directory and a symlink out.
+/// A fid walked before the race (its fd closed at once) must reach the
+/// directory or answer `ESTALE`, never the outside.
+#[test]
+fn test_escape_race_swap_while_idle_fds_are_closed() {
+    for openat2 in [true, false] {
+        let e = env(Target::InProcess { openat2 });
+        let mut cfg = PassthroughConfig::new(&e.export);
+        cfg.use_openat2 = openat2;
+        cfg.max_path_fds = 2;
+        let server = server_with(cfg, Config::default());
+        let mut c = attached(Box::new(InProcess::new(server, MSIZE as usize)));
+        std::fs::write(e.outside.join("f"), SECRET).unwrap();
+        let race = e.export.join("race");
+        std::fs::create_dir(&race).unwrap();
+        std::fs::write(race.join("f"), b"inside").unwrap();
+        let link_tmp = e.export.join("race.link");
+        symlink(&e.outside, &link_tmp);
+        c.walk(ROOT, 2, &[b"race"]).unwrap();
+        // Walks elsewhere run the reclaim passes that close the idle
+        // directory fid's fd.
+        for p in 0..4 {
+            std::fs::write(e.export.join(format!("pad{p}")), b"pad").unwrap();
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let swapper = {
+            let (stop, race, link_tmp) = (stop.clone(), race.clone(), link_tmp.clone());
+            std::thread::spawn(move || {
+                let cpath =
+                    |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+                let (r, l) = (cpath(&race), cpath(&link_tmp));
+                let mut swaps = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: valid C strings.
+                    unsafe {
+                        libc::renameat2(
+                            libc::AT_FDCWD,
+                            r.as_ptr(),
+                            libc::AT_FDCWD,
+                            l.as_ptr(),
+                            libc::RENAME_EXCHANGE,
+                        )
+                    };
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+        let (mut inside, mut stale) = (0, 0);
+        for i in 0..3000u32 {
+            for p in [i % 4, (i + 1) % 4] {
+                let _ = c.clunk(20 + p);
+                c.walk(ROOT, 20 + p, &[format!("pad{p}").as_bytes()])
+                    .unwrap();
+            }
+            let fid = 10 + (i % 2);
+            // From the held directory fid: reopened by name when closed.
+            match c.walk(2, fid, &[b"f"]) {
+                Ok(_) => {
+                    if c.lopen(fid, of::RDONLY).is_ok() {
+                        assert_eq!(c.read(fid, 0, 100).unwrap(), b"inside");
+                        inside += 1;
+                    }
+                    c.clunk(fid).unwrap();
+                }
+                Err(err) => {
+                    let n = errno(err);
+                    assert!(n == libc::ESTALE || n == libc::ENOENT, "errno {n}");
+                    stale += 1;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(swapper.join().unwrap() > 0);
+        eprintln!("reclaim race (openat2 {openat2}): {inside} inside reads, {stale} refused");
+        // Refusals show the directory was closed and looked up again.
+        assert!(stale > 0, "the directory fid was never reopened");
+        outside_untouched_but_f(&e);
+    }
+}
+
 fn outside_untouched_but_f(e: &Env) {
     assert_eq!(std::fs::read(e.outside.join("secret")).unwrap(), SECRET);
     assert_eq!(std::fs::read(e.outside.join("f")).unwrap(), SECRET);

@@ -532,13 +532,13 @@ fn test_hostile_socket_clients_stay_within_the_memory_bound() {
         .expect("sandbox none always starts");
     let pid = d.server_pid("none");
     let log = d.stderr();
-    let max_fids: usize = log
-        .split(" fids per session")
+    let max_open_fids: usize = log
+        .split(" open fids per session")
         .next()
         .and_then(|s| s.rsplit(' ').next())
         .and_then(|n| n.parse().ok())
-        .expect("fid budget in the log");
-    let cfg = config(|c| c.max_fids = max_fids);
+        .expect("open-fid budget in the log");
+    let cfg = config(|c| c.max_open_fids = max_open_fids);
     let limits = SocketLimits::default();
 
     // The well-behaved client works throughout.

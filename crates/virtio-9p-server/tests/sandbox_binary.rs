@@ -566,9 +566,10 @@ fn test_absolute_paths_stay_inside_the_export() {
 }
 
 #[test]
-fn test_rlimit_nofile_bounds_the_fids() {
+fn test_rlimit_nofile_bounds_open_fids_not_walked_ones() {
     let t = tree();
-    // 16 budgeted socket clients: (1280 - 256) / 2 / 16 = 32 fids each is too few.
+    // 16 budgeted socket clients: (1280 - 256) / 2 / 16 = 32 open fids
+    // each is too few.
     let listen = format!("unix:{}", t.sock().display());
     let out = Command::new(BIN)
         .args([
@@ -584,7 +585,8 @@ fn test_rlimit_nofile_bounds_the_fids() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("raise --rlimit-nofile"), "{err}");
 
-    // (16640 - 256) / 2 / 16 = 512 fids per session.
+    // (16640 - 256) / 2 / 16 = 512 open fids per session, and 8192 fds
+    // for walked files.
     let Some(d) = socket_daemon(&t, "namespace", &["--rlimit-nofile", "16640"]) else {
         return;
     };
@@ -599,13 +601,41 @@ fn test_rlimit_nofile_bounds_the_fids() {
         ["16640", "16640"]
     );
     let mut c = session(&t.sock());
-    for fid in 1..512 {
+    for fid in 1..=512 {
         c.walk(ROOT, fid, &[b"hello"]).unwrap();
+        c.lopen(fid, of::RDONLY).unwrap();
     }
-    let e = c.walk(ROOT, 600, &[b"hello"]).unwrap_err();
+    c.walk(ROOT, 600, &[b"hello"]).unwrap();
+    let e = c.lopen(600, of::RDONLY).unwrap_err();
     assert_eq!(errno(e), libc::EMFILE);
     c.clunk(1).unwrap();
-    c.walk(ROOT, 600, &[b"hello"]).unwrap();
+    c.lopen(600, of::RDONLY).unwrap();
+    for fid in (2..=512).chain([600]) {
+        c.clunk(fid).unwrap();
+    }
+    // Walked fids are not bounded by the fds: more of them than the fd
+    // limit, each a distinct file, all usable, the fds within the cache.
+    let many = 17_000u32;
+    for i in 0..many {
+        std::fs::write(t.export.join(format!("w{i}")), i.to_string()).unwrap();
+    }
+    for i in 0..many {
+        c.walk(ROOT, 1000 + i, &[format!("w{i}").as_bytes()])
+            .unwrap();
+    }
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", d.server_pid("namespace")))
+        .unwrap()
+        .count();
+    assert!(fds < 16_640, "{fds} fds open");
+    for i in (0..many).step_by(97) {
+        assert_eq!(
+            c.getattr(1000 + i).unwrap().size,
+            i.to_string().len() as u64
+        );
+        c.lopen(1000 + i, of::RDONLY).unwrap();
+        assert_eq!(c.read(1000 + i, 0, 16).unwrap(), i.to_string().as_bytes());
+        c.clunk(1000 + i).unwrap();
+    }
 }
 
 #[test]

@@ -76,7 +76,7 @@ pub enum Error {
     },
     /// The file descriptor limit leaves too few fids per session.
     #[error(
-        "RLIMIT_NOFILE {nofile} leaves only {max_fids} fids per session for {sessions} session(s); raise --rlimit-nofile"
+        "RLIMIT_NOFILE {nofile} leaves only {max_fids} open fids per session for {sessions} session(s); raise --rlimit-nofile"
     )]
     FidBudget {
         /// The limit in effect.

@@ -128,6 +128,13 @@ pub struct Config {
     /// Most fids all sessions of this server may hold together; more fail
     /// with `ENFILE`.
     pub max_total_fids: usize,
+    /// Most fids one session may hold open (Tlopen, Tlcreate); more fail
+    /// with `EMFILE`. Each open fid holds a host fd, while walked fids
+    /// share a bounded cache of them
+    /// ([`PassthroughConfig::max_path_fds`](crate::PassthroughConfig::max_path_fds)),
+    /// so this is the limit that divides a process's fds between
+    /// sessions. Default: `max_fids`.
+    pub max_open_fids: usize,
     /// Most bytes the xattr fids (Txattrwalk values, Txattrcreate buffers)
     /// of one session may hold; more fail with `ENOMEM`.
     pub max_xattr_bytes: usize,
@@ -161,6 +168,7 @@ impl Default for Config {
             msize_max: MAX_MSIZE,
             max_fids: DEFAULT_MAX_FIDS,
             max_total_fids: DEFAULT_MAX_TOTAL_FIDS,
+            max_open_fids: DEFAULT_MAX_FIDS,
             max_xattr_bytes: DEFAULT_MAX_XATTR_BYTES,
             max_total_xattr_bytes: DEFAULT_MAX_TOTAL_XATTR_BYTES,
             max_xattr_size: MAX_XATTR_SIZE,
@@ -228,6 +236,7 @@ impl<F: Filesystem> Server<F> {
             max_total_fids: self.config.max_total_fids,
             max_xattr_bytes: self.config.max_xattr_bytes,
             max_total_xattr_bytes: self.config.max_total_xattr_bytes,
+            max_open_fids: self.config.max_open_fids,
         }
     }
 

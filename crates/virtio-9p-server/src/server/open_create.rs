@@ -17,6 +17,7 @@ impl<F: Filesystem> Server<F> {
         if !matches!(fid.kind, FidKind::Path) {
             return Err(errno::EBADF);
         }
+        let charge = session.charge_open(&self.limits(), false)?;
         let (file, qid) = self
             .call(exec, TLOPEN, || self.fs.open(&fid.inode, m.flags))
             .map_err(|e| errno::from_io(&e))?;
@@ -27,6 +28,7 @@ impl<F: Filesystem> Server<F> {
                 file,
                 flags: m.flags,
                 locks: Default::default(),
+                charge,
             },
         };
         session.replace_if(m.fid, &fid, entry)?;
@@ -45,6 +47,7 @@ impl<F: Filesystem> Server<F> {
             return Err(errno::EBADF);
         }
         let cred = fid.cred(m.gid);
+        let charge = session.charge_open(&self.limits(), false)?;
         let (inode, file, qid) = self
             .call(exec, TLCREATE, || {
                 self.fs.create(&fid.inode, &m.name, m.flags, m.mode, cred)
@@ -57,6 +60,7 @@ impl<F: Filesystem> Server<F> {
                 file,
                 flags: m.flags,
                 locks: Default::default(),
+                charge,
             },
         };
         session.replace_if(m.fid, &fid, entry)?;

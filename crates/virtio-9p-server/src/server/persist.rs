@@ -155,6 +155,10 @@ impl<F: Filesystem> Server<F> {
                     file,
                     flags,
                     locks: Mutex::new(log),
+                    // It was open before the restart: counted, not refused.
+                    charge: session
+                        .charge_open(&limits, true)
+                        .map_err(|e| restore_errno(fid, e))?,
                 }
             }
             SavedKind::XattrRead(value) => {

@@ -236,6 +236,11 @@ impl<F: Filesystem> Server<F> {
                 }
                 let (inode, qid) = since(m.fid, &m.name, Some(QidType::FILE))?;
                 let flags = m.flags - (OpenFlags::CREATE | OpenFlags::EXCL | OpenFlags::TRUNC);
+                // Created before the crash: the open is counted, not refused.
+                let charge = match session.charge_open(&self.limits(), true) {
+                    Ok(c) => c,
+                    Err(e) => return Some(Err(e)),
+                };
                 let (file, _) = match self.fs.open(&inode, flags) {
                     Ok(f) => f,
                     Err(e) => return Some(Err(errno::from_io(&e))),
@@ -247,6 +252,7 @@ impl<F: Filesystem> Server<F> {
                         file,
                         flags: m.flags,
                         locks: Default::default(),
+                        charge,
                     },
                 };
                 Some(

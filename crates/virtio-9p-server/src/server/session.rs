@@ -76,6 +76,9 @@ pub(crate) enum FidKind<F: Filesystem> {
         flags: OpenFlags,
         /// The Tlocks granted on it, in order (replayed after a restart).
         locks: Mutex<LockLog>,
+        /// Its count against `Config::max_open_fids`; held, never read.
+        #[allow(dead_code)]
+        charge: Charge,
     },
     /// Created by Txattrwalk: the value (or name list) to read, and its
     /// charge against the xattr byte limits.
@@ -175,6 +178,8 @@ pub(crate) struct Usage {
     pub fids: Arc<AtomicUsize>,
     /// Bytes held by xattr fids of all sessions.
     pub xattr_bytes: Arc<AtomicUsize>,
+    /// Open fids of all sessions.
+    pub open_fids: Arc<AtomicUsize>,
 }
 
 /// The limits a session checks, from the server's `Config`.
@@ -185,6 +190,7 @@ pub(crate) struct Limits<'a> {
     pub max_total_fids: usize,
     pub max_xattr_bytes: usize,
     pub max_total_xattr_bytes: usize,
+    pub max_open_fids: usize,
 }
 
 /// One fid. Shared through an `Arc`, so a Tclunk while a Tread of the same
@@ -217,6 +223,8 @@ pub struct Session<F: Filesystem> {
     total_fids: OnceLock<Arc<AtomicUsize>>,
     /// Bytes held by this session's xattr fids.
     xattr_bytes: Arc<AtomicUsize>,
+    /// This session's open fids (each holds a host fd).
+    open_fids: Arc<AtomicUsize>,
     /// Blocking Tlocks of this session waiting in the server.
     lock_waiters: AtomicUsize,
     /// The journal of fid changes, when the session is kept crash-safe.
@@ -230,6 +238,7 @@ impl<F: Filesystem> Default for Session<F> {
             fids: Mutex::new(FidTable::default()),
             total_fids: OnceLock::new(),
             xattr_bytes: Arc::new(AtomicUsize::new(0)),
+            open_fids: Arc::new(AtomicUsize::new(0)),
             lock_waiters: AtomicUsize::new(0),
             log: OnceLock::new(),
         }
@@ -329,6 +338,21 @@ impl<F: Filesystem> Session<F> {
             session: Arc::clone(&self.xattr_bytes),
             total: Arc::clone(&l.usage.xattr_bytes),
             bytes,
+        })
+    }
+
+    /// Counts one more open fid: `EMFILE` past `max_open_fids`, unless
+    /// `force` (a fid restored after a restart was open before it).
+    pub(crate) fn charge_open(&self, l: &Limits<'_>, force: bool) -> Result<Charge, u32> {
+        let max = if force { usize::MAX } else { l.max_open_fids };
+        if !try_add(&self.open_fids, 1, max) {
+            return Err(errno::EMFILE);
+        }
+        l.usage.open_fids.fetch_add(1, Ordering::AcqRel);
+        Ok(Charge {
+            session: Arc::clone(&self.open_fids),
+            total: Arc::clone(&l.usage.open_fids),
+            bytes: 1,
         })
     }
 

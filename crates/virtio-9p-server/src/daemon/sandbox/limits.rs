@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! `RLIMIT_NOFILE` and the fid budget that keeps the fd count below it.
+//! `RLIMIT_NOFILE`, and the fd budgets that keep the fd count below it:
+//! half for the `O_PATH` fds of walked files (a cache: past it, idle ones
+//! are closed and reopened on use), half for open files, divided between
+//! the sessions.
 
 use super::{sys_err, Error, Result};
 
@@ -13,13 +16,13 @@ use super::{sys_err, Error, Result};
 /// fails none.
 pub const FD_RESERVE: u64 = 256;
 
-/// Socket clients the fd budget is shared by: each of them may hold
-/// `fid_budget(nofile, BUDGETED_CLIENTS, ..)` fids. More clients still
-/// connect (up to the transport's limit); once the fds run out, new fids
-/// fail with `EMFILE` and the daemon keeps serving.
+/// Socket clients the open-file budget is shared by: each of them may
+/// hold `open_fid_budget(nofile, BUDGETED_CLIENTS, ..)` open fids. More
+/// clients still connect (up to the transport's limit); once the fds run
+/// out, opens fail with `EMFILE` and the daemon keeps serving.
 pub const BUDGETED_CLIENTS: usize = 16;
 
-/// The smallest fid budget the daemon runs with.
+/// The smallest open-fid budget the daemon runs with.
 pub const MIN_FIDS: usize = 64;
 
 /// Sets `RLIMIT_NOFILE` to `want` (soft and hard), or, with `None`, raises
@@ -56,15 +59,20 @@ pub fn set_nofile(want: Option<u64>) -> Result<u64> {
     Ok(new.rlim_cur)
 }
 
-/// The fids one session may hold so that `sessions` sessions with every
-/// fid open stay below `nofile`: `(nofile - FD_RESERVE) / sessions`,
-/// capped at `max_fids` (the caller refuses a budget below
-/// [`MIN_FIDS`]). Each fid holds one `O_PATH`
-/// fd and, once opened, at most one more.
-pub fn fid_budget(nofile: u64, sessions: usize, max_fids: usize) -> usize {
-    let usable = nofile.saturating_sub(FD_RESERVE) / 2;
-    let per = usable / (sessions.max(1) as u64);
+/// The open fids one session may hold so that `sessions` sessions with
+/// every one of them open, and a full cache of walked files' fds
+/// ([`path_fd_budget`]), stay below `nofile`: `(nofile - FD_RESERVE) / 2
+/// / sessions`, capped at `max_fids` (the caller refuses a budget below
+/// [`MIN_FIDS`]).
+pub fn open_fid_budget(nofile: u64, sessions: usize, max_fids: usize) -> usize {
+    let per = path_fd_budget(nofile) as u64 / (sessions.max(1) as u64);
     per.min(max_fids as u64) as usize
+}
+
+/// The `O_PATH` fds walked files may keep open, for all sessions
+/// together: `(nofile - FD_RESERVE) / 2`.
+pub fn path_fd_budget(nofile: u64) -> usize {
+    usize::try_from(nofile.saturating_sub(FD_RESERVE) / 2).unwrap_or(usize::MAX)
 }
 
 #[cfg(test)]
@@ -92,9 +100,11 @@ mod tests {
 
     #[test]
     fn test_fid_budget() {
-        assert_eq!(fid_budget(1 << 20, 1, 65536), 65536);
-        assert_eq!(fid_budget(4096, 1, 65536), (4096 - 256) / 2);
-        assert_eq!(fid_budget(4096, 8, 65536), (4096 - 256) / 2 / 8);
-        assert_eq!(fid_budget(100, 1, 65536), 0);
+        assert_eq!(open_fid_budget(1 << 20, 1, 65536), 65536);
+        assert_eq!(open_fid_budget(4096, 1, 65536), (4096 - 256) / 2);
+        assert_eq!(open_fid_budget(4096, 8, 65536), (4096 - 256) / 2 / 8);
+        assert_eq!(open_fid_budget(100, 1, 65536), 0);
+        assert_eq!(path_fd_budget(4096), (4096 - 256) / 2);
+        assert_eq!(path_fd_budget(100), 0);
     }
 }

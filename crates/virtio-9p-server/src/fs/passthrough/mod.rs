@@ -16,7 +16,10 @@
 //!   directory out of the export while a guest holds a fid into it takes
 //!   that fid with it; the host is trusted.)
 //! - Swapping a directory for a symlink after a walk changes nothing: the
-//!   fid holds the directory's fd, not its name.
+//!   fid holds the directory's fd, not its name. Past
+//!   [`PassthroughConfig::max_path_fds`] idle fds are closed, and a reopen
+//!   keeps only the same `(dev, ino)` (`reclaim.rs`): a swap then answers
+//!   `ESTALE`.
 //! - Files are opened for I/O by reopening their `O_PATH` fd through
 //!   `/proc/self/fd`, and only regular files and directories: device nodes,
 //!   fifos and sockets answer `ENXIO` (the QEMU CVE-2023-2861 lesson),
@@ -26,6 +29,7 @@
 
 mod mapped;
 pub(crate) mod qid;
+mod reclaim;
 mod restore;
 pub(crate) mod sys;
 
@@ -52,6 +56,7 @@ use crate::protocol::{
 use sys::check;
 
 use qid::QidMap;
+use reclaim::{FdCache, FdSlot, PathFd};
 
 /// How guest ownership and modes map onto the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -123,6 +128,31 @@ pub struct PassthroughConfig {
     /// or FUSE filesystem is mounted below the export root, and every call
     /// stays on a worker.
     pub inline_metadata: bool,
+    /// Most `O_PATH` fds kept open for walked files. Past it, the least
+    /// recently used are closed and reopened on their next use, by name
+    /// in their parent and checked to be the same file, so a guest may
+    /// hold more fids than the process has fds. A fid whose file the
+    /// host renamed or replaced while its fd was closed answers `ESTALE`
+    /// (a regular file is found by its file handle, with
+    /// `CAP_DAC_READ_SEARCH`). Default: half the soft `RLIMIT_NOFILE`
+    /// when the config is made, at least 64. An open that fails with
+    /// `EMFILE` or `ENFILE` closes idle fds and is tried once more.
+    pub max_path_fds: usize,
+}
+
+/// Half the soft `RLIMIT_NOFILE`, at least 64.
+fn default_max_path_fds() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out pointer.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    };
+    usize::try_from(soft / 2).unwrap_or(usize::MAX).max(64)
 }
 
 /// The filesystem types (`f_type`) whose metadata calls
@@ -161,12 +191,14 @@ impl PassthroughConfig {
             security_model: SecurityModel::Passthrough,
             use_openat2: true,
             inline_metadata: true,
+            max_path_fds: default_max_path_fds(),
         }
     }
 }
 
 struct InodeData {
-    fd: OwnedFd,
+    /// Its `O_PATH` fd, closed and reopened by the [`reclaim`] cache.
+    slot: FdSlot,
     /// `S_IFMT` bits of the host file.
     host_type: u32,
     dev: u64,
@@ -175,14 +207,15 @@ struct InodeData {
     link: Mutex<Option<(Inode, Vec<u8>)>>,
 }
 
-/// A walked file: an `O_PATH` fd, shared between fids.
+/// A walked file: an `O_PATH` fd (closed while idle past
+/// [`PassthroughConfig::max_path_fds`], reopened on use), shared between
+/// fids.
 #[derive(Clone)]
 pub struct Inode(Arc<InodeData>);
 
 impl fmt::Debug for Inode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Inode")
-            .field("fd", &self.0.fd.as_raw_fd())
             .field("dev", &self.0.dev)
             .field("ino", &self.0.ino)
             .finish()
@@ -190,10 +223,6 @@ impl fmt::Debug for Inode {
 }
 
 impl Inode {
-    fn fd(&self) -> BorrowedFd<'_> {
-        self.0.fd.as_fd()
-    }
-
     fn is_dir(&self) -> bool {
         self.0.host_type == libc::S_IFDIR
     }
@@ -242,6 +271,10 @@ pub struct PassthroughFs {
     /// and no directory on another filesystem has been met since
     /// ([`PassthroughFs::make_qid`]).
     metadata_local: AtomicBool,
+    /// The `O_PATH` fds of walked files ([`reclaim`]).
+    fds: FdCache,
+    /// The root's fd, which the cache never closes.
+    root_fd: RawFd,
 }
 
 fn err(errno: i32) -> io::Error {
@@ -402,14 +435,19 @@ impl PassthroughFs {
         // Unknown (fstatfs failed) counts as not local.
         let metadata_local =
             cfg.inline_metadata && sys::fs_type(fd.as_fd()).is_ok_and(is_local_fs_type);
+        let fds = FdCache::new(cfg.max_path_fds);
+        let root_fd = fd.as_raw_fd();
+        // The root has no parent: it is never closed.
         let root = Inode(Arc::new(InodeData {
-            fd,
+            slot: FdSlot::new(fds.adopt(fd)),
             host_type: st.st_mode & libc::S_IFMT,
             dev: st.st_dev,
             ino: st.st_ino,
             link: Mutex::new(None),
         }));
         PassthroughFs {
+            fds,
+            root_fd,
             metadata_local: AtomicBool::new(metadata_local),
             qids: QidMap::new(st.st_dev),
             root,
@@ -423,11 +461,11 @@ impl PassthroughFs {
 
     /// The fds the filesystem itself holds for as long as it lives: the
     /// export's root and the `/proc/self/fd` directory. A jailer that
-    /// closes every fd it does not know keeps these. (Each walked fid and
-    /// open file holds one more fd while it exists; those come and go
-    /// with the guest's requests.)
+    /// closes every fd it does not know keeps these. (Walked files hold up
+    /// to [`PassthroughConfig::max_path_fds`] more, and each open file
+    /// one; those come and go with the guest's requests.)
     pub fn fds(&self) -> Vec<RawFd> {
-        vec![self.root.0.fd.as_raw_fd(), self.proc_fd.as_raw_fd()]
+        vec![self.root_fd, self.proc_fd.as_raw_fd()]
     }
 
     /// Tells the filesystem that the process's current directory is now
@@ -505,27 +543,34 @@ impl PassthroughFs {
         }
     }
 
-    fn new_inode(&self, fd: OwnedFd, link: Option<(Inode, Vec<u8>)>) -> io::Result<(Inode, Qid)> {
+    fn new_inode(&self, fd: PathFd, link: Option<(Inode, Vec<u8>)>) -> io::Result<(Inode, Qid)> {
         let st = sys::fstat(fd.as_fd())?;
         if self.is_root(st.st_dev, st.st_ino) {
             return Ok((self.root.clone(), self.make_qid(&st, None)?));
         }
         let mm = self.mapped_mode(fd.as_fd(), st.st_mode);
         let qid = self.make_qid(&st, mm)?;
+        let reclaimable = link.is_some();
         let inode = Inode(Arc::new(InodeData {
-            fd,
+            slot: FdSlot::new(fd),
             host_type: st.st_mode & libc::S_IFMT,
             dev: st.st_dev,
             ino: st.st_ino,
             link: Mutex::new(link),
         }));
+        if reclaimable {
+            self.fds.register(&inode);
+        }
         Ok((inode, qid))
     }
 
     /// Looks `name` up in `dir` without following symlinks.
     fn lookup(&self, dir: &Inode, name: &[u8]) -> io::Result<(Inode, Qid)> {
         let c = sys::cstr(name)?;
-        let fd = sys::open_beneath(dir.fd(), &c, libc::O_PATH, 0, self.cfg.use_openat2)?;
+        let dir_fd = self.fd(dir)?;
+        let fd = self.adopt_retrying(|| {
+            sys::open_beneath(dir_fd.as_fd(), &c, libc::O_PATH, 0, self.cfg.use_openat2)
+        })?;
         self.new_inode(fd, Some((dir.clone(), name.to_vec())))
     }
 
@@ -533,7 +578,7 @@ impl PassthroughFs {
     fn verify_link(&self, inode: &Inode) -> io::Result<(Inode, CString)> {
         let (parent, name) = inode.link().ok_or_else(|| err(libc::EBUSY))?;
         let c = sys::cstr(&name)?;
-        let st = sys::fstatat(parent.fd(), &c)?;
+        let st = sys::fstatat(self.fd(&parent)?.as_fd(), &c)?;
         if st.st_dev != inode.0.dev || st.st_ino != inode.0.ino {
             return Err(err(libc::ENOENT));
         }
@@ -560,12 +605,12 @@ impl PassthroughFs {
                 0
             };
             // SAFETY: valid dirfd and C string.
-            let _ = unsafe { libc::unlinkat(dir.fd().as_raw_fd(), c.as_ptr(), flags) };
+            let _ = unsafe { libc::unlinkat(self.fd(dir)?.as_fd().as_raw_fd(), c.as_ptr(), flags) };
             return Err(e);
         }
         // Qid after the mapped attributes exist.
-        let st = sys::fstat(inode.fd())?;
-        let qid = self.make_qid(&st, self.mapped_mode(inode.fd(), st.st_mode))?;
+        let st = sys::fstat(self.fd(&inode)?.as_fd())?;
+        let qid = self.make_qid(&st, self.mapped_mode(self.fd(&inode)?.as_fd(), st.st_mode))?;
         Ok((inode, qid))
     }
 
@@ -580,14 +625,14 @@ impl PassthroughFs {
                     mapped::FILE_MODE
                 };
                 self.chmod(inode, host)?;
-                mapped::drop_host_acls(&self.proc_path(inode.fd()), inode.is_dir())?;
+                mapped::drop_host_acls(&self.proc_path(self.fd(inode)?.as_fd()), inode.is_dir())?;
                 let m = mapped::Mapped {
                     uid: Some(cred.uid),
                     gid: Some(cred.gid),
                     mode: Some(mode),
                     rdev: (rdev != 0).then_some(rdev),
                 };
-                mapped::write(&self.proc_path(inode.fd()), &m)
+                mapped::write(&self.proc_path(self.fd(inode)?.as_fd()), &m)
             }
             model => {
                 let chown = self.chown(inode, Some(cred.uid), Some(cred.gid));
@@ -608,7 +653,7 @@ impl PassthroughFs {
         // SAFETY: valid O_PATH fd with AT_EMPTY_PATH and an empty C string.
         check!(unsafe {
             libc::fchownat(
-                inode.fd().as_raw_fd(),
+                self.fd(inode)?.as_fd().as_raw_fd(),
                 c"".as_ptr(),
                 uid.unwrap_or(u32::MAX),
                 gid.unwrap_or(u32::MAX),
@@ -619,22 +664,25 @@ impl PassthroughFs {
     }
 
     fn chmod(&self, inode: &Inode, mode: u32) -> io::Result<()> {
-        let name = sys::cstr(inode.fd().as_raw_fd().to_string().as_bytes())?;
-        // SAFETY: valid dirfd (/proc/self/fd) and C string.
+        let fd = self.fd(inode)?;
+        let name = sys::cstr(fd.as_fd().as_raw_fd().to_string().as_bytes())?;
+        // SAFETY: valid dirfd (/proc/self/fd) and C string; `fd` keeps the
+        // name pointing at this inode.
         check!(unsafe { libc::fchmodat(self.proc_fd.as_raw_fd(), name.as_ptr(), mode, 0) })?;
         Ok(())
     }
 
     /// The guest-visible mode of an inode.
     fn guest_mode(&self, inode: &Inode) -> io::Result<u32> {
-        let st = sys::fstat(inode.fd())?;
+        let st = sys::fstat(self.fd(inode)?.as_fd())?;
         Ok(self
-            .mapped_mode(inode.fd(), st.st_mode)
+            .mapped_mode(self.fd(inode)?.as_fd(), st.st_mode)
             .unwrap_or(st.st_mode))
     }
 
     fn open_fd(&self, inode: &Inode, flags: libc::c_int) -> io::Result<OwnedFd> {
-        sys::reopen(self.proc_fd.as_fd(), inode.fd(), flags)
+        let fd = self.fd(inode)?;
+        self.retry_out_of_fds(|| sys::reopen(self.proc_fd.as_fd(), fd.as_fd(), flags))
     }
 
     /// Refuses I/O on anything but regular files and directories.
@@ -645,7 +693,7 @@ impl PassthroughFs {
             _ => return Err(err(libc::ENXIO)),
         }
         if self.mapped() && inode.0.host_type == libc::S_IFREG {
-            if let Some(mode) = mapped::read_mode(&self.proc_path(inode.fd())) {
+            if let Some(mode) = mapped::read_mode(&self.proc_path(self.fd(inode)?.as_fd())) {
                 match mode & libc::S_IFMT {
                     libc::S_IFREG | libc::S_IFDIR => {}
                     libc::S_IFLNK => return Err(err(libc::ELOOP)),
@@ -658,16 +706,16 @@ impl PassthroughFs {
 
     /// The guest's view of the host attributes `a`: the mapped
     /// attributes, then the id translation.
-    fn apply_mapped(&self, inode: &Inode, a: Rgetattr) -> Rgetattr {
-        let mut a = self.apply_mapped_xattrs(inode, a);
+    fn apply_mapped(&self, inode: &Inode, a: Rgetattr) -> io::Result<Rgetattr> {
+        let mut a = self.apply_mapped_xattrs(inode, a)?;
         self.ids.to_guest_attr(&mut a);
-        a
+        Ok(a)
     }
 
     /// Overrides ownership, mode and rdev with the mapped attributes.
-    fn apply_mapped_xattrs(&self, inode: &Inode, mut a: Rgetattr) -> Rgetattr {
+    fn apply_mapped_xattrs(&self, inode: &Inode, mut a: Rgetattr) -> io::Result<Rgetattr> {
         if self.mapped() && inode.0.host_type != libc::S_IFLNK {
-            let m = mapped::read(&self.proc_path(inode.fd()));
+            let m = mapped::read(&self.proc_path(self.fd(inode)?.as_fd()));
             a.uid = m.uid.unwrap_or(a.uid);
             a.gid = m.gid.unwrap_or(a.gid);
             if let Some(mode) = m.mode {
@@ -676,7 +724,7 @@ impl PassthroughFs {
             }
             a.rdev = m.rdev.unwrap_or(a.rdev);
         }
-        a
+        Ok(a)
     }
 
     fn host_create_mode(&self, mode: u32, dir: bool) -> u32 {
@@ -763,7 +811,7 @@ impl Filesystem for PassthroughFs {
         if !matches_export {
             return Err(err(libc::ENOENT));
         }
-        let st = sys::fstat(self.root.fd())?;
+        let st = sys::fstat(self.fd(&self.root)?.as_fd())?;
         Ok((self.root.clone(), self.make_qid(&st, None)?))
     }
 
@@ -796,15 +844,15 @@ impl Filesystem for PassthroughFs {
     fn walk(&self, dir: &Inode, name: &[u8]) -> io::Result<(Inode, Qid)> {
         match name {
             b"." => {
-                let st = sys::fstat(dir.fd())?;
+                let st = sys::fstat(self.fd(dir)?.as_fd())?;
                 Ok((dir.clone(), self.make_qid(&st, None)?))
             }
             b".." => {
                 if self.is_root(dir.0.dev, dir.0.ino) {
-                    let st = sys::fstat(dir.fd())?;
+                    let st = sys::fstat(self.fd(dir)?.as_fd())?;
                     return Ok((self.root.clone(), self.make_qid(&st, None)?));
                 }
-                let fd = sys::open_parent(dir.fd())?;
+                let fd = self.adopt_retrying(|| sys::open_parent(self.fd(dir)?.as_fd()))?;
                 let st = sys::fstat(fd.as_fd())?;
                 if let Some((parent, _)) = dir.link() {
                     if parent.0.dev == st.st_dev && parent.0.ino == st.st_ino {
@@ -820,7 +868,7 @@ impl Filesystem for PassthroughFs {
     fn getattr(&self, inode: &Inode, mask: GetattrMask) -> io::Result<Rgetattr> {
         if !mask.contains(GetattrMask::BTIME) {
             // fstat is a little cheaper than statx and has everything else.
-            let st = sys::fstat(inode.fd())?;
+            let st = sys::fstat(self.fd(inode)?.as_fd())?;
             let a = Rgetattr {
                 valid: GetattrMask::BASIC,
                 qid: self.make_qid(&st, None)?,
@@ -840,9 +888,9 @@ impl Filesystem for PassthroughFs {
                 ctime_nsec: st.st_ctime_nsec as u64,
                 ..Default::default()
             };
-            return Ok(self.apply_mapped(inode, a));
+            return self.apply_mapped(inode, a);
         }
-        let st = sys::statx(inode.fd())?;
+        let st = sys::statx(self.fd(inode)?.as_fd())?;
         let mut a = Rgetattr {
             valid: GetattrMask::BASIC,
             qid: Qid {
@@ -874,7 +922,7 @@ impl Filesystem for PassthroughFs {
             a.btime_sec = st.stx_btime.tv_sec as u64;
             a.btime_nsec = st.stx_btime.tv_nsec as u64;
         }
-        Ok(self.apply_mapped(inode, a))
+        self.apply_mapped(inode, a)
     }
 
     fn setattr(&self, inode: &Inode, file: Option<&File>, attr: &Tsetattr) -> io::Result<()> {
@@ -903,7 +951,7 @@ impl Filesystem for PassthroughFs {
                     mode: Some(mode),
                     ..Default::default()
                 };
-                mapped::write(&self.proc_path(inode.fd()), &m)?;
+                mapped::write(&self.proc_path(self.fd(inode)?.as_fd()), &m)?;
             } else if inode.0.host_type != libc::S_IFLNK {
                 let res = self.chmod(inode, host_perm(model, attr.mode));
                 if model == SecurityModel::Passthrough {
@@ -920,7 +968,7 @@ impl Filesystem for PassthroughFs {
                     gid,
                     ..Default::default()
                 };
-                mapped::write(&self.proc_path(inode.fd()), &m)?;
+                mapped::write(&self.proc_path(self.fd(inode)?.as_fd()), &m)?;
             } else {
                 let res = self.chown(inode, uid, gid);
                 if model == SecurityModel::Passthrough {
@@ -996,15 +1044,17 @@ impl Filesystem for PassthroughFs {
                 // SAFETY: valid dirfd, C string and two timespecs.
                 check!(unsafe {
                     libc::utimensat(
-                        parent.fd().as_raw_fd(),
+                        self.fd(&parent)?.as_fd().as_raw_fd(),
                         name.as_ptr(),
                         times.as_ptr(),
                         libc::AT_SYMLINK_NOFOLLOW,
                     )
                 })?;
             } else {
-                let name = sys::cstr(inode.fd().as_raw_fd().to_string().as_bytes())?;
-                // SAFETY: valid dirfd (/proc/self/fd), C string, timespecs.
+                let fd = self.fd(inode)?;
+                let name = sys::cstr(fd.as_fd().as_raw_fd().to_string().as_bytes())?;
+                // SAFETY: valid dirfd (/proc/self/fd), C string, timespecs;
+                // `fd` keeps the name pointing at this inode.
                 check!(unsafe {
                     libc::utimensat(self.proc_fd.as_raw_fd(), name.as_ptr(), times.as_ptr(), 0)
                 })?;
@@ -1016,7 +1066,7 @@ impl Filesystem for PassthroughFs {
     fn statfs(&self, inode: &Inode) -> io::Result<Rstatfs> {
         let mut st = std::mem::MaybeUninit::<libc::statfs64>::uninit();
         // SAFETY: valid fd and out pointer.
-        check!(unsafe { libc::fstatfs64(inode.fd().as_raw_fd(), st.as_mut_ptr()) })?;
+        check!(unsafe { libc::fstatfs64(self.fd(inode)?.as_fd().as_raw_fd(), st.as_mut_ptr()) })?;
         // SAFETY: fstatfs64 succeeded and filled `st`.
         let st = unsafe { st.assume_init() };
         // SAFETY: fsid_t is two c_ints; reading it as bytes is sound.
@@ -1041,7 +1091,7 @@ impl Filesystem for PassthroughFs {
         self.check_openable(inode)?;
         let fd = self.open_fd(inode, host_open_flags(flags)?)?;
         let st = sys::fstat(fd.as_fd())?;
-        let qid = self.make_qid(&st, self.mapped_mode(inode.fd(), st.st_mode))?;
+        let qid = self.make_qid(&st, self.mapped_mode(self.fd(inode)?.as_fd(), st.st_mode))?;
         Ok((
             File {
                 fd,
@@ -1064,7 +1114,7 @@ impl Filesystem for PassthroughFs {
         let c = sys::cstr(name)?;
         let host = host_open_flags(flags)? & !libc::O_DIRECTORY;
         let created = sys::open_beneath(
-            dir.fd(),
+            self.fd(dir)?.as_fd(),
             &c,
             host | libc::O_CREAT | libc::O_EXCL,
             self.host_create_mode(mode, false),
@@ -1196,7 +1246,7 @@ impl Filesystem for PassthroughFs {
         // SAFETY: valid dirfd and C string.
         check!(unsafe {
             libc::mkdirat(
-                dir.fd().as_raw_fd(),
+                self.fd(dir)?.as_fd().as_raw_fd(),
                 c.as_ptr(),
                 self.host_create_mode(mode, true),
             )
@@ -1219,7 +1269,7 @@ impl Filesystem for PassthroughFs {
         }
         if self.mapped() {
             let fd = sys::open_beneath(
-                dir.fd(),
+                self.fd(dir)?.as_fd(),
                 &c,
                 libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
                 mapped::FILE_MODE,
@@ -1228,12 +1278,14 @@ impl Filesystem for PassthroughFs {
             let written = crate::sys::pwrite_all(fd.as_fd(), target, 0);
             if !matches!(written, Ok(n) if n == target.len()) {
                 // SAFETY: valid dirfd and C string.
-                let _ = unsafe { libc::unlinkat(dir.fd().as_raw_fd(), c.as_ptr(), 0) };
+                let _ = unsafe { libc::unlinkat(self.fd(dir)?.as_fd().as_raw_fd(), c.as_ptr(), 0) };
                 return Err(written.err().unwrap_or_else(|| err(libc::ENOSPC)));
             }
         } else {
             // SAFETY: valid C strings and dirfd.
-            check!(unsafe { libc::symlinkat(t.as_ptr(), dir.fd().as_raw_fd(), c.as_ptr()) })?;
+            check!(unsafe {
+                libc::symlinkat(t.as_ptr(), self.fd(dir)?.as_fd().as_raw_fd(), c.as_ptr())
+            })?;
         }
         Ok(self
             .finish_create(dir, name, cred, libc::S_IFLNK | 0o777, 0)?
@@ -1261,7 +1313,14 @@ impl Filesystem for PassthroughFs {
             model => (kind | host_perm(model, mode), rdev),
         };
         // SAFETY: valid dirfd and C string.
-        check!(unsafe { libc::mknodat(dir.fd().as_raw_fd(), c.as_ptr(), host_mode, host_rdev) })?;
+        check!(unsafe {
+            libc::mknodat(
+                self.fd(dir)?.as_fd().as_raw_fd(),
+                c.as_ptr(),
+                host_mode,
+                host_rdev,
+            )
+        })?;
         let rdev = if matches!(kind, libc::S_IFCHR | libc::S_IFBLK) {
             rdev
         } else {
@@ -1279,9 +1338,9 @@ impl Filesystem for PassthroughFs {
         // SAFETY: valid fds and C strings.
         let res = check!(unsafe {
             libc::linkat(
-                target.fd().as_raw_fd(),
+                self.fd(target)?.as_fd().as_raw_fd(),
                 c"".as_ptr(),
-                dir.fd().as_raw_fd(),
+                self.fd(dir)?.as_fd().as_raw_fd(),
                 c.as_ptr(),
                 libc::AT_EMPTY_PATH,
             )
@@ -1292,7 +1351,8 @@ impl Filesystem for PassthroughFs {
             if e.raw_os_error() != Some(libc::ENOENT) || target.0.host_type == libc::S_IFLNK {
                 return Err(e);
             }
-            let p = self.proc_path(target.fd());
+            let target_fd = self.fd(target)?;
+            let p = self.proc_path(target_fd.as_fd());
             // Relative to the /proc/self/fd fd when the embedder gave one
             // (no /proc mount needed), else by path.
             let (from_dir, from) = p.at().unwrap_or((libc::AT_FDCWD, p.path()));
@@ -1301,7 +1361,7 @@ impl Filesystem for PassthroughFs {
                 libc::linkat(
                     from_dir,
                     from.as_ptr(),
-                    dir.fd().as_raw_fd(),
+                    self.fd(dir)?.as_fd().as_raw_fd(),
                     c.as_ptr(),
                     libc::AT_SYMLINK_FOLLOW,
                 )
@@ -1312,10 +1372,10 @@ impl Filesystem for PassthroughFs {
 
     fn readlink(&self, inode: &Inode) -> io::Result<Vec<u8>> {
         if inode.0.host_type == libc::S_IFLNK {
-            return sys::readlink(inode.fd());
+            return sys::readlink(self.fd(inode)?.as_fd());
         }
         if self.mapped() && inode.0.host_type == libc::S_IFREG {
-            if let Some(mode) = mapped::read_mode(&self.proc_path(inode.fd())) {
+            if let Some(mode) = mapped::read_mode(&self.proc_path(self.fd(inode)?.as_fd())) {
                 if mode & libc::S_IFMT == libc::S_IFLNK {
                     let fd = self.open_fd(inode, libc::O_RDONLY)?;
                     let mut buf = vec![0u8; libc::PATH_MAX as usize];
@@ -1335,9 +1395,9 @@ impl Filesystem for PassthroughFs {
         // SAFETY: valid dirfds and C strings.
         check!(unsafe {
             libc::renameat(
-                parent.fd().as_raw_fd(),
+                self.fd(&parent)?.as_fd().as_raw_fd(),
                 oldname.as_ptr(),
-                dir.fd().as_raw_fd(),
+                self.fd(dir)?.as_fd().as_raw_fd(),
                 c.as_ptr(),
             )
         })?;
@@ -1359,9 +1419,9 @@ impl Filesystem for PassthroughFs {
         // SAFETY: valid dirfds and C strings.
         check!(unsafe {
             libc::renameat(
-                olddir.fd().as_raw_fd(),
+                self.fd(olddir)?.as_fd().as_raw_fd(),
                 o.as_ptr(),
-                newdir.fd().as_raw_fd(),
+                self.fd(newdir)?.as_fd().as_raw_fd(),
                 n.as_ptr(),
             )
         })?;
@@ -1377,7 +1437,7 @@ impl Filesystem for PassthroughFs {
             0
         };
         // SAFETY: valid dirfd and C string.
-        check!(unsafe { libc::unlinkat(dir.fd().as_raw_fd(), c.as_ptr(), host) })?;
+        check!(unsafe { libc::unlinkat(self.fd(dir)?.as_fd().as_raw_fd(), c.as_ptr(), host) })?;
         Ok(())
     }
 
@@ -1390,7 +1450,9 @@ impl Filesystem for PassthroughFs {
             0
         };
         // SAFETY: valid dirfd and C string.
-        check!(unsafe { libc::unlinkat(parent.fd().as_raw_fd(), name.as_ptr(), flags) })?;
+        check!(unsafe {
+            libc::unlinkat(self.fd(&parent)?.as_fd().as_raw_fd(), name.as_ptr(), flags)
+        })?;
         Ok(())
     }
 
@@ -1404,14 +1466,15 @@ impl Filesystem for PassthroughFs {
             Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Err(err(libc::ENODATA)),
             other => other?,
         };
-        sys::getxattr(&self.proc_path(inode.fd()), &c, max)
+        sys::getxattr(&self.proc_path(self.fd(inode)?.as_fd()), &c, max)
     }
 
     fn listxattr(&self, inode: &Inode, max: usize) -> io::Result<Vec<u8>> {
         if inode.0.host_type == libc::S_IFLNK {
             return Ok(Vec::new());
         }
-        let path = self.proc_path(inode.fd());
+        let fd = self.fd(inode)?;
+        let path = self.proc_path(fd.as_fd());
         if self.mapped() {
             // The hidden and the longer mapped names may push the host
             // list over `max`: read all of it (the kernel's limit).
@@ -1431,7 +1494,7 @@ impl Filesystem for PassthroughFs {
             return Err(err(libc::EPERM));
         }
         let c = self.xattr_name(name)?;
-        sys::setxattr(&self.proc_path(inode.fd()), &c, value, flags)
+        sys::setxattr(&self.proc_path(self.fd(inode)?.as_fd()), &c, value, flags)
     }
 
     fn removexattr(&self, inode: &Inode, name: &[u8]) -> io::Result<()> {
@@ -1440,7 +1503,7 @@ impl Filesystem for PassthroughFs {
             return Err(err(libc::EPERM));
         }
         let c = self.xattr_name(name)?;
-        let res = sys::removexattr(&self.proc_path(inode.fd()), &c);
+        let res = sys::removexattr(&self.proc_path(self.fd(inode)?.as_fd()), &c);
         match res {
             // As QEMU: removing a mapped ACL that is not there succeeds
             // (the guest kernel does so on chmod).

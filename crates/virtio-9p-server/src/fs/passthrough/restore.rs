@@ -56,7 +56,7 @@ impl PassthroughFs {
             out.extend_from_slice(&(n.len() as u16).to_le_bytes());
             out.extend_from_slice(n);
         }
-        let (ty, handle) = file_handle(inode).unwrap_or((0, Vec::new()));
+        let (ty, handle) = file_handle(self.fd(inode)?.as_fd()).unwrap_or((0, Vec::new()));
         out.extend_from_slice(&ty.to_le_bytes());
         out.extend_from_slice(&(handle.len() as u16).to_le_bytes());
         out.extend_from_slice(&handle);
@@ -80,7 +80,7 @@ impl PassthroughFs {
             }
             if walked.is_ok() && cur.0 .0.dev == s.dev && cur.0 .0.ino == s.ino {
                 if s.names.is_empty() {
-                    let st = sys::fstat(cur.0.fd())?;
+                    let st = sys::fstat(self.fd(&cur.0)?.as_fd())?;
                     return Ok((cur.0, self.make_qid(&st, None)?));
                 }
                 return Ok(cur);
@@ -90,12 +90,12 @@ impl PassthroughFs {
         if s.handle.is_empty() || s.dev != self.root.0.dev {
             return Err(err(libc::ENOENT));
         }
-        let fd = open_handle(self.root.fd(), s.handle_type, s.handle)?;
+        let fd = open_handle(self.fd(&self.root)?.as_fd(), s.handle_type, s.handle)?;
         let st = sys::fstat(fd.as_fd())?;
         if st.st_dev != s.dev || st.st_ino != s.ino || st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             return Err(err(libc::ESTALE));
         }
-        self.new_inode(fd, None)
+        self.new_inode(self.fds.adopt(fd), None)
     }
 }
 
@@ -154,9 +154,9 @@ impl<'a> SavedInode<'a> {
     }
 }
 
-/// The file handle of `inode` (`name_to_handle_at`), if its filesystem
+/// The file handle of the file `fd` names (`name_to_handle_at`), if its filesystem
 /// has them.
-fn file_handle(inode: &Inode) -> Option<(i32, Vec<u8>)> {
+pub(super) fn file_handle(fd: std::os::fd::BorrowedFd<'_>) -> Option<(i32, Vec<u8>)> {
     // file_handle: u32 handle_bytes, i32 handle_type, then the bytes; a
     // u32 buffer keeps it aligned.
     let mut buf = [0u32; 2 + MAX_HANDLE / 4];
@@ -167,7 +167,7 @@ fn file_handle(inode: &Inode) -> Option<(i32, Vec<u8>)> {
     // AT_EMPTY_PATH on a valid fd; the kernel writes only within them.
     let r = unsafe {
         libc::name_to_handle_at(
-            inode.fd().as_raw_fd(),
+            fd.as_raw_fd(),
             c"".as_ptr(),
             buf.as_mut_ptr().cast(),
             &mut mount_id,
@@ -184,7 +184,11 @@ fn file_handle(inode: &Inode) -> Option<(i32, Vec<u8>)> {
 }
 
 /// Opens a saved file handle as `O_PATH` (needs `CAP_DAC_READ_SEARCH`).
-fn open_handle(mount: std::os::fd::BorrowedFd<'_>, ty: i32, handle: &[u8]) -> io::Result<OwnedFd> {
+pub(super) fn open_handle(
+    mount: std::os::fd::BorrowedFd<'_>,
+    ty: i32,
+    handle: &[u8],
+) -> io::Result<OwnedFd> {
     let mut buf = [0u32; 2 + MAX_HANDLE / 4];
     buf[0] = handle.len() as u32;
     buf[1] = ty as u32;

@@ -1,0 +1,460 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! A bounded number of `O_PATH` fds for walked files.
+//!
+//! A guest that caches dentries (v9fs `cache=loose`) keeps a fid for every
+//! file it has seen, tens of thousands of them. Holding an `O_PATH` fd per
+//! walked inode would run the process out of descriptors, so past
+//! [`PassthroughConfig::max_path_fds`](super::PassthroughConfig::max_path_fds)
+//! the least recently used ones are closed (QEMU's 9p reclaims the fds of
+//! idle fids the same way). A closed inode is reopened on its next use:
+//!
+//! - by its name in its parent (the parent reopened first if it was closed
+//!   too), with the walk's own checks: one validated name, no symlink
+//!   followed, nothing outside the export;
+//! - and only if the file found there is the same `(dev, ino)`; otherwise
+//!   (renamed or replaced on the host meanwhile) a non-directory is tried
+//!   by the file handle taken when its fd was closed, which needs
+//!   `CAP_DAC_READ_SEARCH`; else the fid answers `ESTALE`.
+//!
+//! Never closed: the export root, an fd some call is using right now, a
+//! file with no link left (it could not be found again), and inodes with
+//! no known parent (those reached by `..`, or restored by handle).
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use super::restore::{file_handle, open_handle};
+use super::{err, sys, Inode, InodeData, PassthroughFs};
+
+/// What a reclaim pass closes down to: half the limit, so passes are rare.
+const LOW_WATER_DIVISOR: usize = 2;
+
+/// An open `O_PATH` fd of an inode. While a call holds one, the fd stays
+/// open, whatever a reclaim pass decides.
+#[derive(Clone, Debug)]
+pub(super) struct PathFd(Arc<CountedFd>);
+
+#[derive(Debug)]
+struct CountedFd {
+    fd: OwnedFd,
+    open: Arc<AtomicUsize>,
+}
+
+impl Drop for CountedFd {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl AsFd for PathFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.fd.as_fd()
+    }
+}
+
+/// The fd slot of one inode.
+#[derive(Debug)]
+pub(super) struct FdSlot {
+    fd: Mutex<Option<PathFd>>,
+    /// The cache tick of the last use (the pass closes the oldest first).
+    used: AtomicU64,
+    /// The file handle taken when the fd was closed.
+    handle: Mutex<Option<(i32, Vec<u8>)>>,
+}
+
+impl FdSlot {
+    pub(super) fn new(fd: PathFd) -> Self {
+        FdSlot {
+            fd: Mutex::new(Some(fd)),
+            used: AtomicU64::new(0),
+            handle: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<PathFd>> {
+        self.fd.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Every inode's fd slot, and how many `O_PATH` fds are open.
+#[derive(Debug)]
+pub(super) struct FdCache {
+    /// Most `O_PATH` fds open before a pass closes idle ones.
+    limit: usize,
+    open: Arc<AtomicUsize>,
+    tick: AtomicU64,
+    /// The open count at which `register` runs the next pass: the limit,
+    /// or more after a pass that found too few idle fds (so a tree of
+    /// busy fds does not cost a pass per walk).
+    next_pass: AtomicUsize,
+    inodes: Mutex<Registry>,
+}
+
+/// The inodes a pass may close; dead entries are dropped by each pass and
+/// whenever the list has doubled since it was last compacted.
+#[derive(Debug, Default)]
+struct Registry {
+    inodes: Vec<Weak<InodeData>>,
+    compact_at: usize,
+}
+
+/// The registry is compacted no more often than every this many entries.
+const MIN_COMPACT: usize = 1024;
+
+impl FdCache {
+    pub(super) fn new(limit: usize) -> Self {
+        let limit = limit.max(1);
+        FdCache {
+            limit,
+            open: Arc::new(AtomicUsize::new(0)),
+            tick: AtomicU64::new(0),
+            next_pass: AtomicUsize::new(limit),
+            inodes: Mutex::new(Registry {
+                inodes: Vec::new(),
+                compact_at: MIN_COMPACT,
+            }),
+        }
+    }
+
+    /// Counts `fd` as one of the cache's open fds.
+    pub(super) fn adopt(&self, fd: OwnedFd) -> PathFd {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        PathFd(Arc::new(CountedFd {
+            fd,
+            open: Arc::clone(&self.open),
+        }))
+    }
+
+    /// `O_PATH` fds open now (held by inodes or by calls).
+    pub(super) fn open_fds(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Lists a new inode whose fd the cache may close; runs a pass when
+    /// the fds are over the limit.
+    pub(super) fn register(&self, inode: &Inode) {
+        {
+            let mut r = self.inodes.lock().unwrap_or_else(|e| e.into_inner());
+            r.inodes.push(Arc::downgrade(&inode.0));
+            if r.inodes.len() >= r.compact_at {
+                r.inodes.retain(|w| w.strong_count() > 0);
+                r.compact_at = (r.inodes.len() * 2).max(MIN_COMPACT);
+            }
+        }
+        self.pass_if_over();
+    }
+
+    /// Runs a pass when the fds are over the limit (or over what the last
+    /// pass could not close, plus half the limit).
+    fn pass_if_over(&self) {
+        if self.open_fds() > self.next_pass.load(Ordering::Relaxed) {
+            self.reclaim(self.limit / LOW_WATER_DIVISOR);
+            let after = self.open_fds();
+            let next = if after > self.limit / LOW_WATER_DIVISOR {
+                after + self.limit / LOW_WATER_DIVISOR
+            } else {
+                self.limit
+            };
+            self.next_pass
+                .store(next.max(self.limit), Ordering::Relaxed);
+        }
+    }
+
+    /// Closes idle fds, least recently used first, until at most `target`
+    /// are open or no more can be closed. Returns how many it closed. One
+    /// pass at a time; a caller that finds one running returns at once.
+    pub(super) fn reclaim(&self, target: usize) -> usize {
+        let Ok(mut r) = self.inodes.try_lock() else {
+            return 0;
+        };
+        r.inodes.retain(|w| w.strong_count() > 0);
+        r.compact_at = (r.inodes.len() * 2).max(MIN_COMPACT);
+        let mut idle: Vec<(u64, Arc<InodeData>)> = r
+            .inodes
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|d| is_idle(d))
+            .map(|d| (d.slot.used.load(Ordering::Relaxed), d))
+            .collect();
+        drop(r);
+        idle.sort_unstable_by_key(|(used, _)| *used);
+        let mut closed = 0;
+        for (_, d) in idle {
+            if self.open_fds() <= target {
+                break;
+            }
+            if close_if_idle(&d) {
+                closed += 1;
+            }
+        }
+        closed
+    }
+}
+
+/// True when the inode's fd is open, only the inode holds it, and the
+/// inode can be found again (a parent and name, and a link on the host).
+fn is_idle(d: &InodeData) -> bool {
+    let has_parent = d.link.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+    has_parent
+        && d.slot
+            .lock()
+            .as_ref()
+            .is_some_and(|fd| Arc::strong_count(&fd.0) == 1)
+}
+
+fn close_if_idle(d: &InodeData) -> bool {
+    let mut slot = d.slot.lock();
+    let Some(fd) = slot.as_ref() else {
+        return false;
+    };
+    if Arc::strong_count(&fd.0) != 1 {
+        return false;
+    }
+    // An unlinked file could not be found again.
+    match sys::fstat(fd.as_fd()) {
+        Ok(st) if st.st_nlink > 0 => {}
+        _ => return false,
+    }
+    if d.host_type != libc::S_IFDIR {
+        *d.slot.handle.lock().unwrap_or_else(|e| e.into_inner()) = file_handle(fd.as_fd());
+    }
+    *slot = None;
+    true
+}
+
+impl PassthroughFs {
+    /// The open `O_PATH` fd of `inode`, reopened if a reclaim pass closed
+    /// it. Hold it for as long as the call uses the fd (or a
+    /// `/proc/self/fd` path naming it).
+    pub(super) fn fd(&self, inode: &Inode) -> io::Result<PathFd> {
+        let d = &inode.0;
+        d.slot.used.store(
+            self.fds.tick.fetch_add(1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        if let Some(fd) = d.slot.lock().as_ref() {
+            return Ok(fd.clone());
+        }
+        let fd = self.adopt_retrying(|| self.reopen(inode))?;
+        // Another call may have reopened it meanwhile: keep one.
+        let fd = d.slot.lock().get_or_insert(fd).clone();
+        self.fds.pass_if_over();
+        Ok(fd)
+    }
+
+    /// Opens an `O_PATH` fd with `open` ([`Self::retry_out_of_fds`]) and
+    /// counts it in the cache.
+    pub(super) fn adopt_retrying(
+        &self,
+        open: impl Fn() -> io::Result<OwnedFd>,
+    ) -> io::Result<PathFd> {
+        Ok(self.fds.adopt(self.retry_out_of_fds(open)?))
+    }
+
+    /// Runs `open`, and once more after closing idle `O_PATH` fds if the
+    /// process is out of fds (`EMFILE`, `ENFILE`: nothing was opened).
+    pub(super) fn retry_out_of_fds<T>(&self, open: impl Fn() -> io::Result<T>) -> io::Result<T> {
+        match open() {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                if self.fds.reclaim(self.fds.open_fds() / LOW_WATER_DIVISOR) == 0 {
+                    return Err(e);
+                }
+                open()
+            }
+            r => r,
+        }
+    }
+
+    /// Finds a closed inode again: by name in its parent, else by handle.
+    fn reopen(&self, inode: &Inode) -> io::Result<OwnedFd> {
+        let d = &inode.0;
+        let same = |fd: &OwnedFd| {
+            sys::fstat(fd.as_fd()).is_ok_and(|st| st.st_dev == d.dev && st.st_ino == d.ino)
+        };
+        // A parent that is gone too leaves the handle.
+        if let Some((parent, name)) = inode.link() {
+            if let (Ok(pfd), Ok(c)) = (self.fd(&parent), sys::cstr(&name)) {
+                let found =
+                    sys::open_beneath(pfd.as_fd(), &c, libc::O_PATH, 0, self.cfg.use_openat2);
+                if let Ok(fd) = found.and_then(|fd| {
+                    if same(&fd) {
+                        Ok(fd)
+                    } else {
+                        Err(err(libc::ESTALE))
+                    }
+                }) {
+                    return Ok(fd);
+                }
+            }
+        }
+        let handle = d
+            .slot
+            .handle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some((ty, h)) = handle.filter(|_| d.host_type != libc::S_IFDIR) {
+            let root = self.fd(&self.root)?;
+            if let Ok(fd) = open_handle(root.as_fd(), ty, &h) {
+                if same(&fd) {
+                    return Ok(fd);
+                }
+            }
+        }
+        Err(err(libc::ESTALE))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{PassthroughConfig, PassthroughFs};
+    use crate::fs::{Cred, Filesystem};
+    use crate::protocol::{GetattrMask, OpenFlags};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+
+    const ROOT: Cred = Cred { uid: 0, gid: 0 };
+
+    fn fs_with_limit(dir: &std::path::Path, limit: usize) -> PassthroughFs {
+        let mut cfg = PassthroughConfig::new(dir);
+        cfg.max_path_fds = limit;
+        PassthroughFs::new(cfg).unwrap()
+    }
+
+    /// A tree `d0/f0..` of `dirs` directories with `files` files each.
+    fn tree(dirs: usize, files: usize) -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        for d in 0..dirs {
+            let dir = t.path().join(format!("d{d}"));
+            std::fs::create_dir(&dir).unwrap();
+            for f in 0..files {
+                std::fs::write(dir.join(format!("f{f}")), format!("{d}/{f}")).unwrap();
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn test_walked_files_past_the_limit_stay_usable() {
+        let t = tree(8, 40);
+        let fs = fs_with_limit(t.path(), 32);
+        let (root, _) = fs.attach(b"", ROOT).unwrap();
+        let mut held = Vec::new();
+        for d in 0..8 {
+            let (dir, _) = fs.walk(&root, format!("d{d}").as_bytes()).unwrap();
+            for f in 0..40 {
+                let (file, qid) = fs.walk(&dir, format!("f{f}").as_bytes()).unwrap();
+                held.push((d, f, file, qid));
+            }
+        }
+        // 328 inodes, at most the limit (and a pass's slack) of fds.
+        assert!(
+            fs.fds.open_fds() <= 32 + 1,
+            "{} fds open",
+            fs.fds.open_fds()
+        );
+        for (d, f, file, qid) in &held {
+            let a = fs.getattr(file, GetattrMask::BASIC).unwrap();
+            assert_eq!(a.qid.path, qid.path);
+            let (opened, _) = fs.open(file, OpenFlags::RDONLY).unwrap();
+            let mut buf = vec![0u8; 16];
+            // SAFETY: a valid fd and buffer.
+            let n = unsafe {
+                libc::pread(
+                    opened.fd().as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    0,
+                )
+            };
+            assert_eq!(&buf[..n as usize], format!("{d}/{f}").as_bytes());
+        }
+        assert!(
+            fs.fds.open_fds() <= 32 + 1,
+            "{} fds open",
+            fs.fds.open_fds()
+        );
+    }
+
+    #[test]
+    fn test_a_closed_fid_replaced_on_the_host_answers_estale() {
+        let t = tree(1, 1);
+        let fs = fs_with_limit(t.path(), 1);
+        let (root, _) = fs.attach(b"", ROOT).unwrap();
+        let (dir, _) = fs.walk(&root, b"d0").unwrap();
+        let (file, _) = fs.walk(&dir, b"f0").unwrap();
+        // Push both out of the cache.
+        let (_other, _) = fs.walk(&root, b"d0").unwrap();
+        fs.fds.reclaim(0);
+        assert!(fs.fds.open_fds() <= 2, "{}", fs.fds.open_fds());
+        // The directory is replaced by a symlink to outside the export,
+        // the file by another file: neither may be reopened.
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("f0"), "secret").unwrap();
+        std::fs::rename(t.path().join("d0"), t.path().join("moved")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join("d0")).unwrap();
+        let e = fs.getattr(&dir, GetattrMask::BASIC).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE));
+        // The file's own handle still finds it (with CAP_DAC_READ_SEARCH)
+        // or it is stale; never the file outside.
+        // SAFETY: no arguments.
+        let root = unsafe { libc::geteuid() } == 0;
+        match fs.getattr(&file, GetattrMask::BASIC) {
+            Ok(a) => {
+                let moved = std::fs::metadata(t.path().join("moved/f0")).unwrap();
+                assert_eq!(a.size, moved.len());
+                assert_eq!(a.nlink, moved.nlink());
+                let (opened, _) = fs.open(&file, OpenFlags::RDONLY).unwrap();
+                let mut buf = [0u8; 16];
+                // SAFETY: a valid fd and buffer.
+                let n =
+                    unsafe { libc::pread(opened.fd().as_raw_fd(), buf.as_mut_ptr().cast(), 16, 0) };
+                assert_eq!(&buf[..n as usize], b"0/0");
+            }
+            Err(e) => {
+                assert!(!root, "a root daemon finds a renamed file by its handle");
+                assert_eq!(e.raw_os_error(), Some(libc::ESTALE));
+            }
+        }
+    }
+
+    #[test]
+    fn test_unlinked_and_busy_files_keep_their_fds() {
+        let t = tree(1, 2);
+        let fs = fs_with_limit(t.path(), 64);
+        let (root, _) = fs.attach(b"", ROOT).unwrap();
+        let (dir, _) = fs.walk(&root, b"d0").unwrap();
+        let (gone, _) = fs.walk(&dir, b"f0").unwrap();
+        let (busy, _) = fs.walk(&dir, b"f1").unwrap();
+        std::fs::remove_file(t.path().join("d0/f0")).unwrap();
+        let held = fs.fd(&busy).unwrap();
+        fs.fds.reclaim(0);
+        // The root, the unlinked file and the busy one are still open.
+        assert!(gone.0.slot.lock().is_some());
+        assert!(busy.0.slot.lock().is_some());
+        assert!(dir.0.slot.lock().is_none());
+        assert_eq!(fs.getattr(&gone, GetattrMask::BASIC).unwrap().nlink, 0);
+        drop(held);
+        fs.fds.reclaim(0);
+        assert!(busy.0.slot.lock().is_none());
+        assert_eq!(fs.getattr(&busy, GetattrMask::BASIC).unwrap().size, 3);
+    }
+
+    #[test]
+    fn test_renamed_through_the_fs_reopens_under_the_new_name() {
+        let t = tree(2, 1);
+        let fs = fs_with_limit(t.path(), 64);
+        let (root, _) = fs.attach(b"", ROOT).unwrap();
+        let (d0, _) = fs.walk(&root, b"d0").unwrap();
+        let (d1, _) = fs.walk(&root, b"d1").unwrap();
+        let (file, _) = fs.walk(&d0, b"f0").unwrap();
+        fs.rename(&file, &d1, b"renamed").unwrap();
+        fs.fds.reclaim(0);
+        assert!(file.0.slot.lock().is_none());
+        let a = fs.getattr(&file, GetattrMask::BASIC).unwrap();
+        assert_eq!(a.size, 3);
+        assert!(t.path().join("d1/renamed").exists());
+    }
+}
