@@ -31,7 +31,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    errno, host_set_xattr, host_xattr, host_xattr_names, server_with, setattr_base, MSIZE, ROOT,
+    errno, host_set_xattr, host_xattr, host_xattr_names, server_with, setattr_base,
+    spawn_exchanger, MSIZE, ROOT,
 };
 use sandbox_support::Daemon;
 use virtio_9p_server::client::{Client, InProcess, StreamTransport, Transport};
@@ -692,32 +693,7 @@ fn test_escape_race_swap_dir_and_symlink_while_walking() {
         let race = e.export.join("race");
         std::fs::rename(&dir_a, &race).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
-        let swapper = {
-            let (stop, race, link_tmp, dir_a) =
-                (stop.clone(), race.clone(), link_tmp.clone(), dir_a.clone());
-            std::thread::spawn(move || {
-                let cpath =
-                    |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-                let (r, l) = (cpath(&race), cpath(&link_tmp));
-                let mut swaps = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    // Atomically exchange "race" (dir) and "race.link" (symlink).
-                    // SAFETY: valid C strings.
-                    unsafe {
-                        libc::renameat2(
-                            libc::AT_FDCWD,
-                            r.as_ptr(),
-                            libc::AT_FDCWD,
-                            l.as_ptr(),
-                            libc::RENAME_EXCHANGE,
-                        )
-                    };
-                    swaps += 1;
-                }
-                let _ = dir_a;
-                swaps
-            })
-        };
+        let swapper = spawn_exchanger(&race, &link_tmp, stop.clone());
         let mut inside_reads = 0;
         for i in 0..3000u32 {
             let fid = 10 + (i % 2);
@@ -770,29 +746,7 @@ fn test_escape_race_swap_while_idle_fds_are_closed() {
             std::fs::write(e.export.join(format!("pad{p}")), b"pad").unwrap();
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let swapper = {
-            let (stop, race, link_tmp) = (stop.clone(), race.clone(), link_tmp.clone());
-            std::thread::spawn(move || {
-                let cpath =
-                    |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-                let (r, l) = (cpath(&race), cpath(&link_tmp));
-                let mut swaps = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    // SAFETY: valid C strings.
-                    unsafe {
-                        libc::renameat2(
-                            libc::AT_FDCWD,
-                            r.as_ptr(),
-                            libc::AT_FDCWD,
-                            l.as_ptr(),
-                            libc::RENAME_EXCHANGE,
-                        )
-                    };
-                    swaps += 1;
-                }
-                swaps
-            })
-        };
+        let swapper = spawn_exchanger(&race, &link_tmp, stop.clone());
         let (mut inside, mut stale) = (0, 0);
         for i in 0..3000u32 {
             for p in [i % 4, (i + 1) % 4] {

@@ -168,3 +168,33 @@ impl Gate {
         self.cv.notify_all();
     }
 }
+
+/// A thread that exchanges the names `a` and `b` (`renameat2`
+/// `RENAME_EXCHANGE`) as fast as it can until `stop`; it returns how many
+/// times it tried.
+pub fn spawn_exchanger(
+    a: &std::path::Path,
+    b: &std::path::Path,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    let cpath =
+        |p: &std::path::Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let (a, b) = (cpath(a), cpath(b));
+    std::thread::spawn(move || {
+        let mut n = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: valid C strings.
+            unsafe {
+                libc::renameat2(
+                    libc::AT_FDCWD,
+                    a.as_ptr(),
+                    libc::AT_FDCWD,
+                    b.as_ptr(),
+                    libc::RENAME_EXCHANGE,
+                )
+            };
+            n += 1;
+        }
+        n
+    })
+}

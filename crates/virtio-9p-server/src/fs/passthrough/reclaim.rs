@@ -323,6 +323,16 @@ mod tests {
         PassthroughFs::new(cfg).unwrap()
     }
 
+    /// The first bytes of `inode`, opened read-only.
+    fn contents(fs: &PassthroughFs, inode: &super::super::Inode) -> Vec<u8> {
+        let (opened, _) = fs.open(inode, OpenFlags::RDONLY).unwrap();
+        let mut buf = vec![0u8; 16];
+        // SAFETY: a valid fd and buffer.
+        let n = unsafe { libc::pread(opened.fd().as_raw_fd(), buf.as_mut_ptr().cast(), 16, 0) };
+        buf.truncate(usize::try_from(n).unwrap());
+        buf
+    }
+
     /// A tree `d0/f0..` of `dirs` directories with `files` files each.
     fn tree(dirs: usize, files: usize) -> tempfile::TempDir {
         let t = tempfile::tempdir().unwrap();
@@ -358,18 +368,7 @@ mod tests {
         for (d, f, file, qid) in &held {
             let a = fs.getattr(file, GetattrMask::BASIC).unwrap();
             assert_eq!(a.qid.path, qid.path);
-            let (opened, _) = fs.open(file, OpenFlags::RDONLY).unwrap();
-            let mut buf = vec![0u8; 16];
-            // SAFETY: a valid fd and buffer.
-            let n = unsafe {
-                libc::pread(
-                    opened.fd().as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    0,
-                )
-            };
-            assert_eq!(&buf[..n as usize], format!("{d}/{f}").as_bytes());
+            assert_eq!(contents(&fs, file), format!("{d}/{f}").as_bytes());
         }
         assert!(
             fs.fds.open_fds() <= 32 + 1,
@@ -406,12 +405,7 @@ mod tests {
                 let moved = std::fs::metadata(t.path().join("moved/f0")).unwrap();
                 assert_eq!(a.size, moved.len());
                 assert_eq!(a.nlink, moved.nlink());
-                let (opened, _) = fs.open(&file, OpenFlags::RDONLY).unwrap();
-                let mut buf = [0u8; 16];
-                // SAFETY: a valid fd and buffer.
-                let n =
-                    unsafe { libc::pread(opened.fd().as_raw_fd(), buf.as_mut_ptr().cast(), 16, 0) };
-                assert_eq!(&buf[..n as usize], b"0/0");
+                assert_eq!(contents(&fs, &file), b"0/0");
             }
             Err(e) => {
                 assert!(!root, "a root daemon finds a renamed file by its handle");
