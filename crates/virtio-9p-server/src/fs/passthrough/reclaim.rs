@@ -5,7 +5,8 @@
 //! file it has seen, tens of thousands of them. Holding an `O_PATH` fd per
 //! walked inode would run the process out of descriptors, so past
 //! [`PassthroughConfig::max_path_fds`](super::PassthroughConfig::max_path_fds)
-//! the least recently used ones are closed (QEMU's 9p reclaims the fds of
+//! idle ones not used since the last pass are closed, then, if that is not
+//! enough, any idle ones (a second-chance clock; QEMU's 9p reclaims the fds of
 //! idle fids the same way). A closed inode is reopened on its next use:
 //!
 //! - by its name in its parent (the parent reopened first if it was closed
@@ -22,7 +23,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::restore::{file_handle, open_handle};
@@ -58,8 +59,9 @@ impl AsFd for PathFd {
 #[derive(Debug)]
 pub(super) struct FdSlot {
     fd: Mutex<Option<PathFd>>,
-    /// The cache tick of the last use (the pass closes the oldest first).
-    used: AtomicU64,
+    /// Used since the last pass (those are closed last). A flag, not a
+    /// global clock: no counter all threads write on every call.
+    used: AtomicBool,
     /// The file handle taken when the fd was closed.
     handle: Mutex<Option<(i32, Vec<u8>)>>,
 }
@@ -68,7 +70,7 @@ impl FdSlot {
     pub(super) fn new(fd: PathFd) -> Self {
         FdSlot {
             fd: Mutex::new(Some(fd)),
-            used: AtomicU64::new(0),
+            used: AtomicBool::new(true),
             handle: Mutex::new(None),
         }
     }
@@ -84,7 +86,6 @@ pub(super) struct FdCache {
     /// Most `O_PATH` fds open before a pass closes idle ones.
     limit: usize,
     open: Arc<AtomicUsize>,
-    tick: AtomicU64,
     /// The open count at which `register` runs the next pass: the limit,
     /// or more after a pass that found too few idle fds (so a tree of
     /// busy fds does not cost a pass per walk).
@@ -109,7 +110,6 @@ impl FdCache {
         FdCache {
             limit,
             open: Arc::new(AtomicUsize::new(0)),
-            tick: AtomicU64::new(0),
             next_pass: AtomicUsize::new(limit),
             inodes: Mutex::new(Registry {
                 inodes: Vec::new(),
@@ -162,30 +162,33 @@ impl FdCache {
         }
     }
 
-    /// Closes idle fds, least recently used first, until at most `target`
-    /// are open or no more can be closed. Returns how many it closed. One
-    /// pass at a time; a caller that finds one running returns at once.
+    /// Closes idle fds until at most `target` are open or no more can be
+    /// closed: first those not used since the last pass, then the rest.
+    /// Clears every use flag. Returns how many it closed. One pass at a
+    /// time; a caller that finds one running returns at once.
     pub(super) fn reclaim(&self, target: usize) -> usize {
         let Ok(mut r) = self.inodes.try_lock() else {
             return 0;
         };
         r.inodes.retain(|w| w.strong_count() > 0);
         r.compact_at = (r.inodes.len() * 2).max(MIN_COMPACT);
-        let mut idle: Vec<(u64, Arc<InodeData>)> = r
-            .inodes
-            .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|d| is_idle(d))
-            .map(|d| (d.slot.used.load(Ordering::Relaxed), d))
-            .collect();
+        let (mut cold, mut warm) = (Vec::new(), Vec::new());
+        for d in r.inodes.iter().filter_map(Weak::upgrade) {
+            if is_idle(&d) {
+                if d.slot.used.swap(false, Ordering::Relaxed) {
+                    warm.push(d);
+                } else {
+                    cold.push(d);
+                }
+            }
+        }
         drop(r);
-        idle.sort_unstable_by_key(|(used, _)| *used);
         let mut closed = 0;
-        for (_, d) in idle {
+        for d in cold.iter().chain(&warm) {
             if self.open_fds() <= target {
                 break;
             }
-            if close_if_idle(&d) {
+            if close_if_idle(d) {
                 closed += 1;
             }
         }
@@ -230,10 +233,9 @@ impl PassthroughFs {
     /// `/proc/self/fd` path naming it).
     pub(super) fn fd(&self, inode: &Inode) -> io::Result<PathFd> {
         let d = &inode.0;
-        d.slot.used.store(
-            self.fds.tick.fetch_add(1, Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
+        if !d.slot.used.load(Ordering::Relaxed) {
+            d.slot.used.store(true, Ordering::Relaxed);
+        }
         if let Some(fd) = d.slot.lock().as_ref() {
             return Ok(fd.clone());
         }
