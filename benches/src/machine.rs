@@ -64,6 +64,16 @@ pub fn load_average() -> String {
         .unwrap_or_else(|| "?".to_string())
 }
 
+/// CPU seconds (user + system) used by this process so far.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: rusage is plain data; all-zero is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a writable rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
 /// The UTC time of day, `HH:MM`.
 pub fn utc_time() -> String {
     std::process::Command::new("date")

@@ -176,7 +176,8 @@ wl_fio() { # setting step rep fio-args...
 run_workloads() {
     local m=/mnt/work setting rep w
     gzip -dc /ci/tree.tar.gz >/tmp/tree.tar || { echo "CI-WL-ERROR no /ci/tree.tar.gz"; return 1; }
-    for setting in strict cached; do
+    local settings=${CI_WL_SETTINGS:-strict,cached}
+    for setting in ${settings//,/ }; do
         mount_share "$m" "$setting" || { echo "CI-MOUNT-FAILED $setting"; continue; }
         [ -d "$m/wl/repo/.git" ] && [ -f "$m/wl/fio.dat" ] || echo "CI-WL-ERROR the host-made repo or fio file is missing"
         git config --global --add safe.directory '*'

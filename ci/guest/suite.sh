@@ -20,6 +20,7 @@
 #                     (default 900)
 #   --reps N          workloads: rounds per setting, the table gives the
 #                     median (default 3)
+#   --settings LIST   workloads: strict, cached or strict,cached (default)
 #   --server-bin P    our daemon (default: cargo build --release)
 #   --out DIR         keep logs and results here (default: a fresh temp dir)
 #   --gate            xfstests: exit 1 when a test fails on one of our rows
@@ -47,6 +48,7 @@ sel=quick
 timeout_s=
 test_timeout=900
 reps=3
+settings=strict,cached
 server_bin=
 out=
 gate=0
@@ -59,6 +61,12 @@ while [ $# -gt 0 ]; do
         --timeout) timeout_s=$2; shift ;;
         --test-timeout) test_timeout=$2; shift ;;
         --reps) reps=$2; shift ;;
+        --settings)
+            settings=$2; shift
+            case $settings in
+                strict|cached|strict,cached|cached,strict) ;;
+                *) echo "suite.sh: --settings takes strict, cached or strict,cached" >&2; exit 2 ;;
+            esac ;;
         --server-bin) server_bin=$2; shift ;;
         --out) out=$2; shift ;;
         --gate) gate=1 ;;
@@ -328,7 +336,7 @@ run_row() {
     truncate -s 2G "$dir/results.img"
     mkfs.ext4 -q -F -L ci-results "$dir/results.img" >/dev/null
     local src=${tags[0]}
-    local append="console=ttyS0 loglevel=4 panic=-1 CI_MODE=$mode CI_SRC=$src CI_OPTS=$opts CI_TESTS=$suite CI_XFS_TEST_TIMEOUT=$test_timeout CI_WL_REPS=$reps $append_extra"
+    local append="console=ttyS0 loglevel=4 panic=-1 CI_MODE=$mode CI_SRC=$src CI_OPTS=$opts CI_TESTS=$suite CI_XFS_TEST_TIMEOUT=$test_timeout CI_WL_REPS=$reps CI_WL_SETTINGS=$settings $append_extra"
     log "$name: booting guest (timeout ${timeout_s}s)"
     local t0 rc
     t0=$(date +%s)

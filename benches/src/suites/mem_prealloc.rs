@@ -32,6 +32,7 @@ use mem_prealloc::{
 };
 
 use crate::harness::{alternate, format_value, median, Ctx, SuiteReport, SuiteResult, Table};
+use crate::machine::cpu_seconds;
 
 /// One-line description.
 pub const ABOUT: &str = "preallocation GiB/s by threads vs MAP_POPULATE and QEMU";
@@ -112,16 +113,6 @@ impl Drop for Mapping {
         // SAFETY: unmaps exactly this mapping, which nothing else uses.
         unsafe { libc::munmap(self.addr, self.len) };
     }
-}
-
-/// CPU seconds (user + system) used by this process so far.
-fn cpu_seconds() -> f64 {
-    // SAFETY: rusage is plain data; all-zero is a valid value.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `usage` is a writable rusage.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 /// Wall seconds for this crate to preallocate a fresh memfd of `len` bytes;

@@ -39,6 +39,7 @@ use virtio_9p_server::transport::socket::{ListenAddr, Listener, SocketLimits};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
 
 use crate::harness::{format_value, Ctx, SuiteReport, SuiteResult, Table};
+use crate::machine::cpu_seconds;
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -254,12 +255,18 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
             waiters.push(p);
         }
         std::thread::sleep(Duration::from_millis(500));
+        // What the waiters cost while nothing else runs: their retries
+        // (the attackers only wait for replies).
+        let (cpu0, t0) = (cpu_seconds(), Instant::now());
+        std::thread::sleep(Duration::from_millis(ctx.pick(3000, 1000)));
+        let idle_cores = (cpu_seconds() - cpu0) / t0.elapsed().as_secs_f64();
         let lat = fresh(&sock, n, gap, false)?;
         let (p50, p99) = (percentile(lat.clone(), 0.5), percentile(lat, 0.99));
         report
             .metric("sock_fresh_p50_ms_lock_flood", p50)
             .metric("sock_fresh_p99_ms_lock_flood", p99)
-            .metric("lock_flood_waiters", f64::from(conns * fids));
+            .metric("lock_flood_waiters", f64::from(conns * fids))
+            .metric("lock_flood_cpu_cores", idle_cores);
         table.row(&[
             format!(
                 "{} blocking Tlocks waiting on {conns} connections",
@@ -435,7 +442,9 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
         "Fresh clients: {n} (lock and walk floods) and {} (trickle, five requests each), {} ms apart, \
          each on a new connection to our socket server in this process with the daemon's default \
          limits (`SocketLimits::default()`: {} socket threads here, {} workers, 1024 request slots). \
-         The attackers run in this process too, so the client threads share the CPUs with the server.",
+         The attackers run in this process too, so the client threads share the CPUs with the server. \
+         `lock_flood_cpu_cores`: this process's CPU time over wall time while the Tlocks wait and \
+         nothing else runs, which is the cost of their retries.",
         n / 4,
         gap.as_millis(),
         SocketLimits::default().threads,

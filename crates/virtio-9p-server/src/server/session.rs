@@ -126,11 +126,23 @@ impl LockLog {
 }
 
 /// One waiting Tlock, counted in its session until dropped.
-pub(crate) struct LockWait<'a>(&'a AtomicUsize);
+/// A counted waiting Tlock: in its session and in the whole server.
+pub(crate) struct LockWait<'a> {
+    session: &'a AtomicUsize,
+    total: &'a AtomicUsize,
+}
+
+impl LockWait<'_> {
+    /// Tlocks waiting in the whole server, this one included.
+    pub fn server_wide(&self) -> usize {
+        self.total.load(Ordering::Relaxed)
+    }
+}
 
 impl Drop for LockWait<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.session.fetch_sub(1, Ordering::AcqRel);
+        self.total.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -180,6 +192,8 @@ pub(crate) struct Usage {
     pub xattr_bytes: Arc<AtomicUsize>,
     /// Open fids of all sessions.
     pub open_fids: Arc<AtomicUsize>,
+    /// Blocking Tlocks waiting in all sessions.
+    pub lock_waiters: AtomicUsize,
 }
 
 /// The limits a session checks, from the server's `Config`.
@@ -274,10 +288,20 @@ impl<F: Filesystem> Session<F> {
 
     /// Counts one more waiting Tlock unless `max` wait already; the guard
     /// uncounts it.
-    pub(crate) fn start_lock_wait(&self, max: usize) -> Option<LockWait<'_>> {
+    pub(crate) fn start_lock_wait<'a>(
+        &'a self,
+        max: usize,
+        usage: &'a Usage,
+    ) -> Option<LockWait<'a>> {
         // `then`, not `then_some`: a guard built and dropped on failure
         // would uncount a waiter that was never counted.
-        try_add(&self.lock_waiters, 1, max).then(|| LockWait(&self.lock_waiters))
+        try_add(&self.lock_waiters, 1, max).then(|| {
+            usage.lock_waiters.fetch_add(1, Ordering::AcqRel);
+            LockWait {
+                session: &self.lock_waiters,
+                total: &usage.lock_waiters,
+            }
+        })
     }
 
     /// The negotiated msize, or 0 before Tversion.
