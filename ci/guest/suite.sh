@@ -541,6 +541,8 @@ else
             CPU[$s,$setting,$step]="$tot $srv"
         done < <(awk '
             NR == FNR { if ($1 == "CI-WL") { n++; set[n] = $2; stp[n] = $3 } next }
+            # A poll taken before the step count existed has a field less.
+            NF < 5 || $5 == 0 { next }
             { c = $2; if (!(c in at)) { at[c] = ($3 + $4) / $5; sv[c] = $4 / $5 } }
             END {
                 for (k = 1; k <= n; k++) {
