@@ -133,6 +133,10 @@ pub const WORKER_THREAD: &[Syscall] = &[
     s!(fchownat, libc::SYS_fchownat),
     s!(fchmodat, libc::SYS_fchmodat),
     s!(utimensat, libc::SYS_utimensat),
+    // Idle walked files' fds closed and reopened (`max_path_fds`), and a
+    // restored session's files: by file handle.
+    s!(name_to_handle_at, libc::SYS_name_to_handle_at),
+    s!(open_by_handle_at, libc::SYS_open_by_handle_at),
     // Xattrs: path forms (`PassthroughFs::new`), `*xattrat` forms (`from_fd`).
     s!(getxattr, libc::SYS_getxattr),
     s!(setxattr, libc::SYS_setxattr),

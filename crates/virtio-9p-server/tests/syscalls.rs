@@ -253,16 +253,22 @@ fn child(daemon: bool, mode: &str) {
     let from_fds = mode.ends_with("fds");
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("data"), vec![7u8; 256 << 10]).unwrap();
+    // Two walked files' fds at most: every request closes idle ones and
+    // reopens its own, so those calls run under the filters too.
+    let with_small_cache = |mut cfg: PassthroughConfig| {
+        cfg.max_path_fds = 2;
+        cfg
+    };
     let fs = if from_fds {
         let root = std::fs::File::open(dir.path()).unwrap();
         let proc_fd = std::fs::File::open("/proc/self/fd").unwrap();
         PassthroughFs::from_fd(
             root.as_fd(),
             Some(proc_fd.as_fd()),
-            PassthroughConfig::new(""),
+            with_small_cache(PassthroughConfig::new("")),
         )
     } else {
-        PassthroughFs::new(PassthroughConfig::new(dir.path()))
+        PassthroughFs::new(with_small_cache(PassthroughConfig::new(dir.path())))
     }
     .unwrap();
     let Filters {

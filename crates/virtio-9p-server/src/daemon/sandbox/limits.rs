@@ -99,7 +99,7 @@ mod tests {
     }
 
     #[test]
-    fn test_fid_budget() {
+    fn test_fd_budgets() {
         assert_eq!(open_fid_budget(1 << 20, 1, 65536), 65536);
         assert_eq!(open_fid_budget(4096, 1, 65536), (4096 - 256) / 2);
         assert_eq!(open_fid_budget(4096, 8, 65536), (4096 - 256) / 2 / 8);

@@ -110,8 +110,7 @@ const THREAD_EXTRAS: &[i64] = &[
 ];
 
 /// The calls on files the daemon's threads make beyond the library's
-/// [`WORKER_THREAD`]: the file handles of a saved session
-/// (`--state-dir`), the `l*`/`f*` xattr forms and the other variants that
+/// [`WORKER_THREAD`]: the `l*`/`f*` xattr forms and the other variants that
 /// glibc and std pick, and the ids the sandbox checks.
 const FILE_EXTRAS: &[i64] = &[
     libc::SYS_preadv2,
@@ -122,9 +121,6 @@ const FILE_EXTRAS: &[i64] = &[
     libc::SYS_fchown,
     libc::SYS_fchmod,
     SYS_FCHMODAT2,
-    // Saving and restoring a session (`--state-dir`): file handles.
-    libc::SYS_name_to_handle_at,
-    libc::SYS_open_by_handle_at,
     libc::SYS_faccessat,
     libc::SYS_faccessat2,
     libc::SYS_lgetxattr,
