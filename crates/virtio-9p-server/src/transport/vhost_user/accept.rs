@@ -416,8 +416,14 @@ impl<F: Filesystem + 'static> Daemon<F> {
             }
             drop(daemon);
             drop(backend);
+            // A frontend that quits closes the socket, often mid-message:
+            // that is how QEMU ends, not an error.
             match result {
-                Ok(()) => info!("virtio-9p: frontend {n} disconnected"),
+                Ok(())
+                | Err(vhost_user_backend::Error::HandleRequest(
+                    vhost::vhost_user::Error::Disconnected
+                    | vhost::vhost_user::Error::PartialMessage,
+                )) => info!("virtio-9p: frontend {n} disconnected"),
                 Err(e) => warn!("virtio-9p: frontend {n} ended: {e}"),
             }
             if self.exit_on_disconnect {
