@@ -14,9 +14,7 @@ use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
 
-use virtio_9p_server::protocol::{
-    OpenFlags, Tattach, Tlopen, Tmessage, Tread, Tversion, Twalk, IOHDRSZ, NOFID,
-};
+use virtio_9p_server::protocol::{OpenFlags, Tmessage, Tread, IOHDRSZ};
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
@@ -31,14 +29,6 @@ const HDR_AREA: u64 = 0x38_0000;
 const F_NEXT: u16 = 1;
 const F_WRITE: u16 = 2;
 const F_INDIRECT: u16 = 4;
-
-fn call(vmm: &mut FakeVmm, tag: u16, msg: Tmessage) -> Res<()> {
-    let reply = vmm.call(&msg.encode_frame(tag), 4096, Layout::Direct)?;
-    if reply.len() > 4 && reply[4] == 7 {
-        return Err(format!("9P error reply to {msg:?}").into());
-    }
-    Ok(())
-}
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -81,42 +71,7 @@ fn main() -> Res<()> {
         o.mem_size = 160 << 20;
         o
     })?;
-    call(
-        &mut vmm,
-        0xffff,
-        Tmessage::Version(Tversion {
-            msize,
-            version: b"9P2000.L".to_vec(),
-        }),
-    )?;
-    call(
-        &mut vmm,
-        1,
-        Tmessage::Attach(Tattach {
-            fid: 0,
-            afid: NOFID,
-            uname: b"root".to_vec(),
-            aname: Vec::new(),
-            n_uname: 0,
-        }),
-    )?;
-    call(
-        &mut vmm,
-        2,
-        Tmessage::Walk(Twalk {
-            fid: 0,
-            newfid: 1,
-            wnames: vec![b"big".to_vec()],
-        }),
-    )?;
-    call(
-        &mut vmm,
-        3,
-        Tmessage::Lopen(Tlopen {
-            fid: 1,
-            flags: OpenFlags::RDONLY,
-        }),
-    )?;
+    vmm.open_file(Some(msize), "big", OpenFlags::RDONLY)?;
     let chunk = msize - IOHDRSZ;
     let mem = vmm.memory().clone();
     let req_len = Tmessage::Read(Tread {

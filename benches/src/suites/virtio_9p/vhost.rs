@@ -30,10 +30,7 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use virtio_9p_server::engine::OffloadPolicy;
-use virtio_9p_server::protocol::{
-    GetattrMask, OpenFlags, Tattach, Tgetattr, Tlopen, Tmessage, Tread, Tversion, Twalk, IOHDRSZ,
-    NOFID,
-};
+use virtio_9p_server::protocol::{GetattrMask, OpenFlags, Tgetattr, Tmessage, Tread, IOHDRSZ};
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, StopHandle};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
@@ -133,35 +130,7 @@ pub(super) fn session_on(
         o.packed = packed;
         o
     })?;
-    call(
-        &mut vmm,
-        0xffff,
-        Tmessage::Version(Tversion {
-            msize,
-            version: b"9P2000.L".to_vec(),
-        }),
-    )?;
-    call(
-        &mut vmm,
-        1,
-        Tmessage::Attach(Tattach {
-            fid: 0,
-            afid: NOFID,
-            uname: b"root".to_vec(),
-            aname: Vec::new(),
-            n_uname: 0,
-        }),
-    )?;
-    call(
-        &mut vmm,
-        2,
-        Tmessage::Walk(Twalk {
-            fid: 0,
-            newfid: 1,
-            wnames: vec![name.as_bytes().to_vec()],
-        }),
-    )?;
-    call(&mut vmm, 3, Tmessage::Lopen(Tlopen { fid: 1, flags }))?;
+    vmm.open_file(Some(msize), name, flags)?;
     Ok(vmm)
 }
 

@@ -73,19 +73,7 @@ pub fn attach(vmm: &mut FakeVmm) {
 
 /// Tattach as fid 0, Twalk to `name` as fid 1, Tlopen fid 1 with `flags`.
 pub fn attach_open(vmm: &mut FakeVmm, name: &str, flags: OpenFlags) {
-    attach(vmm);
-    let walk = Tmessage::Walk(Twalk {
-        fid: 0,
-        newfid: 1,
-        wnames: vec![name.as_bytes().to_vec()],
-    });
-    assert!(matches!(
-        decode(&vmm.call(&frame(2, walk), 64, Layout::Direct).unwrap()).1,
-        Rmessage::Walk(_)
-    ));
-    let open = Tmessage::Lopen(Tlopen { fid: 1, flags });
-    let r = decode(&vmm.call(&frame(3, open), 64, Layout::Direct).unwrap()).1;
-    assert!(matches!(r, Rmessage::Lopen(..)), "{r:?}");
+    vmm.open_file(None, name, flags).unwrap();
 }
 
 /// Up to 64 bytes of fid 1 from offset 0 (a direct chain).

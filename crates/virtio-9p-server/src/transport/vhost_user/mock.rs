@@ -20,6 +20,10 @@ use vhost::vhost_user::message::{
 };
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+
+use crate::protocol::{
+    OpenFlags, Rmessage, Tattach, Tlopen, Tmessage, Tversion, Twalk, NOFID, NOTAG, VERSION_9P2000_L,
+};
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtqueue_large::mock::{self as ring_mock, Buf, MockDriver, MockPackedDriver, MockRing};
@@ -662,6 +666,58 @@ impl FakeVmm {
         }
         let len = got.unwrap_or(0) as usize;
         self.read(sub.reply_addr, len)
+    }
+
+    /// Sends `msg` with `tag` ([`FakeVmm::call`], a direct chain and a
+    /// 4 KiB reply buffer) and returns the reply; an `Rlerror` is an error.
+    pub fn rpc(&mut self, tag: u16, msg: &Tmessage) -> MockResult<Rmessage> {
+        let reply = self.call(&msg.encode_frame(tag), 4096, Layout::Direct)?;
+        let (_, r) = Rmessage::decode_frame(&reply, 4096)
+            .map_err(|e| format!("bad reply to {msg:?}: {e:?}"))?;
+        match r {
+            Rmessage::Lerror(errno) => Err(format!("{msg:?} answered errno {errno}").into()),
+            r => Ok(r),
+        }
+    }
+
+    /// The session a benchmark or test starts from: Tversion with `msize`
+    /// (if given), Tattach as root on fid 0, Twalk to `name` as fid 1 and
+    /// Tlopen of fid 1 with `flags`.
+    pub fn open_file(
+        &mut self,
+        msize: Option<u32>,
+        name: &str,
+        flags: OpenFlags,
+    ) -> MockResult<()> {
+        if let Some(msize) = msize {
+            self.rpc(
+                NOTAG,
+                &Tmessage::Version(Tversion {
+                    msize,
+                    version: VERSION_9P2000_L.to_vec(),
+                }),
+            )?;
+        }
+        self.rpc(
+            1,
+            &Tmessage::Attach(Tattach {
+                fid: 0,
+                afid: NOFID,
+                uname: b"root".to_vec(),
+                aname: Vec::new(),
+                n_uname: 0,
+            }),
+        )?;
+        self.rpc(
+            2,
+            &Tmessage::Walk(Twalk {
+                fid: 0,
+                newfid: 1,
+                wnames: vec![name.as_bytes().to_vec()],
+            }),
+        )?;
+        self.rpc(3, &Tmessage::Lopen(Tlopen { fid: 1, flags }))?;
+        Ok(())
     }
 }
 
