@@ -435,7 +435,7 @@ impl PassthroughFs {
         // Unknown (fstatfs failed) counts as not local.
         let metadata_local =
             cfg.inline_metadata && sys::fs_type(fd.as_fd()).is_ok_and(is_local_fs_type);
-        let fds = FdCache::new(cfg.max_path_fds);
+        let fds = FdCache::new(cfg.max_path_fds, reclaim::handles_work(fd.as_fd()));
         let root_fd = fd.as_raw_fd();
         // The root has no parent: it is never closed.
         let root = Inode(Arc::new(InodeData {

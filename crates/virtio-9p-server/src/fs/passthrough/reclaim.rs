@@ -17,9 +17,12 @@
 //!   by the file handle taken when its fd was closed, which needs
 //!   `CAP_DAC_READ_SEARCH`; else the fid answers `ESTALE`.
 //!
-//! Never closed: the export root, an fd some call is using right now, a
-//! file with no link left (it could not be found again), and inodes with
-//! no known parent (those reached by `..`, or restored by handle).
+//! An unlinked file can only be found by its handle, and only while an
+//! open fid keeps it alive: it is closed only where handles work (a fid
+//! that is not open then answers `ESTALE`). A removed directory is closed
+//! too; its fid answers `ESTALE`. Never closed: the export root, an fd
+//! some call is using right now, and inodes with no known parent (those
+//! reached by `..`, or restored by handle).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -91,6 +94,9 @@ pub(super) struct FdCache {
     /// busy fds does not cost a pass per walk).
     next_pass: AtomicUsize,
     inodes: Mutex<Registry>,
+    /// This process can open the export's files by handle (checked when
+    /// the filesystem is built): only then are unlinked files closed.
+    handles_work: bool,
 }
 
 /// The inodes a pass may close; dead entries are dropped by each pass and
@@ -105,9 +111,10 @@ struct Registry {
 const MIN_COMPACT: usize = 1024;
 
 impl FdCache {
-    pub(super) fn new(limit: usize) -> Self {
+    pub(super) fn new(limit: usize, handles_work: bool) -> Self {
         let limit = limit.max(1);
         FdCache {
+            handles_work,
             limit,
             open: Arc::new(AtomicUsize::new(0)),
             next_pass: AtomicUsize::new(limit),
@@ -188,7 +195,7 @@ impl FdCache {
             if self.open_fds() <= target {
                 break;
             }
-            if close_if_idle(d) {
+            if close_if_idle(d, self.handles_work) {
                 closed += 1;
             }
         }
@@ -196,8 +203,8 @@ impl FdCache {
     }
 }
 
-/// True when the inode's fd is open, only the inode holds it, and the
-/// inode can be found again (a parent and name, and a link on the host).
+/// True when the inode's fd is open, only the inode holds it, and it
+/// has a parent and name to be found by.
 fn is_idle(d: &InodeData) -> bool {
     let has_parent = d.link.lock().unwrap_or_else(|e| e.into_inner()).is_some();
     has_parent
@@ -207,7 +214,13 @@ fn is_idle(d: &InodeData) -> bool {
             .is_some_and(|fd| Arc::strong_count(&fd.0) == 1)
 }
 
-fn close_if_idle(d: &InodeData) -> bool {
+/// Whether the export root can be found by its own file handle: the
+/// filesystem has handles and the process `CAP_DAC_READ_SEARCH`.
+pub(super) fn handles_work(root: BorrowedFd<'_>) -> bool {
+    file_handle(root).is_some_and(|(ty, h)| open_handle(root, ty, &h).is_ok())
+}
+
+fn close_if_idle(d: &InodeData, handles_work: bool) -> bool {
     let mut slot = d.slot.lock();
     let Some(fd) = slot.as_ref() else {
         return false;
@@ -215,14 +228,20 @@ fn close_if_idle(d: &InodeData) -> bool {
     if Arc::strong_count(&fd.0) != 1 {
         return false;
     }
-    // An unlinked file could not be found again.
-    match sys::fstat(fd.as_fd()) {
-        Ok(st) if st.st_nlink > 0 => {}
-        _ => return false,
-    }
+    let Ok(st) = sys::fstat(fd.as_fd()) else {
+        return false;
+    };
     if d.host_type != libc::S_IFDIR {
-        *d.slot.handle.lock().unwrap_or_else(|e| e.into_inner()) = file_handle(fd.as_fd());
+        let handle = file_handle(fd.as_fd());
+        // An unlinked file is found only by its handle, and only while
+        // an open fid keeps it alive. Without handles it stays open.
+        if st.st_nlink == 0 && !(handles_work && handle.is_some()) {
+            return false;
+        }
+        *d.slot.handle.lock().unwrap_or_else(|e| e.into_inner()) = handle;
     }
+    // A removed directory is closed too: nothing can be created in it,
+    // and a fid on it answers ESTALE from then on.
     *slot = None;
     true
 }
@@ -400,8 +419,6 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::ESTALE));
         // The file's own handle still finds it (with CAP_DAC_READ_SEARCH)
         // or it is stale; never the file outside.
-        // SAFETY: no arguments.
-        let root = unsafe { libc::geteuid() } == 0;
         match fs.getattr(&file, GetattrMask::BASIC) {
             Ok(a) => {
                 let moved = std::fs::metadata(t.path().join("moved/f0")).unwrap();
@@ -410,32 +427,58 @@ mod tests {
                 assert_eq!(contents(&fs, &file), b"0/0");
             }
             Err(e) => {
-                assert!(!root, "a root daemon finds a renamed file by its handle");
+                assert!(!fs.fds.handles_work, "found by its handle");
                 assert_eq!(e.raw_os_error(), Some(libc::ESTALE));
             }
         }
     }
 
     #[test]
-    fn test_unlinked_and_busy_files_keep_their_fds() {
-        let t = tree(1, 2);
+    fn test_busy_fds_stay_open() {
+        let t = tree(1, 1);
         let fs = fs_with_limit(t.path(), 64);
         let (root, _) = fs.attach(b"", ROOT).unwrap();
         let (dir, _) = fs.walk(&root, b"d0").unwrap();
-        let (gone, _) = fs.walk(&dir, b"f0").unwrap();
-        let (busy, _) = fs.walk(&dir, b"f1").unwrap();
-        std::fs::remove_file(t.path().join("d0/f0")).unwrap();
+        let (busy, _) = fs.walk(&dir, b"f0").unwrap();
         let held = fs.fd(&busy).unwrap();
         fs.fds.reclaim(0);
-        // The root, the unlinked file and the busy one are still open.
-        assert!(gone.0.slot.lock().is_some());
         assert!(busy.0.slot.lock().is_some());
         assert!(dir.0.slot.lock().is_none());
-        assert_eq!(fs.getattr(&gone, GetattrMask::BASIC).unwrap().nlink, 0);
         drop(held);
         fs.fds.reclaim(0);
         assert!(busy.0.slot.lock().is_none());
         assert_eq!(fs.getattr(&busy, GetattrMask::BASIC).unwrap().size, 3);
+    }
+
+    #[test]
+    fn test_unlinked_files_are_found_by_handle_while_open() {
+        let t = tree(1, 2);
+        let fs = fs_with_limit(t.path(), 64);
+        let (root, _) = fs.attach(b"", ROOT).unwrap();
+        let (dir, _) = fs.walk(&root, b"d0").unwrap();
+        let (walked, _) = fs.walk(&dir, b"f0").unwrap();
+        let (opened, _) = fs.walk(&dir, b"f1").unwrap();
+        let (file, _) = fs.open(&opened, OpenFlags::RDONLY).unwrap();
+        std::fs::remove_file(t.path().join("d0/f0")).unwrap();
+        std::fs::remove_file(t.path().join("d0/f1")).unwrap();
+        // A new file under the old name must not be taken for it.
+        std::fs::write(t.path().join("d0/f1"), "impostor").unwrap();
+        fs.fds.reclaim(0);
+        if fs.fds.handles_work {
+            assert!(walked.0.slot.lock().is_none());
+            assert!(opened.0.slot.lock().is_none());
+            // Nothing keeps the walked one alive: gone for good.
+            let e = fs.getattr(&walked, GetattrMask::BASIC).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ESTALE));
+            // The open one is still there, by its handle.
+            let a = fs.getattr(&opened, GetattrMask::BASIC).unwrap();
+            assert_eq!((a.nlink, a.size), (0, 3));
+        } else {
+            // Without handles, unlinked files keep their fds.
+            assert!(walked.0.slot.lock().is_some());
+            assert_eq!(fs.getattr(&opened, GetattrMask::BASIC).unwrap().nlink, 0);
+        }
+        drop(file);
     }
 
     #[test]
