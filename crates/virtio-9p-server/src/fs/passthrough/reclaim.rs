@@ -330,7 +330,7 @@ impl PassthroughFs {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{PassthroughConfig, PassthroughFs};
+    use super::super::{Inode, PassthroughConfig, PassthroughFs};
     use crate::fs::{Cred, Filesystem};
     use crate::protocol::{GetattrMask, OpenFlags};
     use std::os::fd::AsRawFd;
@@ -338,24 +338,14 @@ mod tests {
 
     const ROOT: Cred = Cred { uid: 0, gid: 0 };
 
-    fn fs_with_limit(dir: &std::path::Path, limit: usize) -> PassthroughFs {
-        let mut cfg = PassthroughConfig::new(dir);
-        cfg.max_path_fds = limit;
-        PassthroughFs::new(cfg).unwrap()
-    }
-
-    /// The first bytes of `inode`, opened read-only.
-    fn contents(fs: &PassthroughFs, inode: &super::super::Inode) -> Vec<u8> {
-        let (opened, _) = fs.open(inode, OpenFlags::RDONLY).unwrap();
-        let mut buf = vec![0u8; 16];
-        // SAFETY: a valid fd and buffer.
-        let n = unsafe { libc::pread(opened.fd().as_raw_fd(), buf.as_mut_ptr().cast(), 16, 0) };
-        buf.truncate(usize::try_from(n).unwrap());
-        buf
-    }
-
-    /// A tree `d0/f0..` of `dirs` directories with `files` files each.
-    fn tree(dirs: usize, files: usize) -> tempfile::TempDir {
+    /// A tree `d0/f0..` of `dirs` directories with `files` files each
+    /// (file `dD/fF` holds "D/F"), served with at most `limit` walked
+    /// files' fds, and its root.
+    fn export(
+        dirs: usize,
+        files: usize,
+        limit: usize,
+    ) -> (tempfile::TempDir, PassthroughFs, Inode) {
         let t = tempfile::tempdir().unwrap();
         for d in 0..dirs {
             let dir = t.path().join(format!("d{d}"));
@@ -364,14 +354,26 @@ mod tests {
                 std::fs::write(dir.join(format!("f{f}")), format!("{d}/{f}")).unwrap();
             }
         }
-        t
+        let mut cfg = PassthroughConfig::new(t.path());
+        cfg.max_path_fds = limit;
+        let fs = PassthroughFs::new(cfg).unwrap();
+        let (root, _) = fs.attach(b"", ROOT).unwrap();
+        (t, fs, root)
+    }
+
+    /// The first bytes of `inode`, opened read-only.
+    fn contents(fs: &PassthroughFs, inode: &Inode) -> Vec<u8> {
+        let (opened, _) = fs.open(inode, OpenFlags::RDONLY).unwrap();
+        let mut buf = vec![0u8; 16];
+        // SAFETY: a valid fd and buffer.
+        let n = unsafe { libc::pread(opened.fd().as_raw_fd(), buf.as_mut_ptr().cast(), 16, 0) };
+        buf.truncate(usize::try_from(n).unwrap());
+        buf
     }
 
     #[test]
     fn test_walked_files_past_the_limit_stay_usable() {
-        let t = tree(8, 40);
-        let fs = fs_with_limit(t.path(), 32);
-        let (root, _) = fs.attach(b"", ROOT).unwrap();
+        let (_t, fs, root) = export(8, 40, 32);
         let mut held = Vec::new();
         for d in 0..8 {
             let (dir, _) = fs.walk(&root, format!("d{d}").as_bytes()).unwrap();
@@ -400,9 +402,7 @@ mod tests {
 
     #[test]
     fn test_a_closed_fid_replaced_on_the_host_answers_estale() {
-        let t = tree(1, 1);
-        let fs = fs_with_limit(t.path(), 1);
-        let (root, _) = fs.attach(b"", ROOT).unwrap();
+        let (t, fs, root) = export(1, 1, 1);
         let (dir, _) = fs.walk(&root, b"d0").unwrap();
         let (file, _) = fs.walk(&dir, b"f0").unwrap();
         // Push both out of the cache.
@@ -435,9 +435,7 @@ mod tests {
 
     #[test]
     fn test_busy_fds_stay_open() {
-        let t = tree(1, 1);
-        let fs = fs_with_limit(t.path(), 64);
-        let (root, _) = fs.attach(b"", ROOT).unwrap();
+        let (_t, fs, root) = export(1, 1, 64);
         let (dir, _) = fs.walk(&root, b"d0").unwrap();
         let (busy, _) = fs.walk(&dir, b"f0").unwrap();
         let held = fs.fd(&busy).unwrap();
@@ -452,9 +450,7 @@ mod tests {
 
     #[test]
     fn test_unlinked_files_are_found_by_handle_while_open() {
-        let t = tree(1, 2);
-        let fs = fs_with_limit(t.path(), 64);
-        let (root, _) = fs.attach(b"", ROOT).unwrap();
+        let (t, fs, root) = export(1, 2, 64);
         let (dir, _) = fs.walk(&root, b"d0").unwrap();
         let (walked, _) = fs.walk(&dir, b"f0").unwrap();
         let (opened, _) = fs.walk(&dir, b"f1").unwrap();
@@ -483,9 +479,7 @@ mod tests {
 
     #[test]
     fn test_renamed_through_the_fs_reopens_under_the_new_name() {
-        let t = tree(2, 1);
-        let fs = fs_with_limit(t.path(), 64);
-        let (root, _) = fs.attach(b"", ROOT).unwrap();
+        let (t, fs, root) = export(2, 1, 64);
         let (d0, _) = fs.walk(&root, b"d0").unwrap();
         let (d1, _) = fs.walk(&root, b"d1").unwrap();
         let (file, _) = fs.walk(&d0, b"f0").unwrap();
