@@ -8,6 +8,7 @@
 //! what the client received byte by byte, and afterwards that the server
 //! still serves and its fds are back.
 
+mod common;
 mod hostile_support;
 
 use std::io;
@@ -661,26 +662,7 @@ fn test_escape_races_over_sockets_touch_nothing_outside() {
     let sock = serve(tmp.path(), server, small_limits(256, 32));
 
     let stop = Arc::new(AtomicBool::new(false));
-    let swapper = {
-        let (stop, r, l) = (stop.clone(), cpath(&race), cpath(&link));
-        std::thread::spawn(move || {
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                // SAFETY: valid C strings.
-                unsafe {
-                    libc::renameat2(
-                        libc::AT_FDCWD,
-                        r.as_ptr(),
-                        libc::AT_FDCWD,
-                        l.as_ptr(),
-                        libc::RENAME_EXCHANGE,
-                    )
-                };
-                n += 1;
-            }
-            n
-        })
-    };
+    let swapper = common::spawn_exchanger(&race, &link, stop.clone());
     // The second connection: swaps the last component "race/f" for a
     // symlink to the outside file and back, through 9P.
     let relinker = {
