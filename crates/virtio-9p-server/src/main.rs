@@ -266,6 +266,7 @@ fn exit_on_signals() {
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
     }
+    sb::unblock_stop_signals();
 }
 
 /// What `--socket-group` asks for.

@@ -24,7 +24,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sandbox_support::{
     no_namespaces, version, vhost_mount_sequence, Daemon, SockClient, BIN, MODES,
@@ -827,4 +827,70 @@ fn test_vhost_user_mapped_xattr_as_the_guest_row_runs_it() {
     let status = d.wait();
     assert!(status.success(), "{status:?}: {}", d.stderr());
     t.outside_untouched();
+}
+
+/// A stop that comes right after the namespace sandbox's fork, before the
+/// supervisor has its signal handlers, ends the daemon with an exit
+/// status; it never kills the supervisor (which would leave the socket
+/// file behind). The test spins until the supervisor has a child, then
+/// sends SIGTERM at once, 40 times.
+#[test]
+fn test_sigterm_right_after_the_sandbox_fork_never_kills_the_supervisor() {
+    let t = tree();
+    let listen = format!("unix:{}", t.sock().display());
+    let mut caught = 0;
+    for round in 0..40 {
+        let _ = std::fs::remove_file(t.sock());
+        let mut child = Command::new(BIN)
+            .args([
+                "--shared-dir",
+                t.export.to_str().unwrap(),
+                "--listen",
+                &listen,
+            ])
+            .args(["--sandbox", "namespace"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let children = format!("/proc/{pid}/task/{pid}/children");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let forked = loop {
+            match std::fs::read_to_string(&children) {
+                Ok(c) if !c.trim().is_empty() => break true,
+                Ok(_) if Instant::now() < deadline => continue,
+                _ => break false,
+            }
+        };
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        // A stop lost on the way (pid 1 drops signals it has no handler
+        // for) leaves the daemon running.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let st = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("round {round}: the SIGTERM was lost, the daemon still runs");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        if !forked {
+            // No namespaces here: the daemon exited before forking.
+            assert!(st.code().is_some(), "{st:?}");
+            eprintln!("SKIP sigterm after fork: the daemon did not fork (namespaces)");
+            return;
+        }
+        caught += 1;
+        assert!(
+            st.signal().is_none(),
+            "round {round}: the supervisor died of signal {:?}",
+            st.signal()
+        );
+        assert!(!t.sock().exists(), "round {round}: the socket file stayed");
+    }
+    assert_eq!(caught, 40);
 }

@@ -66,6 +66,7 @@ pub fn install(handover: bool) -> std::io::Result<()> {
             return Err(std::io::Error::last_os_error());
         }
     }
+    super::sandbox::unblock_stop_signals();
     Ok(())
 }
 

@@ -37,6 +37,8 @@
 pub mod caps;
 pub mod limits;
 mod namespace;
+
+pub(crate) use namespace::unblock_stop_signals;
 mod procfd;
 pub mod seccomp;
 

@@ -13,6 +13,55 @@ use super::{cpath, procfd, sys_err, Error, IdMap, Result, SandboxConfig, PROC_FD
 /// The child the supervising parent forwards signals to.
 static CHILD: AtomicI32 = AtomicI32::new(0);
 
+/// The signals the supervisor forwards to the daemon.
+const FORWARDED: [libc::c_int; 5] = [
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+];
+
+/// [`FORWARDED`] as a signal set.
+fn forwarded_set() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data, filled by sigemptyset/sigaddset.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in FORWARDED {
+            libc::sigaddset(&mut set, sig);
+        }
+        set
+    }
+}
+
+/// Lets the forwarded signals in on the calling thread, once the daemon
+/// has its handlers. Until then the namespace's pid 1 keeps them blocked:
+/// pid 1 drops a signal it has no handler for, so a stop sent during
+/// setup would be lost; blocked, it waits for the handler.
+pub(crate) fn unblock_stop_signals() {
+    let set = forwarded_set();
+    // SAFETY: a valid sigset_t.
+    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// Blocks [`FORWARDED`] on the calling thread; returns the mask before.
+fn block_forwarded() -> libc::sigset_t {
+    let set = forwarded_set();
+    // SAFETY: sigset_t is plain data; pthread_sigmask gets valid pointers.
+    unsafe {
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    }
+}
+
+/// Puts back the signal mask `old` (from [`block_forwarded`]).
+fn restore_mask(old: &libc::sigset_t) {
+    // SAFETY: a valid sigset_t.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+}
+
 extern "C" fn forward(sig: libc::c_int) {
     let pid = CHILD.load(Ordering::Acquire);
     if pid > 0 {
@@ -62,14 +111,21 @@ pub(super) fn enter<T>(
         write_file("/proc/self/uid_map", &map_text(&cfg.uid_map, euid))?;
         write_file("/proc/self/gid_map", &map_text(&cfg.gid_map, egid))?;
     }
+    // A SIGTERM between the fork and the supervisor's handlers would kill
+    // the supervisor (and, through PDEATHSIG, the daemon) without cleanup:
+    // the signals wait, blocked, until the handlers are in place. The
+    // child keeps them blocked until it has its own handlers
+    // ([`unblock_stop_signals`]).
+    let old_mask = block_forwarded();
     // SAFETY: the process is single-threaded (checked by the caller), so
     // the child may run arbitrary code.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
+        restore_mask(&old_mask);
         return Err(sys_err("fork into the pid namespace"));
     }
     if pid > 0 {
-        supervise(pid, cfg);
+        supervise(pid, cfg, &old_mask);
     }
     // SAFETY: unshare(2) with namespace flags only.
     if unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET) } != 0 {
@@ -79,15 +135,9 @@ pub(super) fn enter<T>(
 }
 
 /// The parent: forward signals, wait, clean up, exit like the child.
-fn supervise(pid: libc::pid_t, cfg: &SandboxConfig) -> ! {
+fn supervise(pid: libc::pid_t, cfg: &SandboxConfig, old_mask: &libc::sigset_t) -> ! {
     CHILD.store(pid, Ordering::Release);
-    for sig in [
-        libc::SIGTERM,
-        libc::SIGINT,
-        libc::SIGHUP,
-        libc::SIGQUIT,
-        libc::SIGUSR1,
-    ] {
+    for sig in FORWARDED {
         // SAFETY: a zeroed sigaction is valid; the handler only calls kill(2).
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
@@ -97,6 +147,8 @@ fn supervise(pid: libc::pid_t, cfg: &SandboxConfig) -> ! {
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
     }
+    // Signals that came meanwhile are forwarded now.
+    restore_mask(old_mask);
     debug!("sandbox: daemon runs as pid {pid} (pid 1 of its namespace)");
     // The supervisor only waits, signals its own child and removes the
     // socket file: it keeps dac_override (for that removal) and nothing else.
