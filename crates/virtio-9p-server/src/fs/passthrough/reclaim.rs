@@ -228,14 +228,15 @@ fn close_if_idle(d: &InodeData, handles_work: bool) -> bool {
     if Arc::strong_count(&fd.0) != 1 {
         return false;
     }
-    let Ok(st) = sys::fstat(fd.as_fd()) else {
-        return false;
-    };
     if d.host_type != libc::S_IFDIR {
-        let handle = file_handle(fd.as_fd());
+        let Ok(st) = sys::fstat(fd.as_fd()) else {
+            return false;
+        };
+        // A handle is of use only where handles open: not taken elsewhere.
+        let handle = handles_work.then(|| file_handle(fd.as_fd())).flatten();
         // An unlinked file is found only by its handle, and only while
-        // an open fid keeps it alive. Without handles it stays open.
-        if st.st_nlink == 0 && !(handles_work && handle.is_some()) {
+        // an open fid keeps it alive. Without one it stays open.
+        if st.st_nlink == 0 && handle.is_none() {
             return false;
         }
         *d.slot.handle.lock().unwrap_or_else(|e| e.into_inner()) = handle;
@@ -299,13 +300,7 @@ impl PassthroughFs {
             if let (Ok(pfd), Ok(c)) = (self.fd(&parent), sys::cstr(&name)) {
                 let found =
                     sys::open_beneath(pfd.as_fd(), &c, libc::O_PATH, 0, self.cfg.use_openat2);
-                if let Ok(fd) = found.and_then(|fd| {
-                    if same(&fd) {
-                        Ok(fd)
-                    } else {
-                        Err(err(libc::ESTALE))
-                    }
-                }) {
+                if let Some(fd) = found.ok().filter(same) {
                     return Ok(fd);
                 }
             }
