@@ -3,7 +3,7 @@
 # Runs inside the guest, chrooted into the tool disk (guest-run.sh mounts it
 # and /results), as /ci/suite. CI_TESTS names the suite:
 #
-#   xfstests   FSTYP=9p (or virtiofs) with TEST_DEV=test, SCRATCH_DEV=scratch.
+#   xfstests   FSTYP=9p (or virtiofs) with TEST_DEV=xfstests-testdev, SCRATCH_DEV=xfstests-scratchdev.
 #              /ci/xfstests.args holds check's test selection (a list or
 #              "-g quick"), /ci/xfstests.exclude the exclude list. Output:
 #              "XFS <check's line>", then one "XFS-RESULT <test> pass|fail|
@@ -97,13 +97,16 @@ run_xfstests() {
     else
         export PLAN9_MOUNT_OPTIONS="-o trans=virtio,version=9p2000.L${CI_OPTS:+,$CI_OPTS}"
     fi
-    export FSTYP=$fstyp TEST_DEV=test TEST_DIR=/mnt/test SCRATCH_DEV=scratch SCRATCH_MNT=/mnt/scratch
+    # Tags no test's file names contain: _filter_scratch and _filter_test_dir
+    # rewrite every occurrence of the device names in a test's output.
+    export FSTYP=$fstyp TEST_DEV=xfstests-testdev TEST_DIR=/mnt/test
+    export SCRATCH_DEV=xfstests-scratchdev SCRATCH_MNT=/mnt/scratch
     export RESULT_BASE=$out/xfstests
     mkdir -p "$TEST_DIR" "$SCRATCH_MNT" "$RESULT_BASE"
     read -r -a args </ci/xfstests.args
     echo "CI-XFS-CONFIG FSTYP=$FSTYP TEST_DEV=$TEST_DEV SCRATCH_DEV=$SCRATCH_DEV ${PLAN9_MOUNT_OPTIONS:-}"
     # Prove the mount the way the other suites do.
-    if _m=$(mount -t "$fstyp" ${PLAN9_MOUNT_OPTIONS:-} test /mnt/test 2>&1); then
+    if _m=$(mount -t "$fstyp" ${PLAN9_MOUNT_OPTIONS:-} "$TEST_DEV" /mnt/test 2>&1); then
         echo "CI-MOUNT $(grep ' /mnt/test ' /proc/mounts)"
         umount /mnt/test
     else

@@ -246,7 +246,7 @@ run_row() {
     rm -rf "$dir"
     mkdir -p "$dir"
     if [ "$suite" = xfstests ]; then
-        shares=(test scratch); tags=(test scratch)
+        shares=(test scratch); tags=(xfstests-testdev xfstests-scratchdev)
     else
         shares=(work); tags=(work)
         [ "$name" = virtiofsd ] && tags=(strict cached)

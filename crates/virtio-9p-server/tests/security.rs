@@ -187,6 +187,47 @@ fn test_mapped_xattr_symlink_and_device_are_regular_host_files() {
 }
 
 #[test]
+fn test_mapped_xattr_readdir_reports_the_mapped_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = client_for(dir.path(), SecurityModel::MappedXattr, false, true);
+    c.symlink(ROOT, b"link", b"target", 0).unwrap();
+    c.mknod(ROOT, b"tty", libc::S_IFCHR | 0o620, 4, 1, 0).unwrap();
+    c.mknod(ROOT, b"fifo", libc::S_IFIFO | 0o600, 0, 0, 0).unwrap();
+    c.mknod(ROOT, b"sock", libc::S_IFSOCK | 0o600, 0, 0, 0).unwrap();
+    c.mkdir(ROOT, b"sub", 0o755, 0).unwrap();
+    c.walk(ROOT, 1, &[]).unwrap();
+    c.lcreate(1, b"plain", of::RDWR, 0o644, 0).unwrap();
+    // A host file without mapped attributes keeps its host type.
+    std::fs::write(dir.path().join("host"), b"x").unwrap();
+
+    c.walk(ROOT, 2, &[]).unwrap();
+    c.lopen(2, of::RDONLY | of::DIRECTORY).unwrap();
+    let types: std::collections::BTreeMap<Vec<u8>, (u8, QidType)> = c
+        .readdir_all(2, 8192)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, (e.ty, e.qid.ty)))
+        .collect();
+    let expect = [
+        (&b"link"[..], libc::DT_LNK, QidType::SYMLINK),
+        (b"tty", libc::DT_CHR, QidType::FILE),
+        (b"fifo", libc::DT_FIFO, QidType::FILE),
+        (b"sock", libc::DT_SOCK, QidType::FILE),
+        (b"sub", libc::DT_DIR, QidType::DIR),
+        (b"plain", libc::DT_REG, QidType::FILE),
+        (b"host", libc::DT_REG, QidType::FILE),
+    ];
+    for (name, d_type, qid_type) in expect {
+        assert_eq!(
+            types.get(name),
+            Some(&(d_type, qid_type)),
+            "{}",
+            String::from_utf8_lossy(name)
+        );
+    }
+}
+
+#[test]
 fn test_mapped_xattr_reads_existing_qemu_share() {
     // A file as QEMU's mapped-xattr backend leaves it.
     let dir = tempfile::tempdir().unwrap();

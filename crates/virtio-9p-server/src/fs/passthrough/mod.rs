@@ -534,6 +534,18 @@ impl PassthroughFs {
         })
     }
 
+    /// The directory entry type of `name` in `dir` from its mapped mode, in
+    /// the mapped model: a guest symlink, device or fifo is a host regular
+    /// file, and a client that trusts the host `DT_REG` would treat it as
+    /// one (`ls -F`, `find -type`). `None` when the file has no mapped mode.
+    fn mapped_entry_type(&self, dir: BorrowedFd<'_>, name: &[u8]) -> Option<u8> {
+        let c = sys::cstr(name).ok()?;
+        let fd = sys::open_beneath(dir, &c, libc::O_PATH, 0, self.cfg.use_openat2).ok()?;
+        let mode = mapped::read_mode(&self.proc_path(fd.as_fd()))?;
+        // DT_* is the S_IFMT type shifted down (the kernel's IFTODT).
+        Some(((mode & libc::S_IFMT) >> 12) as u8)
+    }
+
     /// The mapped mode of a host regular file, in the mapped model.
     fn mapped_mode(&self, fd: BorrowedFd<'_>, host_mode: u32) -> Option<u32> {
         if self.mapped() && host_mode & libc::S_IFMT == libc::S_IFREG {
@@ -1204,6 +1216,11 @@ impl Filesystem for PassthroughFs {
                     }
                 } else {
                     (dir_st.st_dev, ino)
+                };
+                let d_type = if d_type == libc::DT_REG && self.mapped() {
+                    self.mapped_entry_type(file.fd(), name).unwrap_or(d_type)
+                } else {
+                    d_type
                 };
                 let ty = match d_type {
                     libc::DT_DIR => QidType::DIR,
