@@ -191,9 +191,12 @@ fn test_mapped_xattr_readdir_reports_the_mapped_type() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = client_for(dir.path(), SecurityModel::MappedXattr, false, true);
     c.symlink(ROOT, b"link", b"target", 0).unwrap();
-    c.mknod(ROOT, b"tty", libc::S_IFCHR | 0o620, 4, 1, 0).unwrap();
-    c.mknod(ROOT, b"fifo", libc::S_IFIFO | 0o600, 0, 0, 0).unwrap();
-    c.mknod(ROOT, b"sock", libc::S_IFSOCK | 0o600, 0, 0, 0).unwrap();
+    c.mknod(ROOT, b"tty", libc::S_IFCHR | 0o620, 4, 1, 0)
+        .unwrap();
+    c.mknod(ROOT, b"fifo", libc::S_IFIFO | 0o600, 0, 0, 0)
+        .unwrap();
+    c.mknod(ROOT, b"sock", libc::S_IFSOCK | 0o600, 0, 0, 0)
+        .unwrap();
     c.mkdir(ROOT, b"sub", 0o755, 0).unwrap();
     c.walk(ROOT, 1, &[]).unwrap();
     c.lcreate(1, b"plain", of::RDWR, 0o644, 0).unwrap();
