@@ -12,7 +12,7 @@
 # built-in row itself breaks.
 #
 # Environment:
-#   GUEST_XFSTESTS_SERVERS  default qemu,ours-vhost
+#   GUEST_XFSTESTS_SERVERS  default qemu,ours-vhost,ours-vhost-mapped
 #   GUEST_XFSTESTS_TESTS    default ci (see suite.sh --tests)
 #   GUEST_CONFORMANCE_SERVER_BIN  a prebuilt virtio-9p-server (default: build it)
 #   GUEST_XFSTESTS=skip     skip the step (exit 77)
@@ -28,7 +28,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 77
 fi
 
-servers=${GUEST_XFSTESTS_SERVERS:-qemu,ours-vhost}
+servers=${GUEST_XFSTESTS_SERVERS:-qemu,ours-vhost,ours-vhost-mapped}
 case ",$servers," in *,qemu,*) ;; *) servers=qemu,$servers ;; esac
 out=${GUEST_XFSTESTS_OUT:-$(mktemp -d /tmp/guest-xfstests.XXXXXX)}
 

@@ -30,9 +30,10 @@ kver=${kver#vmlinuz-}
 kroot=$CACHE/kernel/$kver/root
 xfstests=$(bash "$here/build-xfstests.sh" | tail -1)
 
-# Workload tools the suites call beside xfstests' own needs.
+# Workload tools the suites call, and xfstests' own needs (gawk: its
+# filters use asort and gensub, which mawk lacks).
 need=()
-for p in fio git xfsprogs attr acl bc psmisc e2fsprogs; do
+for p in fio git xfsprogs attr acl bc psmisc e2fsprogs gawk; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
