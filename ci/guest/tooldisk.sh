@@ -24,6 +24,12 @@ export VIRTIO_9P_CI_CACHE=$CACHE
 series=${1:-6.12}
 log() { echo "tooldisk: $*" >&2; }
 
+# Rows run as parallel invocations (one per row) build the disk once: the
+# second waits here, then finds the image.
+mkdir -p "$CACHE/tooldisk"
+exec 9>"$CACHE/tooldisk/.lock"
+flock 9
+
 eval "$(bash "$here/fetch-kernel.sh" "$series")" # KERNEL=, INITRAMFS=
 kver=$(basename "$KERNEL")
 kver=${kver#vmlinuz-}
