@@ -56,7 +56,7 @@ use crate::protocol::{
 use sys::check;
 
 use qid::QidMap;
-use reclaim::{FdCache, FdSlot, PathFd};
+use reclaim::{CountedFd, FdCache, FdSlot};
 
 /// How guest ownership and modes map onto the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -555,7 +555,7 @@ impl PassthroughFs {
         }
     }
 
-    fn new_inode(&self, fd: PathFd, link: Option<(Inode, Vec<u8>)>) -> io::Result<(Inode, Qid)> {
+    fn new_inode(&self, fd: CountedFd, link: Option<(Inode, Vec<u8>)>) -> io::Result<(Inode, Qid)> {
         let st = sys::fstat(fd.as_fd())?;
         if self.is_root(st.st_dev, st.st_ino) {
             return Ok((self.root.clone(), self.make_qid(&st, None)?));

@@ -25,9 +25,9 @@
 //! reached by `..`, or restored by handle).
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError, Weak};
 
 use super::restore::{file_handle, open_handle};
 use super::{err, sys, Inode, InodeData, PassthroughFs};
@@ -35,13 +35,9 @@ use super::{err, sys, Inode, InodeData, PassthroughFs};
 /// What a reclaim pass closes down to: half the limit, so passes are rare.
 const LOW_WATER_DIVISOR: usize = 2;
 
-/// An open `O_PATH` fd of an inode. While a call holds one, the fd stays
-/// open, whatever a reclaim pass decides.
-#[derive(Clone, Debug)]
-pub(super) struct PathFd(Arc<CountedFd>);
-
+/// An `O_PATH` fd counted in the cache's open fds.
 #[derive(Debug)]
-struct CountedFd {
+pub(super) struct CountedFd {
     fd: OwnedFd,
     open: Arc<AtomicUsize>,
 }
@@ -52,16 +48,35 @@ impl Drop for CountedFd {
     }
 }
 
-impl AsFd for PathFd {
+impl AsFd for CountedFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.0.fd.as_fd()
+        self.fd.as_fd()
+    }
+}
+
+/// The open `O_PATH` fd of an inode, held for one call: a shared lock on
+/// the inode's slot, so no reclaim pass closes it meanwhile (passes only
+/// ever `try_write`, so holders never wait for one).
+#[derive(Debug)]
+pub(super) struct PathFd<'a> {
+    _slot: RwLockReadGuard<'a, Option<CountedFd>>,
+    raw: RawFd,
+}
+
+impl AsFd for PathFd<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: `raw` is the fd in the slot `_slot` locks; the fd cannot
+        // be taken out or closed while the guard lives.
+        unsafe { BorrowedFd::borrow_raw(self.raw) }
     }
 }
 
 /// The fd slot of one inode.
 #[derive(Debug)]
 pub(super) struct FdSlot {
-    fd: Mutex<Option<PathFd>>,
+    /// Shared-locked by every call that uses the fd; a pass takes it out
+    /// only when `try_write` succeeds, that is when no call holds it.
+    fd: RwLock<Option<CountedFd>>,
     /// Used since the last pass (those are closed last). A flag, not a
     /// global clock: no counter all threads write on every call.
     used: AtomicBool,
@@ -70,16 +85,30 @@ pub(super) struct FdSlot {
 }
 
 impl FdSlot {
-    pub(super) fn new(fd: PathFd) -> Self {
+    pub(super) fn new(fd: CountedFd) -> Self {
         FdSlot {
-            fd: Mutex::new(Some(fd)),
+            fd: RwLock::new(Some(fd)),
             used: AtomicBool::new(true),
             handle: Mutex::new(None),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<PathFd>> {
-        self.fd.lock().unwrap_or_else(|e| e.into_inner())
+    fn read(&self) -> RwLockReadGuard<'_, Option<CountedFd>> {
+        self.fd.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The slot, if no call holds its fd right now.
+    fn try_write(&self) -> Option<RwLockWriteGuard<'_, Option<CountedFd>>> {
+        match self.fd.try_write() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Whether the inode has an open fd now.
+    pub(super) fn is_open(&self) -> bool {
+        self.read().is_some()
     }
 }
 
@@ -126,12 +155,12 @@ impl FdCache {
     }
 
     /// Counts `fd` as one of the cache's open fds.
-    pub(super) fn adopt(&self, fd: OwnedFd) -> PathFd {
+    pub(super) fn adopt(&self, fd: OwnedFd) -> CountedFd {
         self.open.fetch_add(1, Ordering::Relaxed);
-        PathFd(Arc::new(CountedFd {
+        CountedFd {
             fd,
             open: Arc::clone(&self.open),
-        }))
+        }
     }
 
     /// `O_PATH` fds open now (held by inodes or by calls).
@@ -203,15 +232,11 @@ impl FdCache {
     }
 }
 
-/// True when the inode's fd is open, only the inode holds it, and it
-/// has a parent and name to be found by.
+/// True when the inode's fd is open and it has a parent and name to be
+/// found by (whether a call holds the fd, the close finds out).
 fn is_idle(d: &InodeData) -> bool {
     let has_parent = d.link.lock().unwrap_or_else(|e| e.into_inner()).is_some();
-    has_parent
-        && d.slot
-            .lock()
-            .as_ref()
-            .is_some_and(|fd| Arc::strong_count(&fd.0) == 1)
+    has_parent && d.slot.is_open()
 }
 
 /// Whether the export root can be found by its own file handle: the
@@ -221,13 +246,13 @@ pub(super) fn handles_work(root: BorrowedFd<'_>) -> bool {
 }
 
 fn close_if_idle(d: &InodeData, handles_work: bool) -> bool {
-    let mut slot = d.slot.lock();
+    // Held by a call: not idle.
+    let Some(mut slot) = d.slot.try_write() else {
+        return false;
+    };
     let Some(fd) = slot.as_ref() else {
         return false;
     };
-    if Arc::strong_count(&fd.0) != 1 {
-        return false;
-    }
     if d.host_type != libc::S_IFDIR {
         let Ok(st) = sys::fstat(fd.as_fd()) else {
             return false;
@@ -251,19 +276,36 @@ impl PassthroughFs {
     /// The open `O_PATH` fd of `inode`, reopened if a reclaim pass closed
     /// it. Hold it for as long as the call uses the fd (or a
     /// `/proc/self/fd` path naming it).
-    pub(super) fn fd(&self, inode: &Inode) -> io::Result<PathFd> {
-        let d = &inode.0;
-        if !d.slot.used.load(Ordering::Relaxed) {
-            d.slot.used.store(true, Ordering::Relaxed);
+    pub(super) fn fd<'a>(&self, inode: &'a Inode) -> io::Result<PathFd<'a>> {
+        let slot = &inode.0.slot;
+        if !slot.used.load(Ordering::Relaxed) {
+            slot.used.store(true, Ordering::Relaxed);
         }
-        if let Some(fd) = d.slot.lock().as_ref() {
-            return Ok(fd.clone());
+        let mut reopened = None;
+        let mut installed = false;
+        loop {
+            let guard = slot.read();
+            if let Some(fd) = guard.as_ref() {
+                let raw = fd.as_fd().as_raw_fd();
+                let held = PathFd { _slot: guard, raw };
+                if installed {
+                    // Ours is held, so the pass leaves it open.
+                    self.fds.pass_if_over();
+                }
+                return Ok(held);
+            }
+            drop(guard);
+            if reopened.is_none() {
+                reopened = Some(self.adopt_retrying(|| self.reopen(inode))?);
+            }
+            // A call that reopened it meanwhile holds it: then read again.
+            if let Some(mut w) = slot.try_write() {
+                if w.is_none() {
+                    *w = reopened.take();
+                    installed = true;
+                }
+            }
         }
-        let fd = self.adopt_retrying(|| self.reopen(inode))?;
-        // Another call may have reopened it meanwhile: keep one.
-        let fd = d.slot.lock().get_or_insert(fd).clone();
-        self.fds.pass_if_over();
-        Ok(fd)
     }
 
     /// Opens an `O_PATH` fd with `open` ([`Self::retry_out_of_fds`]) and
@@ -271,7 +313,7 @@ impl PassthroughFs {
     pub(super) fn adopt_retrying(
         &self,
         open: impl Fn() -> io::Result<OwnedFd>,
-    ) -> io::Result<PathFd> {
+    ) -> io::Result<CountedFd> {
         Ok(self.fds.adopt(self.retry_out_of_fds(open)?))
     }
 
@@ -435,11 +477,11 @@ mod tests {
         let (busy, _) = fs.walk(&dir, b"f0").unwrap();
         let held = fs.fd(&busy).unwrap();
         fs.fds.reclaim(0);
-        assert!(busy.0.slot.lock().is_some());
-        assert!(dir.0.slot.lock().is_none());
+        assert!(busy.0.slot.is_open());
+        assert!(!dir.0.slot.is_open());
         drop(held);
         fs.fds.reclaim(0);
-        assert!(busy.0.slot.lock().is_none());
+        assert!(!busy.0.slot.is_open());
         assert_eq!(fs.getattr(&busy, GetattrMask::BASIC).unwrap().size, 3);
     }
 
@@ -456,8 +498,8 @@ mod tests {
         std::fs::write(t.path().join("d0/f1"), "impostor").unwrap();
         fs.fds.reclaim(0);
         if fs.fds.handles_work {
-            assert!(walked.0.slot.lock().is_none());
-            assert!(opened.0.slot.lock().is_none());
+            assert!(!walked.0.slot.is_open());
+            assert!(!opened.0.slot.is_open());
             // Nothing keeps the walked one alive: gone for good.
             let e = fs.getattr(&walked, GetattrMask::BASIC).unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::ESTALE));
@@ -466,7 +508,7 @@ mod tests {
             assert_eq!((a.nlink, a.size), (0, 3));
         } else {
             // Without handles, unlinked files keep their fds.
-            assert!(walked.0.slot.lock().is_some());
+            assert!(walked.0.slot.is_open());
             assert_eq!(fs.getattr(&opened, GetattrMask::BASIC).unwrap().nlink, 0);
         }
         drop(file);
@@ -480,7 +522,7 @@ mod tests {
         let (file, _) = fs.walk(&d0, b"f0").unwrap();
         fs.rename(&file, &d1, b"renamed").unwrap();
         fs.fds.reclaim(0);
-        assert!(file.0.slot.lock().is_none());
+        assert!(!file.0.slot.is_open());
         let a = fs.getattr(&file, GetattrMask::BASIC).unwrap();
         assert_eq!(a.size, 3);
         assert!(t.path().join("d1/renamed").exists());
