@@ -3,7 +3,8 @@
 # Runs inside the guest, chrooted into the tool disk (guest-run.sh mounts it
 # and /results), as /ci/suite. CI_TESTS names the suite:
 #
-#   xfstests   FSTYP=9p (or virtiofs) with TEST_DEV=xfstests-testdev, SCRATCH_DEV=xfstests-scratchdev.
+#   xfstests   FSTYP=9p (or virtiofs) with TEST_DEV=xfstests-testdev,
+#              SCRATCH_DEV=xfstests-scratchdev.
 #              /ci/xfstests.args holds check's test selection (a list or
 #              "-g quick"), /ci/xfstests.exclude the exclude list. Output:
 #              "XFS <check's line>", then one "XFS-RESULT <test> pass|fail|
