@@ -384,6 +384,7 @@ fn run_vhost_user(cli: &Cli) -> Result<()> {
         };
         pid_file = Some(pid);
         info!("vhost-user socket {}", path.display());
+        vhost_mode::log_qemu_args(&path, &args.tag, args.queue_size);
         if defaulted {
             println!(
                 "{}",

@@ -234,7 +234,7 @@ fn test_binary_shared_dir_alone_prints_attach_help() {
         .current_dir(dir.path())
         .arg("--shared-dir")
         .arg(share.path())
-        .args(["--log-level", "error"])
+        .args(["--log-level", "error", "--tag", "hostfiles"])
         .stdout(std::fs::File::create(&out_path).unwrap())
         .spawn()
         .unwrap();
@@ -257,8 +257,18 @@ fn test_binary_shared_dir_alone_prints_attach_help() {
     };
     assert!(status.success(), "{status:?}");
     let text = std::fs::read_to_string(&out_path).unwrap();
-    assert!(
-        text.contains("vhost-user-device-pci") && text.contains("virtio-id=9"),
-        "{text}"
+    // Stock QEMU >= 10.2's device; config_size = 2 + len("hostfiles").
+    let sock = std::fs::canonicalize(dir.path())
+        .unwrap()
+        .join("virtio-9p.sock");
+    let line = format!(
+        "  qemu-system-x86_64 -m 1G \
+         -object memory-backend-memfd,id=mem,size=1G,share=on -machine q35,memory-backend=mem \
+         -chardev socket,id=vu,path={} \
+         -device vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,\
+         config_size=11,vq_size=1024 ...\n",
+        sock.display()
     );
+    assert!(text.contains(&line), "{text}");
+    assert!(text.contains(" hostfiles /mnt"), "{text}");
 }

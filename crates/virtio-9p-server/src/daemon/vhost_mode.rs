@@ -168,6 +168,7 @@ pub fn run_daemon<F: Filesystem + 'static>(
                 if readonly { ", read-only" } else { "" },
                 args.mlock
             );
+            log_qemu_args(p, &args.tag, args.queue_size);
             if defaulted {
                 println!("{}", attach_help(p, &args.tag, args.queue_size));
             }
@@ -257,20 +258,48 @@ fn daemon_msize<F: Filesystem + 'static>(d: &Daemon<F>) -> u32 {
     d.server().config().msize_max
 }
 
-/// How to attach QEMU to the socket (printed when only `--shared-dir` is given).
-pub fn attach_help(socket: &std::path::Path, tag: &str, queue_size: u16) -> String {
-    let sock = std::fs::canonicalize(socket)
+/// Largest `vq_size` QEMU accepts (its `VIRTQUEUE_MAX_SIZE`).
+const QEMU_MAX_VQ_SIZE: u16 = 1024;
+
+/// The options that attach stock QEMU >= 10.2 (its user-creatable
+/// `vhost-user-test-device-pci`) to the socket: guest RAM shared with the
+/// daemon, the chardev and the device, whose `config_size` is the 9p
+/// config space (le16 tag length, then the tag) and whose `vq_size` is at
+/// most QEMU's 1024 and the daemon's `--queue-size`.
+pub fn qemu_args(sock: &str, tag: &str, queue_size: u16) -> String {
+    format!(
+        "-m 1G -object memory-backend-memfd,id=mem,size=1G,share=on -machine q35,memory-backend=mem \
+         -chardev socket,id=vu,path={sock} \
+         -device vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size={},vq_size={}",
+        2 + tag.len(),
+        queue_size.min(QEMU_MAX_VQ_SIZE)
+    )
+}
+
+/// Logs the QEMU options that attach the daemon listening on `socket`.
+pub fn log_qemu_args(socket: &std::path::Path, tag: &str, queue_size: u16) {
+    info!(
+        "attach QEMU 10.2 or later with: {}",
+        qemu_args(&absolute(socket), tag, queue_size)
+    );
+}
+
+fn absolute(socket: &std::path::Path) -> String {
+    std::fs::canonicalize(socket)
         .unwrap_or_else(|_| socket.to_path_buf())
         .display()
-        .to_string();
+        .to_string()
+}
+
+/// How to attach QEMU to the socket (printed when only `--shared-dir` is given).
+pub fn attach_help(socket: &std::path::Path, tag: &str, queue_size: u16) -> String {
+    let sock = absolute(socket);
     format!(
         "virtio-9p-server: listening on {sock}\n\
-         Attach QEMU (vhost-user-device-pci must be user-creatable, see the README):\n  \
-         -object memory-backend-memfd,id=mem,size=<RAM>,share=on -machine q35,memory-backend=mem \\\n  \
-         -chardev socket,id=vu,path={sock} \\\n  \
-         -device vhost-user-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size={},vq_size={queue_size}\n\
+         Attach QEMU 10.2 or later (older QEMU, cloud-hypervisor, crosvm: see the README):\n  \
+         qemu-system-x86_64 {} ...\n\
          In the guest: mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 {tag} /mnt",
-        2 + tag.len()
+        qemu_args(&sock, tag, queue_size)
     )
 }
 
@@ -334,5 +363,19 @@ mod tests {
         let h = attach_help(std::path::Path::new("/nonexistent/s.sock"), "share", 1024);
         assert!(h.contains("config_size=7,vq_size=1024"), "{h}");
         assert!(h.contains("mount -t 9p -o trans=virtio"), "{h}");
+    }
+
+    #[test]
+    fn test_qemu_args_fit_the_tag_and_queue_size() {
+        assert_eq!(
+            qemu_args("/run/9p.sock", "hostfiles", 32768),
+            "-m 1G -object memory-backend-memfd,id=mem,size=1G,share=on \
+             -machine q35,memory-backend=mem \
+             -chardev socket,id=vu,path=/run/9p.sock \
+             -device vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,\
+             config_size=11,vq_size=1024"
+        );
+        let a = qemu_args("s", &"t".repeat(254), 256);
+        assert!(a.ends_with(",config_size=256,vq_size=256"), "{a}");
     }
 }
