@@ -157,6 +157,26 @@ pub const TARGETS: &[Target] = &[
         ],
     },
     Target {
+        suite: "mem-prealloc",
+        claim: "1 GiB hugetlbfs, two threads vs QEMU prealloc-threads=2 (time)",
+        figure: "huge1g_ratio_vs_qemu_2t",
+        op: Op::AtMost,
+        bound: 0.9,
+        context: &["huge1g_qemu_speedup_2t", "huge1g_hugepages"],
+    },
+    Target {
+        suite: "mem-prealloc",
+        claim: "1 GiB hugetlbfs, two threads vs zeroing the resident memory (time)",
+        figure: "huge1g_ratio_vs_zeroing_2t",
+        op: Op::AtMost,
+        bound: 1.3,
+        context: &[
+            "huge1g_cpu_ratio_vs_zeroing_2t",
+            "huge1g_zeroing_gib_per_s_2t",
+            "huge1g_speedup_2t",
+        ],
+    },
+    Target {
         suite: "mlock-policy",
         claim: "on-fault RSS within 5 MiB of off",
         figure: "rss_mib_on_fault - rss_mib_off",
