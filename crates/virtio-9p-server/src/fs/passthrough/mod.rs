@@ -880,7 +880,7 @@ impl Filesystem for PassthroughFs {
     fn getattr(&self, inode: &Inode, mask: GetattrMask) -> io::Result<Rgetattr> {
         if !mask.contains(GetattrMask::BTIME) {
             // fstat is a little cheaper than statx and has everything else.
-            let st = sys::fstat(self.fd(inode)?.as_fd())?;
+            let st = self.fstat_of(inode)?;
             let a = Rgetattr {
                 valid: GetattrMask::BASIC,
                 qid: self.make_qid(&st, None)?,
@@ -902,7 +902,7 @@ impl Filesystem for PassthroughFs {
             };
             return self.apply_mapped(inode, a);
         }
-        let st = sys::statx(self.fd(inode)?.as_fd())?;
+        let st = self.statx_of(inode)?;
         let mut a = Rgetattr {
             valid: GetattrMask::BASIC,
             qid: Qid {

@@ -23,10 +23,19 @@
 //! too; its fid answers `ESTALE`. Never closed: the export root, an fd
 //! some call is using right now, and inodes with no known parent (those
 //! reached by `..`, or restored by handle).
+//!
+//! Metadata queries (`fstat`, `statx`: Tgetattr) take no lock at all:
+//! they read the raw fd and a per-slot sequence number, make the call, and
+//! keep the answer only if the sequence did not move meanwhile (a
+//! seqlock). A pass bumps the sequence to odd before it closes the fd and
+//! to even after, so a query that raced a close, whose fd number may even
+//! have been reused for another file, is thrown away and made again under
+//! the slot's shared lock. Such a query only reads metadata, so running it
+//! on a stale fd has no effect; calls that act on the file hold the lock.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError, Weak};
 
 use super::restore::{file_handle, open_handle};
@@ -77,6 +86,13 @@ pub(super) struct FdSlot {
     /// Shared-locked by every call that uses the fd; a pass takes it out
     /// only when `try_write` succeeds, that is when no call holds it.
     fd: RwLock<Option<CountedFd>>,
+    /// The raw fd held in `fd`, or -1: read without the lock by
+    /// [`PassthroughFs::fstat_of`] and [`PassthroughFs::statx_of`].
+    raw: AtomicI32,
+    /// Even while `raw` is stable; odd while a pass closes the fd. A
+    /// lock-free query keeps its answer only if it saw the same even value
+    /// before and after.
+    seq: AtomicU32,
     /// Used since the last pass (those are closed last). A flag, not a
     /// global clock: no counter all threads write on every call.
     used: AtomicBool,
@@ -87,6 +103,8 @@ pub(super) struct FdSlot {
 impl FdSlot {
     pub(super) fn new(fd: CountedFd) -> Self {
         FdSlot {
+            raw: AtomicI32::new(fd.as_fd().as_raw_fd()),
+            seq: AtomicU32::new(0),
             fd: RwLock::new(Some(fd)),
             used: AtomicBool::new(true),
             handle: Mutex::new(None),
@@ -109,6 +127,44 @@ impl FdSlot {
     /// Whether the inode has an open fd now.
     pub(super) fn is_open(&self) -> bool {
         self.read().is_some()
+    }
+
+    /// Marks the slot used since the last pass (a store only when the flag
+    /// was clear, so a busy inode's cache line stays shared).
+    fn mark_used(&self) {
+        if !self.used.load(Ordering::Relaxed) {
+            self.used.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Runs the read-only `query` on the fd without taking the lock:
+    /// `None` when the fd is closed, being closed, or was closed while the
+    /// query ran (its answer may then be about another file).
+    fn query_unlocked<T>(&self, query: impl Fn(RawFd) -> io::Result<T>) -> Option<io::Result<T>> {
+        let seq = self.seq.load(Ordering::Acquire);
+        let raw = self.raw.load(Ordering::Acquire);
+        if seq % 2 != 0 || raw < 0 {
+            return None;
+        }
+        let answer = query(raw);
+        // Orders the query (and the kernel's fd table lookup it made)
+        // before the second read of the sequence: a close that the query
+        // could have seen was preceded by the odd store, which is then
+        // visible here.
+        fence(Ordering::Acquire);
+        (self.seq.load(Ordering::Relaxed) == seq).then_some(answer)
+    }
+
+    /// Takes the fd out of the write-locked slot `slot` and closes it,
+    /// with the sequence odd meanwhile (see [`Self::query_unlocked`]).
+    fn close_locked(&self, slot: &mut Option<CountedFd>) {
+        self.seq.fetch_add(1, Ordering::Relaxed);
+        // The odd sequence is stored before `raw` is cleared and before
+        // the close below (a system call after it in program order).
+        fence(Ordering::Release);
+        self.raw.store(-1, Ordering::Relaxed);
+        *slot = None;
+        self.seq.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -268,7 +324,7 @@ fn close_if_idle(d: &InodeData, handles_work: bool) -> bool {
     }
     // A removed directory is closed too: nothing can be created in it,
     // and a fid on it answers ESTALE from then on.
-    *slot = None;
+    d.slot.close_locked(&mut slot);
     true
 }
 
@@ -278,9 +334,7 @@ impl PassthroughFs {
     /// `/proc/self/fd` path naming it).
     pub(super) fn fd<'a>(&self, inode: &'a Inode) -> io::Result<PathFd<'a>> {
         let slot = &inode.0.slot;
-        if !slot.used.load(Ordering::Relaxed) {
-            slot.used.store(true, Ordering::Relaxed);
-        }
+        slot.mark_used();
         let mut reopened = None;
         let mut installed = false;
         loop {
@@ -302,10 +356,37 @@ impl PassthroughFs {
             if let Some(mut w) = slot.try_write() {
                 if w.is_none() {
                     *w = reopened.take();
+                    if let Some(fd) = w.as_ref() {
+                        slot.raw.store(fd.as_fd().as_raw_fd(), Ordering::Release);
+                    }
                     installed = true;
                 }
             }
         }
+    }
+
+    /// `fstat` of `inode`'s fd, without a lock while the fd stays open
+    /// (see the module docs), else through [`Self::fd`].
+    pub(super) fn fstat_of(&self, inode: &Inode) -> io::Result<libc::stat64> {
+        self.query(inode, sys::fstat_raw)
+    }
+
+    /// `statx` (basic stats and birth time) of `inode`'s fd, as
+    /// [`Self::fstat_of`].
+    pub(super) fn statx_of(&self, inode: &Inode) -> io::Result<libc::statx> {
+        self.query(inode, sys::statx_raw)
+    }
+
+    /// Runs the read-only `query` on `inode`'s fd: lock-free when no pass
+    /// closes the fd meanwhile, else again under the slot's shared lock.
+    fn query<T>(&self, inode: &Inode, query: impl Fn(RawFd) -> io::Result<T>) -> io::Result<T> {
+        let slot = &inode.0.slot;
+        slot.mark_used();
+        if let Some(answer) = slot.query_unlocked(&query) {
+            return answer;
+        }
+        let fd = self.fd(inode)?;
+        query(fd.as_fd().as_raw_fd())
     }
 
     /// Opens an `O_PATH` fd with `open` ([`Self::retry_out_of_fds`]) and
@@ -512,6 +593,74 @@ mod tests {
             assert_eq!(fs.getattr(&opened, GetattrMask::BASIC).unwrap().nlink, 0);
         }
         drop(file);
+    }
+
+    #[test]
+    fn test_lock_free_getattr_racing_passes_never_sees_another_file() {
+        let (_t, fs, root) = export(1, 8, 4);
+        let (dir, _) = fs.walk(&root, b"d0").unwrap();
+        let files: Vec<_> = (0..8)
+            .map(|f| fs.walk(&dir, format!("f{f}").as_bytes()).unwrap())
+            .collect();
+        let (target, qid) = &files[0];
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // Close every idle fd, then reopen the others, so the fd
+                // numbers are freed and taken again by other files.
+                for _ in 0..2000 {
+                    fs.fds.reclaim(0);
+                    for (other, _) in &files[1..] {
+                        fs.getattr(other, GetattrMask::ALL).unwrap();
+                        drop(fs.fd(other).unwrap());
+                    }
+                }
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let a = fs.getattr(target, GetattrMask::BASIC).unwrap();
+                assert_eq!(a.qid.path, qid.path, "after {n} calls");
+                let b = fs.getattr(target, GetattrMask::ALL).unwrap();
+                assert_eq!(b.qid.path, qid.path, "after {n} calls");
+                n += 1;
+            }
+            assert!(n > 0);
+        });
+        // Passes did close it in between: the lock-free path had to notice.
+        fs.fds.reclaim(0);
+        assert!(!target.0.slot.is_open());
+        assert_eq!(
+            fs.getattr(target, GetattrMask::BASIC).unwrap().qid.path,
+            qid.path
+        );
+    }
+
+    #[test]
+    fn test_a_query_that_raced_a_close_is_made_again_under_the_lock() {
+        let (t, fs, root) = export(1, 2, 64);
+        let (dir, _) = fs.walk(&root, b"d0").unwrap();
+        let (target, _) = fs.walk(&dir, b"f0").unwrap();
+        let want = std::fs::metadata(t.path().join("d0/f0")).unwrap().ino();
+        let calls = std::cell::Cell::new(0);
+        let reused = std::cell::RefCell::new(None);
+        let st = fs
+            .query(&target, |raw| {
+                calls.set(calls.get() + 1);
+                if calls.get() == 1 {
+                    // A pass closes the fd under the query, and another
+                    // file takes its number (the lowest free one).
+                    assert!(super::close_if_idle(&target.0, fs.fds.handles_work));
+                    let other = std::fs::File::open(t.path().join("d0/f1")).unwrap();
+                    assert_eq!(other.as_raw_fd(), raw);
+                    *reused.borrow_mut() = Some(other);
+                }
+                super::sys::fstat_raw(raw)
+            })
+            .unwrap();
+        assert_eq!(calls.get(), 2, "the raced answer was kept");
+        assert_eq!(st.st_ino, want);
+        assert!(target.0.slot.is_open());
     }
 
     #[test]

@@ -301,9 +301,17 @@ struct XattrArgs {
 
 /// `fstat` (works on `O_PATH` fds).
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat64> {
+    fstat_raw(fd.as_raw_fd())
+}
+
+/// `fstat` of a raw fd that may have been closed meanwhile (then `EBADF`,
+/// or the metadata of whatever file reuses the number: the caller checks).
+/// It only reads metadata, so a stale fd has no effect on any file.
+pub fn fstat_raw(fd: RawFd) -> io::Result<libc::stat64> {
     let mut st = MaybeUninit::<libc::stat64>::uninit();
-    // SAFETY: `st` is a valid out pointer for one stat64.
-    check!(unsafe { libc::fstat64(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: `st` is a valid out pointer for one stat64; any fd number is
+    // acceptable to the kernel.
+    check!(unsafe { libc::fstat64(fd, st.as_mut_ptr()) })?;
     // SAFETY: fstat64 succeeded, so it filled `st`.
     Ok(unsafe { st.assume_init() })
 }
@@ -337,13 +345,15 @@ pub fn fstatat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<libc::stat64> {
     Ok(unsafe { st.assume_init() })
 }
 
-/// `statx(fd, "", AT_EMPTY_PATH)` with the basic fields and btime.
-pub fn statx(fd: BorrowedFd<'_>) -> io::Result<libc::statx> {
+/// `statx(fd, "", AT_EMPTY_PATH)` with the basic fields and btime, on a
+/// raw fd that may have been closed meanwhile, as [`fstat_raw`].
+pub fn statx_raw(fd: RawFd) -> io::Result<libc::statx> {
     let mut st = MaybeUninit::<libc::statx>::uninit();
-    // SAFETY: valid fd, empty C string with AT_EMPTY_PATH, valid out pointer.
+    // SAFETY: any fd number, empty C string with AT_EMPTY_PATH, valid out
+    // pointer.
     check!(unsafe {
         libc::statx(
-            fd.as_raw_fd(),
+            fd,
             c"".as_ptr(),
             libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_SYNC_AS_STAT,
             libc::STATX_BASIC_STATS | libc::STATX_BTIME,
