@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+# Builds the guest's 9pnet_virtio.ko with our large-msize patches
+# (ci/guest/linux-9p/series) as an out-of-tree module for the 6.12 guest
+# kernel that fetch-kernel.sh pinned. Its source is Debian's linux-source
+# package of that exact version and its build tree Debian's linux-headers
+# and linux-kbuild packages, all fetched with `apt-get download` and
+# unpacked with `dpkg-deb -x` (nothing is installed, no kernel source is
+# kept in the repo). The module is cached under $CACHE/kmod, keyed by the
+# kernel version and the patches; a second run is instant.
+#
+# Usage: build-9p-module.sh [6.12]
+# Prints one line: KMOD=<path to 9pnet_virtio.ko>.
+# Environment: VIRTIO_9P_CI_CACHE (default /var/cache/virtio-9p-ci).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
+series=${1:-6.12}
+log() { echo "build-9p-module: $*" >&2; }
+
+# The guest kernel: whatever fetch-kernel.sh boots.
+bash "$here/fetch-kernel.sh" "$series" >/dev/null
+pkg=$(cat "$CACHE/kernel-$series.package")
+kver=${pkg#linux-image-}                     # 6.12.118+deb12-amd64
+base=${kver%-amd64}                          # 6.12.118+deb12
+deb=$(ls "$CACHE/debs/${pkg}"_*.deb | head -1)
+debver=$(dpkg-deb -f "$deb" Version)         # 6.12.118-1~deb12u1
+upstream=${kver%%+*}                          # 6.12.118
+srcpkg=linux-source-${upstream%.*}           # linux-source-6.12
+
+patches=$(sed 's/#.*//; /^[[:space:]]*$/d' "$here/linux-9p/series")
+sum=$( (echo "$kver $debver"; for p in $patches; do cat "$here/linux-9p/$p"; done) \
+    | sha256sum | cut -c1-16)
+out=$CACHE/kmod/$kver-$sum
+if [ -f "$out/9pnet_virtio.ko" ]; then
+    echo "KMOD=$out/9pnet_virtio.ko"
+    exit 0
+fi
+
+# Compiler and kbuild's own needs (gcc-12 is what Debian built 6.12 with).
+need=()
+for p in gcc-12 make libelf1 libssl3 pahole xz-utils; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    log "installing ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+mkdir -p "$CACHE/kmod"
+exec 9>"$CACHE/kmod/.lock"
+flock 9
+[ -f "$out/9pnet_virtio.ko" ] && { echo "KMOD=$out/9pnet_virtio.ko"; exit 0; }
+
+debs=$CACHE/kmod/debs-$kver
+mkdir -p "$debs"
+for p in "linux-headers-$kver" "linux-headers-$base-common" "linux-kbuild-$base" "$srcpkg"; do
+    if ! ls "$debs/${p}_${debver}"_*.deb >/dev/null 2>&1; then
+        log "downloading $p=$debver"
+        (cd "$debs" && apt-get download -q "$p=$debver" 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2)
+    fi
+done
+
+work=$(mktemp -d "$CACHE/kmod/build.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+root=$work/root
+for p in "linux-headers-$kver" "linux-headers-$base-common" "linux-kbuild-$base"; do
+    dpkg-deb -x "$(ls "$debs/${p}_${debver}"_*.deb)" "$root"
+done
+hdr=$root/usr/src/linux-headers-$kver
+# The arch tree includes the common one by absolute path.
+sed -i "s|^include /usr/src/|include $root/usr/src/|" "$hdr/Makefile"
+
+# net/9p of the very same version, from the source tarball.
+src=$work/src
+mkdir -p "$src"
+dpkg-deb --fsys-tarfile "$(ls "$debs/${srcpkg}_${debver}"_*.deb)" \
+    | tar -x -C "$work" "./usr/src/$srcpkg.tar.xz"
+tar -xJf "$work/usr/src/$srcpkg.tar.xz" -C "$src" --strip-components=1 \
+    "$srcpkg/net/9p" "$srcpkg/include/net/9p"
+rm -f "$work/usr/src/$srcpkg.tar.xz"
+for p in $patches; do
+    log "applying $p"
+    patch -d "$src" -p1 --quiet --forward <"$here/linux-9p/$p"
+done
+
+mod=$work/mod
+mkdir -p "$mod"
+cp "$src/net/9p/trans_virtio.c" "$src/net/9p/trans_common.h" "$mod/"
+printf 'obj-m := 9pnet_virtio.o\n9pnet_virtio-y := trans_virtio.o\n' >"$mod/Kbuild"
+log "building 9pnet_virtio.ko for $kver"
+make -s -C "$hdr" M="$mod" modules >&2
+vermagic=$(modinfo -F vermagic "$mod/9pnet_virtio.ko" 2>/dev/null || true)
+case $vermagic in
+    "$kver "*) ;;
+    *) log "vermagic '$vermagic' does not match $kver"; exit 1 ;;
+esac
+mkdir -p "$out.tmp"
+cp "$mod/9pnet_virtio.ko" "$out.tmp/"
+rm -rf "$out"
+mv "$out.tmp" "$out"
+echo "KMOD=$out/9pnet_virtio.ko"
