@@ -19,6 +19,7 @@
 #   CI_TESTS  comma list of: posix, pjdfstest, dd, fio, ceiling
 #   CI_DD_MIB size of the dd transfers (MiB); the host wrote data/big.bin
 #   CI_DD_BS  dd block size in KiB (default 1024)
+#   CI_DIRECT_MIB  block size of the O_DIRECT dd pair in MiB (default 128)
 mnt=/mnt
 uptime_centis() { read -r up _ </proc/uptime; echo "${up%.*}${up#*.}"; }
 has_test() { case ",$CI_TESTS," in *",$1,"*) return 0 ;; esac; return 1; }
@@ -96,6 +97,18 @@ for ms in "$@"; do
         # The request rate: 4 KiB O_DIRECT reads, one request each.
         drop
         timed read4k "$ms" 16777216 dd if="$mnt/data/big.bin" of=/dev/null bs=4k count=4096 iflag=direct
+        # O_DIRECT with large blocks: the request size is the block (up
+        # to msize), with no page-cache copy in the guest.
+        dbs=${CI_DIRECT_MIB:-128}
+        [ "$dbs" -gt "$mib" ] && dbs=$mib
+        dn=$((mib / dbs))
+        drop
+        timed wdirect "$ms" $((dn * dbs * 1048576)) \
+            dd if=/dev/zero of="$mnt/dd/direct-$ms.bin" bs="${dbs}M" count="$dn" oflag=direct
+        rm -f "$mnt/dd/direct-$ms.bin"
+        drop
+        timed rdirect "$ms" $((dn * dbs * 1048576)) \
+            dd if="$mnt/data/big.bin" of=/dev/null bs="${dbs}M" count="$dn" iflag=direct
     fi
     if has_test fio && [ -x /ci/bin/fio ]; then
         for b in 1m 16m; do

@@ -18,6 +18,7 @@
 #   --tests LIST    from: posix, pjdfstest, dd, fio, ceiling (default posix,dd)
 #   --mib N         dd size in MiB, also the file read back (default 256)
 #   --bs KIB        dd block size in KiB (default 1024)
+#   --direct-mib M  block size of the O_DIRECT dd pair (default 128)
 #   --mem MIB       guest RAM (default 2048)
 #   --stock-module  keep the kernel's own 9pnet_virtio (for comparison)
 #   --timeout S     per-guest limit (default 1800)
@@ -34,7 +35,7 @@ repo=$(cd "$here/../.." && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
 rows=ours-vhost msizes=512000,134217728 qemu_msize=4182016 tests=posix,dd
-mib=256 bs=1024 mem=2048 stock=0 timeout_s=1800 server_bin= out= gate=0
+mib=256 bs=1024 dmib=128 mem=2048 stock=0 timeout_s=1800 server_bin= out= gate=0
 while [ $# -gt 0 ]; do
     case $1 in
         --rows) rows=$2; shift ;;
@@ -43,13 +44,14 @@ while [ $# -gt 0 ]; do
         --tests) tests=$2; shift ;;
         --mib) mib=$2; shift ;;
         --bs) bs=$2; shift ;;
+        --direct-mib) dmib=$2; shift ;;
         --mem) mem=$2; shift ;;
         --stock-module) stock=1 ;;
         --timeout) timeout_s=$2; shift ;;
         --server-bin) server_bin=$2; shift ;;
         --out) out=$2; shift ;;
         --gate) gate=1 ;;
-        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
         *) echo "large-msize: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -220,7 +222,7 @@ run_row() {
     watch_marks "$dir/console.log" "$dir/qemu.pid" "$dir/server.pid" "$dir/marks" &
     local wpid=$!
     local append="console=ttyS0 loglevel=4 panic=-1 CI_MODE=$mode CI_SRC=share"
-    append="$append CI_OPTS=cache=mmap,access=client CI_MSIZES=$ms CI_TESTS=$tests CI_DD_MIB=$mib CI_DD_BS=$bs"
+    append="$append CI_OPTS=cache=mmap,access=client CI_MSIZES=$ms CI_TESTS=$tests CI_DD_MIB=$mib CI_DD_BS=$bs CI_DIRECT_MIB=$dmib"
     log "$name: booting (msizes $ms, ${mem} MiB RAM, timeout ${timeout_s}s)"
     local t0=$(date +%s) rc
     timeout --kill-after=10 "$timeout_s" "$qemu" -nodefaults -no-user-config -accel tcg \
