@@ -7,7 +7,10 @@
 # and linux-kbuild packages, all fetched with `apt-get download` and
 # unpacked with `dpkg-deb -x` (nothing is installed, no kernel source is
 # kept in the repo). The module is cached under $CACHE/kmod, keyed by the
-# kernel version and the patches; a second run is instant.
+# kernel version and the patches; a second run is instant. The unpacked
+# net/9p source (with the kernel's scripts/checkpatch.pl, to check the
+# series: `$CACHE/kmod/src-<version>/scripts/checkpatch.pl --no-tree
+# --strict ci/guest/linux-9p/000[1-9]*.patch`) stays in $CACHE/kmod.
 #
 # Usage: build-9p-module.sh [6.12]
 # Prints one line: KMOD=<path to 9pnet_virtio.ko>.
@@ -72,14 +75,33 @@ hdr=$root/usr/src/linux-headers-$kver
 # The arch tree includes the common one by absolute path.
 sed -i "s|^include /usr/src/|include $root/usr/src/|" "$hdr/Makefile"
 
-# net/9p of the very same version, from the source tarball.
+# net/9p of the very same version, from the source tarball (unpacked
+# once per version: decompressing the whole tarball takes a minute or two).
+pristine=$CACHE/kmod/src-$debver
+if [ ! -f "$pristine/.unpacked" ]; then
+    rm -rf "$pristine"
+    mkdir -p "$pristine"
+    dpkg-deb --fsys-tarfile "$(ls "$debs/${srcpkg}_${debver}"_*.deb)" \
+        | tar -x -C "$work" "./usr/src/$srcpkg.tar.xz"
+    tar -xJf "$work/usr/src/$srcpkg.tar.xz" -C "$pristine" --strip-components=1 \
+        "$srcpkg/net/9p" "$srcpkg/include/net/9p" "$srcpkg/scripts/checkpatch.pl" \
+        "$srcpkg/scripts/spelling.txt" "$srcpkg/scripts/const_structs.checkpatch"
+    rm -f "$work/usr/src/$srcpkg.tar.xz"
+    touch "$pristine/.unpacked"
+fi
 src=$work/src
 mkdir -p "$src"
-dpkg-deb --fsys-tarfile "$(ls "$debs/${srcpkg}_${debver}"_*.deb)" \
-    | tar -x -C "$work" "./usr/src/$srcpkg.tar.xz"
-tar -xJf "$work/usr/src/$srcpkg.tar.xz" -C "$src" --strip-components=1 \
-    "$srcpkg/net/9p" "$srcpkg/include/net/9p"
-rm -f "$work/usr/src/$srcpkg.tar.xz"
+cp -r "$pristine/net" "$pristine/include" "$src/"
+# The series must stay ready for the kernel's list: clean under the
+# kernel's own checkpatch.pl of this version.
+for p in $patches; do
+    if ! perl "$pristine/scripts/checkpatch.pl" --no-tree --strict --quiet \
+        "$here/linux-9p/$p" >"$work/checkpatch.txt" 2>&1; then
+        log "checkpatch.pl: $p is not clean:"
+        cat "$work/checkpatch.txt" >&2
+        exit 1
+    fi
+done
 for p in $patches; do
     log "applying $p"
     patch -d "$src" -p1 --quiet --forward <"$here/linux-9p/$p"
