@@ -114,7 +114,7 @@ for ms in "$@"; do
         for b in 1m 16m; do
             drop
             timed "fio$b" "$ms" "$(stat -c %s "$mnt/data/big.bin")" /ci/bin/fio --name=seq --filename="$mnt/data/big.bin" \
-                --rw=read --bs=$b --direct=1 --ioengine=psync --numjobs=1 --output-format=terse
+                --rw=read --bs=$b --direct=1 --ioengine=psync --numjobs=1 --thread --output-format=terse
         done
     fi
     if has_test pjdfstest; then

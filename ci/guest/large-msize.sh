@@ -305,7 +305,7 @@ for r in "${row_list[@]}"; do
         /^CI-LM msize=[0-9]* mount / { split($2, m, "="); got = ""
             if (match($0, /msize=[0-9]+,/)) got = substr($0, RSTART + 6, RLENGTH - 7)
             if (got != "" && got != m[2] && row != "qemu") { print row ": asked msize " m[2] ", got " got; bad = 1 } }
-        /^CI-LM msize=[0-9]* zero-sha / { if ($3 != zero) { print row ": " $1 " the written file differs on the host"; bad = 1 } }
+        /^CI-LM msize=[0-9]* zero-sha / { if ($4 != zero) { print row ": " $2 ": the written file differs on the host"; bad = 1 } }
         /^CI-LM-TESTS / { split($2, m, "="); ms = m[2] }
         /^POSIX PASS/ { pass[ms]++ } /^POSIX FAIL/ { fail[ms]++; print row " msize=" ms ": " $0; bad = 1 }
         /^PJD / && /(ok|FAILED|skipped)$/ { st = $NF; if (st == "FAILED") pf[ms] = pf[ms] " " $2; pj[ms, st]++ ; seen[ms] = 1 }
