@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-# Builds the guest's 9pnet_virtio.ko with our large-msize patches
-# (ci/guest/linux-9p/series) as an out-of-tree module for the 6.12 guest
+# Builds the guest's 9pnet_virtio.ko and 9p.ko with our large-msize patches
+# (ci/guest/linux-9p/series) as out-of-tree modules for the 6.12 guest
 # kernel that fetch-kernel.sh pinned. Its source is Debian's linux-source
 # package of that exact version and its build tree Debian's linux-headers
 # and linux-kbuild packages, all fetched with `apt-get download` and
@@ -13,7 +13,7 @@
 # --strict ci/guest/linux-9p/000[1-9]*.patch`) stays in $CACHE/kmod.
 #
 # Usage: build-9p-module.sh [6.12]
-# Prints one line: KMOD=<path to 9pnet_virtio.ko>.
+# Prints one line: KMOD=<dir holding 9pnet_virtio.ko and 9p.ko>.
 # Environment: VIRTIO_9P_CI_CACHE (default /var/cache/virtio-9p-ci).
 set -euo pipefail
 
@@ -36,8 +36,8 @@ patches=$(sed 's/#.*//; /^[[:space:]]*$/d' "$here/linux-9p/series")
 sum=$( (echo "$kver $debver"; for p in $patches; do cat "$here/linux-9p/$p"; done) \
     | sha256sum | cut -c1-16)
 out=$CACHE/kmod/$kver-$sum
-if [ -f "$out/9pnet_virtio.ko" ]; then
-    echo "KMOD=$out/9pnet_virtio.ko"
+if [ -f "$out/9p.ko" ]; then
+    echo "KMOD=$out"
     exit 0
 fi
 
@@ -54,7 +54,7 @@ fi
 mkdir -p "$CACHE/kmod"
 exec 9>"$CACHE/kmod/.lock"
 flock 9
-[ -f "$out/9pnet_virtio.ko" ] && { echo "KMOD=$out/9pnet_virtio.ko"; exit 0; }
+[ -f "$out/9p.ko" ] && { echo "KMOD=$out"; exit 0; }
 
 debs=$CACHE/kmod/debs-$kver
 mkdir -p "$debs"
@@ -78,20 +78,20 @@ sed -i "s|^include /usr/src/|include $root/usr/src/|" "$hdr/Makefile"
 # net/9p of the very same version, from the source tarball (unpacked
 # once per version: decompressing the whole tarball takes a minute or two).
 pristine=$CACHE/kmod/src-$debver
-if [ ! -f "$pristine/.unpacked" ]; then
+if [ ! -f "$pristine/.unpacked" ] || [ ! -d "$pristine/fs/9p" ]; then
     rm -rf "$pristine"
     mkdir -p "$pristine"
     dpkg-deb --fsys-tarfile "$(ls "$debs/${srcpkg}_${debver}"_*.deb)" \
         | tar -x -C "$work" "./usr/src/$srcpkg.tar.xz"
     tar -xJf "$work/usr/src/$srcpkg.tar.xz" -C "$pristine" --strip-components=1 \
-        "$srcpkg/net/9p" "$srcpkg/include/net/9p" "$srcpkg/scripts/checkpatch.pl" \
+        "$srcpkg/net/9p" "$srcpkg/include/net/9p" "$srcpkg/fs/9p" "$srcpkg/scripts/checkpatch.pl" \
         "$srcpkg/scripts/spelling.txt" "$srcpkg/scripts/const_structs.checkpatch"
     rm -f "$work/usr/src/$srcpkg.tar.xz"
     touch "$pristine/.unpacked"
 fi
 src=$work/src
 mkdir -p "$src"
-cp -r "$pristine/net" "$pristine/include" "$src/"
+cp -r "$pristine/net" "$pristine/include" "$pristine/fs" "$src/"
 # The series must stay ready for the kernel's list: clean under the
 # kernel's own checkpatch.pl of this version.
 for p in $patches; do
@@ -113,13 +113,20 @@ cp "$src/net/9p/trans_virtio.c" "$src/net/9p/trans_common.h" "$mod/"
 printf 'obj-m := 9pnet_virtio.o\n9pnet_virtio-y := trans_virtio.o\n' >"$mod/Kbuild"
 log "building 9pnet_virtio.ko for $kver"
 make -s -C "$hdr" M="$mod" modules >&2
-vermagic=$(modinfo -F vermagic "$mod/9pnet_virtio.ko" 2>/dev/null || true)
-case $vermagic in
-    "$kver "*) ;;
-    *) log "vermagic '$vermagic' does not match $kver"; exit 1 ;;
-esac
+# fs/9p as it is in the tree (its Makefile, the kernel's CONFIG_9P_*).
+fsmod=$work/fsmod
+cp -r "$src/fs/9p" "$fsmod"
+log "building 9p.ko for $kver"
+make -s -C "$hdr" M="$fsmod" CONFIG_9P_FS=m modules >&2
+for ko in "$mod/9pnet_virtio.ko" "$fsmod/9p.ko"; do
+    vermagic=$(modinfo -F vermagic "$ko" 2>/dev/null || true)
+    case $vermagic in
+        "$kver "*) ;;
+        *) log "$(basename "$ko"): vermagic '$vermagic' does not match $kver"; exit 1 ;;
+    esac
+done
 mkdir -p "$out.tmp"
-cp "$mod/9pnet_virtio.ko" "$out.tmp/"
+cp "$mod/9pnet_virtio.ko" "$fsmod/9p.ko" "$out.tmp/"
 rm -rf "$out"
 mv "$out.tmp" "$out"
-echo "KMOD=$out/9pnet_virtio.ko"
+echo "KMOD=$out"

@@ -98,14 +98,14 @@ esac
 
 # ---------------------------------------------------------------- payload
 # Appended after the base initramfs: the kernel unpacks the archives in
-# order, so our lib/modules/9pnet_virtio.ko replaces the kernel's and the
+# order, so our lib/modules/9pnet_virtio.ko and 9p.ko replace the kernel's and the
 # base init (ci/guest/init) loads it in the usual module order.
 pl=$out/payload
 rm -rf "$pl"
 mkdir -p "$pl"/{ci/bin,etc,lib64,lib/x86_64-linux-gnu,lib/modules}
 install -m 0755 "$here/large-msize-guest.sh" "$pl/ci/run"
 install -m 0755 "$tools/posix-suite" "$pl/ci/bin/"
-[ -n "$KMOD" ] && cp "$KMOD" "$pl/lib/modules/9pnet_virtio.ko"
+[ -n "$KMOD" ] && cp "$KMOD/9pnet_virtio.ko" "$KMOD/9p.ko" "$pl/lib/modules/"
 copy_with_libs() { # binary name
     install -m 0755 "$1" "$pl/ci/bin/$2"
     ldd "$1" | awk '/=> \//{print $3} /^\t\/lib64/{print $1}' | while read -r lib; do
