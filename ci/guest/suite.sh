@@ -110,7 +110,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 log "logs and results in $out"
 echo "$KERNEL" >"$out/kernel"
-echo "$("$QEMU" --version | head -1) stock, $QEMU" >"$out/qemu"
+echo "$("$QEMU" --version | head -1) stock, $QEMU" >"$out/frontend"
 echo "$sel" >"$out/selection"
 echo "$reps" >"$out/reps"
 
@@ -417,7 +417,7 @@ if [ "$suite" = xfstests ]; then
     nexcl=$(sed 's/#.*//' "$here/xfstests-exclude" | grep -c '[a-z]' || true)
     printf '\nxfstests in the guest (kernel %s, TCG, selection %s, %s excluded, %s)\n' \
         "$kname" "$(awk -F, '{ print (NF > 4 ? NF " tests from " $1 : $0) }' "$out/selection" 2>/dev/null)" "$nexcl" "$(date -u +%Y-%m-%dT%H:%MZ)"
-    printf 'frontend of every row: %s\n' "$(cat "$out/qemu" 2>/dev/null || echo unknown)"
+    printf 'frontend of every row: %s\n' "$(cat "$out/frontend" 2>/dev/null || echo unknown)"
     fmt='%-17s | %5s | %6s | %6s | %6s | %7s | %s\n'
     printf "$fmt" server ran passed failed notrun seconds notes
     printf "$fmt" ----------------- ----- ------ ------ ------ ------- -----
@@ -509,7 +509,7 @@ else
     ratio() { awk -v v="$1" -v b="$2" 'BEGIN { if (v !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 == 0) print "-"; else printf "%.2f", v / b }'; }
     printf '\nworkloads in the guest (kernel %s, TCG, 1 vCPU, median of %s, seconds; (x qemu / x virtiofsd), %s)\n' \
         "$kname" "$(cat "$out/reps" 2>/dev/null || echo 3)" "$(date -u +%Y-%m-%dT%H:%MZ)"
-    printf 'frontend of every row: %s\n' "$(cat "$out/qemu" 2>/dev/null || echo unknown)"
+    printf 'frontend of every row: %s\n' "$(cat "$out/frontend" 2>/dev/null || echo unknown)"
     printf 'strict: 9p cache=mmap, virtio-fs cache=never; cached: 9p cache=loose, virtio-fs cache=auto\n\n'
     hdr="| setting | workload |"; sep="|---|---|"
     for s in "${server_list[@]}"; do hdr="$hdr $s |"; sep="$sep---|"; done
