@@ -73,7 +73,10 @@ if [ -x "$CACHE/qemu-stock/bin/qemu-system-x86_64" ]; then
 elif [ -x "$CACHE/qemu-vhost/bin/qemu-system-x86_64" ]; then
     VQEMU=$CACHE/qemu-vhost/bin/qemu-system-x86_64 VDEV=vhost-user-device-pci
 fi
+# The qemu and virtiofsd rows use the same stock QEMU as run.sh's rows
+# when it is built (else the distribution's).
 QEMU=$(command -v qemu-system-x86_64)
+[ -n "$VQEMU" ] && [ "$VDEV" = vhost-user-test-device-pci ] && QEMU=$VQEMU
 virtiofsd_bin=
 case ",$rows," in *,virtiofsd,*) virtiofsd_bin=$(bash "$here/install-virtiofsd.sh" 2>/dev/null | tail -1) ;; esac
 tools=$CACHE/tools/current
@@ -194,8 +197,7 @@ run_row() {
         spid=$!
         qemu=$VQEMU machine=q35,memory-backend=mem
         extra=("${mem_obj[@]}" -chardev "socket,id=vu,path=$sock"
-            -device "$VDEV,chardev=vu,virtio-id=9,num_vqs=1,config_size=7,vq_size=1024"
-            -L /usr/share/qemu -L /usr/share/seabios)
+            -device "$VDEV,chardev=vu,virtio-id=9,num_vqs=1,config_size=7,vq_size=1024")
         ;;
     qemu)
         ms=$qemu_msize
@@ -229,7 +231,7 @@ run_row() {
         -machine "$machine" -cpu max -m "${mem}M" -smp 1 -display none -no-reboot \
         -serial "file:$dir/console.log" -monitor none -pidfile "$dir/qemu.pid" \
         -kernel "$KERNEL" -initrd "$out/initrd.img" -append "$append" \
-        "${extra[@]}" >"$dir/qemu.log" 2>&1
+        "${extra[@]}" -L /usr/share/qemu -L /usr/share/seabios >"$dir/qemu.log" 2>&1
     rc=$?
     echo $(($(date +%s) - t0)) >"$dir/seconds"
     sleep 0.5
@@ -308,7 +310,11 @@ echo
 for r in "${row_list[@]}"; do
     c=$out/$r/console.txt
     [ -f "$c" ] || continue
-    [ -s "$out/$r/server-peak-kib" ] && echo "$r: server peak RSS $(($(cat "$out/$r/server-peak-kib") / 1024)) MiB"
+    # (0 when the server had already exited: ours and virtiofsd exit when
+    # QEMU disconnects, so this is only known for a server still running.)
+    if [ -s "$out/$r/server-peak-kib" ] && [ "$(cat "$out/$r/server-peak-kib")" -gt 0 ]; then
+        echo "$r: server peak RSS $(($(cat "$out/$r/server-peak-kib") / 1024)) MiB"
+    fi
     sed -n 's/^CI-LM msize=\([0-9]*\) mount \(.*\)$/\1 \2/p' "$c" | while read -r want line; do
         echo "$r: mount at msize=$want: $line"
     done
