@@ -362,7 +362,7 @@ run_row() {
 }
 
 echo "$KERNEL" >"$out/kernel"
-echo "$("$QEMU" --version | head -1) stock, $QEMU" >"$out/qemu"
+echo "$("$QEMU" --version | head -1) stock, $QEMU" >"$out/frontend"
 for s in "${server_list[@]}"; do
     run_row "$s"
 done
@@ -440,7 +440,7 @@ base_read=${R_READ[qemu]:--}
 base_write=${R_WRITE[qemu]:--}
 printf '\n9p guest conformance (kernel %s, TCG, msize=512000, %s MiB dd, %s)\n' \
     "$(basename "$KERNEL" | sed 's/^vmlinuz-//')" "$mib" "$(date -u +%Y-%m-%dT%H:%MZ)"
-printf 'frontend of every row: %s\n' "$(cat "$out/qemu" 2>/dev/null || echo unknown)"
+printf 'frontend of every row: %s\n' "$(cat "$out/frontend" 2>/dev/null || echo unknown)"
 fmt='%-17s | %-9s | %-16s | %-13s | %-13s | %-14s | %-16s | %s\n'
 printf "$fmt" server POSIX "pjdfstest p/f/s" "dd read MiB/s" "dd write MiB/s" "vs qemu r / w" "4x dd read MiB/s" notes
 printf "$fmt" ----------------- --------- ---------------- ------------- ------------- -------------- ---------------- -----

@@ -110,7 +110,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 log "logs and results in $out"
 echo "$KERNEL" >"$out/kernel"
-echo "$("$QEMU" --version | head -1) stock, $QEMU" >"$out/qemu"
+echo "$("$QEMU" --version | head -1) stock, $QEMU" >"$out/frontend"
 echo "$sel" >"$out/selection"
 echo "$reps" >"$out/reps"
 
@@ -151,6 +151,13 @@ esac
 payload=$out/payload
 rm -rf "$payload"
 mkdir -p "$payload/ci/bin"
+# SUITE_KMOD: a directory of guest modules that replace the kernel's in
+# the initramfs (ci/guest/build-9p-module.sh: the large-msize 9p modules);
+# SUITE_MSIZE (default 512000) and SUITE_MEM (default 1G) go with them.
+if [ -n "${SUITE_KMOD:-}" ]; then
+    mkdir -p "$payload/lib/modules"
+    cp "$SUITE_KMOD"/*.ko "$payload/lib/modules/"
+fi
 install -m 0755 "$here/guest-run.sh" "$payload/ci/run"
 install -m 0755 "$here/guest-suite.sh" "$payload/ci/suite"
 install -m 0755 "$CACHE/tools/current/relay" "$payload/ci/bin/"
@@ -241,7 +248,7 @@ run_row() {
     local name=$1 dir=$out/$1
     # xfstests mounts with cache=mmap (strict, as the conformance rows);
     # the workloads add their own cache= for each coherence setting.
-    local qemu=$QEMU mode=virtio opts="msize=512000,access=client" extra=() machine=q35
+    local qemu=$QEMU mode=virtio opts="msize=${SUITE_MSIZE:-512000},access=client" extra=() machine=q35
     [ "$suite" = xfstests ] && opts="$opts,cache=mmap"
     local shares=() tags=() append_extra=
     rm -rf "$dir"
@@ -263,7 +270,7 @@ run_row() {
         cp -a "$tmpl/repo" "$dir/share-work/wl/repo"
         ln "$tmpl/fio.dat" "$dir/share-work/wl/fio.dat"
     fi
-    local vhost_mem=(-object memory-backend-memfd,id=mem,size=1G,share=on)
+    local vhost_mem=(-object "memory-backend-memfd,id=mem,size=${SUITE_MEM:-1G},share=on")
     local serial=(-device virtio-serial-pci -chardev "socket,id=p9c,path=$dir/9p.sock"
         -device virtserialport,chardev=p9c,name=ninep)
     local i pid sock tag
@@ -340,7 +347,7 @@ run_row() {
     local t0 rc
     t0=$(date +%s)
     timeout --kill-after=10 "$timeout_s" "$qemu" -nodefaults -no-user-config -accel tcg \
-        -machine "$machine" -cpu max -m 1G -smp 1 -display none -no-reboot \
+        -machine "$machine" -cpu max -m "${SUITE_MEM:-1G}" -smp 1 -display none -no-reboot \
         -serial "file:$dir/console.log" -monitor none \
         -kernel "$KERNEL" -initrd "$out/initrd.img" -append "$append" \
         -drive "file=$TOOLDISK,if=none,id=tool,format=raw,snapshot=on" -device ide-hd,drive=tool,bus=ide.0 \
@@ -417,7 +424,7 @@ if [ "$suite" = xfstests ]; then
     nexcl=$(sed 's/#.*//' "$here/xfstests-exclude" | grep -c '[a-z]' || true)
     printf '\nxfstests in the guest (kernel %s, TCG, selection %s, %s excluded, %s)\n' \
         "$kname" "$(awk -F, '{ print (NF > 4 ? NF " tests from " $1 : $0) }' "$out/selection" 2>/dev/null)" "$nexcl" "$(date -u +%Y-%m-%dT%H:%MZ)"
-    printf 'frontend of every row: %s\n' "$(cat "$out/qemu" 2>/dev/null || echo unknown)"
+    printf 'frontend of every row: %s\n' "$(cat "$out/frontend" 2>/dev/null || echo unknown)"
     fmt='%-17s | %5s | %6s | %6s | %6s | %7s | %s\n'
     printf "$fmt" server ran passed failed notrun seconds notes
     printf "$fmt" ----------------- ----- ------ ------ ------ ------- -----
@@ -509,7 +516,7 @@ else
     ratio() { awk -v v="$1" -v b="$2" 'BEGIN { if (v !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 == 0) print "-"; else printf "%.2f", v / b }'; }
     printf '\nworkloads in the guest (kernel %s, TCG, 1 vCPU, median of %s, seconds; (x qemu / x virtiofsd), %s)\n' \
         "$kname" "$(cat "$out/reps" 2>/dev/null || echo 3)" "$(date -u +%Y-%m-%dT%H:%MZ)"
-    printf 'frontend of every row: %s\n' "$(cat "$out/qemu" 2>/dev/null || echo unknown)"
+    printf 'frontend of every row: %s\n' "$(cat "$out/frontend" 2>/dev/null || echo unknown)"
     printf 'strict: 9p cache=mmap, virtio-fs cache=never; cached: 9p cache=loose, virtio-fs cache=auto\n\n'
     hdr="| setting | workload |"; sep="|---|---|"
     for s in "${server_list[@]}"; do hdr="$hdr $s |"; sep="$sep---|"; done
