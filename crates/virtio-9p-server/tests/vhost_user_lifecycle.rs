@@ -7,8 +7,9 @@
 //!   waiting Tlocks with BLOCKED, slow calls after they return; nothing
 //!   more is written afterwards, and `cont` carries on with the session;
 //! - RESET_DEVICE ends every request and drops the session;
-//! - a request given up on by a reset never writes guest memory, even when
-//!   its filesystem call returns afterwards.
+//! - a request given up on by a reset never writes guest memory, nor
+//!   reads it (a Twrite's data), even when its filesystem call returns
+//!   afterwards.
 
 mod common;
 #[macro_use]
@@ -29,7 +30,7 @@ use virtio_9p_server::fs::{Cred, Filesystem};
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, StopHandle};
-use virtio_9p_server::{Config, ReplyWriter, Server};
+use virtio_9p_server::{Config, ReplyWriter, RequestReader, Server};
 use vm_memory::{Bytes, GuestAddress};
 
 /// How long a reset waits for a running call before giving up on it.
@@ -95,6 +96,9 @@ struct GatedFs {
     gate: Arc<Gate>,
     fsync: Arc<Turnstile>,
     late_write: Arc<Mutex<Option<io::Result<()>>>>,
+    /// Where a Twrite's data goes, and what the write returned.
+    sink: Arc<tempfile::NamedTempFile>,
+    late_read: Arc<Mutex<Option<io::Result<usize>>>>,
     slow_getattr: Duration,
 }
 
@@ -104,6 +108,8 @@ impl GatedFs {
             gate: Arc::default(),
             fsync: Arc::default(),
             late_write: Arc::default(),
+            sink: Arc::new(tempfile::NamedTempFile::new().unwrap()),
+            late_read: Arc::default(),
             slow_getattr,
         }
     }
@@ -140,6 +146,25 @@ impl Filesystem for GatedFs {
         } else {
             Err(io::Error::from_raw_os_error(libc::EIO))
         }
+    }
+    fn write<R: RequestReader>(
+        &self,
+        _: &(),
+        r: &mut R,
+        count: usize,
+        _: u64,
+    ) -> io::Result<usize> {
+        use std::os::fd::AsFd;
+        self.gate.wait();
+        let res = r.read_to_file_at(self.sink.as_file().as_fd(), count, 0);
+        let out = match &res {
+            Ok(n) => Ok(*n),
+            Err(e) => Err(io::Error::from_raw_os_error(
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )),
+        };
+        *self.late_read.lock().unwrap() = Some(res);
+        out
     }
 }
 
@@ -316,6 +341,118 @@ fn reset_never_lets_a_late_call_write_guest_memory(ring: Ring) {
     assert!(matches!(r.1, Rmessage::Getattr(_)), "{r:?}");
 }
 
+/// RESET_DEVICE while a Twrite is stuck in the filesystem past the bound,
+/// before it wrote its data: when the call goes on, it reads nothing of
+/// the guest's buffer (reused by the guest after the reset): the write
+/// fails and the file gets none of the guest's new bytes.
+fn reset_never_lets_a_late_call_read_guest_memory(ring: Ring) {
+    let fs = GatedFs::new(Duration::ZERO);
+    let gate = Arc::clone(&fs.gate);
+    let late_read = Arc::clone(&fs.late_read);
+    let sink = Arc::clone(&fs.sink);
+    let (d, _server) = Device::start(fs, OffloadPolicy::Always);
+    let mut vmm = d.connect(ring);
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "file", OpenFlags::WRONLY);
+    let write = frame(
+        9,
+        Tmessage::Write(Twrite {
+            fid: 1,
+            offset: 0,
+            data: vec![0x11; 8192],
+        }),
+    );
+    let sub = vmm.submit(&write, 64, Layout::Direct).unwrap();
+    vmm.kick().unwrap();
+    gate.wait_entered(1);
+
+    vmm.reset_device().unwrap();
+    // The guest reuses the request's buffer.
+    let secret = vec![0x5e; write.len()];
+    vmm.memory()
+        .write_slice(&secret, GuestAddress(sub.request_addr))
+        .unwrap();
+
+    gate.open();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while late_read.lock().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = late_read
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the late call returned");
+    let data = std::fs::read(sink.path()).unwrap();
+    assert!(
+        !data.contains(&0x5e),
+        "the late call read the guest's reused buffer ({} bytes went to the file)",
+        data.len()
+    );
+    assert!(r.is_err(), "the late read was refused: {r:?}");
+
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "file", OpenFlags::RDONLY);
+    let r = decode(&vmm.call(&getattr(3, 1), 256, Layout::Direct).unwrap());
+    assert!(matches!(r.1, Rmessage::Getattr(_)), "{r:?}");
+}
+
+/// A pause (GET_VRING_BASE) while a Twrite and a Tread are stuck on
+/// workers before touching their buffers: the base comes back only after
+/// both calls went through guest memory and their replies are on the
+/// ring, so nothing reads or writes the guest's buffers after it.
+fn pause_waits_for_calls_holding_guest_memory(ring: Ring) {
+    let fs = GatedFs::new(Duration::ZERO);
+    let gate = Arc::clone(&fs.gate);
+    let late_read = Arc::clone(&fs.late_read);
+    let late_write = Arc::clone(&fs.late_write);
+    let (d, _server) = Device::start(fs, OffloadPolicy::Always);
+    let mut vmm = d.connect(ring);
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "file", OpenFlags::RDWR);
+    let write = frame(
+        9,
+        Tmessage::Write(Twrite {
+            fid: 1,
+            offset: 0,
+            data: vec![0x11; 8192],
+        }),
+    );
+    let read = frame(
+        10,
+        Tmessage::Read(Tread {
+            fid: 1,
+            offset: 0,
+            count: 4096,
+        }),
+    );
+    vmm.submit(&write, 64, Layout::Direct).unwrap();
+    vmm.submit(&read, 4096 + 11, Layout::Direct).unwrap();
+    vmm.kick().unwrap();
+    gate.wait_entered(2);
+    let hold = Duration::from_millis(500);
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(hold);
+        gate.open();
+    });
+    let t0 = Instant::now();
+    vmm.stop_ring().unwrap();
+    let waited = t0.elapsed();
+    // Both calls finished with guest memory before the base came back.
+    assert!(waited >= hold / 2, "stopped after {waited:?}");
+    assert!(
+        matches!(*late_read.lock().unwrap(), Some(Ok(8192))),
+        "the Twrite read its data before the stop"
+    );
+    assert!(
+        matches!(*late_write.lock().unwrap(), Some(Ok(()))),
+        "the Tread wrote its data before the stop"
+    );
+    let used = vmm.collect_used().unwrap();
+    assert_eq!(used.len(), 2, "both replies are on the ring at the stop");
+    opener.join().unwrap();
+}
+
 /// RESET_DEVICE with blocked Tlocks in flight: they end (no reply on the
 /// new ring), the session's fids are dropped at once, and the next driver
 /// starts clean.
@@ -443,4 +580,6 @@ on_both_rings! {
     pause_waits_for_a_running_call => pause_waits_for_a_running_call;
     reset_never_lets_a_late_call_write_guest_memory => reset_never_lets_a_late_call_write_guest_memory;
     reset_device_ends_requests_and_drops_the_session => reset_device_ends_requests_and_drops_the_session;
+    reset_never_lets_a_late_call_read_guest_memory => reset_never_lets_a_late_call_read_guest_memory;
+    pause_waits_for_calls_holding_guest_memory => pause_waits_for_calls_holding_guest_memory;
 }

@@ -135,6 +135,8 @@ pub struct Submitted {
     /// The chain's head index (split) or buffer id (packed): what the
     /// used ring names it by.
     pub head: u16,
+    /// Guest address of the request (contiguous).
+    pub request_addr: u64,
     /// Guest address of the reply buffer (contiguous).
     pub reply_addr: u64,
     /// Its length.
@@ -594,6 +596,7 @@ impl FakeVmm {
             .add_chain_placed(ring_layout, &bufs, &addrs, table)?;
         let sub = Submitted {
             head: chain.head,
+            request_addr: req_addr,
             reply_addr,
             reply_len,
         };

@@ -823,7 +823,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         let exec = self.exec;
         let token = cancel.clone();
         let mut w = ChainWriter::new(writer, cancel.clone(), exec);
-        let mut r = ChainReader(reader);
+        let mut r = ChainReader(reader, cancel.clone());
         let result = self.engine.spawn(head, tag, cancel, move || {
             let rec = record.as_ref().map(|r| r as &dyn RequestRecord);
             let handled = match (left, header) {
