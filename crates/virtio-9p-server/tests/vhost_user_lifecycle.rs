@@ -3,9 +3,11 @@
 //! both ring layouts:
 //!
 //! - a pause (GET_VRING_BASE, as QEMU's `stop`) drains: every request in
-//!   flight is answered on the used ring before the base comes back,
-//!   waiting Tlocks with BLOCKED, slow calls after they return; nothing
-//!   more is written afterwards, and `cont` carries on with the session;
+//!   flight is answered on the used ring before the base comes back, slow
+//!   calls after they return; waiting Tlocks stay in flight, written
+//!   nowhere while stopped, and are granted as soon as the host frees the
+//!   lock after `cont`; if the ring comes back as another guest's, they
+//!   are discarded without a write;
 //! - RESET_DEVICE ends every request and drops the session;
 //! - a request given up on by a reset never writes guest memory, nor
 //!   reads it (a Twrite's data), even when its filesystem call returns
@@ -204,10 +206,12 @@ fn wait_n(vmm: &mut FakeVmm, n: usize) -> Vec<(u16, u32)> {
 }
 
 /// QEMU's `stop` then `cont` with 8 blocking Tlocks waiting on a lock the
-/// host holds: GET_VRING_BASE returns only once all 8 are answered BLOCKED
-/// on the used ring; nothing is written after it; after the resume the
-/// fids are still there and a new waiter gets the lock once it is freed.
-fn pause_drains_waiting_locks_and_keeps_the_session(ring: Ring) {
+/// host holds: GET_VRING_BASE reports them taken (the driver's base) and
+/// leaves them in flight; nothing is written while the ring is stopped;
+/// when the host frees the lock after `cont`, every waiter is granted at
+/// once (not after the client's 30 s lock timeout), exactly once. The
+/// session goes on.
+fn pause_keeps_waiting_locks_and_the_session(ring: Ring) {
     let d = TestDaemon::start_with(2, 64, OffloadPolicy::Auto);
     let path = d.dir.path().join("lockme");
     std::fs::write(&path, b"x").unwrap();
@@ -228,32 +232,105 @@ fn pause_drains_waiting_locks_and_keeps_the_session(ring: Ring) {
     assert!(vmm.collect_used().unwrap().is_empty(), "the locks wait");
 
     let expected = vmm.driver_ring_base();
+    let t0 = Instant::now();
     let base = vmm.stop_ring().unwrap();
-    assert_eq!(base, expected);
-    let used = vmm.collect_used().unwrap();
-    assert_eq!(used.len(), subs.len(), "every waiter answered at the stop");
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "the stop did not wait for the locks"
+    );
+    assert_eq!(base, expected, "the waiters count as taken");
+    // Suspended: nothing reaches the ring or the reply buffers.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "a waiter was answered at the stop"
+    );
+
+    // `cont`: same ring, same session, no kick.
+    vmm.resume_ring(base).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "the locks still wait"
+    );
+    let released = Instant::now();
+    ofd_lock(&holder, libc::F_UNLCK);
+    let used = wait_n(&mut vmm, subs.len());
+    let waited = released.elapsed();
+    assert_eq!(
+        used.len(),
+        subs.len(),
+        "every waiter answered after the release"
+    );
+    assert!(
+        waited < Duration::from_secs(1),
+        "granted {waited:?} after the release"
+    );
     for (h, len) in &used {
         let sub = subs.iter().find(|s| s.head == *h).unwrap();
         let reply = decode(&vmm.read(sub.reply_addr, *len as usize).unwrap());
-        assert_eq!(reply.1, Rmessage::Lock(LockStatus::Blocked), "{reply:?}");
+        assert_eq!(reply.1, Rmessage::Lock(LockStatus::Success), "{reply:?}");
     }
-    // Suspended: nothing more reaches the ring.
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(vmm.collect_used().unwrap().is_empty());
-
-    // `cont`: same ring, same session.
-    vmm.resume_ring(base).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "a waiter was answered twice"
+    );
     let r = decode(&vmm.call(&getattr(7, 1), 256, Layout::Direct).unwrap());
     assert!(matches!(r.1, Rmessage::Getattr(_)), "{r:?}");
-    let waiter = vmm.submit(&lock(200), 64, Layout::Direct).unwrap();
+    drop(vmm);
+    d.stop();
+}
+
+/// A pause keeps waiting Tlocks, then the ring comes back as a new
+/// guest's (a reboot without RESET_DEVICE: fresh rings at base 0): the
+/// kept requests are discarded: when the host frees the lock, nothing is
+/// written into the old reply buffers (which the new guest reuses) and no
+/// used entry appears; the new ring is served.
+fn pause_then_another_guest_discards_the_waiters(ring: Ring) {
+    let d = TestDaemon::start_with(2, 64, OffloadPolicy::Auto);
+    let path = d.dir.path().join("lockme");
+    std::fs::write(&path, b"x").unwrap();
+    let holder = hold_lock(&path);
+    let mut vmm = d.connect(ring.opts({
+        let mut o = VmmOptions::default();
+        o.mem_size = 16 << 20;
+        o.queue_size = 64;
+        o
+    }));
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
+    let subs: Vec<_> = (100..104u16)
+        .map(|tag| vmm.submit(&lock(tag), 64, Layout::Direct).unwrap())
+        .collect();
     vmm.kick().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(vmm.collect_used().unwrap().is_empty(), "the new lock waits");
+    std::thread::sleep(Duration::from_millis(300));
+    vmm.stop_ring().unwrap();
+    assert!(vmm.collect_used().unwrap().is_empty());
+    // The new guest's data where the old replies would go.
+    for s in &subs {
+        vmm.memory()
+            .write_slice(&[0x77; 64], GuestAddress(s.reply_addr))
+            .unwrap();
+    }
+    vmm.restart_ring().unwrap();
     ofd_lock(&holder, libc::F_UNLCK);
-    let used = wait_n(&mut vmm, 1);
-    assert_eq!(used.len(), 1);
-    let reply = decode(&vmm.read(waiter.reply_addr, used[0].1 as usize).unwrap());
-    assert_eq!(reply, (200, Rmessage::Lock(LockStatus::Success)));
+    std::thread::sleep(Duration::from_millis(500));
+    for s in &subs {
+        let now = vmm.read(s.reply_addr, 64).unwrap();
+        assert!(
+            now.iter().all(|b| *b == 0x77),
+            "a dead guest's reply was written"
+        );
+    }
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "a dead guest's reply came back"
+    );
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
+    let r = decode(&vmm.call(&lock(9), 64, Layout::Direct).unwrap());
+    assert_eq!(r.1, Rmessage::Lock(LockStatus::Success), "{r:?}");
     drop(vmm);
     d.stop();
 }
@@ -576,7 +653,8 @@ fn pause_keeps_replies_that_finish_as_the_ring_stops(ring: Ring) {
 
 on_both_rings! {
     pause_keeps_replies_that_finish_as_the_ring_stops => pause_keeps_replies_that_finish_as_the_ring_stops;
-    pause_drains_waiting_locks => pause_drains_waiting_locks_and_keeps_the_session;
+    pause_keeps_waiting_locks => pause_keeps_waiting_locks_and_the_session;
+    pause_then_another_guest_discards_the_waiters => pause_then_another_guest_discards_the_waiters;
     pause_waits_for_a_running_call => pause_waits_for_a_running_call;
     reset_never_lets_a_late_call_write_guest_memory => reset_never_lets_a_late_call_write_guest_memory;
     reset_device_ends_requests_and_drops_the_session => reset_device_ends_requests_and_drops_the_session;

@@ -102,6 +102,9 @@ where
         off: u64,
     ) -> io::Result<usize> {
         if engine::on_coroutine() {
+            if self.1.is_gone() {
+                return Err(abandoned());
+            }
             return self.0.write_to_file_at(&file, count, off);
         }
         write_file(&mut self.0, &self.1, file, count, off)
@@ -164,6 +167,10 @@ where
 {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if engine::on_coroutine() {
+            // The engine's thread abandons, so no access is in progress.
+            if self.token.is_gone() {
+                return Err(abandoned());
+            }
             return self.writer.write(buf);
         }
         let w = &mut self.writer;
@@ -230,6 +237,9 @@ where
     M::Target: GuestMemoryBackend + Sized,
 {
     if engine::on_coroutine() {
+        if token.is_gone() {
+            return Err(abandoned());
+        }
         return w.read_from_file_at(&file, count, off);
     }
     let count = count.min(w.available_bytes());

@@ -680,10 +680,28 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
 
     /// Cancels every request and waits for running calls up to the
     /// engine's `quiesce_timeout`; a call that has not returned by then is
-    /// leaked ([`Engine::reset`]). Returns the number leaked; the queue is
+    /// leaked ([`Engine::reset`]). No request touches guest memory from
+    /// here on: each is abandoned first ([`Engine::discard`]), so the
+    /// answer a cancelled request gives is written nowhere (the driver
+    /// that sent it is gone). Returns the number leaked; the queue is
     /// empty afterwards.
     pub fn cancel_all(&mut self) -> usize {
-        self.engine.reset()
+        self.engine.discard()
+    }
+
+    /// Pauses the queue (GET_VRING_BASE): every request in flight
+    /// finishes, except blocking Tlocks waiting for a lock, which stay in
+    /// flight, make no attempt and write nothing until
+    /// [`RequestQueue::resume_waits`] ([`Engine::pause`]). Returns early
+    /// when `give_up` says so. Returns the requests left in flight.
+    pub fn pause(&mut self, give_up: impl Fn() -> bool) -> usize {
+        self.engine.pause(give_up)
+    }
+
+    /// The ring started again for the same guest after a
+    /// [`pause`](RequestQueue::pause): the held Tlocks try again at once.
+    pub fn resume_waits(&mut self) {
+        self.engine.resume_waits();
     }
 
     /// The in-flight record of the chain just taken at position `pos`:
