@@ -530,6 +530,92 @@ fn pause_waits_for_calls_holding_guest_memory(ring: Ring) {
     opener.join().unwrap();
 }
 
+/// A daemon over a passthrough export keeping its state in a directory.
+fn stateful_device(export: &std::path::Path, state: &std::path::Path) -> Device {
+    use virtio_9p_server::{PassthroughConfig, PassthroughFs};
+    let sock_dir = tempfile::tempdir().unwrap();
+    let socket = sock_dir.path().join("vu.sock");
+    let fs = PassthroughFs::new(PassthroughConfig::new(export)).unwrap();
+    let server = Arc::new(Server::new(fs, Config::default()).unwrap());
+    let mut config = DaemonConfig::default();
+    config.listen = Listen::Path(socket.clone());
+    config.backend.queue_size = 64;
+    config.backend.engine.workers = 2;
+    config.backend.engine.max_in_flight = 64;
+    config.backend.state_dir = Some(Arc::new(std::fs::File::open(state).unwrap().into()));
+    let mut daemon = Daemon::new(server, config).unwrap();
+    let stop = daemon.stop_handle();
+    let thread = std::thread::spawn(move || daemon.run().unwrap());
+    Device {
+        socket,
+        _sock_dir: sock_dir,
+        stop,
+        thread: Some(thread),
+    }
+}
+
+/// The in-flight table file: its queue size and the positions of the
+/// slots in use.
+fn table_file(state: &std::path::Path) -> (u32, Vec<u32>) {
+    let b = std::fs::read(state.join("session.inflight")).unwrap();
+    let size = u32::from_le_bytes(b[12..16].try_into().unwrap());
+    let mut pos = Vec::new();
+    let mut at = 64;
+    while at + 256 <= b.len() {
+        let c = u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        if c & 0x0f != 0 {
+            pos.push((c >> 32) as u32);
+        }
+        at += 256;
+    }
+    (size, pos)
+}
+
+/// A ring stopped, then started again with another size (SET_VRING_NUM
+/// after a guest reboot; no RESET_DEVICE): the in-flight table follows
+/// the new size, so 40 chains in flight on a 64-entry ring each have a
+/// slot of their own (a 32-slot table would make them collide).
+fn a_ring_resized_after_a_stop_gets_a_table_of_its_size(ring: Ring) {
+    let export = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    std::fs::write(export.path().join("lockme"), b"x").unwrap();
+    let holder = hold_lock(&export.path().join("lockme"));
+    let d = stateful_device(export.path(), state.path());
+    let mut vmm = {
+        let mut o = VmmOptions::default();
+        o.mem_size = 16 << 20;
+        o.queue_size = 32;
+        FakeVmm::connect(&d.socket, ring.opts(o)).unwrap()
+    };
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
+    assert_eq!(table_file(state.path()).0, 32);
+    vmm.stop_ring().unwrap();
+    vmm.set_queue_size(64);
+    vmm.restart_ring().unwrap();
+    // One ring descriptor each (indirect), so 40 fit.
+    let subs: Vec<_> = (100..140u16)
+        .map(|tag| {
+            vmm.submit(&lock(tag), 64, Layout::Indirect { seg: 64 })
+                .unwrap()
+        })
+        .collect();
+    vmm.kick().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let (size, mut pos) = table_file(state.path());
+    assert_eq!(size, 64, "the table follows the ring's new size");
+    pos.sort_unstable();
+    pos.dedup();
+    assert_eq!(
+        pos.len(),
+        subs.len(),
+        "every chain in flight has its own slot"
+    );
+    ofd_lock(&holder, libc::F_UNLCK);
+    let used = wait_n(&mut vmm, subs.len());
+    assert_eq!(used.len(), subs.len());
+}
+
 /// RESET_DEVICE with blocked Tlocks in flight: they end (no reply on the
 /// new ring), the session's fids are dropped at once, and the next driver
 /// starts clean.
@@ -660,4 +746,5 @@ on_both_rings! {
     reset_device_ends_requests_and_drops_the_session => reset_device_ends_requests_and_drops_the_session;
     reset_never_lets_a_late_call_read_guest_memory => reset_never_lets_a_late_call_read_guest_memory;
     pause_waits_for_calls_holding_guest_memory => pause_waits_for_calls_holding_guest_memory;
+    a_ring_resized_after_a_stop_gets_a_table_of_its_size => a_ring_resized_after_a_stop_gets_a_table_of_its_size;
 }

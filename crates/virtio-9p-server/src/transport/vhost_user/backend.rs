@@ -346,7 +346,28 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         };
         let packed = self.packed();
         if q.has_inflight() {
-            q.set_ring(packed, queue.size(), queue.desc_table());
+            if q.table_fits(packed, queue.size()) {
+                q.set_ring(packed, queue.size(), queue.desc_table());
+                return Ok(());
+            }
+            // A new SET_VRING_NUM (or layout) after a stop, without a
+            // reset: a guest reboot. What the table holds is the old
+            // ring's, and its slots would collide: a new table.
+            info!(
+                "virtio-9p: the ring was started again with {} entries ({} ring): a new in-flight table, {} requests of the old ring forgotten",
+                queue.size(),
+                if packed { "packed" } else { "split" },
+                q.in_flight()
+            );
+            let table = InflightTable::recreate(dir.as_fd(), queue.size(), packed)?;
+            q.set_inflight(
+                Arc::new(table),
+                Vec::new(),
+                None,
+                packed,
+                queue.size(),
+                queue.desc_table(),
+            );
             return Ok(());
         }
         let (table, old, ring) = InflightTable::open(dir.as_fd(), queue.size(), packed)?;

@@ -276,6 +276,12 @@ impl FakeVmm {
         u32::from(self.driver.ring().avail_base())
     }
 
+    /// Sets the queue size the next [`FakeVmm::restart_ring`] sends
+    /// (SET_VRING_NUM), as a rebooted driver may choose another.
+    pub fn set_queue_size(&mut self, size: u16) {
+        self.opts.queue_size = size;
+    }
+
     /// Starts the stopped ring again from scratch, as a driver does after
     /// a reset: fresh rings at base 0 in the same memory, new kick and
     /// call eventfds, enable. Chains that were in flight are forgotten.

@@ -412,15 +412,24 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
     }
 
     #[cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
-    /// A new ring configuration (the ring started again after a stop).
+    /// Whether the in-flight table is laid out for a ring of `size`
+    /// entries and `packed` layout (its slots are positions modulo the
+    /// size: a table of another size would let chains collide).
+    pub(crate) fn table_fits(&self, packed: bool, size: u16) -> bool {
+        self.book
+            .as_ref()
+            .is_none_or(|b| b.packed == packed && b.table.queue_size() == size)
+    }
+
+    #[cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
+    /// A new ring configuration (the ring started again after a stop), of
+    /// the size and layout of the table ([`RequestQueue::table_fits`];
+    /// else give the queue a new table with
+    /// [`RequestQueue::set_inflight`]).
     pub(crate) fn set_ring(&mut self, packed: bool, size: u16, desc_area: u64) {
         if let Some(b) = self.book.as_mut() {
-            b.packed = packed;
+            debug_assert!(b.packed == packed && b.table.queue_size() == size);
             b.desc_area = desc_area;
-            if b.size != size {
-                b.size = size;
-                b.pos_of = vec![0; usize::from(size)];
-            }
         }
     }
 
