@@ -2,8 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # CI step: real Linux guests (TCG) mount 9p from QEMU's built-in server and
 # from our virtio-9p-server, in socket mode (a, trans=unix through a
-# virtio-serial relay) and in vhost-user mode (b, through the rebuilt QEMU),
-# and run the POSIX suite, pjdfstest and dd in each. See ci/guest/README.md.
+# virtio-serial relay) and in vhost-user mode (b, -device
+# vhost-user-test-device-pci), and run the POSIX suite, pjdfstest and dd in
+# each. Every row, QEMU built-in and virtiofsd included, boots the same stock
+# QEMU >= 10.2 (ci/guest/build-qemu.sh). See ci/guest/README.md.
 #
 # Fails when one of our rows has a POSIX failure, a pjdfstest failure that
 # QEMU built-in passes in the same run, or does not mount; also fails when the
@@ -58,7 +60,7 @@ if [ "$qemu_status" != ok ] || [[ "$qemu_posix" == *FAIL* ]]; then
     rc=1
 fi
 # A row may be skipped only because the daemon lacks that mode; any other
-# reason (the daemon or the rebuilt QEMU failed to build) fails the step.
+# reason (the daemon failed to build, for example) fails the step.
 while IFS=$'\t' read -r name status _; do
     case $name in ours-*) ;; *) continue ;; esac
     reason=${status#status=}

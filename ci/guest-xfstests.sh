@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # CI step: xfstests in a real Linux guest (TCG) on QEMU's built-in 9p and on
-# our vhost-user daemon, the subset in ci/guest/xfstests-ci.list (rename,
+# our vhost-user daemon, both on the same stock QEMU >= 10.2
+# (ci/guest/build-qemu.sh), the subset in ci/guest/xfstests-ci.list (rename,
 # link, xattr, truncate, mmap, O_DIRECT, fsync, large and sparse files,
 # readdir while the directory changes, open-unlink). The whole quick group
 # on every row is `ci/guest/suite.sh xfstests` (hours under TCG); see

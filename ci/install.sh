@@ -20,8 +20,10 @@ if [ ${#fuzz_targets[@]} -gt 0 ] && ! command -v cargo-fuzz >/dev/null; then
     cargo install --locked cargo-fuzz --version "^0.13"
 fi
 
-# Real-guest conformance (ci/guest): QEMU 10, diod, guest kernels, pjdfstest
-# and the vhost-user QEMU rebuild, all cached under /var/cache/virtio-9p-ci.
+# Real-guest conformance (ci/guest): stock QEMU >= 10.2 built from Debian's
+# source (the frontend of every guest row) and the same tree with
+# ci/guest/qemu-patches (restart only), Debian's QEMU firmware, diod, guest
+# kernels, pjdfstest, all cached under /var/cache/virtio-9p-ci.
 if [ "$(id -u)" -eq 0 ]; then
     bash ci/guest/prepare.sh
 fi

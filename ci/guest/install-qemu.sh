@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-# Installs QEMU 10 (qemu-system-x86) from bookworm-backports (deb and
-# deb-src enabled), plus the host tools the guest conformance run needs:
-# diod (peer 9P server), socat, cpio, attr. The build dependencies of the
-# vhost-user QEMU rebuild are handled by build-qemu-vhost.sh. Idempotent: a
+# Installs Debian's QEMU 10 (qemu-system-x86 and qemu-utils) from
+# bookworm-backports (deb and deb-src enabled), plus the host tools the guest
+# conformance run needs: diod (peer 9P server), socat, cpio, attr. No guest
+# row boots this QEMU: every row runs on the stock QEMU >= 10.2 that
+# build-qemu.sh builds from Debian's source (this package's glibc is too old
+# for Debian's 10.2 binaries). It stays for its firmware (/usr/share/qemu,
+# passed with -L), qemu-img, and the benches' QEMU anchors (qemu-system-x86_64
+# on PATH). build-qemu.sh installs its own build dependencies. Idempotent: a
 # second run only checks what is installed.
 set -euo pipefail
 

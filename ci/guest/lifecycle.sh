@@ -159,24 +159,19 @@ if [ "$report_only" -eq 1 ]; then
     KERNEL=$(cat "$out/kernel" 2>/dev/null || echo unknown)
 else
 # ---------------------------------------------------------------- preparation
-need_vhost_qemu=0
-case ",$servers," in *,ours-*) need_vhost_qemu=1 ;; esac
-prep_args=(--kernel "$kernel")
-[ "$need_vhost_qemu" -eq 1 ] || prep_args+=(--no-vhost-qemu)
-vhost_qemu_err=
+# Every row runs on the stock QEMU that build-qemu.sh builds (prepare.sh).
 if [ "$prepare" -eq 0 ]; then
     log "--no-prepare: using the cache in $CACHE as it is"
-elif ! bash "$here/prepare.sh" "${prep_args[@]}"; then
-    if [ "$need_vhost_qemu" -eq 1 ] && bash "$here/prepare.sh" --kernel "$kernel" --no-vhost-qemu; then
-        vhost_qemu_err="the vhost-user QEMU rebuild failed (see ci/guest/build-qemu-vhost.sh)"
-    else
-        log "preparation failed"
-        exit 1
-    fi
+elif ! bash "$here/prepare.sh" --kernel "$kernel"; then
+    log "preparation failed"
+    exit 1
 fi
 eval "$(bash "$here/fetch-kernel.sh" "$kernel")" # KERNEL=, INITRAMFS=
-QEMU=$(command -v qemu-system-x86_64)
-VHOST_QEMU=$CACHE/qemu-vhost/bin/qemu-system-x86_64
+# Stock QEMU >= 10.2 (ci/guest/build-qemu.sh) for every row, QEMU built-in
+# included; Debian's firmware (-L).
+QEMU=$CACHE/qemu-stock/bin/qemu-system-x86_64
+QEMU_FW=(-L /usr/share/qemu -L /usr/share/seabios)
+[ -x "$QEMU" ] || { log "no stock QEMU at $QEMU (ci/guest/build-qemu.sh)"; exit 1; }
 tools=$CACHE/tools/current
 for t in lifecycle posix-suite; do
     [ -x "$tools/$t" ] || { log "no guest tool $tools/$t (ci/guest/prepare.sh builds it)"; exit 1; }
@@ -236,6 +231,7 @@ install -m 0755 "$tools/lifecycle" "$tools/posix-suite" "$payload_dir/ci/bin/"
 (cd "$payload_dir" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$out/payload.cpio.gz"
 cat "$INITRAMFS" "$out/payload.cpio.gz" >"$out/initrd.img"
 echo "$KERNEL" >"$out/kernel"
+echo "$("$QEMU" --version | head -1) stock, $QEMU" >"$out/qemu"
 echo "$cycles" >"$out/cycles"
 date -u +%Y-%m-%dT%H:%MZ >"$out/date"
 
@@ -399,10 +395,6 @@ run_scenario() {
             echo "not available: virtio-9p-server has no --socket-path (vhost-user mode) yet" >"$dir/status"
             return
         fi
-        if [ -n "$vhost_qemu_err" ] || [ ! -x "$VHOST_QEMU" ]; then
-            echo "not available: ${vhost_qemu_err:-no rebuilt QEMU at $VHOST_QEMU}" >"$dir/status"
-            return
-        fi
         local args=(--socket-path "$sock" --shared-dir "$share" --tag share --log-level debug)
         case $row in
         ours-vhost-packed) ;;
@@ -418,12 +410,10 @@ run_scenario() {
             cleanup
             return
         fi
-        qemu=$VHOST_QEMU
         machine=q35,memory-backend=mem
         extra=(-object "memory-backend-memfd,id=mem,size=512M,share=on"
             -chardev "socket,id=vu,path=$sock"
-            -device "vhost-user-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024"
-            -L /usr/share/qemu -L /usr/share/seabios)
+            -device "vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024")
         ;;
     esac
     holder=()
@@ -451,7 +441,7 @@ run_scenario() {
     # A TCG guest on a loaded host (load average 16 here) calibrates its TSC
     # wrongly: its clock ran 3x fast, crypto self-tests timed out (with slab
     # WARNINGs after them) and the IO-APIC timer check panicked. So: time
-    # from the ACPI PM timer (QEMU's clock; the rebuilt minimal QEMU has no
+    # from the ACPI PM timer (QEMU's clock; the minimal QEMU build has no
     # HPET), no crypto self-tests, no timer check.
     local append="console=ttyS0 loglevel=4 panic=-1 clocksource=acpi_pm cryptomgr.notests=1 no_timer_check"
     append="$append CI_SCENARIO=$sc CI_SRC=share"
@@ -463,7 +453,7 @@ run_scenario() {
         -machine "$machine" -cpu max -m 512M -smp 1 -display none "${noreboot[@]}" \
         -serial "file:$con" -monitor none -qmp "unix:$dir/qmp.sock,server=on,wait=off" \
         -kernel "$KERNEL" -initrd "$out/initrd.img" -append "$append" \
-        "${extra[@]}" >"$dir/qemu.log" 2>&1 &
+        "${QEMU_FW[@]}" "${extra[@]}" >"$dir/qemu.log" 2>&1 &
     qpid=$!
     pids+=("$qpid")
     hlog "qemu started (pid $qpid)"
@@ -617,6 +607,7 @@ col() { # scenario -> result cell of row $s
 }
 printf '\n9p guest lifecycle (kernel %s, TCG, %s stop/cont cycles, %s)\n' \
     "$(basename "$KERNEL" | sed 's/^vmlinuz-//')" "$cycles" "$(cat "$out/date" 2>/dev/null || date -u +%Y-%m-%dT%H:%MZ)"
+printf 'frontend of every row: %s\n' "$(cat "$out/qemu" 2>/dev/null || echo unknown)"
 fmt='%-17s | %-16s | %-17s | %-16s | %-31s | %s\n'
 # shellcheck disable=SC2059 # one format for every line of the table
 printf "$fmt" server "(a) pause/resume" "(b) unbind/rebind" "(c) system_reset" "lock grant: plain / across pauses" notes

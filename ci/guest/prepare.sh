@@ -3,25 +3,26 @@
 # Prepares everything the guest conformance run needs, idempotently and with
 # all downloads/builds cached under $VIRTIO_9P_CI_CACHE (default
 # /var/cache/virtio-9p-ci):
-#   QEMU 10 + diod/socat (install-qemu.sh), the guest kernels and base
-#   initramfs (fetch-kernel.sh), pjdfstest 0.2.2 (cargo install), the static
-#   guest tools (posix-suite, relay, lifecycle), unless --no-vhost-qemu the
-#   QEMU rebuilt with a user-creatable vhost-user-device-pci
-#   (build-qemu-vhost.sh), and for the virtiofsd row and the tool-disk
-#   suites (suite.sh) virtiofsd (install-virtiofsd.sh), the xfstests build
+#   Debian's QEMU firmware, qemu-utils and diod/socat (install-qemu.sh), the
+#   guest kernels and base initramfs (fetch-kernel.sh), pjdfstest 0.2.2
+#   (cargo install), the static guest tools (posix-suite, relay, lifecycle),
+#   the two QEMU builds of build-qemu.sh (stock QEMU >= 10.2, the frontend
+#   of every row, and the same tree with ci/guest/qemu-patches for the
+#   restart scenario), and for the virtiofsd row and the tool-disk suites
+#   (suite.sh) virtiofsd (install-virtiofsd.sh), the xfstests build
 #   (build-xfstests.sh) and the tool disk (tooldisk.sh, last: it copies the
 #   host's installed packages).
-# Usage: prepare.sh [--no-vhost-qemu] [--kernel 6.12|6.1]...
+# Usage: prepare.sh [--kernel 6.12|6.1]...
+#   (--no-vhost-qemu is accepted and ignored: every row needs the stock QEMU.)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
-vhost=1
 kernels=()
 while [ $# -gt 0 ]; do
     case $1 in
-        --no-vhost-qemu) vhost=0 ;;
+        --no-vhost-qemu) ;;
         --kernel) kernels+=("$2"); shift ;;
         *) echo "prepare: unknown option $1" >&2; exit 2 ;;
     esac
@@ -60,9 +61,7 @@ if [ ! -x "$tools/relay" ] || [ ! -x "$tools/posix-suite" ] || [ ! -x "$tools/li
 fi
 ln -sfn "$tools" "$CACHE/tools/current"
 
-if [ "$vhost" -eq 1 ]; then
-    bash "$here/build-qemu-vhost.sh" >/dev/null
-fi
+bash "$here/build-qemu.sh" >/dev/null
 bash "$here/install-virtiofsd.sh" >/dev/null
 bash "$here/build-xfstests.sh" >/dev/null
 bash "$here/tooldisk.sh" "${kernels[0]}" >/dev/null

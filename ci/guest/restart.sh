@@ -6,7 +6,7 @@
 # daemon keeps its session crash-safe in --state-dir, and the guest must
 # see no error at all.
 #
-# The guest (Linux under TCG, the rebuilt QEMU with `reconnect-ms`) mounts
+# The guest (Linux under TCG, QEMU with `reconnect-ms`) mounts
 # the share and loops over a workload: write a 1 MiB file and check its
 # sha256 on read-back, mkdir/create/rename/remove/rmdir, append a line to
 # a file it keeps open, list the directory. With --state or --handover a
@@ -28,7 +28,9 @@
 #   --seed N           seed for the random gaps (default: from the clock)
 #   --kernel K         6.12 (default) or 6.1
 #   --packed           offer packed rings (default: --no-packed-ring, split)
-#   --qemu PATH        QEMU binary (default: ci/guest/build-qemu-vhost.sh's)
+#   --qemu PATH        QEMU binary (default: ci/guest/build-qemu.sh's patched
+#                      one: stock QEMU 10.2 plus ci/guest/qemu-patches; stock
+#                      QEMU cannot reconnect, see ci/guest/README.md)
 #   --server-bin PATH  our daemon (default: cargo build --release)
 #   --daemon-arg ARG   extra argument for every daemon instance (repeatable;
 #                      for example --state-dir)
@@ -117,9 +119,14 @@ now_ms() { date +%s%3N; }
 # ---------------------------------------------------------------- preparation
 eval "$(bash "$here/fetch-kernel.sh" "$kernel")" || { log "fetch-kernel.sh failed"; exit 1; }
 if [ -z "$qemu" ]; then
-    qemu=$(bash "$here/build-qemu-vhost.sh" | tail -1) || { log "build-qemu-vhost.sh failed"; exit 1; }
+    qemu=$(bash "$here/build-qemu.sh" | tail -1) || { log "build-qemu.sh failed"; exit 1; }
 fi
 [ -x "$qemu" ] || { log "no QEMU at $qemu"; exit 1; }
+# Which QEMU: build-qemu.sh's patched binary records its source and series.
+qemu_desc="$("$qemu" --version | head -1), $qemu"
+case $qemu in
+    "$CACHE"/qemu-patched/*) qemu_desc="$qemu_desc (stock $(cat "$CACHE/qemu-patched/.version" 2>/dev/null) + ci/guest/qemu-patches: patched, stock QEMU cannot reconnect)" ;;
+esac
 if [ -z "$server_bin" ]; then
     tdir=${CARGO_TARGET_DIR:-$repo/target}
     log "building virtio-9p-server (release) into $tdir"
@@ -302,7 +309,7 @@ vq_path=
 # QEMU's view of queue 0. Only while the vhost device is stopped: with the
 # device started, x-query-virtio-queue-status asks the backend for the ring
 # base (GET_VRING_BASE, which stops the ring) and, without the get_vhost
-# hook build-qemu-vhost.sh adds, crashes QEMU (a NULL vdc->get_vhost).
+# hook of ci/guest/qemu-patches/0001-*, crashes QEMU (a NULL vdc->get_vhost).
 vq_status() { # -> "last_avail=N used=N; guest avail.idx=N used.idx=N"
     [ -n "$vq_path" ] || vq_path=$(qmp_cmd '{"execute":"x-query-virtio"}' \
         | python3 -c 'import json,sys; r=json.load(sys.stdin)["return"]; print(r[0]["path"] if r else "")')
@@ -412,7 +419,7 @@ nice -n 5 "$qemu" -nodefaults -no-user-config -accel tcg \
     -serial "file:$con" -monitor none -qmp "unix:$qmp,server=on,wait=off" \
     -object memory-backend-memfd,id=mem,size=512M,share=on \
     -chardev "socket,id=vu,path=$sock,reconnect-ms=500" \
-    -device "vhost-user-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024" \
+    -device "vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024" \
     -L /usr/share/qemu -L /usr/share/seabios \
     -trace 'vhost_user_read' -trace 'vhost_user_write' -trace 'vhost_dev_st*' -trace 'vhost_dev_cleanup' \
     -D "$out/qemu-trace.log" \
@@ -570,6 +577,7 @@ stop=$(grep -m1 '^CI-R STOP' "$out/console.txt")
 nfail=$(grep -c '^CI-R FAIL' "$out/console.txt")
 echo
 echo "9p daemon $([ "$handover" -eq 1 ] && echo handover || echo SIGKILL) under a running guest ($(basename "$KERNEL" | sed 's/^vmlinuz-//'), TCG, $([ "$packed" -eq 1 ] && echo packed || echo split) ring, seed $seed, $(date -u +%Y-%m-%dT%H:%MZ))"
+echo "frontend: $qemu_desc"
 echo "guest: $(grep -m1 '^CI-R MOUNTED' "$out/console.txt" | cut -d' ' -f3-)"
 for i in $(seq 1 "$k"); do
     [ -n "${R_HANDOVER[$i]:-}" ] && echo "restart $i: handover (SIGUSR1): ${R_HANDOVER[$i]}"

@@ -23,7 +23,8 @@
 #   --report-only    boot nothing: print the table again from the logs in
 #                    --out (with the same --servers)
 #
-# Rows whose server is unavailable (binary lacks the mode, no rebuilt QEMU)
+# Every row boots the stock QEMU >= 10.2 of ci/guest/build-qemu.sh.
+# Rows whose server is unavailable (binary lacks the mode, no virtiofsd)
 # print "not available: <reason>" instead of figures.
 set -uo pipefail
 # The whole script is one compound command, so bash parses it completely
@@ -68,18 +69,10 @@ if [ "$report_only" -eq 1 ]; then
     KERNEL=$(cat "$out/kernel" 2>/dev/null || echo unknown)
 else
 # ---------------------------------------------------------------- preparation
-need_vhost_qemu=0
-case ",$servers," in *,ours-vhost,*|*,ours-vhost-mapped,*|*,ours-vhost-packed,*) need_vhost_qemu=1 ;; esac
-prep_args=(--kernel "$kernel")
-[ "$need_vhost_qemu" -eq 1 ] || prep_args+=(--no-vhost-qemu)
-vhost_qemu_err=
-if ! bash "$here/prepare.sh" "${prep_args[@]}"; then
-    if [ "$need_vhost_qemu" -eq 1 ] && bash "$here/prepare.sh" --kernel "$kernel" --no-vhost-qemu; then
-        vhost_qemu_err="the vhost-user QEMU rebuild failed (see ci/guest/build-qemu-vhost.sh)"
-    else
-        log "preparation failed"
-        exit 1
-    fi
+# Every row runs on the stock QEMU that build-qemu.sh builds (prepare.sh).
+if ! bash "$here/prepare.sh" --kernel "$kernel"; then
+    log "preparation failed"
+    exit 1
 fi
 eval "$(bash "$here/fetch-kernel.sh" "$kernel")" # KERNEL=, INITRAMFS=
 # virtiofsd (the virtio-fs reference row), from crates.io, cached.
@@ -89,8 +82,12 @@ case ",$servers," in *,virtiofsd,*)
         || virtiofsd_err="cargo install virtiofsd failed (see $CACHE/virtiofsd-install.log)"
     ;;
 esac
-QEMU=$(command -v qemu-system-x86_64)
-VHOST_QEMU=$CACHE/qemu-vhost/bin/qemu-system-x86_64
+# Stock QEMU >= 10.2 (ci/guest/build-qemu.sh): the frontend of every row,
+# QEMU built-in and virtiofsd included, so the peers share one QEMU. Its
+# firmware is Debian's (-L).
+QEMU=$CACHE/qemu-stock/bin/qemu-system-x86_64
+QEMU_FW=(-L /usr/share/qemu -L /usr/share/seabios)
+[ -x "$QEMU" ] || { log "no stock QEMU at $QEMU (ci/guest/build-qemu.sh)"; exit 1; }
 tools=$CACHE/tools/current
 PJD=$CACHE/pjdfstest/bin/pjdfstest
 
@@ -288,18 +285,12 @@ run_row() {
         elif grep -q -- '--no-packed-ring' <<<"$ours_help"; then
             ring=(--no-packed-ring)
         fi
-        if [ -n "$vhost_qemu_err" ] || [ ! -x "$VHOST_QEMU" ]; then
-            echo "not available: ${vhost_qemu_err:-no rebuilt QEMU at $VHOST_QEMU}" >"$dir/status"
-            return
-        fi
-        qemu=$VHOST_QEMU
         RUST_LOG=${RUST_LOG:-debug} "$ours_bin" --socket-path "$sock" --shared-dir "$share" --tag share \
             "${model[@]}" "${ring[@]}" "${ours_log[@]}" >"$dir/server.log" 2>&1 &
         server_pid=$!
         extra=(-object memory-backend-memfd,id=mem,size=512M,share=on
             -chardev "socket,id=vu,path=$sock"
-            -device "vhost-user-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024"
-            -L /usr/share/qemu -L /usr/share/seabios)
+            -device "vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024")
         ;;
     virtiofsd)
         # virtio-fs, the other way to share a folder: stock QEMU's
@@ -342,7 +333,7 @@ run_row() {
         -machine "$machine" -cpu max -m 512M -smp 1 -display none -no-reboot \
         -serial "file:$dir/console.log" -monitor none \
         -kernel "$KERNEL" -initrd "$out/initrd.img" -append "$append" \
-        "${extra[@]}" >"$dir/qemu.log" 2>&1
+        "${QEMU_FW[@]}" "${extra[@]}" >"$dir/qemu.log" 2>&1
     rc=$?
     echo "$(( $(date +%s) - t0 ))" >"$dir/seconds"
     cleanup
@@ -371,6 +362,7 @@ run_row() {
 }
 
 echo "$KERNEL" >"$out/kernel"
+echo "$("$QEMU" --version | head -1) stock, $QEMU" >"$out/qemu"
 for s in "${server_list[@]}"; do
     run_row "$s"
 done
@@ -448,6 +440,7 @@ base_read=${R_READ[qemu]:--}
 base_write=${R_WRITE[qemu]:--}
 printf '\n9p guest conformance (kernel %s, TCG, msize=512000, %s MiB dd, %s)\n' \
     "$(basename "$KERNEL" | sed 's/^vmlinuz-//')" "$mib" "$(date -u +%Y-%m-%dT%H:%MZ)"
+printf 'frontend of every row: %s\n' "$(cat "$out/qemu" 2>/dev/null || echo unknown)"
 fmt='%-17s | %-9s | %-16s | %-13s | %-13s | %-14s | %-16s | %s\n'
 printf "$fmt" server POSIX "pjdfstest p/f/s" "dd read MiB/s" "dd write MiB/s" "vs qemu r / w" "4x dd read MiB/s" notes
 printf "$fmt" ----------------- --------- ---------------- ------------- ------------- -------------- ---------------- -----

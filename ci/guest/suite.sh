@@ -92,15 +92,15 @@ if [ "$report_only" -eq 1 ]; then
     KERNEL=$(cat "$out/kernel" 2>/dev/null || echo unknown)
 else
 # ---------------------------------------------------------------- preparation
-need_vhost=0
-case ",$servers," in *,ours-vhost*) need_vhost=1 ;; esac
-prep=(--kernel "$kernel")
-[ "$need_vhost" -eq 1 ] || prep+=(--no-vhost-qemu)
-bash "$here/prepare.sh" "${prep[@]}" || { log "preparation failed"; exit 1; }
+# Every row runs on the stock QEMU that build-qemu.sh builds (prepare.sh).
+bash "$here/prepare.sh" --kernel "$kernel" || { log "preparation failed"; exit 1; }
 eval "$(bash "$here/fetch-kernel.sh" "$kernel")" # KERNEL=, INITRAMFS=
 eval "$(bash "$here/tooldisk.sh" "$kernel" | tail -1)" # TOOLDISK=
-QEMU=$(command -v qemu-system-x86_64)
-VHOST_QEMU=$CACHE/qemu-vhost/bin/qemu-system-x86_64
+# Stock QEMU >= 10.2 (ci/guest/build-qemu.sh) for every row, QEMU built-in
+# and virtiofsd included; Debian's firmware (-L).
+QEMU=$CACHE/qemu-stock/bin/qemu-system-x86_64
+QEMU_FW=(-L /usr/share/qemu -L /usr/share/seabios)
+[ -x "$QEMU" ] || { log "no stock QEMU at $QEMU (ci/guest/build-qemu.sh)"; exit 1; }
 virtiofsd_bin=
 case ",$servers," in *,virtiofsd,*)
     virtiofsd_bin=$(bash "$here/install-virtiofsd.sh" | tail -1) || virtiofsd_bin= ;;
@@ -110,6 +110,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 log "logs and results in $out"
 echo "$KERNEL" >"$out/kernel"
+echo "$("$QEMU" --version | head -1) stock, $QEMU" >"$out/qemu"
 echo "$sel" >"$out/selection"
 echo "$reps" >"$out/reps"
 
@@ -292,13 +293,11 @@ run_row() {
         ;;
     ours-vhost|ours-vhost-packed|ours-vhost-mapped)
         [ -n "$ours_bin" ] || { echo "not available: $ours_err" >"$dir/status"; return; }
-        [ -x "$VHOST_QEMU" ] || { echo "not available: no rebuilt QEMU at $VHOST_QEMU" >"$dir/status"; return; }
-        qemu=$VHOST_QEMU
         machine=q35,memory-backend=mem
         local flags=()
         [ "$name" = ours-vhost-packed ] || flags+=(--no-packed-ring)
         [ "$name" = ours-vhost-mapped ] && flags+=(--security-model mapped-xattr)
-        extra=("${vhost_mem[@]}" -L /usr/share/qemu -L /usr/share/seabios)
+        extra=("${vhost_mem[@]}")
         for i in "${!shares[@]}"; do
             sock=$dir/vu-$i.sock tag=${tags[$i]}
             RUST_LOG=${RUST_LOG:-info} "$ours_bin" --socket-path "$sock" --shared-dir "$dir/share-${shares[$i]}" \
@@ -306,7 +305,7 @@ run_row() {
             pid=$!; pids+=("$pid")
             wait_for_socket "$sock" "$pid" || { echo "server failed: virtio-9p-server for $tag" >"$dir/status"; cleanup; return; }
             extra+=(-chardev "socket,id=vu$i,path=$sock"
-                -device "vhost-user-device-pci,chardev=vu$i,virtio-id=9,num_vqs=1,config_size=$((2 + ${#tag})),vq_size=1024")
+                -device "vhost-user-test-device-pci,chardev=vu$i,virtio-id=9,num_vqs=1,config_size=$((2 + ${#tag})),vq_size=1024")
         done
         ;;
     virtiofsd)
@@ -346,7 +345,7 @@ run_row() {
         -kernel "$KERNEL" -initrd "$out/initrd.img" -append "$append" \
         -drive "file=$TOOLDISK,if=none,id=tool,format=raw,snapshot=on" -device ide-hd,drive=tool,bus=ide.0 \
         -drive "file=$dir/results.img,if=none,id=res,format=raw" -device ide-hd,drive=res,bus=ide.1 \
-        "${extra[@]}" >"$dir/qemu.log" 2>&1 &
+        "${QEMU_FW[@]}" "${extra[@]}" >"$dir/qemu.log" 2>&1 &
     # In the background, so a signal to this script ends the guest too.
     local qpid=$!
     local cpoll= p servers=()
@@ -418,6 +417,7 @@ if [ "$suite" = xfstests ]; then
     nexcl=$(sed 's/#.*//' "$here/xfstests-exclude" | grep -c '[a-z]' || true)
     printf '\nxfstests in the guest (kernel %s, TCG, selection %s, %s excluded, %s)\n' \
         "$kname" "$(awk -F, '{ print (NF > 4 ? NF " tests from " $1 : $0) }' "$out/selection" 2>/dev/null)" "$nexcl" "$(date -u +%Y-%m-%dT%H:%MZ)"
+    printf 'frontend of every row: %s\n' "$(cat "$out/qemu" 2>/dev/null || echo unknown)"
     fmt='%-17s | %5s | %6s | %6s | %6s | %7s | %s\n'
     printf "$fmt" server ran passed failed notrun seconds notes
     printf "$fmt" ----------------- ----- ------ ------ ------ ------- -----
@@ -509,6 +509,7 @@ else
     ratio() { awk -v v="$1" -v b="$2" 'BEGIN { if (v !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 == 0) print "-"; else printf "%.2f", v / b }'; }
     printf '\nworkloads in the guest (kernel %s, TCG, 1 vCPU, median of %s, seconds; (x qemu / x virtiofsd), %s)\n' \
         "$kname" "$(cat "$out/reps" 2>/dev/null || echo 3)" "$(date -u +%Y-%m-%dT%H:%MZ)"
+    printf 'frontend of every row: %s\n' "$(cat "$out/qemu" 2>/dev/null || echo unknown)"
     printf 'strict: 9p cache=mmap, virtio-fs cache=never; cached: 9p cache=loose, virtio-fs cache=auto\n\n'
     hdr="| setting | workload |"; sep="|---|---|"
     for s in "${server_list[@]}"; do hdr="$hdr $s |"; sep="$sep---|"; done

@@ -1,0 +1,276 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+# Reproduces, on one QEMU binary, the five failures of hw/virtio/
+# vhost-user-base.c that ci/guest/qemu-patches fixes, with our daemon as the
+# vhost-user back-end and `-device vhost-user-test-device-pci` (QEMU >= 10.2):
+#   query    0001: QMP x-query-virtio-status on the running device
+#   early    0002: the back-end dies before the guest's driver started the
+#            device (QEMU paused with -S, so no driver ever runs)
+#   rebind   0003: the back-end dies, then the guest unbinds and rebinds
+#            9pnet_virtio (the probe reads the config space)
+#   start    0004: start with `-chardev socket,...,reconnect-ms=500`
+#   restart  0005: the back-end dies and a new one starts on the socket,
+#            with reconnect-ms; the device is hot-added over QMP (behind a
+#            pcie-root-port) after the chardev connected, so that stock
+#            QEMU's realize does not fail first (that is 0004)
+# Each scenario passes when QEMU is still running at its end and did what
+# the scenario needs (answered, rebound, booted, re-started the device in
+# the new daemon); it fails with QEMU's last words otherwise. Run it on the
+# stock binary to see the bugs, on the patched one to see the fixes.
+#
+# Usage: ci/guest/qemu-repro.sh [--qemu PATH] [--server-bin PATH]
+#                               [--out DIR] [SCENARIO...]
+#   --qemu PATH        default: build-qemu.sh's stock binary
+#   --server-bin PATH  our daemon (default: cargo build --release)
+#   SCENARIO           query, early, rebind, start, restart (default: all)
+# Exit status: 0 when every scenario passed, 1 otherwise.
+set -uo pipefail
+{
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
+export VIRTIO_9P_CI_CACHE=$CACHE
+qemu=
+server_bin=
+out=
+scenarios=()
+while [ $# -gt 0 ]; do
+    case $1 in
+        --qemu) qemu=$2; shift ;;
+        --server-bin) server_bin=$2; shift ;;
+        --out) out=$2; shift ;;
+        -h|--help) awk 'NR > 1 && /^set / { exit } NR > 1' "$0"; exit 0 ;;
+        query|early|rebind|start|restart) scenarios+=("$1") ;;
+        *) echo "qemu-repro.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(query early rebind start restart)
+log() { echo "qemu-repro: $(date -u +%H:%M:%S) $*" >&2; }
+
+eval "$(bash "$here/fetch-kernel.sh" 6.12)" || { log "fetch-kernel.sh failed"; exit 1; }
+if [ -z "$qemu" ]; then
+    qemu=$(bash "$here/build-qemu.sh" --stock-only | tail -1) || { log "build-qemu.sh failed"; exit 1; }
+fi
+[ -x "$qemu" ] || { log "no QEMU at $qemu"; exit 1; }
+if [ -z "$server_bin" ]; then
+    tdir=${CARGO_TARGET_DIR:-$repo/target}
+    (cd "$repo" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server) >&2 \
+        || { log "cargo build failed"; exit 1; }
+    server_bin=$tdir/release/virtio-9p-server
+fi
+[ -n "$out" ] || out=$(mktemp -d /tmp/virtio-9p-qemu-repro.XXXXXX)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+# The guest's /ci/run: what it does depends on REPRO= on its command line.
+payload=$out/payload
+mkdir -p "$payload/ci"
+cat >"$payload/ci/run" <<'GUEST'
+#!/bin/sh
+sc=$(sed -n 's/.*REPRO=\([a-z]*\).*/\1/p' /proc/cmdline)
+echo "REPRO-UP $sc"
+mkdir -p /mnt
+opts=trans=virtio,version=9p2000.L,msize=512000,access=client
+# rebind: no mount, so that nothing holds the channel when the driver is
+# unbound (the probe at boot already read the config space).
+if [ "$sc" != rebind ]; then
+    if mount -t 9p -o "$opts" share /mnt && ls /mnt >/dev/null; then
+        echo "REPRO-MOUNTED"
+    else
+        echo "REPRO-MOUNT-FAILED"
+    fi
+fi
+dev=$(basename "$(readlink -f /sys/bus/virtio/drivers/9pnet_virtio/virtio*)")
+echo "REPRO-READY $dev"
+case $sc in
+rebind)
+    sleep 8 # the host kills the back-end meanwhile
+    echo "$dev" >/sys/bus/virtio/drivers/9pnet_virtio/unbind
+    echo "REPRO-UNBOUND rc=$?"
+    echo "$dev" >/sys/bus/virtio/drivers/9pnet_virtio/bind
+    echo "REPRO-REBOUND rc=$?"
+    ;;
+query|restart)
+    sleep 25
+    ;;
+esac
+echo "REPRO-END"
+GUEST
+chmod 0755 "$payload/ci/run"
+(cd "$payload" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$out/payload.cpio.gz"
+cat "$INITRAMFS" "$out/payload.cpio.gz" >"$out/initrd.img"
+
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do
+        kill -KILL -- "-$p" 2>/dev/null
+        kill -KILL "$p" 2>/dev/null
+        wait "$p" 2>/dev/null
+    done
+    pids=()
+    return 0
+}
+trap cleanup EXIT INT TERM
+
+daemon() { # dir n -> DPID (own process group, so one kill reaches all of it)
+    RUST_LOG=debug setsid "$server_bin" --socket-path "$1/vu.sock" --shared-dir "$1/share" \
+        --tag share --no-packed-ring --keep-serving --log-level debug >"$1/server-$2.log" 2>&1 &
+    DPID=$!
+    pids+=("$DPID")
+    local i=0
+    until grep -q 'vhost-user socket' "$1/server-$2.log" 2>/dev/null; do
+        kill -0 "$DPID" 2>/dev/null || return 1
+        [ $i -lt 200 ] || return 1
+        sleep 0.05
+        i=$((i + 1))
+    done
+}
+qmp() { # dir json -> the answer (JSON) on stdout
+    python3 - "$1/qmp.sock" "$2" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+json.loads(f.readline())
+def cmd(c):
+    f.write(json.dumps(c) + "\n"); f.flush()
+    while True:
+        r = json.loads(f.readline())
+        if "return" in r or "error" in r:
+            return r
+cmd({"execute": "qmp_capabilities"})
+print(json.dumps(cmd(json.loads(sys.argv[2]))))
+PY
+}
+wait_for() { # file regex seconds -> 0 when a line matches; 1 at timeout or QEMU exit
+    local i=0
+    while [ $i -lt $(($3 * 10)) ]; do
+        grep -qE "$2" "$1" 2>/dev/null && return 0
+        kill -0 "$QPID" 2>/dev/null || return 1
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+alive() { kill -0 "$QPID" 2>/dev/null; }
+last_words() { tail -c 400 "$1/qemu.log" | tr '\n' ' '; }
+
+declare -A RESULT
+run() { # scenario
+    local sc=$1 dir=$out/$1
+    rm -rf "$dir"
+    mkdir -p "$dir/share"
+    daemon "$dir" 1 || { RESULT[$sc]="FAIL: daemon did not start"; return; }
+    local chr="socket,id=vu,path=$dir/vu.sock"
+    local dev="vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024"
+    local extra=(-chardev "$chr" -device "$dev") paused=()
+    case $sc in
+        early) paused=(-S) ;;
+        start) extra=(-chardev "$chr,reconnect-ms=500" -device "$dev") ;;
+        restart)
+            paused=(-S)
+            extra=(-chardev "$chr,reconnect-ms=500" -device pcie-root-port,id=rp0,chassis=1) ;;
+    esac
+    log "$sc: booting"
+    setsid "$qemu" -nodefaults -no-user-config -accel tcg \
+        -machine q35,memory-backend=mem -cpu max -m 512M -smp 1 -display none -no-reboot \
+        -object memory-backend-memfd,id=mem,size=512M,share=on \
+        -serial "file:$dir/console.log" -monitor none -qmp "unix:$dir/qmp.sock,server=on,wait=off" \
+        -L /usr/share/qemu -L /usr/share/seabios "${paused[@]}" "${extra[@]}" \
+        -kernel "$KERNEL" -initrd "$out/initrd.img" \
+        -append "console=ttyS0 loglevel=4 panic=-1 no_timer_check REPRO=$sc" \
+        >"$dir/qemu.log" 2>&1 &
+    QPID=$!
+    pids+=("$QPID")
+    local i=0
+    until [ -S "$dir/qmp.sock" ]; do
+        alive || break
+        [ $i -lt 100 ] || break
+        sleep 0.1
+        i=$((i + 1))
+    done
+    case $sc in
+    query)
+        if ! wait_for "$dir/console.log" '^REPRO-READY' 120; then
+            RESULT[$sc]="FAIL: no guest (QEMU: $(last_words "$dir"))"
+        else
+            local path ans
+            path=$(qmp "$dir" '{"execute":"x-query-virtio"}' \
+                | python3 -c 'import json,sys; r=json.load(sys.stdin)["return"]; print(r[0]["path"] if r else "")')
+            ans=$(qmp "$dir" "{\"execute\":\"x-query-virtio-status\",\"arguments\":{\"path\":\"$path\"}}" 2>&1)
+            sleep 1
+            echo "$ans" >"$dir/answer.json"
+            if alive && grep -q '"vhost-dev"' <<<"$ans"; then
+                RESULT[$sc]="ok: x-query-virtio-status answered ($(python3 -c 'import json,sys; r=json.load(sys.stdin)["return"]; print("started %s, vhost-dev nvqs %s" % (r["started"], r["vhost-dev"]["nvqs"]))' <<<"$ans"))"
+            else
+                RESULT[$sc]="FAIL: QEMU $(alive && echo 'answered without vhost-dev' || echo "died ($(wait "$QPID"; echo "exit $?")): $(last_words "$dir")")"
+            fi
+        fi
+        ;;
+    early)
+        sleep 1
+        kill -KILL -- "-$DPID"
+        sleep 3
+        if alive && qmp "$dir" '{"execute":"query-status"}' | grep -q '"status"'; then
+            RESULT[$sc]="ok: QEMU runs on after the back-end died before the driver started"
+        else
+            RESULT[$sc]="FAIL: QEMU died ($(wait "$QPID"; echo "exit $?")): $(last_words "$dir")"
+        fi
+        ;;
+    rebind)
+        if ! wait_for "$dir/console.log" '^REPRO-READY' 120; then
+            RESULT[$sc]="FAIL: no guest (QEMU: $(last_words "$dir"))"
+        else
+            kill -KILL -- "-$DPID"
+            wait_for "$dir/console.log" '^REPRO-END' 60
+            # At its end the guest powers off: QEMU exits 0 (-no-reboot).
+            if grep -q '^REPRO-END' "$dir/console.log" && { alive || { wait "$QPID"; [ $? -eq 0 ]; }; }; then
+                RESULT[$sc]="ok: $(grep -E '^REPRO-(UN|RE)BOUND' "$dir/console.log" | tr -d '\r' | tr '\n' ' ')"
+            else
+                RESULT[$sc]="FAIL: QEMU died ($(alive || { wait "$QPID"; echo "exit $?"; })): $(last_words "$dir")"
+            fi
+        fi
+        ;;
+    start)
+        if wait_for "$dir/console.log" '^REPRO-MOUNTED' 120; then
+            RESULT[$sc]="ok: booted and mounted with reconnect-ms"
+        else
+            RESULT[$sc]="FAIL: QEMU $(alive && echo 'runs but the guest did not mount' || echo "exited ($(wait "$QPID"; echo "exit $?")): $(last_words "$dir")")"
+        fi
+        ;;
+    restart)
+        sleep 2 # the chardev connects in the background
+        qmp "$dir" "{\"execute\":\"device_add\",\"arguments\":{\"driver\":\"vhost-user-test-device-pci\",\"bus\":\"rp0\",\"chardev\":\"vu\",\"virtio-id\":9,\"num_vqs\":1,\"config_size\":7,\"vq_size\":1024}}" >"$dir/device_add.json"
+        qmp "$dir" '{"execute":"cont"}' >/dev/null
+        if ! wait_for "$dir/console.log" '^REPRO-READY' 120; then
+            RESULT[$sc]="FAIL: no guest ($(cat "$dir/device_add.json"); QEMU: $(last_words "$dir"))"
+        else
+            kill -KILL -- "-$DPID"
+            sleep 1
+            daemon "$dir" 2 || { RESULT[$sc]="FAIL: daemon 2 did not start"; cleanup; return; }
+            if wait_for "$dir/server-2.log" 'acked features' 30 && sleep 2 && alive; then
+                RESULT[$sc]="ok: the new daemon got the device (\"driver acked features\")"
+            else
+                RESULT[$sc]="FAIL: QEMU $(alive && echo 'runs, but the new daemon never got the device' || echo "died ($(wait "$QPID"; echo "exit $?")): $(last_words "$dir")")"
+            fi
+        fi
+        ;;
+    esac
+    cleanup
+}
+
+for sc in "${scenarios[@]}"; do
+    run "$sc"
+done
+echo "QEMU: $("$qemu" --version | head -1) ($qemu)"
+rc=0
+for sc in "${scenarios[@]}"; do
+    printf '%-8s %s\n' "$sc" "${RESULT[$sc]}"
+    case ${RESULT[$sc]} in ok:*) ;; *) rc=1 ;; esac
+done
+echo "logs: $out"
+exit $rc
+}
