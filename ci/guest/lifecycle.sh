@@ -231,7 +231,7 @@ install -m 0755 "$tools/lifecycle" "$tools/posix-suite" "$payload_dir/ci/bin/"
 (cd "$payload_dir" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$out/payload.cpio.gz"
 cat "$INITRAMFS" "$out/payload.cpio.gz" >"$out/initrd.img"
 echo "$KERNEL" >"$out/kernel"
-echo "$("$QEMU" --version | head -1) stock, $QEMU" >"$out/qemu"
+echo "$("$QEMU" --version | head -1) stock, $QEMU" >"$out/frontend"
 echo "$cycles" >"$out/cycles"
 date -u +%Y-%m-%dT%H:%MZ >"$out/date"
 
@@ -607,7 +607,7 @@ col() { # scenario -> result cell of row $s
 }
 printf '\n9p guest lifecycle (kernel %s, TCG, %s stop/cont cycles, %s)\n' \
     "$(basename "$KERNEL" | sed 's/^vmlinuz-//')" "$cycles" "$(cat "$out/date" 2>/dev/null || date -u +%Y-%m-%dT%H:%MZ)"
-printf 'frontend of every row: %s\n' "$(cat "$out/qemu" 2>/dev/null || echo unknown)"
+printf 'frontend of every row: %s\n' "$(cat "$out/frontend" 2>/dev/null || echo unknown)"
 fmt='%-17s | %-16s | %-17s | %-16s | %-31s | %s\n'
 # shellcheck disable=SC2059 # one format for every line of the table
 printf "$fmt" server "(a) pause/resume" "(b) unbind/rebind" "(c) system_reset" "lock grant: plain / across pauses" notes
