@@ -126,12 +126,16 @@ enum Rejoin {
     Used,
     /// As QEMU 10 does: a packed ring at the stale base it last knew.
     Qemu,
+    /// At available index 0, as QEMU does when it never processed the
+    /// ring itself (its `last_avail_idx` after a lost back-end).
+    Zero,
 }
 
 fn rejoin(vmm: &mut FakeVmm, sock: &Path, how: Rejoin) {
     match how {
         Rejoin::Used => vmm.reconnect(sock).unwrap(),
         Rejoin::Qemu => vmm.reconnect_like_qemu(sock).unwrap(),
+        Rejoin::Zero => vmm.reconnect_at(sock, 0).unwrap(),
     }
 }
 
@@ -243,6 +247,15 @@ fn sigkill_keeps_the_session(ring: Ring, how: Rejoin) {
         assert!(Instant::now() < deadline, "the crash state stayed");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The split ring rejoined at available index 0, more than a ring behind
+/// the used index (about 400 requests on a 256-entry ring): the device
+/// starts at the used index (it cannot have used chains it never took)
+/// rather than finding the ring broken.
+#[test]
+fn test_sigkill_keeps_the_session_on_a_split_ring_rejoined_at_base_0() {
+    sigkill_keeps_the_session(Ring::Split, Rejoin::Zero);
 }
 
 #[test]

@@ -628,6 +628,24 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                         }
                     }
                 }
+                if !self.packed() && self.taken_over.load(Ordering::Acquire) {
+                    // A split ring taken over from a predecessor (a kill
+                    // or a handover) started at an available index behind
+                    // its used index: the device cannot have used chains
+                    // it never took, so the base is stale (a frontend that
+                    // lost its back-end and knows no better position, as
+                    // QEMU's `last_avail_idx` of 0 for a ring it never
+                    // processed). Its own rewind target is the used index.
+                    let queue = st.get_queue_mut();
+                    let (avail, used) = (queue.next_avail(), queue.next_used());
+                    let behind = used.wrapping_sub(avail);
+                    if behind != 0 && behind < 0x8000 {
+                        warn!(
+                            "virtio-9p: the ring was started at available index {avail}, behind its used index {used}: it starts at {used}"
+                        );
+                        queue.set_next_avail(used);
+                    }
+                }
                 if let Err(e) = self.inflight(q, st.get_queue()) {
                     error!("virtio-9p: no in-flight table, requests are not kept crash-safe: {e}");
                 }

@@ -363,7 +363,10 @@ impl FakeVmm {
         self.reconnect_at(path, base)
     }
 
-    fn reconnect_at(&mut self, path: &Path, base: u16) -> MockResult<()> {
+    /// [`FakeVmm::reconnect`] with SET_VRING_BASE at `base`: any value,
+    /// for a frontend whose base is stale (QEMU's `last_avail_idx` of a
+    /// ring it never processed is 0) or wrong.
+    pub fn reconnect_at(&mut self, path: &Path, base: u16) -> MockResult<()> {
         let (mut frontend, _) = open_frontend(path)?;
         let proto = frontend.get_protocol_features()?;
         frontend.set_protocol_features(proto)?;
