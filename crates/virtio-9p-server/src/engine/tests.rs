@@ -340,6 +340,76 @@ fn test_drain_ends_waits_and_waits_for_running_calls() {
 }
 
 #[test]
+fn test_pause_keeps_waiters_held_until_resumed_or_discarded() {
+    let mut e = engine(1);
+    // A lock-like waiter: it tries only when its waits are not held,
+    // counting its attempts, and succeeds once `free` is set.
+    let free = Arc::new(AtomicUsize::new(0));
+    let tries = Arc::new(AtomicUsize::new(0));
+    let waiter = Cancel::new();
+    let (token, f, t) = (waiter.clone(), Arc::clone(&free), Arc::clone(&tries));
+    e.spawn(1, Some(1), waiter, move || loop {
+        if token.is_cancelled() {
+            return 0;
+        }
+        if !token.waits_held() {
+            t.fetch_add(1, Ordering::SeqCst);
+            if f.load(Ordering::SeqCst) == 1 {
+                return 7;
+            }
+        }
+        sleep(Duration::from_millis(5));
+    })
+    .unwrap();
+    // A call running on the worker finishes before the pause returns.
+    e.spawn(2, Some(2), Cancel::new(), || {
+        let r: io::Result<u32> = offload(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            Ok(9)
+        });
+        r.unwrap_or(0)
+    })
+    .unwrap();
+    assert_eq!(e.pause(|| false), 1, "the waiter is kept");
+    let mut out = Vec::new();
+    e.take_completed(&mut out);
+    assert_eq!(out, vec![(2, 9)]);
+    // Held: no attempt, even when the lock is free, however long.
+    free.store(1, Ordering::SeqCst);
+    let before = tries.load(Ordering::SeqCst);
+    let until = Instant::now() + Duration::from_millis(100);
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+        e.poll();
+    }
+    assert_eq!(tries.load(Ordering::SeqCst), before, "a held waiter tried");
+    e.take_completed(&mut out);
+    assert_eq!(out, vec![(2, 9)], "a held waiter finished");
+    // Resumed: it tries at once and finishes.
+    e.resume_waits();
+    e.take_completed(&mut out);
+    assert_eq!(out, vec![(2, 9), (1, 7)]);
+
+    // Paused again, then discarded: abandoned before it is cancelled.
+    let waiter = Cancel::new();
+    let token = waiter.clone();
+    let seen = waiter.clone();
+    e.spawn(3, Some(3), waiter, move || loop {
+        if token.is_cancelled() {
+            return if token.is_gone() { 0 } else { 99 };
+        }
+        sleep(Duration::from_millis(5));
+    })
+    .unwrap();
+    assert_eq!(e.pause(|| false), 1);
+    assert_eq!(e.discard(), 0);
+    assert!(seen.is_gone() && seen.is_abandoned());
+    out.clear();
+    e.take_completed(&mut out);
+    assert_eq!(out, vec![(3, 0)]);
+}
+
+#[test]
 fn test_drain_gives_up_when_told() {
     let (mut e, gate) = stuck_engine();
     assert_eq!(e.drain(|| true), 1);

@@ -146,8 +146,9 @@ pub struct Config {
     pub max_xattr_size: usize,
     /// How long a blocking Tlock (`FLAGS_BLOCK`) waits for the lock before
     /// answering `BLOCKED`. `None` (the default) waits until the lock is
-    /// granted, the request is flushed, the device stops
-    /// ([`Cancel::end_waits`]) or the session ends: the Linux client
+    /// granted, the request is flushed, the device is handed over
+    /// ([`Cancel::end_waits`]) or the session ends (a pause of the device
+    /// keeps it waiting, see [`Cancel::hold_waits`]): the Linux client
     /// sleeps its `locktimeout` (30 s) after every `BLOCKED`, so waiting
     /// here is what makes a released lock reach a waiting guest at once.
     /// With the [`Inline`](crate::Inline) executor a waiting Tlock holds the calling

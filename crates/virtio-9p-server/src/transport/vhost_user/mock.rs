@@ -135,6 +135,8 @@ pub struct Submitted {
     /// The chain's head index (split) or buffer id (packed): what the
     /// used ring names it by.
     pub head: u16,
+    /// Guest address of the request (contiguous).
+    pub request_addr: u64,
     /// Guest address of the reply buffer (contiguous).
     pub reply_addr: u64,
     /// Its length.
@@ -274,6 +276,12 @@ impl FakeVmm {
         u32::from(self.driver.ring().avail_base())
     }
 
+    /// Sets the queue size the next [`FakeVmm::restart_ring`] sends
+    /// (SET_VRING_NUM), as a rebooted driver may choose another.
+    pub fn set_queue_size(&mut self, size: u16) {
+        self.opts.queue_size = size;
+    }
+
     /// Starts the stopped ring again from scratch, as a driver does after
     /// a reset: fresh rings at base 0 in the same memory, new kick and
     /// call eventfds, enable. Chains that were in flight are forgotten.
@@ -355,7 +363,10 @@ impl FakeVmm {
         self.reconnect_at(path, base)
     }
 
-    fn reconnect_at(&mut self, path: &Path, base: u16) -> MockResult<()> {
+    /// [`FakeVmm::reconnect`] with SET_VRING_BASE at `base`: any value,
+    /// for a frontend whose base is stale (QEMU's `last_avail_idx` of a
+    /// ring it never processed is 0) or wrong.
+    pub fn reconnect_at(&mut self, path: &Path, base: u16) -> MockResult<()> {
         let (mut frontend, _) = open_frontend(path)?;
         let proto = frontend.get_protocol_features()?;
         frontend.set_protocol_features(proto)?;
@@ -594,6 +605,7 @@ impl FakeVmm {
             .add_chain_placed(ring_layout, &bufs, &addrs, table)?;
         let sub = Submitted {
             head: chain.head,
+            request_addr: req_addr,
             reply_addr,
             reply_len,
         };
