@@ -106,7 +106,7 @@ fn harden(
         run_test_hook(hook);
     }
     let config = {
-        let mut cfg = Config::default();
+        let mut cfg = Config::sized_to_process();
         cfg.msize_max = cli.msize_max;
         cfg.max_open_fids = max_open_fids;
         cfg
