@@ -463,3 +463,72 @@ fn test_device_refuses_bad_construction() {
     let bad_size = Device::<_, Mem>::new(server, "share", &e);
     assert!(matches!(bad_size, Err(Error::QueueSize(1000))));
 }
+
+/// A thread handed over to [`Device::run`]: the device serves kicks until
+/// the stop eventfd fires, then pauses and snapshots on its thread.
+fn run_on_thread(packed: bool) {
+    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+    let dir = tempfile::tempdir().unwrap();
+    let mem = guest_memory(4 << 20);
+    let mut d = Driver::new(packed, &mem);
+    // Without event-idx every used round raises the interrupt (with it,
+    // the split mock would have to move its used event along).
+    let (features, queue) = (d.features() & !(1 << 29), d.queue());
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let stop = EventFd::new(EFD_NONBLOCK).unwrap();
+    let irq = EventFd::new(EFD_NONBLOCK).unwrap();
+    let (k, s, i) = (
+        kick.try_clone().unwrap(),
+        stop.try_clone().unwrap(),
+        irq.try_clone().unwrap(),
+    );
+    let (m, path) = (mem.clone(), dir.path().to_path_buf());
+    let device = std::thread::spawn(move || -> Result<Vec<u8>, Error> {
+        let fs = PassthroughFs::new(PassthroughConfig::new(path))?;
+        let server = Arc::new(Server::new(fs, Config::default())?);
+        let mut dev: Device<_, Mem> = Device::new(server, "share", &engine())?;
+        dev.ack_features(features)?;
+        let raise = Box::new(move || {
+            i.write(1).unwrap();
+        });
+        dev.activate(GuestMemoryAtomic::new(m), queue, raise)?;
+        dev.run(&k, &s)?;
+        dev.pause()?;
+        dev.snapshot()
+    });
+    for (tag, msg) in [(1, version()), (2, attach()), (3, getattr(0))] {
+        let chain = d.add(msg, tag);
+        kick.write(1).unwrap();
+        let reply = loop {
+            let mut pfd = libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&irq),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the duration of the call.
+            let ready = unsafe { libc::poll(&mut pfd, 1, 10_000) };
+            assert_eq!(ready, 1, "no interrupt");
+            let _ = irq.read();
+            if let Some(&(_, len)) = d.used().first() {
+                let bytes = d.writable(&chain);
+                break Rmessage::decode_frame(&bytes[..len as usize], MSIZE)
+                    .unwrap()
+                    .1;
+            }
+        };
+        assert!(!matches!(reply, Rmessage::Lerror(_)), "{reply:?}");
+    }
+    stop.write(1).unwrap();
+    let snap = device.join().unwrap().unwrap();
+    assert!(snap.starts_with(b"V9PDEV"));
+}
+
+#[test]
+fn test_device_run_on_a_handed_over_thread_split() {
+    run_on_thread(false);
+}
+
+#[test]
+fn test_device_run_on_a_handed_over_thread_packed() {
+    run_on_thread(true);
+}
