@@ -42,4 +42,10 @@ if "$bin" --help 2>&1 | grep -q -- '--test-hook'; then
     echo "lib-deps: --help shows the hidden --test-hook" >&2
     exit 1
 fi
+# The integration tests need the hidden flag in this build.
+out=$("$bin" --shared-dir / --listen unix:/nonexistent/x --test-hook probe:/ 2>&1) || true
+if grep -q "unexpected argument '--test-hook'" <<<"$out"; then
+    echo "lib-deps: the daemon binary refuses --test-hook: $out" >&2
+    exit 1
+fi
 echo "lib-deps: daemon binary built, --test-hook hidden"

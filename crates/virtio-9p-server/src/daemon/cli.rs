@@ -136,6 +136,7 @@ pub struct Hardening {
     /// sees of a path or its mapping budget, waits for a byte on stdin,
     /// or makes one syscall the filter forbids (which kills the daemon).
     /// None widens the sandbox or reaches a guest.
+    #[arg(long, value_name = "HOOK", hide = true)]
     pub test_hook: Vec<String>,
 }
 
