@@ -14,36 +14,26 @@ use std::io::{Error, Result};
 use virtio_9p_server::client::{Client, Transport};
 use virtio_9p_server::virtio::{Device, DEVICE_FEATURES};
 use virtio_9p_server::{engine::EngineConfig, protocol::OpenFlags, *};
-use virtqueue_large::mock::{guest_memory, Layout::Direct, MockDriver, MockPackedDriver};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use virtqueue_large::mock::{guest_memory, Layout, MockDriver, MockPackedDriver, MockRing};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap as Mem};
 
-/// The guest: a driver of either layout; each 9P call is a chain and a kick.
+/// The guest, a driver of either layout: each 9P call is a chain and a kick.
 struct Guest<'m>(
-    Device<PassthroughFs, GuestMemoryMmap>,
-    MockDriver<'m, GuestMemoryMmap>,
-    Option<MockPackedDriver<'m, GuestMemoryMmap>>,
+    Device<PassthroughFs, Mem>,
+    Box<dyn MockRing<Memory = Mem> + 'm>,
 );
 
 impl Transport for Guest<'_> {
     fn call(&mut self, frame: &[u8]) -> Result<Vec<u8>> {
-        let Guest(dev, split, packed) = self;
-        let chain = match packed.as_mut() {
-            Some(p) => p.add_chain_with_data(Direct, &[frame], &[8192]),
-            None => split.add_chain_with_data(Direct, &[frame], &[8192]),
-        }
-        .map_err(Error::other)?;
+        let Guest(dev, ring) = self;
+        let chain = ring.add_chain_with_data(Layout::Direct, &[frame], &[8192]);
+        let chain = chain.map_err(Error::other)?;
         loop {
             // The kick, then the engine's fds: blocking calls run on workers.
             dev.process_queue().map_err(Error::other)?;
-            let len = match packed.as_mut() {
-                Some(p) => p.take_used().first().map(|u| u.1),
-                None => split.take_used().first().map(|u| u.1),
-            };
-            if let Some(len) = len {
-                let reply = packed
-                    .as_ref()
-                    .map_or_else(|| split.read_writable(&chain), |p| p.read_writable(&chain));
-                return Ok(reply.map_err(Error::other)?[..len as usize].to_vec());
+            if let Some(used) = ring.take_used_entries().first() {
+                let reply = ring.read_writable(&chain).map_err(Error::other)?;
+                return Ok(reply[..used.len as usize].to_vec());
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
@@ -55,29 +45,23 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     std::fs::write(dir.path().join("hello"), "hello from the host")?;
     for packed in [false, true] {
         let mem = guest_memory(16 << 20);
-        let server = Server::new(
-            PassthroughFs::new(PassthroughConfig::new(dir.path()))?,
-            Config::default(),
-        )?;
-        let mut dev = Device::new(
-            std::sync::Arc::new(server),
-            "share",
-            &EngineConfig::default(),
-        )?;
-        let (split, pk) = (
-            MockDriver::new(&mem, 1024),
-            packed.then(|| MockPackedDriver::new(&mem, 1024)),
-        );
-        dev.ack_features(DEVICE_FEATURES & !(u64::from(!packed) << 34))?; // VIRTIO_F_RING_PACKED
-        let queue = pk
-            .as_ref()
-            .map_or_else(|| split.create_queue(), |p| p.create_config_queue());
+        let ring: Box<dyn MockRing<Memory = Mem>> = match packed {
+            true => Box::new(MockPackedDriver::new(&mem, 1024)),
+            false => Box::new(MockDriver::new(&mem, 1024)),
+        };
+        // The VMM's side: the device, the driver's features, activation.
+        let fs = PassthroughFs::new(PassthroughConfig::new(dir.path()))?;
+        let server = std::sync::Arc::new(Server::new(fs, Config::default())?);
+        let mut dev = Device::new(server, "share", &EngineConfig::default())?;
+        dev.ack_features(DEVICE_FEATURES & !(u64::from(!packed) << 34))?; // RING_PACKED
+        let irq = Box::new(|| { /* raise the queue's MSI-X vector */ });
         dev.activate(
             GuestMemoryAtomic::new(mem.clone()),
-            queue,
-            Box::new(|| { /* raise the queue's MSI-X vector */ }),
+            ring.config_queue(),
+            irq,
         )?;
-        let mut guest = Client::new(Guest(dev, split, pk));
+
+        let mut guest = Client::new(Guest(dev, ring));
         guest.version(8192)?;
         guest.attach(0, 0)?;
         guest.walk(0, 1, &[b"hello"])?;
