@@ -130,7 +130,7 @@ esac
 if [ -z "$server_bin" ]; then
     tdir=${CARGO_TARGET_DIR:-$repo/target}
     log "building virtio-9p-server (release) into $tdir"
-    (cd "$repo" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server) >&2 \
+    (cd "$repo" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server --features daemon) >&2 \
         || { log "cargo build failed"; exit 1; }
     server_bin=$tdir/release/virtio-9p-server
 fi

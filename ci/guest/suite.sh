@@ -136,7 +136,7 @@ case ",$servers," in *,ours-*)
     else
         tdir=${CARGO_TARGET_DIR:-$repo/target}
         log "building virtio-9p-server (release) into $tdir"
-        if (cd "$repo" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server) \
+        if (cd "$repo" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server --features daemon) \
             >"$out/server-build.log" 2>&1; then
             ours_bin=$tdir/release/virtio-9p-server
         else

@@ -134,7 +134,8 @@ fn timed_preallocate(
     let opts = PreallocOptions::new().threads(threads).method(method);
     let cpu_start = cpu_seconds();
     let start = Instant::now();
-    let report = preallocate(map.addr.cast(), map.len, &opts)?;
+    // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
+    let report = unsafe { preallocate(map.addr.cast(), map.len, &opts) }?;
     let secs = start.elapsed().as_secs_f64();
     cpu.push(cpu_seconds() - cpu_start);
     if report.threads != threads || report.bytes != map.len as u64 {
@@ -164,8 +165,10 @@ fn ours_two_memfds(len: usize) -> BoxResult<f64> {
     );
     let opts = PreallocOptions::new().threads(1).method(Method::Auto);
     let start_time = Instant::now();
-    let job_a = start(map_a.addr.cast(), half, &opts)?;
-    let job_b = start(map_b.addr.cast(), half, &opts)?;
+    // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
+    let job_a = unsafe { start(map_a.addr.cast(), half, &opts) }?;
+    // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
+    let job_b = unsafe { start(map_b.addr.cast(), half, &opts) }?;
     let (report_a, report_b) = (job_a.join()?, job_b.join()?);
     let secs = start_time.elapsed().as_secs_f64();
     if report_a.bytes + report_b.bytes != 2 * half as u64 {
@@ -211,6 +214,7 @@ fn zero_resident(map: &Mapping, threads: usize) -> f64 {
             let to = ((i + 1) * per_thread).min(len);
             // SAFETY: each thread zeroes its own disjoint part of a mapping
             // the caller owns and nothing else reads meanwhile.
+            // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
             scope.spawn(move || unsafe { zero_pages(base + from, to - from) });
         }
     });
@@ -503,7 +507,8 @@ fn ours_huge(
     let opts = PreallocOptions::new().threads(threads).page_size(page);
     let cpu_start = cpu_seconds();
     let start = Instant::now();
-    let report = preallocate(map.addr.cast(), len, &opts)?;
+    // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
+    let report = unsafe { preallocate(map.addr.cast(), len, &opts) }?;
     let secs = start.elapsed().as_secs_f64();
     cpu.push(cpu_seconds() - cpu_start);
     if report.threads != threads || report.bytes != len as u64 || report.page_size != page {
@@ -523,11 +528,14 @@ fn zero_huge(
     cpu: &mut Vec<f64>,
 ) -> BoxResult<f64> {
     let (_file, map) = huge_mapping(mount, len)?;
-    preallocate(
-        map.addr.cast(),
-        len,
-        &PreallocOptions::new().page_size(page),
-    )?;
+    // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
+    unsafe {
+        preallocate(
+            map.addr.cast(),
+            len,
+            &PreallocOptions::new().page_size(page),
+        )
+    }?;
     let cpu_start = cpu_seconds();
     let secs = zero_resident(&map, threads);
     cpu.push(cpu_seconds() - cpu_start);
@@ -758,16 +766,18 @@ fn four_regions(len: usize, concurrent: bool) -> BoxResult<f64> {
     let opts = PreallocOptions::new().threads(2);
     let start_time = Instant::now();
     if concurrent {
+        // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
         let regions: Vec<Region> = maps
             .iter()
-            .map(|m| Region::new(m.addr.cast(), m.len))
+            .map(|m| unsafe { Region::new(m.addr.cast(), m.len) })
             .collect();
         for result in preallocate_regions(&regions, &opts)? {
             result?;
         }
     } else {
         for map in &maps {
-            preallocate(map.addr.cast(), map.len, &opts)?;
+            // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
+            unsafe { preallocate(map.addr.cast(), map.len, &opts) }?;
         }
     }
     Ok(start_time.elapsed().as_secs_f64())

@@ -73,7 +73,9 @@ fn child_measure(policy: MlockPolicy, scope: Scope, size: usize) -> [u64; 4] {
     let start = Instant::now();
     let locked = match scope {
         Scope::Process => policy.apply_process().is_ok(),
-        Scope::Region => match policy.lock_region(ram as *const u8, size) {
+        // SAFETY: the bench owns the mapping and keeps it while the guard
+        // lives (until the process exits).
+        Scope::Region => match unsafe { policy.lock_region(ram as *const u8, size) } {
             // The process exits right after; keep the lock until then.
             Ok(lock) => {
                 std::mem::forget(lock);
@@ -127,6 +129,7 @@ fn measure_child(
     // SAFETY: the child only runs `child_measure` (system calls and stack
     // buffers), writes to the pipe and calls `_exit`; it never returns into
     // the harness.
+    // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         let err = std::io::Error::last_os_error();
@@ -152,6 +155,7 @@ fn measure_child(
     }
     // SAFETY: the parent does not write; closing its copy lets read() see
     // EOF if the child dies.
+    // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
     unsafe { libc::close(write_fd) };
     let mut bytes = [0u8; 32];
     let mut got = 0;

@@ -67,7 +67,8 @@ fn bench_prealloc(c: &mut Criterion) {
             b.iter_batched(
                 || Mapping::new(LEN, 0),
                 |map| {
-                    preallocate(map.0.cast(), LEN, &opts).unwrap();
+                    // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
+                    unsafe { preallocate(map.0.cast(), LEN, &opts) }.unwrap();
                     map
                 },
                 BatchSize::PerIteration,

@@ -59,24 +59,44 @@ fn region_page_size<B: Bitmap>(region: &MmapRegion<B>, options: &PreallocOptions
 }
 
 /// The [`Region`] of an `MmapRegion`, with its detected page size.
-fn region_of<B: Bitmap>(region: &MmapRegion<B>, options: &PreallocOptions) -> Result<Region> {
-    Ok(Region::new(region.as_ptr(), region.size()).page_size(region_page_size(region, options)?))
+///
+/// # Safety
+///
+/// `region` stays mapped while a job over the result runs.
+unsafe fn region_of<B: Bitmap>(
+    region: &MmapRegion<B>,
+    options: &PreallocOptions,
+) -> Result<Region> {
+    // SAFETY: an `MmapRegion` is writable RAM owned by its holder, who
+    // keeps it mapped for the job's life (this function's contract).
+    let r = unsafe { Region::new(region.as_ptr(), region.size()) };
+    Ok(r.page_size(region_page_size(region, options)?))
 }
 
 /// Starts preallocating a raw `MmapRegion` in the background; the page size
 /// is detected from the region unless the options give one.
 ///
-/// The job does not borrow the region: keep it mapped until the job is
-/// joined (if it is unmapped early the job fails with
-/// [`Error::NotMapped`](crate::Error::NotMapped); nothing unsound happens).
-pub fn start_mmap_region<B: Bitmap>(
+/// If the region is only unmapped early, the job fails with
+/// [`Error::NotMapped`](crate::Error::NotMapped).
+///
+/// # Safety
+///
+/// The job does not borrow the region: keep it mapped (do not drop the
+/// region or the guest memory holding it) until the job is joined or
+/// dropped, or its addresses could be reused by another mapping that the
+/// workers then fault in; see [`start`](crate::start). The blocking
+/// `preallocate_*` functions hold the borrow until the job ends and are
+/// safe.
+pub unsafe fn start_mmap_region<B: Bitmap>(
     region: &MmapRegion<B>,
     options: &PreallocOptions,
 ) -> Result<PreallocJob> {
     let options = options
         .clone()
         .page_size(region_page_size(region, options)?);
-    start(region.as_ptr(), region.size(), &options)
+    // SAFETY: an `MmapRegion` is writable RAM, kept mapped for the job's
+    // life by the caller (this function's contract).
+    unsafe { start(region.as_ptr(), region.size(), &options) }
 }
 
 /// Preallocates a raw `MmapRegion` and waits for it: what a VMM that
@@ -85,16 +105,27 @@ pub fn preallocate_mmap_region<B: Bitmap>(
     region: &MmapRegion<B>,
     options: &PreallocOptions,
 ) -> Result<PreallocReport> {
-    start_mmap_region(region, options)?.join()
+    // SAFETY: the region stays borrowed until the job is joined.
+    unsafe { start_mmap_region(region, options) }?.join()
 }
 
 /// Starts preallocating one guest region in the background; see
 /// [`start_mmap_region`].
-pub fn start_region<B: Bitmap>(
+///
+/// # Safety
+///
+/// The job does not borrow the region: keep it mapped (do not drop the
+/// region or the guest memory holding it) until the job is joined or
+/// dropped, or its addresses could be reused by another mapping that the
+/// workers then fault in; see [`start`](crate::start). The blocking
+/// `preallocate_*` functions hold the borrow until the job ends and are
+/// safe.
+pub unsafe fn start_region<B: Bitmap>(
     region: &GuestRegionMmap<B>,
     options: &PreallocOptions,
 ) -> Result<PreallocJob> {
-    start_mmap_region(region, options)
+    // SAFETY: the caller keeps the region mapped (this function's contract).
+    unsafe { start_mmap_region(region, options) }
 }
 
 /// Preallocates one guest region and waits for it.
@@ -102,19 +133,31 @@ pub fn preallocate_region<B: Bitmap>(
     region: &GuestRegionMmap<B>,
     options: &PreallocOptions,
 ) -> Result<PreallocReport> {
-    start_region(region, options)?.join()
+    // SAFETY: the region stays borrowed until the job is joined.
+    unsafe { start_region(region, options) }?.join()
 }
 
 /// Starts preallocating every region of `memory` at once with one pool of
 /// workers (see [`start_regions`]); joining gives one result per region, in
 /// region order. The progress callback sees the bytes done over all regions.
-pub fn start_guest_memory<B: Bitmap>(
+///
+/// # Safety
+///
+/// The job does not borrow the region: keep it mapped (do not drop the
+/// region or the guest memory holding it) until the job is joined or
+/// dropped, or its addresses could be reused by another mapping that the
+/// workers then fault in; see [`start`](crate::start). The blocking
+/// `preallocate_*` functions hold the borrow until the job ends and are
+/// safe.
+pub unsafe fn start_guest_memory<B: Bitmap>(
     memory: &GuestMemoryMmap<B>,
     options: &PreallocOptions,
 ) -> Result<PreallocJobs> {
     let regions = memory
         .iter()
-        .map(|region| region_of(region, options))
+        // SAFETY: the caller keeps the memory mapped (this function's
+        // contract).
+        .map(|region| unsafe { region_of(region, options) })
         .collect::<Result<Vec<_>>>()?;
     start_regions(&regions, options)
 }
@@ -132,7 +175,8 @@ pub fn preallocate_guest_memory<B: Bitmap>(
     memory: &GuestMemoryMmap<B>,
     options: &PreallocOptions,
 ) -> Result<Vec<PreallocReport>> {
-    start_guest_memory(memory, options)?
+    // SAFETY: the memory stays borrowed until the jobs are joined.
+    unsafe { start_guest_memory(memory, options) }?
         .join()
         .into_iter()
         .collect()

@@ -26,7 +26,18 @@ pub struct Region {
 
 impl Region {
     /// `[addr, addr + len)`.
-    pub fn new(addr: *mut u8, len: usize) -> Self {
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` must be memory of this process that may be
+    /// faulted in and written with its own contents (private or shared
+    /// writable RAM the caller owns), for as long as a job over the region
+    /// runs: until it is joined or dropped. Within that time the range must
+    /// not be unmapped and its addresses reused by a mapping that must not
+    /// be touched (another owner's buffer, device memory mapped with
+    /// `MAP_FIXED`): the workers would fault that mapping in. A range that
+    /// is only unmapped, or read-only, makes the job fail with an error.
+    pub unsafe fn new(addr: *mut u8, len: usize) -> Self {
         Region {
             addr: addr as usize,
             len,
@@ -792,14 +803,39 @@ pub fn preallocate_regions(
 /// caller. This function is safe: the kernel never changes a byte of the
 /// range, and a range that is unmapped, read-only or unmapped while the job
 /// runs yields an error, never a signal (see the crate docs).
-pub fn start(addr: *mut u8, len: usize, options: &PreallocOptions) -> Result<PreallocJob> {
-    start_regions(&[Region::new(addr, len)], options).map(PreallocJob)
+///
+/// # Safety
+///
+/// `[addr, addr + len)` must be memory of this process that may be
+/// faulted in and written with its own contents (private or shared
+/// writable RAM the caller owns) until the job is joined or dropped.
+/// Within that time the range must not be unmapped and its addresses
+/// reused by a mapping that must not be touched (another owner's buffer,
+/// device memory mapped with `MAP_FIXED`): the workers would fault that
+/// mapping in. A range that is only unmapped, or read-only, makes the job
+/// fail with an error. For vm-memory regions, the safe
+/// [`preallocate_region`](crate::preallocate_region) and
+/// [`preallocate_guest_memory`](crate::preallocate_guest_memory) hold the
+/// borrow until the job ends.
+pub unsafe fn start(addr: *mut u8, len: usize, options: &PreallocOptions) -> Result<PreallocJob> {
+    // SAFETY: the caller's contract covers the job's whole life.
+    let region = unsafe { Region::new(addr, len) };
+    start_regions(&[region], options).map(PreallocJob)
 }
 
 /// Preallocates `[addr, addr + len)` and waits for the result:
 /// `start(addr, len, options)?.join()`. See [`start`].
-pub fn preallocate(addr: *mut u8, len: usize, options: &PreallocOptions) -> Result<PreallocReport> {
-    start(addr, len, options)?.join()
+///
+/// # Safety
+///
+/// As for [`start`], until this call returns.
+pub unsafe fn preallocate(
+    addr: *mut u8,
+    len: usize,
+    options: &PreallocOptions,
+) -> Result<PreallocReport> {
+    // SAFETY: the caller's contract; the job is joined before returning.
+    unsafe { start(addr, len, options) }?.join()
 }
 
 #[cfg(test)]

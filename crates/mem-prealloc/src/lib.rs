@@ -59,7 +59,8 @@
 //!     .method(Method::Auto)
 //!     .progress(move |done| seen_in_callback.store(done, Ordering::Relaxed))
 //!     .cancel_token(CancelToken::new());
-//! let report = preallocate(addr.cast(), len, &options)?;
+//! // SAFETY: the mapping above is ours and stays mapped until after the call.
+//! let report = unsafe { preallocate(addr.cast(), len, &options) }?;
 //! assert_eq!(report.bytes, len as u64);
 //! assert_eq!(seen.load(Ordering::Relaxed), len as u64);
 //!

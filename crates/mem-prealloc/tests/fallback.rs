@@ -25,18 +25,22 @@ fn test_einval_mapping_falls_back_to_touch() {
     // SAFETY: inside the mapping; one page gets data before the run.
     unsafe { map.addr.add(MIB + 8).write_volatile(0x42) };
 
-    let err = preallocate(
-        map.addr,
-        len,
-        &PreallocOptions::new().method(Method::PopulateWrite),
-    )
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err = unsafe {
+        preallocate(
+            map.addr,
+            len,
+            &PreallocOptions::new().method(Method::PopulateWrite),
+        )
+    }
     .unwrap_err();
     assert!(
         matches!(err, Error::UnsupportedMapping { offset: 0, .. }),
         "{err}"
     );
 
-    let report = preallocate(map.addr, len, &PreallocOptions::new().threads(2)).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let report = unsafe { preallocate(map.addr, len, &PreallocOptions::new().threads(2)) }.unwrap();
     assert_eq!(
         report.method,
         Method::Touch,
@@ -91,7 +95,8 @@ fn test_vm_io_mapping_keeps_the_error() {
     assert_ne!(addr, libc::MAP_FAILED, "{}", io::Error::last_os_error());
     let addr = addr.cast::<u8>();
     assert_eq!(raw_populate_write(addr, len), Err(libc::EINVAL));
-    let err = preallocate(addr, len, &PreallocOptions::new()).unwrap_err();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err = unsafe { preallocate(addr, len, &PreallocOptions::new()) }.unwrap_err();
     let Error::UnsupportedMapping { offset, reason, .. } = &err else {
         panic!("expected UnsupportedMapping, got {err}");
     };
@@ -109,7 +114,8 @@ fn test_vm_io_mapping_keeps_the_error() {
 fn test_read_only_mapping_is_not_touched() {
     let map = Mapping::anonymous(4 * MIB, libc::PROT_READ);
     assert_eq!(raw_populate_write(map.addr, map.len), Err(libc::EINVAL));
-    let err = preallocate(map.addr, map.len, &PreallocOptions::new()).unwrap_err();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err = unsafe { preallocate(map.addr, map.len, &PreallocOptions::new()) }.unwrap_err();
     assert!(
         matches!(err, Error::UnsupportedMapping { offset: 0, .. }),
         "{err}"

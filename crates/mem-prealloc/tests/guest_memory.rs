@@ -51,7 +51,9 @@ fn test_file_backed_region_uses_the_file_page_size() {
     let file = memfd("region", len, 0).unwrap();
     let region: GuestRegionMmap =
         GuestRegionMmap::from_range(GuestAddress(0), len, Some(FileOffset::new(file, 0))).unwrap();
-    let job = start_region(&region, &PreallocOptions::new().method(Method::Touch)).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let job =
+        unsafe { start_region(&region, &PreallocOptions::new().method(Method::Touch)) }.unwrap();
     let report = job.join().unwrap();
     assert_eq!(report.page_size, mem_prealloc::base_page_size());
     assert_eq!(report.method, Method::Touch);
@@ -119,7 +121,9 @@ fn test_raw_mmap_region_is_prefaulted_before_it_is_wrapped() {
     assert_eq!(report.page_size, mem_prealloc::base_page_size());
     assert_eq!(resident(mapping.as_ptr(), len), len);
     let anon: MmapRegion = MmapRegion::new(len).unwrap();
-    let job = start_mmap_region(&anon, &PreallocOptions::new().method(Method::Touch)).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let job =
+        unsafe { start_mmap_region(&anon, &PreallocOptions::new().method(Method::Touch)) }.unwrap();
     assert_eq!(job.join().unwrap().method, Method::Touch);
     assert_eq!(resident(anon.as_ptr(), len), len);
     let region: GuestRegionMmap = GuestRegionMmap::new(mapping, GuestAddress(0)).unwrap();
@@ -142,7 +146,8 @@ fn test_guest_memory_regions_are_filled_at_once_with_their_own_results() {
         GuestRegionMmap::from_range(GuestAddress(1 << 32), 16 * MIB, None).unwrap(),
     ];
     let mem: GuestMemoryMmap = GuestMemoryMmap::from_regions(regions).unwrap();
-    let job = start_guest_memory(&mem, &PreallocOptions::new().threads(2)).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let job = unsafe { start_guest_memory(&mem, &PreallocOptions::new().threads(2)) }.unwrap();
     assert_eq!(job.total_bytes(), 36 * MIB as u64);
     let results = job.join();
     assert_eq!(results.len(), 3);

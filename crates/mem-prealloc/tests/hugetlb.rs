@@ -30,14 +30,16 @@ fn test_hugetlbfs_memfd_is_preallocated_with_2m_pages() {
             .method(method)
             .page_size_from_fd(&file)
             .unwrap();
-        let report = preallocate(map.addr, len, &opts).unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let report = unsafe { preallocate(map.addr, len, &opts) }.unwrap();
         assert_eq!(report.page_size, HUGE);
         assert_eq!(report.bytes, len as u64);
         assert_eq!(report.method, method);
         assert!(map.fully_resident(), "{method}");
         assert_eq!(map.as_slice()[HUGE + 8], 0x42, "{method}: data preserved");
         // A length that is not a whole number of hugepages is refused.
-        let err = preallocate(map.addr, len - 4096, &opts).unwrap_err();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let err = unsafe { preallocate(map.addr, len - 4096, &opts) }.unwrap_err();
         assert!(
             matches!(err, Error::Misaligned { what: "length", .. }),
             "{err}"
@@ -73,7 +75,8 @@ fn test_hugetlbfs_exhaustion_is_an_error() {
             .method(method)
             .page_size_from_fd(&file)
             .unwrap();
-        let err = preallocate(map.addr, len, &opts).unwrap_err();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let err = unsafe { preallocate(map.addr, len, &opts) }.unwrap_err();
         let Error::HugepagesExhausted { offset, .. } = err else {
             panic!("{method}: expected HugepagesExhausted, got {err}");
         };

@@ -46,7 +46,8 @@ fn test_bound_pages_are_on_the_node() {
         let opts = PreallocOptions::new()
             .method(method)
             .numa(NumaPolicy::Bind, [0]);
-        let report = preallocate(map.addr, len, &opts).unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let report = unsafe { preallocate(map.addr, len, &opts) }.unwrap();
         assert_eq!(report.bytes, len as u64);
         assert!(map.fully_resident(), "{method}");
         assert_eq!(policy_at(map.addr), (MPOL_BIND, 1), "{method}");
@@ -72,7 +73,9 @@ fn test_every_policy_is_applied() {
         (NumaPolicy::Interleave, MPOL_INTERLEAVE),
     ] {
         let map = Mapping::anonymous(4 * MIB, libc::PROT_READ | libc::PROT_WRITE);
-        preallocate(map.addr, map.len, &PreallocOptions::new().numa(policy, [0])).unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        unsafe { preallocate(map.addr, map.len, &PreallocOptions::new().numa(policy, [0])) }
+            .unwrap();
         assert_eq!(policy_at(map.addr), (mode, 1), "{policy}");
         assert!(map.fully_resident());
     }
@@ -88,7 +91,8 @@ fn test_missing_node_is_an_error_and_nothing_is_populated() {
     let map = Mapping::shared(&file, len);
     for nodes in [vec![missing], vec![0, missing], vec![MAX_NODE + 1]] {
         let opts = PreallocOptions::new().numa(NumaPolicy::Bind, nodes.clone());
-        let err = preallocate(map.addr, len, &opts).unwrap_err();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let err = unsafe { preallocate(map.addr, len, &opts) }.unwrap_err();
         let Error::NumaNode { node } = err else {
             panic!("{nodes:?}: expected NumaNode, got {err}");
         };
@@ -102,11 +106,14 @@ fn test_missing_node_is_an_error_and_nothing_is_populated() {
             assert_eq!(policy_at(map.addr).0, MPOL_DEFAULT, "policy left unchanged");
         }
     }
-    let err = preallocate(
-        map.addr,
-        len,
-        &PreallocOptions::new().numa(NumaPolicy::Interleave, []),
-    )
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err = unsafe {
+        preallocate(
+            map.addr,
+            len,
+            &PreallocOptions::new().numa(NumaPolicy::Interleave, []),
+        )
+    }
     .unwrap_err();
     assert!(matches!(err, Error::InvalidOption(_)), "{err}");
     assert_eq!(map.resident_pages(), 0);
@@ -141,7 +148,8 @@ fn test_workers_run_on_the_node_cpus() {
                 .collect();
             sink.lock().unwrap().push(mine);
         });
-    let report = preallocate(map.addr, len, &opts).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let report = unsafe { preallocate(map.addr, len, &opts) }.unwrap();
     assert!(report.threads <= cpus.len());
     let seen = seen.lock().unwrap();
     assert!(!seen.is_empty());
@@ -165,7 +173,8 @@ fn test_policy_survives_the_touch_fallback() {
     };
     let map = Mapping::shared(&file, len);
     let opts = PreallocOptions::new().numa(NumaPolicy::Bind, [0]);
-    let report = preallocate(map.addr, len, &opts).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let report = unsafe { preallocate(map.addr, len, &opts) }.unwrap();
     assert_eq!(report.method, Method::Touch);
     assert_eq!(map.smaps_rss(), len);
     assert_eq!(policy_at(map.addr), (MPOL_BIND, 1));
@@ -174,10 +183,9 @@ fn test_policy_survives_the_touch_fallback() {
     let file = memfd("numa-touch", len, 0).unwrap();
     let map = Mapping::shared(&file, len);
     let opts = opts.method(Method::Touch);
-    assert_eq!(
-        preallocate(map.addr, len, &opts).unwrap().method,
-        Method::Touch
-    );
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let report = unsafe { preallocate(map.addr, len, &opts) };
+    assert_eq!(report.unwrap().method, Method::Touch);
     assert_eq!(policy_at(map.addr), (MPOL_BIND, 1));
     // SAFETY: an address inside the mapping.
     assert_eq!(node_of_page(unsafe { map.addr.add(len - 4096) }), Ok(0));
@@ -195,11 +203,14 @@ fn test_refused_mbind_is_an_error_before_population() {
     let map = Mapping::anonymous(4 * MIB, libc::PROT_READ | libc::PROT_WRITE);
     let (addr, len) = (map.addr, map.len);
     drop(map);
-    let err = preallocate(
-        addr,
-        len,
-        &PreallocOptions::new().numa(NumaPolicy::Bind, [0]),
-    )
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err = unsafe {
+        preallocate(
+            addr,
+            len,
+            &PreallocOptions::new().numa(NumaPolicy::Bind, [0]),
+        )
+    }
     .unwrap_err();
     let Error::NumaBind { len: bound, .. } = &err else {
         panic!("expected NumaBind, got {err}");
@@ -228,7 +239,8 @@ fn test_hugetlbfs_pages_are_bound_to_the_node() {
             .page_size_from_fd(&file)
             .unwrap()
             .numa(NumaPolicy::Bind, [0]);
-        let report = preallocate(map.addr, len, &opts).unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let report = unsafe { preallocate(map.addr, len, &opts) }.unwrap();
         assert_eq!(report.page_size, 2 * MIB);
         assert_eq!(policy_at(map.addr), (MPOL_BIND, 1), "{method}");
         // SAFETY: an address inside the mapping.

@@ -25,7 +25,8 @@ fn test_memfd_region_is_fully_resident() {
         let map = Mapping::shared(&file, len);
         assert_eq!(map.resident_pages(), 0);
         let opts = PreallocOptions::new().threads(2).method(method);
-        let report = preallocate(map.addr, len, &opts).unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let report = unsafe { preallocate(map.addr, len, &opts) }.unwrap();
         assert_eq!(report.bytes, len as u64, "{method}");
         assert!(map.fully_resident(), "{method}: mincore");
         assert_eq!(map.smaps_rss(), len, "{method}: smaps Rss");
@@ -78,7 +79,8 @@ fn test_page_size_larger_than_the_mapping_populates_every_page() {
         .threads(2)
         .page_size(huge)
         .method(Method::PopulateWrite);
-    let report = preallocate(view.addr, len, &opts).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let report = unsafe { preallocate(view.addr, len, &opts) }.unwrap();
     assert_eq!(report.page_size, huge);
     assert_eq!(report.bytes, len as u64);
     assert!(view.fully_resident(), "every 4 KiB page populated");
@@ -90,7 +92,8 @@ fn test_anonymous_private_region_is_fully_resident() {
     for method in [Method::PopulateWrite, Method::Touch] {
         let len = 16 * MIB;
         let map = Mapping::anonymous(len, libc::PROT_READ | libc::PROT_WRITE);
-        preallocate(map.addr, len, &PreallocOptions::new().method(method)).unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        unsafe { preallocate(map.addr, len, &PreallocOptions::new().method(method)) }.unwrap();
         assert!(map.fully_resident(), "{method}");
         assert_eq!(map.smaps_rss(), len, "{method}");
     }
@@ -108,11 +111,14 @@ fn test_existing_data_is_preserved() {
         // Some pages are already mapped and dirty through the mapping too.
         // SAFETY: within the mapping; nothing else accesses it yet.
         unsafe { map.addr.add(len - 8).write_volatile(0xa5) };
-        preallocate(
-            map.addr,
-            len,
-            &PreallocOptions::new().threads(2).method(method),
-        )
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        unsafe {
+            preallocate(
+                map.addr,
+                len,
+                &PreallocOptions::new().threads(2).method(method),
+            )
+        }
         .unwrap();
         assert!(map.fully_resident(), "{method}");
         check_pattern(&map, stride);
@@ -152,7 +158,8 @@ fn test_touch_preserves_concurrent_writes() {
     };
     let opts = PreallocOptions::new().threads(1).method(Method::Touch);
     started.wait();
-    preallocate(map.addr, len, &opts).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    unsafe { preallocate(map.addr, len, &opts) }.unwrap();
     stop.store(true, Ordering::Relaxed);
     let rounds = writer.join().unwrap();
     for off in (0..len).step_by(page) {
@@ -205,17 +212,23 @@ fn test_report_uses_the_formula_and_the_cpu_list() {
     )
     .unwrap();
     let cpus = std::thread::available_parallelism().unwrap().get();
-    let report = preallocate(map.addr, len, &PreallocOptions::new()).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let report = unsafe { preallocate(map.addr, len, &PreallocOptions::new()) }.unwrap();
     assert_eq!(report.threads, cpus.min(4));
     // Three threads requested on one CPU: the CPU list bounds the default only.
     let cpu = first_allowed_cpu();
-    let report = preallocate(map.addr, len, &PreallocOptions::new().cpus([cpu])).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let report =
+        unsafe { preallocate(map.addr, len, &PreallocOptions::new().cpus([cpu])) }.unwrap();
     assert_eq!(report.threads, 1);
-    let report = preallocate(
-        map.addr,
-        len,
-        &PreallocOptions::new().cpus([cpu]).threads(3),
-    )
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let report = unsafe {
+        preallocate(
+            map.addr,
+            len,
+            &PreallocOptions::new().cpus([cpu]).threads(3),
+        )
+    }
     .unwrap();
     assert_eq!(
         report.threads, 1,
@@ -235,7 +248,8 @@ fn test_workers_run_on_the_given_cpu() {
         // SAFETY: sched_getcpu has no preconditions.
         seen.lock().unwrap().push(unsafe { libc::sched_getcpu() });
     });
-    preallocate(map.addr, len, &opts).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    unsafe { preallocate(map.addr, len, &opts) }.unwrap();
     let seen = cpus_seen.lock().unwrap();
     assert!(!seen.is_empty());
     assert!(
@@ -256,7 +270,8 @@ fn test_progress_is_monotonic_and_reaches_total() {
             .threads(2)
             .method(method)
             .progress(move |done| sink.lock().unwrap().push(done));
-        preallocate(map.addr, len, &opts).unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        unsafe { preallocate(map.addr, len, &opts) }.unwrap();
         let calls = calls.lock().unwrap();
         assert!(calls.len() > 1, "{method}: {calls:?}");
         assert!(calls.windows(2).all(|w| w[0] < w[1]), "{method}: {calls:?}");
@@ -277,7 +292,8 @@ fn test_cancel_from_progress_stops_early() {
             .method(method)
             .cancel_token(token)
             .progress(move |_| cancel.cancel());
-        let err = preallocate(map.addr, len, &opts).unwrap_err();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let err = unsafe { preallocate(map.addr, len, &opts) }.unwrap_err();
         let Error::Cancelled { done, total } = err else {
             panic!("{method}: {err}");
         };
@@ -302,7 +318,8 @@ fn test_cancelled_token_touches_nothing() {
     let token = CancelToken::new();
     token.cancel();
     let opts = PreallocOptions::new().cancel_token(token);
-    let err = preallocate(map.addr, len, &opts).unwrap_err();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err = unsafe { preallocate(map.addr, len, &opts) }.unwrap_err();
     assert!(matches!(err, Error::Cancelled { done: 0, .. }), "{err}");
     assert_eq!(map.resident_pages(), 0);
 }
@@ -312,7 +329,8 @@ fn test_job_cancel_and_drop() {
     let len = 256 * MIB;
     let file = memfd("jobcancel", len, 0).unwrap();
     let map = Mapping::shared(&file, len);
-    let job = start(map.addr, len, &PreallocOptions::new().threads(1)).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let job = unsafe { start(map.addr, len, &PreallocOptions::new().threads(1)) }.unwrap();
     job.cancel();
     match job.join() {
         Err(Error::Cancelled { done, total }) => assert!(done < total),
@@ -321,7 +339,8 @@ fn test_job_cancel_and_drop() {
         Err(err) => panic!("{err}"),
     }
     // Dropping a running job stops and joins it; the mapping outlives it.
-    let job = start(map.addr, len, &PreallocOptions::new()).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let job = unsafe { start(map.addr, len, &PreallocOptions::new()) }.unwrap();
     assert_eq!(job.total_bytes(), len as u64);
     drop(job);
 }
@@ -335,9 +354,10 @@ fn test_two_async_jobs_run_at_once() {
     ];
     let maps: Vec<Mapping> = files.iter().map(|f| Mapping::shared(f, len)).collect();
     let opts = PreallocOptions::new().threads(2).method(Method::Touch);
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
     let jobs: Vec<_> = maps
         .iter()
-        .map(|m| start(m.addr, m.len, &opts).unwrap())
+        .map(|m| unsafe { start(m.addr, m.len, &opts) }.unwrap())
         .collect();
     // Both are running before either is joined.
     assert!(jobs
@@ -353,7 +373,8 @@ fn test_two_async_jobs_run_at_once() {
 #[test]
 fn test_empty_region_succeeds_without_threads() {
     let map = Mapping::anonymous(4096, libc::PROT_READ | libc::PROT_WRITE);
-    let report = preallocate(map.addr, 0, &PreallocOptions::new()).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let report = unsafe { preallocate(map.addr, 0, &PreallocOptions::new()) }.unwrap();
     assert_eq!((report.bytes, report.threads), (0, 0));
 }
 
@@ -361,8 +382,8 @@ fn test_empty_region_succeeds_without_threads() {
 fn test_misaligned_address_and_length_are_rejected() {
     let map = Mapping::anonymous(8 * MIB, libc::PROT_READ | libc::PROT_WRITE);
     let page = mem_prealloc::base_page_size();
-    // SAFETY: stays inside the mapping.
-    let err = preallocate(unsafe { map.addr.add(1) }, page, &PreallocOptions::new()).unwrap_err();
+    // SAFETY: the mapping is this test's own; the address stays inside it.
+    let err = unsafe { preallocate(map.addr.add(1), page, &PreallocOptions::new()) }.unwrap_err();
     assert!(
         matches!(
             err,
@@ -373,7 +394,8 @@ fn test_misaligned_address_and_length_are_rejected() {
         ),
         "{err}"
     );
-    let err = preallocate(map.addr, page + 1, &PreallocOptions::new()).unwrap_err();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err = unsafe { preallocate(map.addr, page + 1, &PreallocOptions::new()) }.unwrap_err();
     assert_eq!(
         err.to_string(),
         format!(
@@ -383,7 +405,8 @@ fn test_misaligned_address_and_length_are_rejected() {
     );
     // With 2 MiB pages, 3 MiB is not a whole number of pages (QEMU's check).
     let opts = PreallocOptions::new().page_size(2 * MIB);
-    let err = preallocate(map.addr, 3 * MIB, &opts).unwrap_err();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err = unsafe { preallocate(map.addr, 3 * MIB, &opts) }.unwrap_err();
     assert!(matches!(err, Error::Misaligned { .. }), "{err}");
 }
 
@@ -410,7 +433,8 @@ fn test_invalid_options_are_rejected() {
         ),
     ];
     for (opts, message) in cases {
-        let err = preallocate(map.addr, MIB, &opts).unwrap_err();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let err = unsafe { preallocate(map.addr, MIB, &opts) }.unwrap_err();
         assert!(matches!(err, Error::InvalidOption(_)), "{err}");
         assert!(err.to_string().contains(message), "{err}");
     }
@@ -418,13 +442,16 @@ fn test_invalid_options_are_rejected() {
 
 #[test]
 fn test_invalid_range_is_rejected() {
-    let err = preallocate(std::ptr::null_mut(), 4096, &PreallocOptions::new()).unwrap_err();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err =
+        unsafe { preallocate(std::ptr::null_mut(), 4096, &PreallocOptions::new()) }.unwrap_err();
     assert!(
         matches!(err, Error::InvalidRange { addr: 0, len: 4096 }),
         "{err}"
     );
     let top = (usize::MAX - 4095) as *mut u8;
-    let err = preallocate(top, 8192, &PreallocOptions::new()).unwrap_err();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err = unsafe { preallocate(top, 8192, &PreallocOptions::new()) }.unwrap_err();
     assert!(matches!(err, Error::InvalidRange { .. }), "{err}");
 }
 
@@ -437,7 +464,8 @@ fn test_unmapped_range_is_an_error() {
         let ret = unsafe { libc::munmap(map.addr.add(4 * MIB).cast(), MIB) };
         assert_eq!(ret, 0);
         let opts = PreallocOptions::new().threads(1).method(method);
-        let err = preallocate(map.addr, 8 * MIB, &opts).unwrap_err();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let err = unsafe { preallocate(map.addr, 8 * MIB, &opts) }.unwrap_err();
         let Error::NotMapped { offset, .. } = err else {
             panic!("{method}: {err}");
         };
@@ -452,7 +480,8 @@ fn test_read_only_mapping_is_unsupported() {
         let file = memfd("readonly", len, 0).unwrap();
         let map = Mapping::new(Some(&file), len, libc::PROT_READ, libc::MAP_SHARED).unwrap();
         let opts = PreallocOptions::new().method(method);
-        let err = preallocate(map.addr, len, &opts).unwrap_err();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let err = unsafe { preallocate(map.addr, len, &opts) }.unwrap_err();
         assert!(
             matches!(err, Error::UnsupportedMapping { offset: 0, .. }),
             "{method}: {err}"
@@ -469,7 +498,9 @@ fn test_read_only_mapping_is_unsupported() {
 #[test]
 fn test_offline_cpu_is_an_affinity_error() {
     let map = Mapping::anonymous(MIB, libc::PROT_READ | libc::PROT_WRITE);
-    let err = preallocate(map.addr, MIB, &PreallocOptions::new().cpus([1000])).unwrap_err();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err =
+        unsafe { preallocate(map.addr, MIB, &PreallocOptions::new().cpus([1000])) }.unwrap_err();
     assert!(matches!(err, Error::Affinity { cpu: 1000, .. }), "{err}");
     assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
     // Nothing was touched: the workers wait at the gate until all are pinned.
@@ -484,6 +515,7 @@ fn test_panicking_progress_callback_fails_the_job() {
     let opts = PreallocOptions::new()
         .threads(2)
         .progress(|_| panic!("progress callback panics on purpose"));
-    let err = preallocate(map.addr, len, &opts).unwrap_err();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err = unsafe { preallocate(map.addr, len, &opts) }.unwrap_err();
     assert!(matches!(err, Error::WorkerPanicked), "{err}");
 }

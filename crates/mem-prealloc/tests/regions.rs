@@ -37,8 +37,11 @@ fn test_regions_fill_side_by_side() {
                 *slot = Some((ca.resident_pages(), cb.resident_pages()));
             }
         });
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
     let results = preallocate_regions(
-        &[Region::new(a.addr, a.len), Region::new(b.addr, b.len)],
+        &[unsafe { Region::new(a.addr, a.len) }, unsafe {
+            Region::new(b.addr, b.len)
+        }],
         &opts,
     )
     .unwrap();
@@ -58,7 +61,11 @@ fn test_regions_share_one_thread_budget() {
         .into_iter()
         .map(rw_anon)
         .collect();
-    let regions: Vec<Region> = maps.iter().map(|m| Region::new(m.addr, m.len)).collect();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let regions: Vec<Region> = maps
+        .iter()
+        .map(|m| unsafe { Region::new(m.addr, m.len) })
+        .collect();
     let opts = PreallocOptions::new().threads(2);
     let job = start_regions(&regions, &opts).unwrap();
     let expected = thread_count(128 * MIB, 4096, 2, Some(2), None).min(
@@ -85,11 +92,12 @@ fn test_a_failing_region_does_not_stop_the_others() {
     let bad = Mapping::anonymous(8 * MIB, libc::PROT_READ);
     let good_b = rw_anon(32 * MIB);
     for method in [Method::Auto, Method::PopulateWrite, Method::Touch] {
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
         let results = preallocate_regions(
             &[
-                Region::new(good_a.addr, good_a.len),
-                Region::new(bad.addr, bad.len),
-                Region::new(good_b.addr, good_b.len),
+                unsafe { Region::new(good_a.addr, good_a.len) },
+                unsafe { Region::new(bad.addr, bad.len) },
+                unsafe { Region::new(good_b.addr, good_b.len) },
             ],
             &PreallocOptions::new().threads(2).method(method),
         )
@@ -127,11 +135,12 @@ fn test_hugetlbfs_exhaustion_in_a_concurrent_job_fails_only_that_region() {
         let shm_file = memfd("beside", 64 * MIB, 0).unwrap();
         let shm = Mapping::shared(&shm_file, 64 * MIB);
         let anon = rw_anon(64 * MIB);
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
         let results = preallocate_regions(
             &[
-                Region::new(shm.addr, shm.len),
-                Region::new(huge.addr, huge.len).page_size(HUGE),
-                Region::new(anon.addr, anon.len),
+                unsafe { Region::new(shm.addr, shm.len) },
+                unsafe { Region::new(huge.addr, huge.len) }.page_size(HUGE),
+                unsafe { Region::new(anon.addr, anon.len) },
             ],
             &PreallocOptions::new().threads(2).method(method),
         )
@@ -160,11 +169,12 @@ fn test_hugetlbfs_exhaustion_in_a_concurrent_job_fails_only_that_region() {
 fn test_an_invalid_region_populates_nothing() {
     let good = rw_anon(8 * MIB);
     let other = rw_anon(8 * MIB);
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
     let err = start_regions(
         &[
-            Region::new(good.addr, good.len),
+            unsafe { Region::new(good.addr, good.len) },
             // SAFETY: only an address computation inside the mapping.
-            Region::new(unsafe { other.addr.add(100) }, 4 * MIB),
+            unsafe { Region::new(other.addr.add(100), 4 * MIB) },
         ],
         &PreallocOptions::new(),
     )
@@ -180,8 +190,9 @@ fn test_an_invalid_region_populates_nothing() {
         "{err}"
     );
     assert_eq!(good.resident_pages(), 0);
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
     let err = start_regions(
-        &[Region::new(good.addr, good.len).page_size(3000)],
+        &[unsafe { Region::new(good.addr, good.len) }.page_size(3000)],
         &PreallocOptions::new(),
     )
     .unwrap_err();
@@ -193,8 +204,11 @@ fn test_an_invalid_region_populates_nothing() {
 fn test_cancelled_regions_report_cancelled() {
     let a = rw_anon(64 * MIB);
     let b = rw_anon(64 * MIB);
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
     let job = start_regions(
-        &[Region::new(a.addr, a.len), Region::new(b.addr, b.len)],
+        &[unsafe { Region::new(a.addr, a.len) }, unsafe {
+            Region::new(b.addr, b.len)
+        }],
         &PreallocOptions::new().threads(1).method(Method::Touch),
     )
     .unwrap();
@@ -220,8 +234,12 @@ fn test_no_regions_and_empty_regions_succeed() {
         .unwrap()
         .is_empty());
     let map = rw_anon(4 * MIB);
-    let results =
-        preallocate_regions(&[Region::new(map.addr, 0)], &PreallocOptions::new()).unwrap();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let results = preallocate_regions(
+        &[unsafe { Region::new(map.addr, 0) }],
+        &PreallocOptions::new(),
+    )
+    .unwrap();
     let report = results[0].as_ref().unwrap();
     assert_eq!((report.bytes, report.threads), (0, 0));
 }
@@ -230,16 +248,20 @@ fn test_no_regions_and_empty_regions_succeed() {
 fn test_round_down_length_reports_the_tail() {
     let map = rw_anon(8 * MIB);
     let len = 4 * MIB + 100;
-    let err = preallocate(map.addr, len, &PreallocOptions::new()).unwrap_err();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err = unsafe { preallocate(map.addr, len, &PreallocOptions::new()) }.unwrap_err();
     assert!(
         matches!(err, Error::Misaligned { what: "length", .. }),
         "{err}"
     );
-    let report = preallocate(
-        map.addr,
-        len,
-        &PreallocOptions::new().round_down_length(true),
-    )
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let report = unsafe {
+        preallocate(
+            map.addr,
+            len,
+            &PreallocOptions::new().round_down_length(true),
+        )
+    }
     .unwrap();
     assert_eq!(report.bytes, 4 * MIB as u64);
     assert_eq!(report.tail, 100);
@@ -248,11 +270,14 @@ fn test_round_down_length_reports_the_tail() {
         4 * MIB
     );
     // Shorter than one page: nothing to do, everything is tail.
-    let report = preallocate(
-        map.addr,
-        100,
-        &PreallocOptions::new().round_down_length(true),
-    )
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let report = unsafe {
+        preallocate(
+            map.addr,
+            100,
+            &PreallocOptions::new().round_down_length(true),
+        )
+    }
     .unwrap();
     assert_eq!((report.bytes, report.tail), (0, 100));
 }
@@ -260,7 +285,8 @@ fn test_round_down_length_reports_the_tail() {
 #[test]
 fn test_errors_convert_to_io_errors() {
     let bad = Mapping::anonymous(MIB, libc::PROT_READ);
-    let err = preallocate(bad.addr, bad.len, &PreallocOptions::new()).unwrap_err();
+    // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+    let err = unsafe { preallocate(bad.addr, bad.len, &PreallocOptions::new()) }.unwrap_err();
     let errno = err.raw_os_error();
     let message = err.to_string();
     let io_err = io::Error::from(err);

@@ -17,7 +17,8 @@ fn test_truncated_memfd_is_an_error_not_sigbus() {
         // a CPU access raises SIGBUS.
         file.set_len((len / 2) as u64).unwrap();
         let opts = PreallocOptions::new().threads(2).method(method);
-        let err = preallocate(map.addr, len, &opts).unwrap_err();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let err = unsafe { preallocate(map.addr, len, &opts) }.unwrap_err();
         let Error::Fault { offset, ref source } = err else {
             panic!("{method}: {err}");
         };

@@ -62,14 +62,16 @@ fn bench_region(c: &mut Criterion) {
     for policy in [MlockPolicy::Off, MlockPolicy::On, MlockPolicy::OnFault] {
         group.bench_function(policy.as_str(), |b| {
             b.iter(|| {
-                let lock = policy.lock_region(black_box(ram.ptr), ram.len).unwrap();
+                // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
+                let lock = unsafe { policy.lock_region(black_box(ram.ptr), ram.len) }.unwrap();
                 drop(black_box(lock));
             })
         });
     }
     group.finish();
 
-    let mut lock = MlockPolicy::OnFault.lock_region(ram.ptr, ram.len).unwrap();
+    // SAFETY: the bench owns the mapping and keeps it while the job or guard lives.
+    let mut lock = unsafe { MlockPolicy::OnFault.lock_region(ram.ptr, ram.len) }.unwrap();
     c.bench_function(
         &format!("region_with_unlocked_{}MiB_on_fault", len >> 20),
         |b| b.iter(|| lock.with_unlocked(|| black_box(1)).unwrap()),

@@ -56,7 +56,8 @@
 //!
 //! match policy.preflight_regions(len as u64) {
 //!     Ok(()) => {
-//!         let mut lock = policy.lock_region(ram as *const u8, len)?;
+//!         // SAFETY: the mapping is ours and outlives the guard.
+//!         let mut lock = unsafe { policy.lock_region(ram as *const u8, len) }?;
 //!         assert!(lock.is_locked());
 //!         // Nothing was touched, so nothing became resident.
 //!         let status = LockStatus::current()?;

@@ -56,7 +56,18 @@ impl MlockPolicy {
     /// amount and the remedies), [`Error::OnFaultUnsupported`] for
     /// `on-fault` on kernels before 4.4, and [`Error::LockRegion`] for the
     /// rest (for example `ENOMEM` when part of the range is not mapped).
-    pub fn lock_region(self, addr: *const u8, len: usize) -> Result<RegionLock> {
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` must be a mapping the caller owns for the
+    /// guard's whole life: `on` faults it in (writing private writable
+    /// pages), and the guard's `suspend`/`resume`/drop lock and unlock
+    /// whatever is mapped there, so the range must not be unmapped and its
+    /// addresses reused by another owner's mapping while the guard lives.
+    /// For guest memory, the safe
+    /// [`lock_guest_memory`](MlockPolicy::lock_guest_memory) ties the
+    /// guard to the regions.
+    pub unsafe fn lock_region(self, addr: *const u8, len: usize) -> Result<RegionLock> {
         let addr = addr as usize;
         let page = sys::page_size();
         let invalid = |reason| Error::InvalidRegion { addr, len, reason };
@@ -279,7 +290,11 @@ mod guest_memory {
             self.preflight_regions(total)?;
             let regions = spans
                 .into_iter()
-                .map(|(host, len)| self.lock_region(host, len))
+                // SAFETY: each span is a region of `mem`, guest RAM mapped
+                // by its owner. mlock and munlock change no byte; a guard
+                // that outlives `mem` fails to unlock (logged), as this
+                // function's doc says.
+                .map(|(host, len)| unsafe { self.lock_region(host, len) })
                 .collect::<Result<Vec<_>>>()?;
             Ok(GuestMemoryLock { regions })
         }
@@ -333,9 +348,8 @@ mod tests {
             ),
         ];
         for (addr, len, reason) in cases {
-            let err = MlockPolicy::On
-                .lock_region(addr as *const u8, len)
-                .unwrap_err();
+            // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+            let err = unsafe { MlockPolicy::On.lock_region(addr as *const u8, len) }.unwrap_err();
             assert!(
                 matches!(err, Error::InvalidRegion { reason: r, .. } if r == reason),
                 "{err}"
@@ -351,9 +365,9 @@ mod tests {
     fn test_off_region_is_inert() {
         let page = sys::page_size();
         // Under `off` nothing is locked, so even an unmapped range is fine.
-        let lock = MlockPolicy::Off
-            .lock_region(page as *const u8, 3 * page - 1)
-            .unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let lock =
+            unsafe { MlockPolicy::Off.lock_region(page as *const u8, 3 * page - 1) }.unwrap();
         assert!(!lock.is_locked());
         assert_eq!(lock.len(), 3 * page);
         assert_eq!(lock.addr(), page);
@@ -385,7 +399,8 @@ mod tests {
         assert_eq!(ret, 0);
         let budget = LockBudget::current().unwrap();
         for policy in [MlockPolicy::On, MlockPolicy::OnFault] {
-            let err = policy.lock_region(base as *const u8, 3 * page).unwrap_err();
+            // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+            let err = unsafe { policy.lock_region(base as *const u8, 3 * page) }.unwrap_err();
             if budget.has_cap_ipc_lock() {
                 assert!(matches!(err, Error::LockRegion { .. }), "{err}");
                 assert!(err.to_string().contains("(os error 12)"), "{err}");

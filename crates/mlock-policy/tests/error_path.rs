@@ -65,13 +65,11 @@ fn test_without_cap_ipc_lock_errors_name_the_remedies() {
         assert_eq!(status().vm_lck(), 0);
 
         // Per region.
-        let err = MlockPolicy::On
-            .lock_region(ram.ptr(), ram.len())
-            .unwrap_err();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let err = unsafe { MlockPolicy::On.lock_region(ram.ptr(), ram.len()) }.unwrap_err();
         assert_actionable(&err, MlockPolicy::On, "mlock", 64 * MIB, limit);
-        let err = MlockPolicy::OnFault
-            .lock_region(ram.ptr(), ram.len())
-            .unwrap_err();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let err = unsafe { MlockPolicy::OnFault.lock_region(ram.ptr(), ram.len()) }.unwrap_err();
         assert_actionable(
             &err,
             MlockPolicy::OnFault,
@@ -82,9 +80,8 @@ fn test_without_cap_ipc_lock_errors_name_the_remedies() {
         assert_eq!(status().vm_lck(), 0);
 
         // What fits under the limit still works.
-        let small = MlockPolicy::OnFault
-            .lock_region(ram.ptr(), 512 << 10)
-            .unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let small = unsafe { MlockPolicy::OnFault.lock_region(ram.ptr(), 512 << 10) }.unwrap();
         assert_eq!(status().vm_lck(), 512 << 10);
         drop(small);
     });
@@ -101,9 +98,8 @@ fn test_zero_limit_eperm_is_actionable() {
         let err = MlockPolicy::On.apply_process().unwrap_err();
         assert_actionable(&err, MlockPolicy::On, "mlockall", 4 * MIB, "0 bytes");
         assert!(err.to_string().contains("(os error 1)"), "{err}");
-        let err = MlockPolicy::OnFault
-            .lock_region(ram.ptr(), ram.len())
-            .unwrap_err();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let err = unsafe { MlockPolicy::OnFault.lock_region(ram.ptr(), ram.len()) }.unwrap_err();
         assert_actionable(
             &err,
             MlockPolicy::OnFault,

@@ -94,7 +94,8 @@ fn test_region_on_locks_faults_in_and_unlocks_on_drop() {
         }
         let before = status();
         assert_eq!(before.vm_lck(), 0);
-        let lock = MlockPolicy::On.lock_region(ram.ptr(), ram.len()).unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let lock = unsafe { MlockPolicy::On.lock_region(ram.ptr(), ram.len()) }.unwrap();
         assert!(lock.is_locked());
         let after = status();
         // Only the region is locked, and it is all resident.
@@ -115,9 +116,8 @@ fn test_region_on_fault_locks_pages_as_touched() {
             return;
         }
         let before = status();
-        let lock = MlockPolicy::OnFault
-            .lock_region(ram.ptr(), ram.len())
-            .unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let lock = unsafe { MlockPolicy::OnFault.lock_region(ram.ptr(), ram.len()) }.unwrap();
         let after = status();
         assert_eq!(after.vm_lck(), GIB);
         assert!(after.vm_rss() < before.vm_rss() + SLACK);
@@ -136,7 +136,8 @@ fn test_region_on_fault_locks_pages_as_touched() {
 fn test_region_off_locks_nothing() {
     in_child("test_region_off_locks_nothing", || {
         let ram = Mapping::new(64 << 20);
-        let lock = MlockPolicy::Off.lock_region(ram.ptr(), ram.len()).unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let lock = unsafe { MlockPolicy::Off.lock_region(ram.ptr(), ram.len()) }.unwrap();
         assert!(!lock.is_locked());
         ram.touch(ram.len());
         assert_eq!(status().vm_lck(), 0);
@@ -188,7 +189,8 @@ fn test_region_with_unlocked_restores_the_lock() {
             return;
         }
         for policy in [MlockPolicy::On, MlockPolicy::OnFault] {
-            let mut lock = policy.lock_region(ram.ptr(), ram.len()).unwrap();
+            // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+            let mut lock = unsafe { policy.lock_region(ram.ptr(), ram.len()) }.unwrap();
             assert_eq!(status().vm_lck(), 64 * MIB);
             let inside = lock
                 .with_unlocked(|| (status().vm_lck(), locked_resident()))
@@ -216,9 +218,8 @@ fn test_failed_relock_is_reported_not_panicked() {
             println!("SKIP: needs CAP_IPC_LOCK to lock first and drop it later");
             return;
         }
-        let mut lock = MlockPolicy::OnFault
-            .lock_region(ram.ptr(), ram.len())
-            .unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let mut lock = unsafe { MlockPolicy::OnFault.lock_region(ram.ptr(), ram.len()) }.unwrap();
         MlockPolicy::OnFault.apply_process().unwrap();
         let guard = MlockPolicy::OnFault.unlock_temporarily().unwrap();
         // munlockall cleared the region lock too; the region guard does

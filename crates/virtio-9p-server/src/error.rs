@@ -144,6 +144,13 @@ pub enum Error {
     /// two.
     #[error("queue size {0} must be a power of two from 1 to {max}", max = crate::virtio::MAX_QUEUE_SIZE)]
     QueueSize(u32),
+    /// The driver (or the VMM) asked the virtio [`Device`](crate::virtio::Device)
+    /// for something its state does not allow: features acked twice or
+    /// after activation, activation without acked features or with a ring
+    /// that is not set up, a snapshot of a running device, a damaged
+    /// snapshot.
+    #[error("virtio device: {0}")]
+    DeviceState(&'static str),
     /// The descriptor chain policy is invalid.
     #[error("chain policy: {0}")]
     ChainLimits(#[source] virtqueue_large::Error),

@@ -27,8 +27,12 @@ use super::policy::OffloadPolicy;
 use super::workers::{Completions, Done, JobCell, JobFn, JobId, Outcome, ThreadPool};
 use super::workers::{Executor, Job, StartHook, WORKER_JOIN_TIMEOUT};
 
-/// Default number of worker threads (`--thread-pool-size`).
+/// Worker threads per pool of the daemon (`--thread-pool-size`) and of
+/// [`EngineConfig::sized_to_process`]; there are two pools, so 16 threads.
 pub const DEFAULT_WORKERS: usize = 8;
+/// Worker threads per pool of [`EngineConfig::default`], the embedded
+/// default: 2 per pool, 4 threads per device.
+const EMBEDDED_WORKERS: usize = 2;
 /// Default usable stack size of a request coroutine.
 pub const DEFAULT_STACK_SIZE: usize = 256 << 10;
 /// Default of [`EngineConfig::quiesce_timeout`]: how long a reset,
@@ -77,10 +81,24 @@ impl std::fmt::Debug for EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// The daemon's sizing, for a process that serves nothing else:
+    /// [`DEFAULT_WORKERS`] per pool (16 threads), the rest as
+    /// [`Default`].
+    pub fn sized_to_process() -> Self {
+        EngineConfig {
+            workers: DEFAULT_WORKERS,
+            ..EngineConfig::default()
+        }
+    }
+}
+
+/// Bounded for a device embedded in a VMM's process: 2 workers per pool
+/// (4 threads per device), 1024 requests in flight.
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            workers: DEFAULT_WORKERS,
+            workers: EMBEDDED_WORKERS,
             max_in_flight: 1024,
             offload: OffloadPolicy::Auto,
             executor: None,

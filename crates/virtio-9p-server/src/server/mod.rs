@@ -70,8 +70,15 @@ pub(crate) use session::try_add;
 pub use session::Session;
 use session::{Fid, FidKind, Limits, Usage};
 
-/// Default limit on fids per session.
+/// Default limit on fids per session (walked fids share the bounded
+/// cache of path fds; open ones are bounded by `Config::max_open_fids`).
 pub const DEFAULT_MAX_FIDS: usize = 65_536;
+/// Default limit on open fids per session ([`Config::default`]): each
+/// holds a host fd, so an embedding process keeps most of its own.
+const EMBEDDED_MAX_OPEN_FIDS: usize = 256;
+/// Fds an embedding process keeps for itself in
+/// [`Config::sized_to_process`].
+const PROCESS_RESERVED_FDS: u64 = 256;
 /// Default limit on fids of all sessions of one server together.
 pub const DEFAULT_MAX_TOTAL_FIDS: usize = 262_144;
 /// Default limit on bytes held by the xattr fids of one session.
@@ -133,7 +140,8 @@ pub struct Config {
     /// share a bounded cache of them
     /// ([`PassthroughConfig::max_path_fds`](crate::PassthroughConfig::max_path_fds)),
     /// so this is the limit that divides a process's fds between
-    /// sessions. Default: `max_fids`.
+    /// sessions. Default: 256 ([`Config::sized_to_process`]: half the
+    /// process's fds).
     pub max_open_fids: usize,
     /// Most bytes the xattr fids (Txattrwalk values, Txattrcreate buffers)
     /// of one session may hold; more fail with `ENOMEM`.
@@ -163,13 +171,15 @@ pub struct Config {
     pub guest_log_lines_per_sec: u32,
 }
 
+/// Bounded for a server embedded in a VMM's process: at most 256 open
+/// fids (host fds) per session; see "Limits" in the README.
 impl Default for Config {
     fn default() -> Self {
         Config {
             msize_max: MAX_MSIZE,
             max_fids: DEFAULT_MAX_FIDS,
             max_total_fids: DEFAULT_MAX_TOTAL_FIDS,
-            max_open_fids: DEFAULT_MAX_FIDS,
+            max_open_fids: EMBEDDED_MAX_OPEN_FIDS,
             max_xattr_bytes: DEFAULT_MAX_XATTR_BYTES,
             max_total_xattr_bytes: DEFAULT_MAX_TOTAL_XATTR_BYTES,
             max_xattr_size: MAX_XATTR_SIZE,
@@ -177,6 +187,36 @@ impl Default for Config {
             max_lock_waiters: DEFAULT_MAX_LOCK_WAITERS,
             guest_log_lines_per_sec: DEFAULT_GUEST_LOG_LINES_PER_SEC,
         }
+    }
+}
+
+impl Config {
+    /// Sized from the process's soft `RLIMIT_NOFILE`, for a process that
+    /// serves one session and little else (the daemon's sizing): open
+    /// fids up to half of what is left after 256 fds for the process,
+    /// at most [`DEFAULT_MAX_FIDS`] and at least the embedded default.
+    pub fn sized_to_process() -> Self {
+        let half = soft_nofile().saturating_sub(PROCESS_RESERVED_FDS) / 2;
+        Config {
+            max_open_fids: usize::try_from(half)
+                .unwrap_or(usize::MAX)
+                .clamp(EMBEDDED_MAX_OPEN_FIDS, DEFAULT_MAX_FIDS),
+            ..Config::default()
+        }
+    }
+}
+
+/// The soft `RLIMIT_NOFILE` (1024 if it cannot be read).
+pub(crate) fn soft_nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out pointer for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
     }
 }
 

@@ -323,6 +323,26 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
         q
     }
 
+    /// The ring configuration as a VMM's virtio transport holds it, in a
+    /// ready `virtio_queue::Queue`: size, and the descriptor ring, driver
+    /// area and device area as the descriptor table, available ring and
+    /// used ring addresses (what the driver writes to the common config of
+    /// virtio-pci; a device model builds its [`PackedQueue`] from it).
+    pub fn create_config_queue(&self) -> virtio_queue::Queue {
+        use virtio_queue::QueueT;
+        let mut q = virtio_queue::Queue::new(self.size).expect("mock queue size is valid");
+        q.set_size(self.size);
+        let split = |a: GuestAddress| (Some(a.0 as u32), Some((a.0 >> 32) as u32));
+        let (lo, hi) = split(self.ring);
+        q.set_desc_table_address(lo, hi);
+        let (lo, hi) = split(self.driver_area);
+        q.set_avail_ring_address(lo, hi);
+        let (lo, hi) = split(self.device_area);
+        q.set_used_ring_address(lo, hi);
+        q.set_ready(true);
+        q
+    }
+
     /// Allocates `len` bytes (16-byte aligned) in the data area.
     pub fn alloc_data(&mut self, len: u64) -> Result<GuestAddress, MockError> {
         bump_alloc(&mut self.data_next, self.data_end, len)

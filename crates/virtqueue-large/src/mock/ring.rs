@@ -67,6 +67,23 @@ pub trait MockRing {
     /// With event-idx negotiated: asks the device to notify at the next
     /// used entry.
     fn notify_at_next_used(&mut self) -> Result<(), MockError>;
+
+    /// Lays out a chain with readable buffers holding `readable` and
+    /// writable buffers of `writable` lengths, in the driver's data area.
+    fn add_chain_with_data(
+        &mut self,
+        layout: Layout,
+        readable: &[&[u8]],
+        writable: &[u32],
+    ) -> Result<ChainLayout, MockError>;
+
+    /// The concatenated contents of the writable buffers of `chain`.
+    fn read_writable(&self, chain: &ChainLayout) -> Result<Vec<u8>, MockError>;
+
+    /// The ring configuration as a VMM's virtio transport holds it, in a
+    /// ready `virtio_queue::Queue` (for a packed ring, its three
+    /// addresses are the descriptor ring and the two event areas).
+    fn config_queue(&self) -> virtio_queue::Queue;
 }
 
 impl<M: GuestMemoryBackend> MockRing for MockDriver<'_, M> {
@@ -115,6 +132,23 @@ impl<M: GuestMemoryBackend> MockRing for MockDriver<'_, M> {
 
     fn notify_at_next_used(&mut self) -> Result<(), MockError> {
         self.set_used_event(self.used_seen())
+    }
+
+    fn add_chain_with_data(
+        &mut self,
+        layout: Layout,
+        readable: &[&[u8]],
+        writable: &[u32],
+    ) -> Result<ChainLayout, MockError> {
+        MockDriver::add_chain_with_data(self, layout, readable, writable)
+    }
+
+    fn read_writable(&self, chain: &ChainLayout) -> Result<Vec<u8>, MockError> {
+        MockDriver::read_writable(self, chain)
+    }
+
+    fn config_queue(&self) -> virtio_queue::Queue {
+        self.create_queue()
     }
 }
 
@@ -170,6 +204,23 @@ impl<M: GuestMemoryBackend> MockRing for MockPackedDriver<'_, M> {
     fn notify_at_next_used(&mut self) -> Result<(), MockError> {
         let (slot, wrap) = self.used_position();
         self.set_used_event(slot, wrap)
+    }
+
+    fn add_chain_with_data(
+        &mut self,
+        layout: Layout,
+        readable: &[&[u8]],
+        writable: &[u32],
+    ) -> Result<ChainLayout, MockError> {
+        MockPackedDriver::add_chain_with_data(self, layout, readable, writable)
+    }
+
+    fn read_writable(&self, chain: &ChainLayout) -> Result<Vec<u8>, MockError> {
+        MockPackedDriver::read_writable(self, chain)
+    }
+
+    fn config_queue(&self) -> virtio_queue::Queue {
+        self.create_config_queue()
     }
 }
 

@@ -134,24 +134,19 @@ pub struct PassthroughConfig {
     /// hold more fids than the process has fds. A fid whose file the
     /// host renamed or replaced while its fd was closed answers `ESTALE`
     /// (a regular file is found by its file handle, with
-    /// `CAP_DAC_READ_SEARCH`). Default: half the soft `RLIMIT_NOFILE`
-    /// when the config is made, at least 64. An open that fails with
-    /// `EMFILE` or `ENFILE` closes idle fds and is tried once more.
+    /// `CAP_DAC_READ_SEARCH`). Default: 256, bounded for an embedding
+    /// process ([`PassthroughConfig::sized_to_process`]: half the soft
+    /// `RLIMIT_NOFILE`). An open that fails with `EMFILE` or `ENFILE`
+    /// closes idle fds and is tried once more.
     pub max_path_fds: usize,
 }
 
+/// Path fds kept by default: bounded for an embedding process.
+const EMBEDDED_MAX_PATH_FDS: usize = 256;
+
 /// Half the soft `RLIMIT_NOFILE`, at least 64.
-fn default_max_path_fds() -> usize {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid out pointer.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-        lim.rlim_cur
-    } else {
-        1024
-    };
+fn process_max_path_fds() -> usize {
+    let soft = crate::server::soft_nofile();
     usize::try_from(soft / 2).unwrap_or(usize::MAX).max(64)
 }
 
@@ -191,7 +186,18 @@ impl PassthroughConfig {
             security_model: SecurityModel::Passthrough,
             use_openat2: true,
             inline_metadata: true,
-            max_path_fds: default_max_path_fds(),
+            max_path_fds: EMBEDDED_MAX_PATH_FDS,
+        }
+    }
+
+    /// Like [`new`](PassthroughConfig::new), with
+    /// [`max_path_fds`](PassthroughConfig::max_path_fds) sized from the
+    /// process: half the soft `RLIMIT_NOFILE` now, at least 64 (for a
+    /// process that serves nothing else).
+    pub fn sized_to_process(shared_dir: impl Into<PathBuf>) -> Self {
+        PassthroughConfig {
+            max_path_fds: process_max_path_fds(),
+            ..PassthroughConfig::new(shared_dir)
         }
     }
 }

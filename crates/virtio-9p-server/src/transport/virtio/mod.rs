@@ -23,9 +23,11 @@
 //! which cancels the old request and waits for it, so the old chain is
 //! back in the used ring before the Rflush (the engine's "Tflush").
 
+mod device;
 pub(crate) mod io;
 mod queue;
 
+pub use device::Device;
 pub use io::{ChainReader, ChainWriter};
 pub use queue::{RequestQueue, KICK_BUDGET, MAX_IN_FLIGHT_SEGMENTS};
 
@@ -49,7 +51,6 @@ pub const DEVICE_FEATURES: u64 = (1 << VIRTIO_9P_MOUNT_TAG)
     | (1 << VIRTIO_F_RING_PACKED);
 
 /// Whether `acked` (the driver's features) selects the packed ring layout.
-#[cfg(any(test, feature = "vhost-user"))]
 pub(crate) fn packed_ring(acked: u64) -> bool {
     acked & (1 << VIRTIO_F_RING_PACKED) != 0
 }
@@ -87,13 +88,13 @@ pub(crate) fn chain_limits(indirect: bool) -> ChainLimits {
 /// The device config space: `le16 tag_len` followed by the tag bytes (no
 /// NUL), as `struct virtio_9p_config`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceConfig {
+pub(crate) struct DeviceConfig {
     bytes: Vec<u8>,
 }
 
 impl DeviceConfig {
     /// The config space for `tag`.
-    pub fn new(tag: &str) -> Result<Self> {
+    pub(crate) fn new(tag: &str) -> Result<Self> {
         let t = tag.as_bytes();
         if t.is_empty() || t.len() > MAX_TAG_LEN {
             return Err(Error::TagLength(t.len()));
@@ -108,13 +109,14 @@ impl DeviceConfig {
     }
 
     /// The whole config space.
-    pub fn as_bytes(&self) -> &[u8] {
+    #[cfg(test)]
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.bytes
     }
 
     /// `size` bytes from `offset`; bytes past the end read as zero (a
     /// driver probing a larger config space gets zeros, never an error).
-    pub fn read(&self, offset: u32, size: u32) -> Vec<u8> {
+    pub(crate) fn read(&self, offset: u32, size: u32) -> Vec<u8> {
         let size = (size as usize).min(256);
         let mut out = vec![0u8; size];
         let start = offset as usize;
@@ -127,7 +129,6 @@ impl DeviceConfig {
 }
 
 /// Checks a queue size.
-#[cfg(any(test, feature = "vhost-user"))]
 pub(crate) fn validate_queue_size(n: u32) -> Result<u16> {
     if n == 0 || n > u32::from(MAX_QUEUE_SIZE) || !n.is_power_of_two() {
         return Err(Error::QueueSize(n));

@@ -491,6 +491,17 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         }
     }
 
+    /// Serves `session` from now on (a device reset starts a fresh one, a
+    /// restore brings back a saved one). Call with nothing in flight.
+    pub(crate) fn set_session(&mut self, session: Arc<Session<F>>) {
+        self.session = session;
+    }
+
+    /// The 9P session the queue serves.
+    pub(crate) fn session(&self) -> &Arc<Session<F>> {
+        &self.session
+    }
+
     /// An eventfd that becomes readable when the queue left chains on the
     /// ring and wants [`RequestQueue::process`] called again. Poll it
     /// beside the kick; when readable, read it and process as for a kick.
