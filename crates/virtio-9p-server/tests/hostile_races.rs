@@ -364,8 +364,15 @@ fn test_spliced_rreads_racing_truncation_never_invent_bytes() {
         })
     };
     let (mut reads, mut short, mut closes) = (0u64, 0u64, 0u64);
+    // Enough reads under enough truncations, however slow the machine:
+    // the deadline only catches a hang.
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(3) {
+    let enough = |reads: u64| reads >= 300 && cuts.load(Ordering::Relaxed) >= 10;
+    while !enough(reads) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "only {reads} reads in 300 s"
+        );
         let mut p = Peer::attached(&sock);
         assert!(matches!(
             p.rpc(2, &twalk(ROOT, 1, &[b"f"])),
@@ -394,7 +401,7 @@ fn test_spliced_rreads_racing_truncation_never_invent_bytes() {
                     check_read(tag, off, 131_072, &d, None);
                     reads += 1;
                     short += u64::from(d.len() < 131_072);
-                    if t0.elapsed() > Duration::from_secs(3) {
+                    if enough(reads) {
                         break;
                     }
                     if send(&mut p, &mut offs).is_err() {
@@ -417,8 +424,6 @@ fn test_spliced_rreads_racing_truncation_never_invent_bytes() {
         "{reads} reads ({short} short) under {} truncations; {closes} connections closed",
         cuts.load(Ordering::Relaxed)
     );
-    assert!(reads >= 300, "only {reads} reads in 3 s");
-    assert!(cuts.load(Ordering::Relaxed) >= 10, "too few truncations");
     assert!(closes * 100 <= reads, "{closes} closes for {reads} reads");
 }
 
