@@ -210,6 +210,7 @@ impl<F: Filesystem + 'static> Server<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::StateProblem;
     use crate::protocol::*;
     use crate::{Config, Inline, PassthroughConfig, PassthroughFs};
 
@@ -358,6 +359,81 @@ mod tests {
         assert!(matches!(
             other.recover_session(dir.as_fd()),
             Err(Error::State(crate::error::StateProblem::Foreign))
+        ));
+    }
+
+    /// Where the names of a saved passthrough inode end: its handle's
+    /// type, length and bytes follow (restore.rs's layout).
+    fn names_end(saved: &[u8]) -> usize {
+        let n = u16::from_le_bytes([saved[22], saved[23]]);
+        let mut at = 24;
+        for _ in 0..n {
+            at += 2 + usize::from(u16::from_le_bytes([saved[at], saved[at + 1]]));
+        }
+        at
+    }
+
+    #[test]
+    fn test_a_forged_state_is_refused_whole() {
+        let share = tempfile::tempdir().unwrap();
+        for i in 1..=2 {
+            std::fs::write(share.path().join(format!("f{i}")), b"x").unwrap();
+        }
+        let s = server(share.path());
+        let session = Session::new();
+        populate(&s, &session, 2);
+        let honest = s.save_session(&session).unwrap();
+        let mut saved = SavedSession::decode(&honest).unwrap();
+        // Fid 1 (f1, open) gets f2's handle; f1 is renamed so that its
+        // path no longer leads to it and the handle is what decides.
+        let f2 = saved
+            .fids
+            .iter()
+            .find(|f| f.fid == 2)
+            .unwrap()
+            .inode
+            .clone();
+        let f1 = &mut saved.fids.iter_mut().find(|f| f.fid == 1).unwrap().inode;
+        let end = names_end(f1);
+        f1.truncate(end);
+        f1.extend_from_slice(&f2[names_end(&f2)..]);
+        std::fs::rename(share.path().join("f1"), share.path().join("moved")).unwrap();
+        let r = server(share.path()).restore_session(&saved.encode());
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            match r {
+                Err(Error::State(StateProblem::Forged { fid: 1, why })) => {
+                    assert_eq!(why, "a saved handle opens another file")
+                }
+                other => panic!("{:?}", other.map(|s| s.fid_count())),
+            }
+            assert_eq!(
+                Error::State(StateProblem::Forged {
+                    fid: 1,
+                    why: "a saved handle opens another file".into()
+                })
+                .to_string(),
+                "saved session state refused: fid 1: a saved handle opens another file"
+            );
+        } else {
+            // No handles without CAP_DAC_READ_SEARCH: fid 1 is left out.
+            let back = r.unwrap();
+            assert!(back.get(1).is_err());
+        }
+        // A path with a ".." in it: no walk wrote that.
+        let mut saved = SavedSession::decode(&honest).unwrap();
+        let f2 = &mut saved.fids.iter_mut().find(|f| f.fid == 2).unwrap().inode;
+        let tail = f2[names_end(f2)..].to_vec();
+        f2.truncate(22);
+        f2.extend_from_slice(&2u16.to_le_bytes());
+        for n in [&b".."[..], b"f2"] {
+            f2.extend_from_slice(&(n.len() as u16).to_le_bytes());
+            f2.extend_from_slice(n);
+        }
+        f2.extend_from_slice(&tail);
+        assert!(matches!(
+            server(share.path()).restore_session(&saved.encode()),
+            Err(Error::State(StateProblem::Forged { fid: 2, .. }))
         ));
     }
 }
