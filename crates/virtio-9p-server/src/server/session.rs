@@ -58,10 +58,6 @@ pub(crate) trait FidLog<F: Filesystem>: Send + Sync {
     /// the order the table changed. `table` and `msize` are the session
     /// after the change, for a compaction.
     fn append(&self, record: &[u8], msize: u32, table: &FidTable<F>);
-
-    /// Saves the whole session anew (a snapshot) and starts the journal
-    /// again; called under the table lock.
-    fn compact(&self, msize: u32, table: &FidTable<F>);
 }
 
 /// What a fid refers to.
@@ -420,15 +416,6 @@ impl<F: Filesystem> Session<F> {
         }
         drop(t);
         drop(old);
-    }
-
-    /// Saves a journaled session anew (after a change that moves saved
-    /// paths, such as Trename). No-op unless journaled.
-    pub(crate) fn compact(&self) {
-        if let Some(log) = self.log.get() {
-            let t = self.table();
-            log.compact(self.msize(), &t);
-        }
     }
 
     /// Journals `fid` again after a change inside its entry (a lock
