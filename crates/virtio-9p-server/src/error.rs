@@ -248,4 +248,14 @@ pub enum StateProblem {
     /// A field is out of range or the body does not parse.
     #[error("malformed: {0}")]
     Malformed(&'static str),
+    /// A fid's saved file names something no honest save recorded: a
+    /// handle that opens another file or a file of another type, a path
+    /// with a name no walk gives. Nothing of the state is restored.
+    #[error("fid {fid}: {why}")]
+    Forged {
+        /// The fid.
+        fid: u32,
+        /// What does not fit.
+        why: String,
+    },
 }

@@ -119,9 +119,13 @@ impl Blocking for Inline {
 ///
 /// - [`Cancel::cancel`] (Tflush, reset, disconnect): the request answers
 ///   EINTR at its next suspension and its reply is dropped;
-/// - [`Cancel::end_waits`] (the device is stopping, GET_VRING_BASE): a
+/// - [`Cancel::end_waits`] (the device is handed over or shut down): a
 ///   request waiting for something that may never come (a blocking Tlock)
 ///   ends now with the answer its client retries (`Rlock` BLOCKED);
+/// - [`Cancel::hold_waits`] (the device pauses with the request kept in
+///   flight): a waiting Tlock makes no attempt until
+///   [`Cancel::release_waits`], so nothing is granted, and nothing
+///   written, while the ring is stopped;
 /// - [`Cancel::abandon`] (a bounded teardown gave up on a call that did not
 ///   return): the request may no longer touch guest memory. Writers that
 ///   run off the engine's thread wrap every guest-memory access in
@@ -133,6 +137,10 @@ pub struct Cancel(Arc<CancelState>);
 struct CancelState {
     cancelled: AtomicBool,
     waits_ended: AtomicBool,
+    waits_held: AtomicBool,
+    /// [`Cancel::abandon`] was called (read without the lock on the
+    /// engine's thread, which is the one that abandons).
+    gone: AtomicBool,
     /// Held for the length of each off-thread guest-memory access; true
     /// once the request is abandoned.
     abandoned: Mutex<bool>,
@@ -170,6 +178,29 @@ impl Cancel {
     /// blocking call) has finished.
     pub fn abandon(&self) {
         *self.lock_access() = true;
+        self.0.gone.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Cancel::abandon`] was called, without waiting for an
+    /// access in progress (for the engine's own thread).
+    pub fn is_gone(&self) -> bool {
+        self.0.gone.load(Ordering::Acquire)
+    }
+
+    /// Holds the request's waits (the device pauses with it in flight):
+    /// a waiting Tlock sleeps on without trying the lock.
+    pub fn hold_waits(&self) {
+        self.0.waits_held.store(true, Ordering::Release);
+    }
+
+    /// Ends [`Cancel::hold_waits`].
+    pub fn release_waits(&self) {
+        self.0.waits_held.store(false, Ordering::Release);
+    }
+
+    /// Whether the request's waits are held ([`Cancel::hold_waits`]).
+    pub fn waits_held(&self) -> bool {
+        self.0.waits_held.load(Ordering::Acquire)
     }
 
     /// Whether [`Cancel::abandon`] was called.

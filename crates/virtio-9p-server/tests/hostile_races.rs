@@ -856,3 +856,63 @@ fn snapshot(dir: &Path) -> Vec<(String, u32, Vec<u8>, usize)> {
     out.sort();
     out
 }
+
+/// A Tremove and a Tclunk of one fid in flight at once, 500 times:
+/// exactly one releases the fid and the other answers `EBADF`; the file
+/// is gone exactly when the Tremove won.
+#[test]
+fn test_remove_and_clunk_of_one_fid_have_one_winner() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (export, sock) = fid_server(tmp.path());
+    let fds_before = idle_fds(&sock);
+    let mut p = Peer::attached(&sock);
+    let (mut removed, mut clunked) = (0, 0);
+    for round in 0..500 {
+        std::fs::write(export.join("d/r"), b"r").unwrap();
+        assert!(matches!(
+            p.rpc(1, &twalk(ROOT, 7, &[b"d", b"r"])),
+            Ok(Rmessage::Walk(_))
+        ));
+        // Alternate the order they are sent in.
+        let (first, second) = if round % 2 == 0 {
+            ((2, tremove(7)), (3, tclunk(7)))
+        } else {
+            ((3, tclunk(7)), (2, tremove(7)))
+        };
+        p.send(first.0, &first.1).unwrap();
+        p.send(second.0, &second.1).unwrap();
+        let mut ok = 0;
+        let mut remove_won = false;
+        for _ in 0..2 {
+            match p.recv().unwrap() {
+                (2, Rmessage::Remove) => {
+                    ok += 1;
+                    remove_won = true;
+                }
+                (3, Rmessage::Clunk) => ok += 1,
+                (2 | 3, Rmessage::Lerror(e)) => assert_eq!(e, libc::EBADF as u32),
+                r => panic!("{r:?}"),
+            }
+        }
+        assert_eq!(ok, 1, "round {round}: both or neither released fid 7");
+        assert_eq!(
+            export.join("d/r").exists(),
+            !remove_won,
+            "round {round}: the file is gone exactly when Tremove won"
+        );
+        if remove_won {
+            removed += 1;
+        } else {
+            clunked += 1;
+        }
+        // The fid is free again.
+        assert!(matches!(
+            p.rpc(4, &tclunk(7)),
+            Ok(Rmessage::Lerror(e)) if e == libc::EBADF as u32
+        ));
+    }
+    eprintln!("Tremove won {removed} rounds, Tclunk {clunked}");
+    drop(p);
+    assert!(eventually(Duration::from_secs(10), || fd_count() <= fds_before + 4));
+}

@@ -3,12 +3,15 @@
 //! both ring layouts:
 //!
 //! - a pause (GET_VRING_BASE, as QEMU's `stop`) drains: every request in
-//!   flight is answered on the used ring before the base comes back,
-//!   waiting Tlocks with BLOCKED, slow calls after they return; nothing
-//!   more is written afterwards, and `cont` carries on with the session;
+//!   flight is answered on the used ring before the base comes back, slow
+//!   calls after they return; waiting Tlocks stay in flight, written
+//!   nowhere while stopped, and are granted as soon as the host frees the
+//!   lock after `cont`; if the ring comes back as another guest's, they
+//!   are discarded without a write;
 //! - RESET_DEVICE ends every request and drops the session;
-//! - a request given up on by a reset never writes guest memory, even when
-//!   its filesystem call returns afterwards.
+//! - a request given up on by a reset never writes guest memory, nor
+//!   reads it (a Twrite's data), even when its filesystem call returns
+//!   afterwards.
 
 mod common;
 #[macro_use]
@@ -29,7 +32,7 @@ use virtio_9p_server::fs::{Cred, Filesystem};
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, StopHandle};
-use virtio_9p_server::{Config, ReplyWriter, Server};
+use virtio_9p_server::{Config, ReplyWriter, RequestReader, Server};
 use vm_memory::{Bytes, GuestAddress};
 
 /// How long a reset waits for a running call before giving up on it.
@@ -95,6 +98,9 @@ struct GatedFs {
     gate: Arc<Gate>,
     fsync: Arc<Turnstile>,
     late_write: Arc<Mutex<Option<io::Result<()>>>>,
+    /// Where a Twrite's data goes, and what the write returned.
+    sink: Arc<tempfile::NamedTempFile>,
+    late_read: Arc<Mutex<Option<io::Result<usize>>>>,
     slow_getattr: Duration,
 }
 
@@ -104,6 +110,8 @@ impl GatedFs {
             gate: Arc::default(),
             fsync: Arc::default(),
             late_write: Arc::default(),
+            sink: Arc::new(tempfile::NamedTempFile::new().unwrap()),
+            late_read: Arc::default(),
             slow_getattr,
         }
     }
@@ -140,6 +148,25 @@ impl Filesystem for GatedFs {
         } else {
             Err(io::Error::from_raw_os_error(libc::EIO))
         }
+    }
+    fn write<R: RequestReader>(
+        &self,
+        _: &(),
+        r: &mut R,
+        count: usize,
+        _: u64,
+    ) -> io::Result<usize> {
+        use std::os::fd::AsFd;
+        self.gate.wait();
+        let res = r.read_to_file_at(self.sink.as_file().as_fd(), count, 0);
+        let out = match &res {
+            Ok(n) => Ok(*n),
+            Err(e) => Err(io::Error::from_raw_os_error(
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )),
+        };
+        *self.late_read.lock().unwrap() = Some(res);
+        out
     }
 }
 
@@ -179,10 +206,12 @@ fn wait_n(vmm: &mut FakeVmm, n: usize) -> Vec<(u16, u32)> {
 }
 
 /// QEMU's `stop` then `cont` with 8 blocking Tlocks waiting on a lock the
-/// host holds: GET_VRING_BASE returns only once all 8 are answered BLOCKED
-/// on the used ring; nothing is written after it; after the resume the
-/// fids are still there and a new waiter gets the lock once it is freed.
-fn pause_drains_waiting_locks_and_keeps_the_session(ring: Ring) {
+/// host holds: GET_VRING_BASE reports them taken (the driver's base) and
+/// leaves them in flight; nothing is written while the ring is stopped;
+/// when the host frees the lock after `cont`, every waiter is granted at
+/// once (not after the client's 30 s lock timeout), exactly once. The
+/// session goes on.
+fn pause_keeps_waiting_locks_and_the_session(ring: Ring) {
     let d = TestDaemon::start_with(2, 64, OffloadPolicy::Auto);
     let path = d.dir.path().join("lockme");
     std::fs::write(&path, b"x").unwrap();
@@ -203,32 +232,105 @@ fn pause_drains_waiting_locks_and_keeps_the_session(ring: Ring) {
     assert!(vmm.collect_used().unwrap().is_empty(), "the locks wait");
 
     let expected = vmm.driver_ring_base();
+    let t0 = Instant::now();
     let base = vmm.stop_ring().unwrap();
-    assert_eq!(base, expected);
-    let used = vmm.collect_used().unwrap();
-    assert_eq!(used.len(), subs.len(), "every waiter answered at the stop");
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "the stop did not wait for the locks"
+    );
+    assert_eq!(base, expected, "the waiters count as taken");
+    // Suspended: nothing reaches the ring or the reply buffers.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "a waiter was answered at the stop"
+    );
+
+    // `cont`: same ring, same session, no kick.
+    vmm.resume_ring(base).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "the locks still wait"
+    );
+    let released = Instant::now();
+    ofd_lock(&holder, libc::F_UNLCK);
+    let used = wait_n(&mut vmm, subs.len());
+    let waited = released.elapsed();
+    assert_eq!(
+        used.len(),
+        subs.len(),
+        "every waiter answered after the release"
+    );
+    assert!(
+        waited < Duration::from_secs(1),
+        "granted {waited:?} after the release"
+    );
     for (h, len) in &used {
         let sub = subs.iter().find(|s| s.head == *h).unwrap();
         let reply = decode(&vmm.read(sub.reply_addr, *len as usize).unwrap());
-        assert_eq!(reply.1, Rmessage::Lock(LockStatus::Blocked), "{reply:?}");
+        assert_eq!(reply.1, Rmessage::Lock(LockStatus::Success), "{reply:?}");
     }
-    // Suspended: nothing more reaches the ring.
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(vmm.collect_used().unwrap().is_empty());
-
-    // `cont`: same ring, same session.
-    vmm.resume_ring(base).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "a waiter was answered twice"
+    );
     let r = decode(&vmm.call(&getattr(7, 1), 256, Layout::Direct).unwrap());
     assert!(matches!(r.1, Rmessage::Getattr(_)), "{r:?}");
-    let waiter = vmm.submit(&lock(200), 64, Layout::Direct).unwrap();
+    drop(vmm);
+    d.stop();
+}
+
+/// A pause keeps waiting Tlocks, then the ring comes back as a new
+/// guest's (a reboot without RESET_DEVICE: fresh rings at base 0): the
+/// kept requests are discarded: when the host frees the lock, nothing is
+/// written into the old reply buffers (which the new guest reuses) and no
+/// used entry appears; the new ring is served.
+fn pause_then_another_guest_discards_the_waiters(ring: Ring) {
+    let d = TestDaemon::start_with(2, 64, OffloadPolicy::Auto);
+    let path = d.dir.path().join("lockme");
+    std::fs::write(&path, b"x").unwrap();
+    let holder = hold_lock(&path);
+    let mut vmm = d.connect(ring.opts({
+        let mut o = VmmOptions::default();
+        o.mem_size = 16 << 20;
+        o.queue_size = 64;
+        o
+    }));
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
+    let subs: Vec<_> = (100..104u16)
+        .map(|tag| vmm.submit(&lock(tag), 64, Layout::Direct).unwrap())
+        .collect();
     vmm.kick().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(vmm.collect_used().unwrap().is_empty(), "the new lock waits");
+    std::thread::sleep(Duration::from_millis(300));
+    vmm.stop_ring().unwrap();
+    assert!(vmm.collect_used().unwrap().is_empty());
+    // The new guest's data where the old replies would go.
+    for s in &subs {
+        vmm.memory()
+            .write_slice(&[0x77; 64], GuestAddress(s.reply_addr))
+            .unwrap();
+    }
+    vmm.restart_ring().unwrap();
     ofd_lock(&holder, libc::F_UNLCK);
-    let used = wait_n(&mut vmm, 1);
-    assert_eq!(used.len(), 1);
-    let reply = decode(&vmm.read(waiter.reply_addr, used[0].1 as usize).unwrap());
-    assert_eq!(reply, (200, Rmessage::Lock(LockStatus::Success)));
+    std::thread::sleep(Duration::from_millis(500));
+    for s in &subs {
+        let now = vmm.read(s.reply_addr, 64).unwrap();
+        assert!(
+            now.iter().all(|b| *b == 0x77),
+            "a dead guest's reply was written"
+        );
+    }
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "a dead guest's reply came back"
+    );
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
+    let r = decode(&vmm.call(&lock(9), 64, Layout::Direct).unwrap());
+    assert_eq!(r.1, Rmessage::Lock(LockStatus::Success), "{r:?}");
     drop(vmm);
     d.stop();
 }
@@ -314,6 +416,204 @@ fn reset_never_lets_a_late_call_write_guest_memory(ring: Ring) {
     attach_open(&mut vmm, "file", OpenFlags::RDONLY);
     let r = decode(&vmm.call(&getattr(3, 1), 256, Layout::Direct).unwrap());
     assert!(matches!(r.1, Rmessage::Getattr(_)), "{r:?}");
+}
+
+/// RESET_DEVICE while a Twrite is stuck in the filesystem past the bound,
+/// before it wrote its data: when the call goes on, it reads nothing of
+/// the guest's buffer (reused by the guest after the reset): the write
+/// fails and the file gets none of the guest's new bytes.
+fn reset_never_lets_a_late_call_read_guest_memory(ring: Ring) {
+    let fs = GatedFs::new(Duration::ZERO);
+    let gate = Arc::clone(&fs.gate);
+    let late_read = Arc::clone(&fs.late_read);
+    let sink = Arc::clone(&fs.sink);
+    let (d, _server) = Device::start(fs, OffloadPolicy::Always);
+    let mut vmm = d.connect(ring);
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "file", OpenFlags::WRONLY);
+    let write = frame(
+        9,
+        Tmessage::Write(Twrite {
+            fid: 1,
+            offset: 0,
+            data: vec![0x11; 8192],
+        }),
+    );
+    let sub = vmm.submit(&write, 64, Layout::Direct).unwrap();
+    vmm.kick().unwrap();
+    gate.wait_entered(1);
+
+    vmm.reset_device().unwrap();
+    // The guest reuses the request's buffer.
+    let secret = vec![0x5e; write.len()];
+    vmm.memory()
+        .write_slice(&secret, GuestAddress(sub.request_addr))
+        .unwrap();
+
+    gate.open();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while late_read.lock().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = late_read
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the late call returned");
+    let data = std::fs::read(sink.path()).unwrap();
+    assert!(
+        !data.contains(&0x5e),
+        "the late call read the guest's reused buffer ({} bytes went to the file)",
+        data.len()
+    );
+    assert!(r.is_err(), "the late read was refused: {r:?}");
+
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "file", OpenFlags::RDONLY);
+    let r = decode(&vmm.call(&getattr(3, 1), 256, Layout::Direct).unwrap());
+    assert!(matches!(r.1, Rmessage::Getattr(_)), "{r:?}");
+}
+
+/// A pause (GET_VRING_BASE) while a Twrite and a Tread are stuck on
+/// workers before touching their buffers: the base comes back only after
+/// both calls went through guest memory and their replies are on the
+/// ring, so nothing reads or writes the guest's buffers after it.
+fn pause_waits_for_calls_holding_guest_memory(ring: Ring) {
+    let fs = GatedFs::new(Duration::ZERO);
+    let gate = Arc::clone(&fs.gate);
+    let late_read = Arc::clone(&fs.late_read);
+    let late_write = Arc::clone(&fs.late_write);
+    let (d, _server) = Device::start(fs, OffloadPolicy::Always);
+    let mut vmm = d.connect(ring);
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "file", OpenFlags::RDWR);
+    let write = frame(
+        9,
+        Tmessage::Write(Twrite {
+            fid: 1,
+            offset: 0,
+            data: vec![0x11; 8192],
+        }),
+    );
+    let read = frame(
+        10,
+        Tmessage::Read(Tread {
+            fid: 1,
+            offset: 0,
+            count: 4096,
+        }),
+    );
+    vmm.submit(&write, 64, Layout::Direct).unwrap();
+    vmm.submit(&read, 4096 + 11, Layout::Direct).unwrap();
+    vmm.kick().unwrap();
+    gate.wait_entered(2);
+    let hold = Duration::from_millis(500);
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(hold);
+        gate.open();
+    });
+    let t0 = Instant::now();
+    vmm.stop_ring().unwrap();
+    let waited = t0.elapsed();
+    // Both calls finished with guest memory before the base came back.
+    assert!(waited >= hold / 2, "stopped after {waited:?}");
+    assert!(
+        matches!(*late_read.lock().unwrap(), Some(Ok(8192))),
+        "the Twrite read its data before the stop"
+    );
+    assert!(
+        matches!(*late_write.lock().unwrap(), Some(Ok(()))),
+        "the Tread wrote its data before the stop"
+    );
+    let used = vmm.collect_used().unwrap();
+    assert_eq!(used.len(), 2, "both replies are on the ring at the stop");
+    opener.join().unwrap();
+}
+
+/// A daemon over a passthrough export keeping its state in a directory.
+fn stateful_device(export: &std::path::Path, state: &std::path::Path) -> Device {
+    use virtio_9p_server::{PassthroughConfig, PassthroughFs};
+    let sock_dir = tempfile::tempdir().unwrap();
+    let socket = sock_dir.path().join("vu.sock");
+    let fs = PassthroughFs::new(PassthroughConfig::new(export)).unwrap();
+    let server = Arc::new(Server::new(fs, Config::default()).unwrap());
+    let mut config = DaemonConfig::default();
+    config.listen = Listen::Path(socket.clone());
+    config.backend.queue_size = 64;
+    config.backend.engine.workers = 2;
+    config.backend.engine.max_in_flight = 64;
+    config.backend.state_dir = Some(Arc::new(std::fs::File::open(state).unwrap().into()));
+    let mut daemon = Daemon::new(server, config).unwrap();
+    let stop = daemon.stop_handle();
+    let thread = std::thread::spawn(move || daemon.run().unwrap());
+    Device {
+        socket,
+        _sock_dir: sock_dir,
+        stop,
+        thread: Some(thread),
+    }
+}
+
+/// The in-flight table file: its queue size and the positions of the
+/// slots in use.
+fn table_file(state: &std::path::Path) -> (u32, Vec<u32>) {
+    let b = std::fs::read(state.join("session.inflight")).unwrap();
+    let size = u32::from_le_bytes(b[12..16].try_into().unwrap());
+    let mut pos = Vec::new();
+    let mut at = 64;
+    while at + 256 <= b.len() {
+        let c = u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        if c & 0x0f != 0 {
+            pos.push((c >> 32) as u32);
+        }
+        at += 256;
+    }
+    (size, pos)
+}
+
+/// A ring stopped, then started again with another size (SET_VRING_NUM
+/// after a guest reboot; no RESET_DEVICE): the in-flight table follows
+/// the new size, so 40 chains in flight on a 64-entry ring each have a
+/// slot of their own (a 32-slot table would make them collide).
+fn a_ring_resized_after_a_stop_gets_a_table_of_its_size(ring: Ring) {
+    let export = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    std::fs::write(export.path().join("lockme"), b"x").unwrap();
+    let holder = hold_lock(&export.path().join("lockme"));
+    let d = stateful_device(export.path(), state.path());
+    let mut vmm = {
+        let mut o = VmmOptions::default();
+        o.mem_size = 16 << 20;
+        o.queue_size = 32;
+        FakeVmm::connect(&d.socket, ring.opts(o)).unwrap()
+    };
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
+    assert_eq!(table_file(state.path()).0, 32);
+    vmm.stop_ring().unwrap();
+    vmm.set_queue_size(64);
+    vmm.restart_ring().unwrap();
+    // One ring descriptor each (indirect), so 40 fit.
+    let subs: Vec<_> = (100..140u16)
+        .map(|tag| {
+            vmm.submit(&lock(tag), 64, Layout::Indirect { seg: 64 })
+                .unwrap()
+        })
+        .collect();
+    vmm.kick().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let (size, mut pos) = table_file(state.path());
+    assert_eq!(size, 64, "the table follows the ring's new size");
+    pos.sort_unstable();
+    pos.dedup();
+    assert_eq!(
+        pos.len(),
+        subs.len(),
+        "every chain in flight has its own slot"
+    );
+    ofd_lock(&holder, libc::F_UNLCK);
+    let used = wait_n(&mut vmm, subs.len());
+    assert_eq!(used.len(), subs.len());
 }
 
 /// RESET_DEVICE with blocked Tlocks in flight: they end (no reply on the
@@ -439,8 +739,12 @@ fn pause_keeps_replies_that_finish_as_the_ring_stops(ring: Ring) {
 
 on_both_rings! {
     pause_keeps_replies_that_finish_as_the_ring_stops => pause_keeps_replies_that_finish_as_the_ring_stops;
-    pause_drains_waiting_locks => pause_drains_waiting_locks_and_keeps_the_session;
+    pause_keeps_waiting_locks => pause_keeps_waiting_locks_and_the_session;
+    pause_then_another_guest_discards_the_waiters => pause_then_another_guest_discards_the_waiters;
     pause_waits_for_a_running_call => pause_waits_for_a_running_call;
     reset_never_lets_a_late_call_write_guest_memory => reset_never_lets_a_late_call_write_guest_memory;
     reset_device_ends_requests_and_drops_the_session => reset_device_ends_requests_and_drops_the_session;
+    reset_never_lets_a_late_call_read_guest_memory => reset_never_lets_a_late_call_read_guest_memory;
+    pause_waits_for_calls_holding_guest_memory => pause_waits_for_calls_holding_guest_memory;
+    a_ring_resized_after_a_stop_gets_a_table_of_its_size => a_ring_resized_after_a_stop_gets_a_table_of_its_size;
 }

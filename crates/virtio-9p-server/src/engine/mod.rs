@@ -77,14 +77,20 @@
 //!
 //! # Stopping (vhost-user GET_VRING_BASE)
 //!
-//! [`Engine::drain`] finishes every request in flight without cancelling
+//! [`Engine::pause`] finishes every request in flight without cancelling
 //! any, as the vhost-user specification asks of a back-end whose ring
-//! stops: requests waiting for something that may never come (a blocking
-//! Tlock) are told to end their wait ([`Cancel::end_waits`](crate::Cancel::end_waits)) and answer
-//! what their client retries (BLOCKED); calls running on workers are
-//! waited for, however long they take, with a warning every
-//! 5 s (`DRAIN_LOG_EVERY`). The device writes their replies to the ring
-//! before it answers, and nothing is in flight afterwards.
+//! stops, except requests waiting for something that may never come (a
+//! blocking Tlock): their waits are held
+//! ([`Cancel::hold_waits`](crate::Cancel::hold_waits)), so they stay in
+//! flight without trying or writing anything until the ring starts again
+//! ([`Engine::resume_waits`]), or are discarded without a write
+//! ([`Engine::discard`]) when it comes back as another guest's. Calls
+//! running on workers are waited for, however long they take, with a
+//! warning every 5 s (`DRAIN_LOG_EVERY`). The device writes their replies
+//! to the ring before it answers. [`Engine::drain`] (a handover, which
+//! leaves nothing in flight) ends those waits instead
+//! ([`Cancel::end_waits`](crate::Cancel::end_waits)): they answer what
+//! their client retries (BLOCKED).
 //!
 //! # Teardown
 //!

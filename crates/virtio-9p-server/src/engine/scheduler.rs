@@ -498,6 +498,71 @@ impl Engine {
         }
     }
 
+    /// Pauses the engine as a device that stops with its lock waiters kept
+    /// in flight: every request finishes as in [`Engine::drain`], except
+    /// those waiting (a blocking Tlock sleeping between attempts), whose
+    /// waits are held ([`Cancel::hold_waits`]): they make no attempt, so
+    /// they neither finish nor write anything, until
+    /// [`Engine::resume_waits`]. Returns the requests still in flight:
+    /// the held waiters, once every other request finished (or earlier,
+    /// when `give_up` says so).
+    pub fn pause(&mut self, give_up: impl Fn() -> bool) -> usize {
+        let started = Instant::now();
+        let mut next_log = started + DRAIN_LOG_EVERY;
+        loop {
+            for s in self.slots.iter().flatten() {
+                s.cancel.hold_waits();
+            }
+            self.run();
+            let busy = self
+                .slots
+                .iter()
+                .flatten()
+                .filter(|s| s.state != State::Sleeping)
+                .count();
+            if busy == 0 || give_up() {
+                return self.live;
+            }
+            let now = Instant::now();
+            if now >= next_log {
+                next_log = now + DRAIN_LOG_EVERY;
+                warn!(
+                    "virtio-9p: pausing the device: still waiting after {:?} for {busy} requests",
+                    now - started
+                );
+            }
+            wait_readable(self.wake.as_raw_fd(), Duration::from_millis(50));
+            self.poll();
+        }
+    }
+
+    /// Ends a [`pause`](Engine::pause): the held waiters try again at
+    /// once.
+    pub fn resume_waits(&mut self) {
+        for idx in 0..self.slots.len() {
+            if let Some(s) = self.slots[idx].as_mut() {
+                s.cancel.release_waits();
+                if s.state == State::Sleeping {
+                    s.state = State::Runnable;
+                    self.runq.push_back((idx, Resume::Go));
+                }
+            }
+        }
+        self.run();
+    }
+
+    /// Ends every request without letting any of them touch guest memory
+    /// again: each is abandoned ([`Cancel::abandon`]) before it is
+    /// cancelled, so the error it answers goes nowhere, then
+    /// [`reset`](Engine::reset). For requests of a guest that is gone (the
+    /// device was reset, or the ring came back for another guest).
+    pub fn discard(&mut self) -> usize {
+        for s in self.slots.iter().flatten() {
+            s.cancel.abandon();
+        }
+        self.reset()
+    }
+
     /// [`quiesce`](Engine::quiesce)s with the configured timeout, then
     /// gives up on the requests whose call never returned: they are leaked
     /// (counted in [`EngineStats::leaked`]), never resumed or freed, and the

@@ -69,11 +69,13 @@ impl<F: Filesystem> Server<F> {
     /// Tremove clunks the fid even when the removal fails. The file goes
     /// first, the fid after: a daemon killed in between leaves a fid
     /// whose file is gone, which its successor can tell from a removal
-    /// that did not happen (`recover`).
+    /// that did not happen (`recover`). The fid is claimed first: a
+    /// Tclunk or Tremove of it sent meanwhile gets `EBADF`, so exactly one
+    /// request releases it.
     pub(super) fn remove<B: Blocking>(&self, session: &Session<F>, fid: u32, exec: &B) -> OpResult {
-        let entry = session.get(fid)?;
+        let entry = session.claim_removal(fid)?;
         let res = self.call(exec, TREMOVE, || self.fs.remove(&entry.inode));
-        let _ = session.remove(fid);
+        session.release_claimed(fid);
         res.map_err(|e| errno::from_io(&e))?;
         Ok(Rmessage::Remove)
     }

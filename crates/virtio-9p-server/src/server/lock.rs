@@ -23,6 +23,12 @@ const WAITERS_AT_FULL_RATE: usize = 64;
 /// The longest pause however many wait.
 const LOCK_RETRY_CEILING: Duration = Duration::from_secs(1);
 
+/// How often a waiting Tlock whose waits are held (the device is paused,
+/// [`Cancel::hold_waits`](crate::Cancel::hold_waits)) looks again; the
+/// device releases it at once when the ring starts again, this is only
+/// the fallback.
+const HELD_POLL: Duration = Duration::from_millis(100);
+
 /// The longest pause between attempts with `waiters` Tlocks waiting.
 fn retry_max(waiters: usize) -> Duration {
     let scale = u32::try_from(waiters.div_ceil(WAITERS_AT_FULL_RATE).max(1)).unwrap_or(u32::MAX);
@@ -33,8 +39,9 @@ impl<F: Filesystem> Server<F> {
     /// Tlock. A blocking lock ([`LockFlags::BLOCK`]) that finds the lock
     /// taken waits here, retrying with a backoff of at most
     /// [`LOCK_RETRY_MAX`] (longer when many wait: [`retry_max`]), until it is granted, the request is cancelled
-    /// (Tflush, reset, session end: EINTR), its waits are ended (the
-    /// device stops: [`LockStatus::Blocked`], which the client retries) or
+    /// (Tflush, reset, session end: EINTR), its waits are ended (a
+    /// handover or shutdown: [`LockStatus::Blocked`], which the client
+    /// retries) or
     /// [`Config::lock_wait`](super::Config) has passed (`Blocked`). At most
     /// [`Config::max_lock_waiters`](super::Config) wait per session; the
     /// next one answers `Blocked` at once.
@@ -56,6 +63,19 @@ impl<F: Filesystem> Server<F> {
         let mut pause = Duration::from_micros(500);
         let mut waiting = None;
         loop {
+            if waiting.is_some() && cancel.waits_held() {
+                // The device is paused with this request in flight: no
+                // attempt (a grant's reply could not go out) until the
+                // ring starts again, when the waits are released.
+                if cancel.is_cancelled() {
+                    return Err(errno::EINTR);
+                }
+                if cancel.waits_ended() {
+                    return Ok(Rmessage::Lock(LockStatus::Blocked));
+                }
+                exec.sleep(HELD_POLL);
+                continue;
+            }
             // One attempt per call: between attempts the request waits in
             // `exec.sleep`, which holds no worker on a coroutine engine.
             let status = self

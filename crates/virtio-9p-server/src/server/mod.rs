@@ -146,8 +146,9 @@ pub struct Config {
     pub max_xattr_size: usize,
     /// How long a blocking Tlock (`FLAGS_BLOCK`) waits for the lock before
     /// answering `BLOCKED`. `None` (the default) waits until the lock is
-    /// granted, the request is flushed, the device stops
-    /// ([`Cancel::end_waits`]) or the session ends: the Linux client
+    /// granted, the request is flushed, the device is handed over
+    /// ([`Cancel::end_waits`]) or the session ends (a pause of the device
+    /// keeps it waiting, see [`Cancel::hold_waits`]): the Linux client
     /// sleeps its `locktimeout` (30 s) after every `BLOCKED`, so waiting
     /// here is what makes a released lock reach a waiting guest at once.
     /// With the [`Inline`](crate::Inline) executor a waiting Tlock holds the calling
@@ -385,10 +386,13 @@ impl<F: Filesystem> Server<F> {
             Tmessage::Mkdir(m) => self.mkdir(session, &m, exec),
             Tmessage::Rename(m) => {
                 let r = self.rename(session, &m, exec);
-                // The fid's path changed (and with it every saved path
-                // below it): a crash-safe session saves itself anew.
+                // The fid's path changed: one journal record, not a new
+                // snapshot (which costs a save per fid: a guest looping
+                // on Trename would stall the device). Fids below a
+                // renamed directory keep their old saved paths until the
+                // next snapshot; a restore finds them by their handles.
                 if r.is_ok() {
-                    session.compact();
+                    session.touch(m.fid);
                 }
                 r
             }

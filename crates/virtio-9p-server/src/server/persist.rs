@@ -83,9 +83,13 @@ impl<F: Filesystem> Server<F> {
     /// truncated again), their locks taken again, xattr buffers back.
     ///
     /// State that is not state, cut short, damaged, from another format
-    /// version or for another export is refused ([`Error::State`]). A fid
-    /// whose file is gone is left out (the guest then gets EBADF for it),
-    /// and a lock another process took meanwhile is lost; both are logged.
+    /// version or for another export is refused ([`Error::State`]), and so
+    /// is a state with a fid whose saved file no honest save wrote (a
+    /// handle that opens another file or another type:
+    /// [`StateProblem::Forged`]); nothing of it is restored. A fid whose
+    /// file is gone, replaced by another or moved out of the export is
+    /// left out (the guest then gets EBADF for it), and a lock another
+    /// process took meanwhile is lost; both are logged.
     pub fn restore_session(&self, bytes: &[u8]) -> Result<Session<F>> {
         let saved = SavedSession::decode(bytes).map_err(Error::State)?;
         let export = self.fs.export_id();
@@ -101,6 +105,16 @@ impl<F: Filesystem> Server<F> {
         for f in saved.fids {
             match self.restore_fid(&session, &f) {
                 Ok(()) => {}
+                // Forged or malformed: nothing of this state is used.
+                Err(Error::RestoreFid { fid, source })
+                    if source.kind() == std::io::ErrorKind::InvalidData =>
+                {
+                    return Err(Error::State(StateProblem::Forged {
+                        fid,
+                        why: source.to_string(),
+                    }));
+                }
+                Err(e @ Error::State(_)) => return Err(e),
                 Err(e) => {
                     lost += 1;
                     warn!("9p: restore: fid {} left out: {e}", f.fid);

@@ -58,10 +58,6 @@ pub(crate) trait FidLog<F: Filesystem>: Send + Sync {
     /// the order the table changed. `table` and `msize` are the session
     /// after the change, for a compaction.
     fn append(&self, record: &[u8], msize: u32, table: &FidTable<F>);
-
-    /// Saves the whole session anew (a snapshot) and starts the journal
-    /// again; called under the table lock.
-    fn compact(&self, msize: u32, table: &FidTable<F>);
 }
 
 /// What a fid refers to.
@@ -243,6 +239,10 @@ pub struct Session<F: Filesystem> {
     lock_waiters: AtomicUsize,
     /// The journal of fid changes, when the session is kept crash-safe.
     log: OnceLock<Log<F>>,
+    /// Fids a Tremove claimed and has not released yet: no other Tremove
+    /// or Tclunk releases them (one winner per fid). Taken only under the
+    /// table lock.
+    releasing: Mutex<Vec<u32>>,
 }
 
 impl<F: Filesystem> Default for Session<F> {
@@ -255,6 +255,7 @@ impl<F: Filesystem> Default for Session<F> {
             open_fids: Arc::new(AtomicUsize::new(0)),
             lock_waiters: AtomicUsize::new(0),
             log: OnceLock::new(),
+            releasing: Mutex::new(Vec::new()),
         }
     }
 }
@@ -413,6 +414,8 @@ impl<F: Filesystem> Session<F> {
     pub(crate) fn reset(&self, msize: u32) {
         let mut t = self.table();
         let old = std::mem::take(&mut *t);
+        // A Tremove still running releases nothing of the new session.
+        self.claims().clear();
         self.uncount(old.len());
         self.msize.store(msize, Ordering::Release);
         if let Some(log) = self.log.get() {
@@ -420,15 +423,6 @@ impl<F: Filesystem> Session<F> {
         }
         drop(t);
         drop(old);
-    }
-
-    /// Saves a journaled session anew (after a change that moves saved
-    /// paths, such as Trename). No-op unless journaled.
-    pub(crate) fn compact(&self) {
-        if let Some(log) = self.log.get() {
-            let t = self.table();
-            log.compact(self.msize(), &t);
-        }
     }
 
     /// Journals `fid` again after a change inside its entry (a lock
@@ -522,8 +516,54 @@ impl<F: Filesystem> Session<F> {
         }
     }
 
+    fn claims(&self) -> MutexGuard<'_, Vec<u32>> {
+        // Every update is a single push/remove: recover from poison.
+        self.releasing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tclunk: removes `fid` from the table, unless a Tremove claimed it
+    /// ([`Session::claim_removal`]): then `EBADF`, the Tremove releases it.
     pub(crate) fn remove(&self, fid: u32) -> Result<Arc<Fid<F>>, u32> {
-        let mut t = self.table();
+        let t = self.table();
+        if self.claims().contains(&fid) {
+            return Err(errno::EBADF);
+        }
+        self.remove_locked(t, fid)
+    }
+
+    /// Tremove, before its filesystem call: claims `fid`, so that a
+    /// Tclunk or another Tremove of it sent meanwhile fails with `EBADF`
+    /// (exactly one request releases a fid). Returns its entry;
+    /// [`Session::release_claimed`] removes it afterwards.
+    pub(crate) fn claim_removal(&self, fid: u32) -> Result<Arc<Fid<F>>, u32> {
+        let t = self.table();
+        let entry = t.get(&fid).cloned().ok_or(errno::EBADF)?;
+        let mut claims = self.claims();
+        if claims.contains(&fid) {
+            return Err(errno::EBADF);
+        }
+        claims.push(fid);
+        Ok(entry)
+    }
+
+    /// Ends a Tremove's claim on `fid` and removes it from the table
+    /// (unless a Tversion forgot every fid meanwhile).
+    pub(crate) fn release_claimed(&self, fid: u32) {
+        let t = self.table();
+        let mut claims = self.claims();
+        let Some(i) = claims.iter().position(|&f| f == fid) else {
+            return;
+        };
+        claims.swap_remove(i);
+        drop(claims);
+        let _ = self.remove_locked(t, fid);
+    }
+
+    fn remove_locked(
+        &self,
+        mut t: MutexGuard<'_, FidTable<F>>,
+        fid: u32,
+    ) -> Result<Arc<Fid<F>>, u32> {
         let out = t.remove(&fid).ok_or(errno::EBADF)?;
         if let Some(log) = self.log.get() {
             log.append(&crate::state::journal::remove_record(fid), self.msize(), &t);

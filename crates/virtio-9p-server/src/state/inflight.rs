@@ -213,6 +213,28 @@ impl InflightTable {
         Ok((t, Vec::new(), None))
     }
 
+    /// [`InflightTable::open`] of a new, empty table in place of the one
+    /// in `dir`, for a ring of another size or layout (a driver that set
+    /// a new size after a stop). The old file is unlinked first, so a
+    /// mapping of it still alive (a request given up on by a reset) keeps
+    /// its own pages and never faults on a shrunk file.
+    pub fn recreate(dir: BorrowedFd<'_>, queue_size: u16, packed: bool) -> io::Result<Self> {
+        // SAFETY: a valid dirfd and C string.
+        if unsafe { libc::unlinkat(dir.as_raw_fd(), INFLIGHT.as_ptr(), 0) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(e);
+            }
+        }
+        let (t, _, _) = Self::open(dir, queue_size, packed)?;
+        Ok(t)
+    }
+
+    /// The queue size the table is laid out for.
+    pub fn queue_size(&self) -> u16 {
+        self.size
+    }
+
     fn ring_word(&self) -> &AtomicU64 {
         // SAFETY: offset 24 is 8-byte aligned within the page-aligned
         // mapping, and AtomicU64 has the layout of u64.

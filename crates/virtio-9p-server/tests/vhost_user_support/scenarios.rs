@@ -376,11 +376,12 @@ pub fn malformed_chains_and_messages(
 
 /// The ring is stopped (GET_VRING_BASE, as a VMM does before a device
 /// reset) with 60 Tlocks blocked in flight on a 64-entry ring: the device
-/// drains, so every one is answered BLOCKED on the used ring before the
-/// base comes back, and the base is the driver's position (for packed,
-/// past the end of the ring: the wrap counter flipped). Then it is started
-/// again from scratch: a start at a base past the ring is refused, nothing
-/// of the old ring comes back, and the new ring serves.
+/// keeps them in flight (a pause no lock waiter notices), writes nothing,
+/// and the base is the driver's position, the waiters counted as taken
+/// (for packed, past the end of the ring: the wrap counter flipped). Then
+/// it is started again from scratch: the kept waiters belong to another
+/// ring and are discarded, a start at a base past the ring is refused,
+/// nothing of the old ring comes back, and the new ring serves.
 pub fn reset_with_requests_in_flight(
     dir: &Path,
     connect: impl FnOnce(VmmOptions) -> FakeVmm,
@@ -427,14 +428,12 @@ pub fn reset_with_requests_in_flight(
         assert_eq!(expected, 64);
     }
     assert_eq!(vmm.stop_ring().unwrap(), expected);
-    // Drained: every request answered before GET_VRING_BASE returned.
-    let used = vmm.collect_used().unwrap();
-    assert_eq!(used.len(), 60, "replies on the used ring at the stop");
-    for (h, len) in &used {
-        let sub = subs.iter().find(|s| s.head == *h).unwrap();
-        let reply = decode(&vmm.read(sub.reply_addr, *len as usize).unwrap());
-        assert_eq!(reply.1, Rmessage::Lock(LockStatus::Blocked), "{reply:?}");
-    }
+    // Paused: the waiters stay in flight, nothing is written.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "a waiter was answered at the stop"
+    );
 
     // A frontend that starts the ring at a base past its end (slot 4096
     // of 64; for split, an available index 4096 ahead of the ring's): the

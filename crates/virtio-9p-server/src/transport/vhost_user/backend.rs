@@ -14,7 +14,9 @@ use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, Vring
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_queue::QueueT;
 use virtqueue_large::{AnyRing, DeviceRing, PackedQueue};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{
+    GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -125,6 +127,33 @@ struct QueueCell<F: Filesystem> {
     /// ring stops or the device resets. `None`: the split ring of the
     /// vring's `Queue` is used.
     packed: Option<PackedQueue>,
+    /// The ring stopped with requests kept in flight (waiting Tlocks, see
+    /// [`Virtio9pBackend::stop`]): the guest and ring they belong to.
+    paused: Option<Paused>,
+}
+
+/// What a ring was when it stopped with requests in flight: when it
+/// starts again, they go on only if it is the same guest's same ring.
+struct Paused {
+    /// Guest memory regions (guest address, length).
+    regions: Vec<(u64, u64)>,
+    /// Size, descriptor area, driver area, device area.
+    ring: (u16, u64, u64, u64),
+    /// The base GET_VRING_BASE reported.
+    base: u16,
+    /// The split ring's next used index (the guest's used index).
+    used: u16,
+    /// The packed ring state, with the chains in flight.
+    packed: Option<PackedQueue>,
+}
+
+/// The regions of guest memory: a new memory table with other regions is
+/// another guest for the requests a pause kept.
+fn regions(mem: &Mem) -> Vec<(u64, u64)> {
+    mem.memory()
+        .iter()
+        .map(|r| (r.start_addr().0, r.len()))
+        .collect()
 }
 
 // SAFETY: the request queue (the only non-`Send` part) is created, used and
@@ -230,6 +259,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 owner: None,
                 queue: None,
                 packed: None,
+                paused: None,
             }),
             epoll_fd: AtomicI32::new(-1),
             control_fd: EventFd::new(EFD_NONBLOCK).map_err(crate::Error::BackendEvent)?,
@@ -316,7 +346,28 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         };
         let packed = self.packed();
         if q.has_inflight() {
-            q.set_ring(packed, queue.size(), queue.desc_table());
+            if q.table_fits(packed, queue.size()) {
+                q.set_ring(packed, queue.size(), queue.desc_table());
+                return Ok(());
+            }
+            // A new SET_VRING_NUM (or layout) after a stop, without a
+            // reset: a guest reboot. What the table holds is the old
+            // ring's, and its slots would collide: a new table.
+            info!(
+                "virtio-9p: the ring was started again with {} entries ({} ring): a new in-flight table, {} requests of the old ring forgotten",
+                queue.size(),
+                if packed { "packed" } else { "split" },
+                q.in_flight()
+            );
+            let table = InflightTable::recreate(dir.as_fd(), queue.size(), packed)?;
+            q.set_inflight(
+                Arc::new(table),
+                Vec::new(),
+                None,
+                packed,
+                queue.size(),
+                queue.desc_table(),
+            );
             return Ok(());
         }
         let (table, old, ring) = InflightTable::open(dir.as_fd(), queue.size(), packed)?;
@@ -529,6 +580,9 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 q.clear_more();
             }
         }
+        if cell.paused.is_some() {
+            self.resume_paused(cell, vrings, &mem);
+        }
         if (device_event == QUEUE_EVENT || device_event == MORE_EVENT)
             && self.frozen.load(Ordering::Acquire)
         {
@@ -599,22 +653,119 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         Ok(())
     }
 
+    /// The ring of a paused device is ready again: if it is the same
+    /// guest's same ring (memory regions, size, addresses, the base the
+    /// stop reported and, split, the guest's used index), the requests the
+    /// pause kept go on (a waiting Tlock tries again at once); else they
+    /// are discarded with one log line, no reply goes out and no guest
+    /// memory is written.
+    fn resume_paused(&self, cell: &mut QueueCell<F>, vrings: &[VringRwLock], mem: &Mem) {
+        let Some(vring) = vrings.first() else {
+            return;
+        };
+        let st = vring.get_ref();
+        let queue = st.get_queue();
+        if !queue.ready() {
+            return;
+        }
+        let Some(mut p) = cell.paused.take() else {
+            return;
+        };
+        let ring = (
+            queue.size(),
+            queue.desc_table(),
+            queue.avail_ring(),
+            queue.used_ring(),
+        );
+        let why = if p.regions != regions(mem) {
+            Some("a new memory table")
+        } else if p.ring != ring {
+            Some("new ring addresses or size")
+        } else if p.packed.is_some() != self.packed() {
+            Some("another ring layout")
+        } else if queue.next_avail() != p.base {
+            Some("another ring base")
+        } else if p.packed.is_none()
+            && queue
+                .used_idx(&*mem.memory(), Ordering::Acquire)
+                .ok()
+                .map(|u| u.0)
+                != Some(p.used)
+        {
+            Some("a used index that does not fit")
+        } else {
+            None
+        };
+        let Some(q) = cell.queue.as_mut() else {
+            return;
+        };
+        match why {
+            None => {
+                if let Some(pk) = p.packed.as_mut() {
+                    pk.set_ready(true);
+                    pk.set_event_idx(queue.event_idx_enabled());
+                }
+                if p.packed.is_some() {
+                    cell.packed = p.packed;
+                }
+                drop(st);
+                info!(
+                    "virtio-9p: the ring started again: {} requests kept across the pause go on",
+                    q.in_flight()
+                );
+                q.resume_waits();
+            }
+            Some(why) => {
+                drop(st);
+                error!(
+                    "virtio-9p: the ring started again with {why}: {} requests kept across the pause belong to another guest and are discarded (no reply, no guest memory written)",
+                    q.in_flight()
+                );
+                q.clear_inflight();
+                self.end_queue(cell);
+            }
+        }
+    }
+
     /// GET_VRING_BASE, on the vring thread: every request in flight
     /// finishes and its reply goes to the used ring, with the notification
     /// the driver asked for, before the frontend gets the ring base; then
     /// the device is stopped and writes nothing until the ring starts
-    /// again. The session (fids) stays: a stop is a pause. `reported`:
-    /// the frontend gets the ring base (GET_VRING_BASE; a handover's
-    /// freeze tells it nothing).
+    /// again. The session (fids) stays: a stop is a pause. Blocking Tlocks
+    /// waiting for a lock are the exception: they stay in flight, taken
+    /// and not used (the base counts them as taken, as for any chain a
+    /// device holds), make no attempt while the ring is stopped, and go
+    /// on when it starts again for the same guest
+    /// ([`Virtio9pBackend::resume_paused`]), so a guest waiting for a lock
+    /// across `stop`/`cont` gets it as soon as the host frees it.
+    /// `reported`: the frontend gets the ring base (GET_VRING_BASE; a
+    /// handover's freeze tells it nothing, and answers waiting Tlocks
+    /// BLOCKED).
     fn stop(
         &self,
         cell: &mut QueueCell<F>,
         vrings: &[VringRwLock],
         reported: bool,
     ) -> std::io::Result<()> {
+        if let Some(p) = cell.paused.take() {
+            // Stopped again (a freeze after a pause): the kept requests
+            // end on the ring they came from.
+            if p.packed.is_some() {
+                cell.packed = p.packed;
+            }
+        }
+        let mut kept = 0;
         if let Some(q) = cell.queue.as_mut() {
-            let left = q.drain(|| self.shutting_down.load(Ordering::Acquire));
-            if left == 0 {
+            let give_up = || self.shutting_down.load(Ordering::Acquire);
+            let left = if reported {
+                q.pause(give_up)
+            } else {
+                q.drain(give_up)
+            };
+            if reported && !give_up() {
+                kept = left;
+            }
+            if left == kept {
                 Self::complete(
                     q,
                     cell.packed.as_mut(),
@@ -633,13 +784,36 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             q.reset(self.indirect()).map_err(std::io::Error::other)?;
         }
         // The packed position goes where GET_VRING_BASE reads it, and the
-        // next start builds the ring state afresh.
+        // next start builds the ring state afresh, unless requests were
+        // kept: then the state with their slots goes on if the same ring
+        // starts again.
+        let mut packed = None;
         if let Some(p) = cell.packed.take() {
             if let Some(vring) = vrings.first() {
                 p.sync_to(vring.get_mut().get_queue_mut());
             }
             if let (true, Some(q)) = (reported, cell.queue.as_mut()) {
                 q.packed_stopped(p.avail_base());
+            }
+            packed = Some(p);
+        }
+        if kept > 0 {
+            if let (Some(vring), Some(mem)) = (vrings.first(), self.memory()) {
+                let st = vring.get_mut();
+                let queue = st.get_queue();
+                info!("virtio-9p: paused with {kept} waiting Tlocks kept in flight");
+                cell.paused = Some(Paused {
+                    regions: regions(&mem),
+                    ring: (
+                        queue.size(),
+                        queue.desc_table(),
+                        queue.avail_ring(),
+                        queue.used_ring(),
+                    ),
+                    base: queue.next_avail(),
+                    used: queue.next_used(),
+                    packed,
+                });
             }
         }
         Ok(())
@@ -652,6 +826,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     /// the request queue with its engine and workers is dropped. The next
     /// start builds a new one.
     fn end_queue(&self, cell: &mut QueueCell<F>) {
+        cell.paused = None;
         if let Some(mut q) = cell.queue.take() {
             let leaked = q.cancel_all();
             if leaked > 0 {

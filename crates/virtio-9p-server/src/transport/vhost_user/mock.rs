@@ -135,6 +135,8 @@ pub struct Submitted {
     /// The chain's head index (split) or buffer id (packed): what the
     /// used ring names it by.
     pub head: u16,
+    /// Guest address of the request (contiguous).
+    pub request_addr: u64,
     /// Guest address of the reply buffer (contiguous).
     pub reply_addr: u64,
     /// Its length.
@@ -272,6 +274,12 @@ impl FakeVmm {
     /// counter (packed).
     pub fn driver_ring_base(&self) -> u32 {
         u32::from(self.driver.ring().avail_base())
+    }
+
+    /// Sets the queue size the next [`FakeVmm::restart_ring`] sends
+    /// (SET_VRING_NUM), as a rebooted driver may choose another.
+    pub fn set_queue_size(&mut self, size: u16) {
+        self.opts.queue_size = size;
     }
 
     /// Starts the stopped ring again from scratch, as a driver does after
@@ -594,6 +602,7 @@ impl FakeVmm {
             .add_chain_placed(ring_layout, &bufs, &addrs, table)?;
         let sub = Submitted {
             head: chain.head,
+            request_addr: req_addr,
             reply_addr,
             reply_len,
         };

@@ -8,11 +8,13 @@
 //! On the engine's thread a request is alive by construction: a request
 //! given up on by a bounded teardown is never resumed. A worker thread is
 //! different: its call may return after the teardown, when the guest has
-//! reused the chain's pages. So a [`ChainWriter`] used off the engine's
-//! thread never hands guest memory to a call that can block: file data is
-//! read into the worker's bounce buffer first, and each copy into guest
-//! memory runs under the request's [`Cancel::guest_access`], which the
-//! teardown revokes ([`Cancel::abandon`]) before the chain goes back.
+//! reused the chain's pages. So a [`ChainWriter`] or [`ChainReader`] used
+//! off the engine's thread never hands guest memory to a call that can
+//! block: file data is read into the worker's bounce buffer first (Rread),
+//! or Twrite data copied out of guest memory into it before the `pwrite`,
+//! and each copy into or out of guest memory runs under the request's
+//! [`Cancel::guest_access`], which the teardown revokes
+//! ([`Cancel::abandon`]) before the chain goes back.
 
 use std::cell::RefCell;
 use std::io::{self, Read, Write};
@@ -37,9 +39,11 @@ thread_local! {
     static BOUNCE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The device-readable part of a chain: one 9P request.
+/// The device-readable part of a chain: one 9P request, and the request's
+/// [`Cancel`] token, which guards reads of guest memory from other
+/// threads.
 #[derive(Debug)]
-pub struct ChainReader<M>(pub Reader<M>);
+pub struct ChainReader<M>(pub Reader<M>, pub Cancel);
 
 /// The device-writable part of a chain: room for one 9P reply, the
 /// request's [`Cancel`] token that guards writes from other threads, and
@@ -97,8 +101,63 @@ where
         count: usize,
         off: u64,
     ) -> io::Result<usize> {
-        self.0.write_to_file_at(&file, count, off)
+        if engine::on_coroutine() {
+            if self.1.is_gone() {
+                return Err(abandoned());
+            }
+            return self.0.write_to_file_at(&file, count, off);
+        }
+        write_file(&mut self.0, &self.1, file, count, off)
     }
+}
+
+/// Writes request data to a file off the engine's thread: each piece is
+/// copied out of guest memory into the worker's bounce buffer (under the
+/// request's [`Cancel::guest_access`]) before the `pwrite`, which may
+/// block for as long as the filesystem likes with no guest page in it
+/// (module docs). The reader advances by exactly the bytes written.
+fn write_file<M>(
+    r: &mut Reader<M>,
+    token: &Cancel,
+    file: BorrowedFd<'_>,
+    count: usize,
+    off: u64,
+) -> io::Result<usize>
+where
+    M: Deref + Clone,
+    M::Target: GuestMemoryBackend + Sized,
+{
+    let count = count.min(r.available_bytes());
+    BOUNCE.with(|bounce| {
+        let mut buf = bounce.borrow_mut();
+        let chunk = count.min(BOUNCE_CHUNK);
+        if buf.len() < chunk {
+            buf.resize(chunk, 0);
+        }
+        let mut done = 0usize;
+        while done < count {
+            let want = (count - done).min(chunk);
+            let data = &mut buf[..want];
+            let mut peek = r.clone();
+            token
+                .guest_access(|| peek.read_exact(data))
+                .unwrap_or_else(|| Err(abandoned()))?;
+            let wrote = match crate::sys::pwrite_all(file, data, off + done as u64) {
+                Ok(n) => n,
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e),
+            };
+            let rest = r
+                .split_at(wrote)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            *r = rest;
+            done += wrote;
+            if wrote < want {
+                break;
+            }
+        }
+        Ok(done)
+    })
 }
 
 impl<M, B> Write for ChainWriter<M, B>
@@ -108,6 +167,10 @@ where
 {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if engine::on_coroutine() {
+            // The engine's thread abandons, so no access is in progress.
+            if self.token.is_gone() {
+                return Err(abandoned());
+            }
             return self.writer.write(buf);
         }
         let w = &mut self.writer;
@@ -174,6 +237,9 @@ where
     M::Target: GuestMemoryBackend + Sized,
 {
     if engine::on_coroutine() {
+        if token.is_gone() {
+            return Err(abandoned());
+        }
         return w.read_from_file_at(&file, count, off);
     }
     let count = count.min(w.available_bytes());

@@ -412,15 +412,24 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
     }
 
     #[cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
-    /// A new ring configuration (the ring started again after a stop).
+    /// Whether the in-flight table is laid out for a ring of `size`
+    /// entries and `packed` layout (its slots are positions modulo the
+    /// size: a table of another size would let chains collide).
+    pub(crate) fn table_fits(&self, packed: bool, size: u16) -> bool {
+        self.book
+            .as_ref()
+            .is_none_or(|b| b.packed == packed && b.table.queue_size() == size)
+    }
+
+    #[cfg_attr(not(feature = "vhost-user"), allow(dead_code))]
+    /// A new ring configuration (the ring started again after a stop), of
+    /// the size and layout of the table ([`RequestQueue::table_fits`];
+    /// else give the queue a new table with
+    /// [`RequestQueue::set_inflight`]).
     pub(crate) fn set_ring(&mut self, packed: bool, size: u16, desc_area: u64) {
         if let Some(b) = self.book.as_mut() {
-            b.packed = packed;
+            debug_assert!(b.packed == packed && b.table.queue_size() == size);
             b.desc_area = desc_area;
-            if b.size != size {
-                b.size = size;
-                b.pos_of = vec![0; usize::from(size)];
-            }
         }
     }
 
@@ -680,10 +689,28 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
 
     /// Cancels every request and waits for running calls up to the
     /// engine's `quiesce_timeout`; a call that has not returned by then is
-    /// leaked ([`Engine::reset`]). Returns the number leaked; the queue is
+    /// leaked ([`Engine::reset`]). No request touches guest memory from
+    /// here on: each is abandoned first ([`Engine::discard`]), so the
+    /// answer a cancelled request gives is written nowhere (the driver
+    /// that sent it is gone). Returns the number leaked; the queue is
     /// empty afterwards.
     pub fn cancel_all(&mut self) -> usize {
-        self.engine.reset()
+        self.engine.discard()
+    }
+
+    /// Pauses the queue (GET_VRING_BASE): every request in flight
+    /// finishes, except blocking Tlocks waiting for a lock, which stay in
+    /// flight, make no attempt and write nothing until
+    /// [`RequestQueue::resume_waits`] ([`Engine::pause`]). Returns early
+    /// when `give_up` says so. Returns the requests left in flight.
+    pub fn pause(&mut self, give_up: impl Fn() -> bool) -> usize {
+        self.engine.pause(give_up)
+    }
+
+    /// The ring started again for the same guest after a
+    /// [`pause`](RequestQueue::pause): the held Tlocks try again at once.
+    pub fn resume_waits(&mut self) {
+        self.engine.resume_waits();
     }
 
     /// The in-flight record of the chain just taken at position `pos`:
@@ -823,7 +850,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         let exec = self.exec;
         let token = cancel.clone();
         let mut w = ChainWriter::new(writer, cancel.clone(), exec);
-        let mut r = ChainReader(reader);
+        let mut r = ChainReader(reader, cancel.clone());
         let result = self.engine.spawn(head, tag, cancel, move || {
             let rec = record.as_ref().map(|r| r as &dyn RequestRecord);
             let handled = match (left, header) {
