@@ -117,6 +117,9 @@ pub enum Error {
     /// A security model other than `passthrough`, `mapped-xattr`, `none`.
     #[error("unknown security model {0:?}: expected passthrough, mapped-xattr or none")]
     SecurityModel(String),
+    /// A migration mode other than `file-handles` or `find-paths`.
+    #[error("unknown migration mode {0:?}: expected file-handles or find-paths")]
+    MigrationMode(String),
     /// The engine's worker pool or its eventfd could not be created.
     #[error("cannot start the engine's workers: {0}")]
     Workers(#[source] io::Error),

@@ -96,7 +96,7 @@ pub mod client;
 
 pub use error::{Error, Result};
 pub use exec::{Blocking, Cancel, Inline, Interrupted};
-pub use fs::passthrough::{PassthroughConfig, PassthroughFs, SecurityModel};
+pub use fs::passthrough::{MigrationMode, PassthroughConfig, PassthroughFs, SecurityModel};
 pub use io::{ReplyWriter, RequestReader};
 pub use server::{
     Config, Reply, Server, Session, DEFAULT_GUEST_LOG_LINES_PER_SEC, DEFAULT_MAX_FIDS,

@@ -58,6 +58,8 @@ fn harden(
     pcfg.readonly = cli.readonly;
     pcfg.inline_metadata = !cli.no_inline_metadata;
     pcfg.security_model = cli.security_model;
+    pcfg.export_name = cli.export_name.clone();
+    pcfg.migration_mode = cli.migration_mode;
     pcfg.max_path_fds = limits::path_fd_budget(nofile);
     let ids = id_translation(cli)?;
     let mut scfg = SandboxConfig::new(h.sandbox, &shared_dir);

@@ -11,7 +11,7 @@ use super::sandbox::SandboxMode;
 use virtio_9p_server::fs::ids::{IdMap, IdRule};
 use virtio_9p_server::protocol::MAX_MSIZE;
 use virtio_9p_server::transport::socket::ListenAddr;
-use virtio_9p_server::SecurityModel;
+use virtio_9p_server::{MigrationMode, SecurityModel};
 
 /// A 9P2000.L file server for virtual machines.
 ///
@@ -59,6 +59,22 @@ pub struct Cli {
     /// (QEMU-compatible user.virtfs.* xattrs) or none.
     #[arg(long, value_name = "MODEL", default_value = "passthrough")]
     pub security_model: SecurityModel,
+
+    /// The export's name for live migration: a saved device state names
+    /// the export by it, so a daemon on another host exporting the same
+    /// tree (at any path) under the same name takes it. Without it the
+    /// export is named by its root's (dev, ino): only this directory on
+    /// this host matches. 1 to 255 bytes, no NUL.
+    #[arg(long, value_name = "NAME", value_parser = parse_export_name)]
+    pub export_name: Option<String>,
+
+    /// How a migrated (or restarted) session finds its files again:
+    /// file-handles (the same file by device and inode, by path or file
+    /// handle: both daemons see one filesystem) or find-paths (the file at
+    /// the same path below the export, of the same type: another host
+    /// holding the same tree; a file gone or changed answers ESTALE).
+    #[arg(long, value_name = "MODE", default_value = "file-handles")]
+    pub migration_mode: MigrationMode,
 
     /// Largest msize granted to clients, in bytes (4096..=134217728).
     #[arg(long, value_name = "BYTES", default_value_t = MAX_MSIZE,
@@ -378,4 +394,12 @@ mod tests {
             );
         }
     }
+}
+
+/// `--export-name`: 1 to 255 bytes, no NUL.
+fn parse_export_name(s: &str) -> std::result::Result<String, String> {
+    if s.is_empty() || s.len() > 255 || s.contains('\0') {
+        return Err("an export name is 1 to 255 bytes, without NUL".into());
+    }
+    Ok(s.to_string())
 }

@@ -88,8 +88,8 @@ impl<F: Filesystem> Server<F> {
     /// handle that opens another file or another type:
     /// [`StateProblem::Forged`]); nothing of it is restored. A fid whose
     /// file is gone, replaced by another or moved out of the export is
-    /// left out (the guest then gets EBADF for it), and a lock another
-    /// process took meanwhile is lost; both are logged.
+    /// left out and answers `ESTALE` (nothing else of the session fails),
+    /// and a lock another process took meanwhile is lost; both are logged.
     pub fn restore_session(&self, bytes: &[u8]) -> Result<Session<F>> {
         let saved = SavedSession::decode(bytes).map_err(Error::State)?;
         let export = self.fs.export_id();
@@ -117,7 +117,8 @@ impl<F: Filesystem> Server<F> {
                 Err(e @ Error::State(_)) => return Err(e),
                 Err(e) => {
                     lost += 1;
-                    warn!("9p: restore: fid {} left out: {e}", f.fid);
+                    warn!("9p: restore: fid {} answers ESTALE: {e}", f.fid);
+                    session.mark_stale(f.fid);
                 }
             }
         }

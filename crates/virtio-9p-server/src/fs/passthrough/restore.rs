@@ -33,7 +33,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
-use super::{err, sys, Inode, PassthroughFs};
+use super::{err, sys, Inode, MigrationMode, PassthroughFs};
 use crate::protocol::Qid;
 
 /// Format version of a saved inode (2: with the file type).
@@ -81,6 +81,9 @@ impl PassthroughFs {
 
     pub(super) fn inode_from_saved(&self, saved: &[u8]) -> io::Result<(Inode, Qid)> {
         let s = SavedInode::parse(saved).ok_or_else(|| forged("a saved inode does not parse"))?;
+        if self.cfg.migration_mode == MigrationMode::FindPaths {
+            return self.find_saved_path(&s);
+        }
         if s.has_path {
             if let Some(found) = self.walk_saved(&s.names, s.dev, s.ino, s.ty)? {
                 return Ok(found);
@@ -122,6 +125,35 @@ impl PassthroughFs {
             }
         }
         Err(err(libc::ESTALE))
+    }
+
+    /// [`MigrationMode::FindPaths`]: the file at the saved path below the
+    /// export (another host: its `(dev, ino)` are not the saved ones),
+    /// walked as a guest's walk is, if it has the saved file type.
+    /// `ESTALE` if it is gone or of another type, or the save knew no
+    /// path for it.
+    fn find_saved_path(&self, s: &SavedInode<'_>) -> io::Result<(Inode, Qid)> {
+        if !s.has_path {
+            return Err(err(libc::ESTALE));
+        }
+        let mut cur = (self.root.clone(), Qid::default());
+        for name in &s.names {
+            if crate::fs::validate_name(name).is_err() {
+                return Err(forged("a saved path has a name no walk gives"));
+            }
+            cur = self.lookup(&cur.0, name).map_err(|_| err(libc::ESTALE))?;
+        }
+        if s.names.is_empty() {
+            let st = sys::fstat(self.fd(&cur.0)?.as_fd())?;
+            if st.st_mode & libc::S_IFMT != s.ty {
+                return Err(err(libc::ESTALE));
+            }
+            return Ok((cur.0, self.make_qid(&st, None)?));
+        }
+        if cur.0 .0.host_type != s.ty {
+            return Err(err(libc::ESTALE));
+        }
+        Ok(cur)
     }
 
     /// Walks `names` from the export root as a guest's walk does; the

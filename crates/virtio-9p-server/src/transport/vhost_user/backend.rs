@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use coro_pool::StackPool;
 use log::{debug, error, info, warn};
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserVirtioFeatures,
+};
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_queue::QueueT;
@@ -45,13 +48,16 @@ pub const CONTROL_EVENT: u16 = 4;
 pub const MORE_EVENT: u16 = 5;
 
 /// The vhost-user protocol features offered: CONFIG (the mount tag is read
-/// from the backend), MQ, REPLY_ACK, CONFIGURE_MEM_SLOTS and RESET_DEVICE.
+/// from the backend), MQ, REPLY_ACK, CONFIGURE_MEM_SLOTS, RESET_DEVICE and
+/// DEVICE_STATE (the 9P session crosses a live migration; see "Live
+/// migration" in the crate README).
 pub fn protocol_features() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::MQ
         | VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
         | VhostUserProtocolFeatures::RESET_DEVICE
+        | VhostUserProtocolFeatures::DEVICE_STATE
 }
 
 /// Settings of one device. Build one from [`BackendConfig::default`] and
@@ -217,6 +223,8 @@ pub struct Virtio9pBackend<F: Filesystem> {
     /// The session is a predecessor's ([`Virtio9pBackend::set_session`]):
     /// the packed ring position it recorded may replace a stale base.
     taken_over: AtomicBool,
+    /// A device-state transfer of a live migration.
+    transfer: super::migrate::Transfer,
 }
 
 impl<F: Filesystem> std::fmt::Debug for Virtio9pBackend<F> {
@@ -276,6 +284,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             state_dir: config.state_dir.clone(),
             recovering: AtomicBool::new(false),
             taken_over: AtomicBool::new(false),
+            transfer: Default::default(),
         })
     }
 
@@ -989,6 +998,72 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
             Err(e) => {
                 error!("virtio-9p: cannot create the vring thread's exit event: {e}");
                 None
+            }
+        }
+    }
+
+    /// SAVE: the session as [`Server::save_session`] saves it, written to
+    /// `file` on a thread; refused while a stop kept waiting Tlocks in
+    /// flight (they cannot cross yet). LOAD: `file` read on a thread;
+    /// [`VhostUserBackend::check_device_state`] restores it.
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        file: std::fs::File,
+    ) -> std::io::Result<Option<std::fs::File>> {
+        match direction {
+            VhostTransferStateDirection::SAVE => {
+                let kept = self
+                    .cell
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .paused
+                    .is_some();
+                if kept {
+                    error!("virtio-9p: migration refused: Tlocks are waiting in flight");
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::ResourceBusy,
+                        "Tlocks are waiting in flight",
+                    ));
+                }
+                let bytes = self.server.save_session(&self.session()).map_err(|e| {
+                    error!("virtio-9p: migration: cannot save the session: {e}");
+                    std::io::Error::other(e)
+                })?;
+                info!("virtio-9p: migration: saving {} bytes of device state", bytes.len());
+                self.transfer.start_save(bytes, file)?;
+            }
+            VhostTransferStateDirection::LOAD => self.transfer.start_load(file)?,
+        }
+        Ok(None)
+    }
+
+    /// Waits for the transfer; after a LOAD, makes the session it carried
+    /// this device's, or refuses it with one line naming why (truncated,
+    /// damaged, another version, another export): the migration fails and
+    /// nothing of the state is used.
+    fn check_device_state(&self) -> std::io::Result<()> {
+        let bytes = match self.transfer.finish() {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                error!("virtio-9p: migration: device state transfer failed: {e}");
+                return Err(e);
+            }
+        };
+        match self.server.restore_session(&bytes) {
+            Ok(session) => {
+                info!(
+                    "virtio-9p: migration: session restored ({} bytes of device state)",
+                    bytes.len()
+                );
+                self.set_session(Arc::new(session));
+                Ok(())
+            }
+            Err(e) => {
+                error!("virtio-9p: migration: device state refused: {e}");
+                Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
             }
         }
     }
