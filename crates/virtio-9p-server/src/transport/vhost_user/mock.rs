@@ -16,7 +16,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::{
-    VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures,
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags,
+    VhostUserHeaderFlag, VhostUserProtocolFeatures,
 };
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
@@ -389,6 +390,59 @@ impl FakeVmm {
         )?;
         self.known_base = base;
         Ok(())
+    }
+
+    /// The source side of a live migration, after [`FakeVmm::stop_ring`]:
+    /// SET_DEVICE_STATE_FD (save) with a pipe, the state read to its end,
+    /// CHECK_DEVICE_STATE. The backend keeps serving this frontend if the
+    /// migration is abandoned ([`FakeVmm::resume_ring`]).
+    pub fn save_device_state(&mut self) -> MockResult<Vec<u8>> {
+        let (r, w) = pipe()?;
+        let back = self.frontend.set_device_state_fd(
+            VhostTransferStateDirection::SAVE,
+            VhostTransferStatePhase::STOPPED,
+            w.into(),
+        )?;
+        let mut from = back.unwrap_or(r);
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut from, &mut out)?;
+        self.frontend.check_device_state()?;
+        Ok(out)
+    }
+
+    /// The destination side of a live migration: connects to the backend
+    /// at `path` with this guest's memory and features, loads `state`
+    /// (SET_DEVICE_STATE_FD, CHECK_DEVICE_STATE) and only then starts the
+    /// ring at `base` (what [`FakeVmm::stop_ring`] returned on the
+    /// source). If the destination refuses the state, this VMM stays on
+    /// the source backend, as a failed migration leaves QEMU.
+    pub fn migrate_to(&mut self, path: &Path, state: &[u8], base: u32) -> MockResult<()> {
+        let (mut frontend, _) = open_frontend(path)?;
+        let proto = frontend.get_protocol_features()?;
+        frontend.set_protocol_features(proto)?;
+        frontend.set_features(self.features)?;
+        let regions = self
+            .memory()
+            .iter()
+            .map(VhostUserMemoryRegionInfo::from_guest_region)
+            .collect::<Result<Vec<_>, _>>()?;
+        frontend.set_mem_table(&regions)?;
+        let (r, w) = pipe()?;
+        let back = frontend.set_device_state_fd(
+            VhostTransferStateDirection::LOAD,
+            VhostTransferStatePhase::STOPPED,
+            r.into(),
+        )?;
+        let mut to = back.unwrap_or(w);
+        let data = state.to_vec();
+        let writer = std::thread::spawn(move || {
+            // A backend that refused early closes its end: ignore EPIPE.
+            let _ = std::io::Write::write_all(&mut to, &data);
+        });
+        let _ = writer.join();
+        frontend.check_device_state()?;
+        self.frontend = frontend;
+        self.resume_ring(base)
     }
 
     /// Resets the device as a driver does on unbind or reboot: RESET_DEVICE
@@ -765,6 +819,17 @@ fn start_ring(
 /// Connects to the backend at `path` (retrying for up to 10 s: the daemon
 /// may be starting), asks for replies, and takes ownership; returns the
 /// frontend and the features the backend offers.
+/// A pipe: (read end, write end), as files.
+fn pipe() -> MockResult<(File, File)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two fds pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: two fresh fds we own.
+    Ok(unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) })
+}
+
 fn open_frontend(path: &Path) -> MockResult<(Frontend, u64)> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let frontend = loop {
