@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 
 use vhost_user_support::scenarios::{hold_lock, ofd_lock, Ring};
 use vhost_user_support::*;
+use virtio_9p_server::engine::OffloadPolicy;
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, StopHandle};
@@ -163,8 +164,11 @@ fn setup(ring: Ring) -> Setup {
     tree(dst_dir.path());
     let socks = tempfile::tempdir().unwrap();
     let src = Host::start(src_dir.path(), &socks.path().join("src.sock"), "share");
-    let mut vmm = FakeVmm::connect(&socks.path().join("src.sock"), ring.opts(VmmOptions::default()))
-        .unwrap();
+    let mut vmm = FakeVmm::connect(
+        &socks.path().join("src.sock"),
+        ring.opts(VmmOptions::default()),
+    )
+    .unwrap();
     session(&mut vmm);
     Setup {
         src_dir,
@@ -259,7 +263,10 @@ fn migrates_across_exports(ring: Ring) {
         b"0123456789abcdef"
     );
     // A walked fid is found by path.
-    assert!(matches!(rpc(&mut vmm, 12, getattr(2)), Rmessage::Getattr(_)));
+    assert!(matches!(
+        rpc(&mut vmm, 12, getattr(2)),
+        Rmessage::Getattr(_)
+    ));
     // Gone and changed: ESTALE, until clunked.
     let estale = Rmessage::Lerror(libc::ESTALE as u32);
     assert_eq!(rpc(&mut vmm, 13, getattr(3)), estale);
@@ -280,7 +287,10 @@ fn migrates_across_exports(ring: Ring) {
     );
     // The lock is still the guest's: a second Tlock of its own is granted,
     // the host's is refused.
-    assert_eq!(rpc(&mut vmm, 18, lock(1)), Rmessage::Lock(LockStatus::Success));
+    assert_eq!(
+        rpc(&mut vmm, 18, lock(1)),
+        Rmessage::Lock(LockStatus::Success)
+    );
     let other = std::fs::OpenOptions::new()
         .write(true)
         .open(dst_dir.path().join("data"))
@@ -355,7 +365,10 @@ fn refused_stream_leaves_the_source(ring: Ring, bad: Bad) {
         rpc(&mut vmm, 20, read(1, 4, 4)),
         Rmessage::Read(b"4567".to_vec())
     );
-    assert!(matches!(rpc(&mut vmm, 21, getattr(3)), Rmessage::Getattr(_)));
+    assert!(matches!(
+        rpc(&mut vmm, 21, getattr(3)),
+        Rmessage::Getattr(_)
+    ));
     assert!(locked(&src_dir.path().join("data")));
     // A good stream still migrates afterwards.
     let base = vmm.stop_ring().unwrap();
@@ -385,9 +398,8 @@ fn refusals_name_the_reason() {
     let state = src.save_session(&session).unwrap();
     let dst = server("share");
     assert!(dst.restore_session(&state).is_ok());
-    let why = |bytes: &[u8], s: &Server<PassthroughFs>| {
-        s.restore_session(bytes).unwrap_err().to_string()
-    };
+    let why =
+        |bytes: &[u8], s: &Server<PassthroughFs>| s.restore_session(bytes).unwrap_err().to_string();
     let mut corrupt = state.clone();
     let mid = corrupt.len() / 2;
     corrupt[mid] ^= 1;
@@ -424,4 +436,77 @@ fn host_lock_helpers_agree() {
     assert!(locked(&p));
     ofd_lock(&h, libc::F_UNLCK);
     assert!(!locked(&p));
+}
+
+/// Dirty logging (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`): once the VMM gave
+/// a log, exactly the guest pages the device wrote are marked: the reply
+/// buffer's pages a Tread filled (through the zero-copy `preadv` inline,
+/// or on a worker) and the ring's own pages, nothing else.
+fn dirty_log_marks_written_pages(ring: Ring, offload: OffloadPolicy) {
+    let d = TestDaemon::start_with(2, 1024, offload);
+    let data: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i % 251) as u8).collect();
+    std::fs::write(d.dir.path().join("f"), &data).unwrap();
+    let mut vmm = d.connect(ring.opts(VmmOptions::default()));
+    vmm.open_file(Some(1 << 20), "f", OpenFlags::RDWR).unwrap();
+    vmm.start_dirty_log().unwrap();
+    assert!(vmm.dirty_pages().unwrap().is_empty(), "nothing written yet");
+
+    let ring_pages: Vec<u64> = vmm
+        .ring_write_areas()
+        .into_iter()
+        .flat_map(|(a, l)| a / 4096..=(a + l - 1) / 4096)
+        .collect();
+    let count = data.len() as u32;
+    for (tag, m) in [
+        (30u16, read(1, 0, count)),
+        (
+            31,
+            Tmessage::Write(Twrite {
+                fid: 1,
+                offset: 0,
+                data: b"w".to_vec(),
+            }),
+        ),
+    ] {
+        let s = vmm
+            .submit(&frame(tag, m), 64 + count, Layout::Indirect { seg: 4096 })
+            .unwrap();
+        vmm.kick().unwrap();
+        let mut used = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while used.is_empty() && std::time::Instant::now() < deadline {
+            used = vmm.wait_used(std::time::Duration::from_secs(1)).unwrap();
+        }
+        assert_eq!(used.len(), 1);
+        let len = u64::from(used[0].1);
+        let (_, r) = decode(&vmm.read(s.reply_addr, len as usize).unwrap());
+        if tag == 30 {
+            assert_eq!(r, Rmessage::Read(data.clone()));
+        } else {
+            assert_eq!(r, Rmessage::Write(1));
+        }
+        let reply: Vec<u64> = (s.reply_addr / 4096..=(s.reply_addr + len - 1) / 4096).collect();
+        let dirty = vmm.dirty_pages().unwrap();
+        for p in &reply {
+            assert!(
+                dirty.contains(p),
+                "tag {tag}: reply page {p:#x} not logged: {dirty:x?}"
+            );
+        }
+        assert!(
+            dirty.iter().any(|p| ring_pages.contains(p)),
+            "tag {tag}: the ring's page not logged: {dirty:x?}"
+        );
+        for p in &dirty {
+            assert!(
+                reply.contains(p) || ring_pages.contains(p),
+                "tag {tag}: page {p:#x} logged but not written (reply {reply:x?}, ring {ring_pages:x?})"
+            );
+        }
+    }
+}
+
+on_both_rings! {
+    dirty_log_inline => |r| dirty_log_marks_written_pages(r, OffloadPolicy::Auto);
+    dirty_log_worker => |r| dirty_log_marks_written_pages(r, OffloadPolicy::Always);
 }

@@ -13,6 +13,7 @@ use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
     VhostUserVirtioFeatures,
 };
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_queue::QueueT;
@@ -49,8 +50,9 @@ pub const MORE_EVENT: u16 = 5;
 
 /// The vhost-user protocol features offered: CONFIG (the mount tag is read
 /// from the backend), MQ, REPLY_ACK, CONFIGURE_MEM_SLOTS, RESET_DEVICE and
-/// DEVICE_STATE (the 9P session crosses a live migration; see "Live
-/// migration" in the crate README).
+/// DEVICE_STATE and LOG_SHMFD (the 9P session crosses a live migration
+/// and guest-memory writes are logged; see "Live migration" in the crate
+/// README).
 pub fn protocol_features() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::MQ
@@ -58,6 +60,7 @@ pub fn protocol_features() -> VhostUserProtocolFeatures {
         | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
         | VhostUserProtocolFeatures::RESET_DEVICE
         | VhostUserProtocolFeatures::DEVICE_STATE
+        | VhostUserProtocolFeatures::LOG_SHMFD
 }
 
 /// Settings of one device. Build one from [`BackendConfig::default`] and
@@ -99,7 +102,12 @@ impl Default for BackendConfig {
     }
 }
 
-type Mem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+/// Guest memory with the dirty-page log of a live migration: a region's
+/// bitmap is a no-op until the frontend sends SET_LOG_BASE
+/// (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`), then every write through
+/// vm-memory, and every raw write of virtqueue-large's writer (which marks
+/// the pages itself), sets the written pages' bits in the shared log.
+pub(super) type Mem = GuestMemoryAtomic<GuestMemoryMmap<BitmapMmapRegion>>;
 
 /// What the vring thread is asked to do, weakest first: when several
 /// requests meet, the strongest is done.
@@ -532,7 +540,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         }
     }
 
-    fn handle(&self, device_event: u16, vrings: &[VringRwLock]) -> std::io::Result<()> {
+    fn handle(&self, device_event: u16, vrings: &[VringRwLock<Mem>]) -> std::io::Result<()> {
         let mut guard = self.cell.lock().unwrap_or_else(|e| e.into_inner());
         let cell = &mut *guard;
         let here = std::thread::current().id();
@@ -668,7 +676,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     /// pause kept go on (a waiting Tlock tries again at once); else they
     /// are discarded with one log line, no reply goes out and no guest
     /// memory is written.
-    fn resume_paused(&self, cell: &mut QueueCell<F>, vrings: &[VringRwLock], mem: &Mem) {
+    fn resume_paused(&self, cell: &mut QueueCell<F>, vrings: &[VringRwLock<Mem>], mem: &Mem) {
         let Some(vring) = vrings.first() else {
             return;
         };
@@ -753,7 +761,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     fn stop(
         &self,
         cell: &mut QueueCell<F>,
-        vrings: &[VringRwLock],
+        vrings: &[VringRwLock<Mem>],
         reported: bool,
     ) -> std::io::Result<()> {
         if let Some(p) = cell.paused.take() {
@@ -856,7 +864,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     fn complete(
         q: &mut RequestQueue<F>,
         packed: Option<&mut PackedQueue>,
-        vrings: &[VringRwLock],
+        vrings: &[VringRwLock<Mem>],
         mem: Option<&Mem>,
         stopping: bool,
     ) -> std::io::Result<()> {
@@ -927,8 +935,8 @@ impl<F: Filesystem> Drop for Virtio9pBackend<F> {
 }
 
 impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
-    type Bitmap = ();
-    type Vring = VringRwLock;
+    type Bitmap = BitmapMmapRegion;
+    type Vring = VringRwLock<Mem>;
 
     fn num_queues(&self) -> usize {
         1
@@ -939,7 +947,11 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
     }
 
     fn features(&self) -> u64 {
-        self.features | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        // VHOST_F_LOG_ALL: every guest-memory write is logged once the
+        // frontend gave a log (SET_LOG_BASE).
+        self.features
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
     fn acked_features(&self, features: u64) {
@@ -1031,7 +1043,10 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
                     error!("virtio-9p: migration: cannot save the session: {e}");
                     std::io::Error::other(e)
                 })?;
-                info!("virtio-9p: migration: saving {} bytes of device state", bytes.len());
+                info!(
+                    "virtio-9p: migration: saving {} bytes of device state",
+                    bytes.len()
+                );
                 self.transfer.start_save(bytes, file)?;
             }
             VhostTransferStateDirection::LOAD => self.transfer.start_load(file)?,
@@ -1077,7 +1092,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
         &self,
         device_event: u16,
         _evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[VringRwLock<Mem>],
         _thread_id: usize,
     ) -> std::io::Result<()> {
         self.handle(device_event, vrings)

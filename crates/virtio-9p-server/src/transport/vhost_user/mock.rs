@@ -20,7 +20,7 @@ use vhost::vhost_user::message::{
     VhostUserHeaderFlag, VhostUserProtocolFeatures,
 };
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vhost::{VhostBackend, VhostUserDirtyLogRegion, VhostUserMemoryRegionInfo, VringConfigData};
 
 use crate::protocol::{
     OpenFlags, Rmessage, Tattach, Tlopen, Tmessage, Tversion, Twalk, NOFID, NOTAG, VERSION_9P2000_L,
@@ -28,7 +28,9 @@ use crate::protocol::{
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtqueue_large::mock::{self as ring_mock, Buf, MockDriver, MockPackedDriver, MockRing};
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{
+    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Descriptor flag: the chain continues.
@@ -165,6 +167,8 @@ pub struct FakeVmm {
     /// The ring base as QEMU knows it: the last one sent with
     /// SET_VRING_BASE or read with GET_VRING_BASE.
     known_base: u16,
+    /// The dirty-page log ([`FakeVmm::start_dirty_log`]).
+    log: Option<File>,
 }
 
 impl std::fmt::Debug for FakeVmm {
@@ -256,6 +260,7 @@ impl FakeVmm {
             host,
             pending: HashMap::new(),
             known_base,
+            log: None,
         })
     }
 
@@ -390,6 +395,62 @@ impl FakeVmm {
         )?;
         self.known_base = base;
         Ok(())
+    }
+
+    /// Starts dirty-page logging as a VMM does when a live migration
+    /// begins: a shared log of one bit per 4 KiB guest page, all clear,
+    /// sent with SET_LOG_BASE (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`).
+    /// [`FakeVmm::dirty_pages`] reads it.
+    pub fn start_dirty_log(&mut self) -> MockResult<()> {
+        let end = self
+            .memory()
+            .iter()
+            .map(|r| r.start_addr().0 + r.len())
+            .max()
+            .unwrap_or(0);
+        let size = (end / 4096).div_ceil(8).max(1).next_multiple_of(4096);
+        let log = memfd(size)?;
+        self.frontend.set_log_base(
+            0,
+            Some(VhostUserDirtyLogRegion {
+                mmap_size: size,
+                mmap_offset: 0,
+                mmap_handle: log.as_raw_fd(),
+            }),
+        )?;
+        self.log = Some(log);
+        Ok(())
+    }
+
+    /// The guest page numbers (guest address / 4096) the device marked
+    /// dirty since the last call, which clears them.
+    pub fn dirty_pages(&mut self) -> MockResult<Vec<u64>> {
+        let log = self.log.as_ref().ok_or("no dirty log started")?;
+        let mut bytes = vec![0u8; log.metadata()?.len() as usize];
+        std::os::unix::fs::FileExt::read_exact_at(log, &mut bytes, 0)?;
+        std::os::unix::fs::FileExt::write_all_at(log, &vec![0u8; bytes.len()], 0)?;
+        let mut pages = Vec::new();
+        for (i, b) in bytes.iter().enumerate() {
+            for bit in 0..8 {
+                if b & (1 << bit) != 0 {
+                    pages.push((i * 8 + bit) as u64);
+                }
+            }
+        }
+        Ok(pages)
+    }
+
+    /// The guest address ranges the device may write of the ring itself:
+    /// the used ring (split), the descriptor ring and device event area
+    /// (packed).
+    pub fn ring_write_areas(&self) -> Vec<(u64, u64)> {
+        let q = u64::from(self.opts.queue_size);
+        let (desc, _driver, device) = self.driver.ring().ring_addresses();
+        if self.is_packed() {
+            vec![(desc.0, 16 * q), (device.0, 4)]
+        } else {
+            vec![(device.0, 6 + 8 * q)]
+        }
     }
 
     /// The source side of a live migration, after [`FakeVmm::stop_ring`]:
