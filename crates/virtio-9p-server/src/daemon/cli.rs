@@ -220,6 +220,14 @@ pub fn parse() -> (Cli, clap::ArgMatches) {
     }
 }
 
+/// `--export-name`: 1 to 255 bytes, no NUL.
+fn parse_export_name(s: &str) -> std::result::Result<String, String> {
+    if s.is_empty() || s.len() > 255 || s.contains('\0') {
+        return Err("an export name is 1 to 255 bytes, without NUL".into());
+    }
+    Ok(s.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,6 +240,33 @@ mod tests {
             .unwrap();
         let cli = Cli::from_arg_matches(&m).unwrap();
         check_mode(&cli, &m)
+    }
+
+    #[test]
+    fn test_export_name_and_migration_mode() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(
+                ["virtio-9p-server", "--shared-dir", "/d"]
+                    .iter()
+                    .chain(args.iter())
+                    .copied(),
+            )
+        };
+        let cli = parse(&["--export-name", "vol1", "--migration-mode", "find-paths"]).unwrap();
+        assert_eq!(cli.export_name.as_deref(), Some("vol1"));
+        assert_eq!(cli.migration_mode, MigrationMode::FindPaths);
+        let cli = parse(&[]).unwrap();
+        assert_eq!(cli.export_name, None);
+        assert_eq!(cli.migration_mode, MigrationMode::FileHandles);
+        let long = "x".repeat(256);
+        for bad in [
+            &["--export-name", ""][..],
+            &["--export-name", long.as_str()],
+            &["--migration-mode", "by-inode"],
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(!e.contains("panicked"), "{e}");
+        }
     }
 
     #[test]
@@ -394,12 +429,4 @@ mod tests {
             );
         }
     }
-}
-
-/// `--export-name`: 1 to 255 bytes, no NUL.
-fn parse_export_name(s: &str) -> std::result::Result<String, String> {
-    if s.is_empty() || s.len() > 255 || s.contains('\0') {
-        return Err("an export name is 1 to 255 bytes, without NUL".into());
-    }
-    Ok(s.to_string())
 }

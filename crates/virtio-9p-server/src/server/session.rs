@@ -490,12 +490,6 @@ impl<F: Filesystem> Session<F> {
         self.stale_fids().insert(fid);
     }
 
-    /// How many fids answer `ESTALE`.
-    #[cfg(test)]
-    pub(crate) fn stale_count(&self) -> usize {
-        self.stale_fids().len()
-    }
-
     /// Adds a new fid; fails if it is in use (`EBADF`), the session's
     /// table is full (`EMFILE`) or the server's is (`ENFILE`).
     pub(crate) fn insert_new(&self, fid: u32, entry: Fid<F>, l: &Limits<'_>) -> Result<(), u32> {

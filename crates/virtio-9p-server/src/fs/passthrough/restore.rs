@@ -541,4 +541,46 @@ mod tests {
         let want = if is_root() { libc::ESTALE } else { libc::EPERM };
         assert_eq!(e.raw_os_error(), Some(want), "{e}");
     }
+
+    #[test]
+    fn test_find_paths_walks_with_the_escape_checks() {
+        let (top, _) = setup();
+        let mut cfg = PassthroughConfig::new(top.path().join("share"));
+        cfg.migration_mode = MigrationMode::FindPaths;
+        let fs = PassthroughFs::new(cfg).unwrap();
+        let reg = libc::S_IFREG;
+        // Another host: the saved (dev, ino) mean nothing, path and type do.
+        let (f, _) = fs
+            .restore_inode(&blob(1, 2, reg, Some(&[b"f"]), None))
+            .unwrap();
+        assert_eq!((f.0.dev, f.0.ino), id(&top.path().join("share/f")));
+        let (d, _) = fs
+            .restore_inode(&blob(1, 3, libc::S_IFDIR, Some(&[b"d"]), None))
+            .unwrap();
+        assert!(d.is_dir());
+        let stale = |r: io::Result<(Inode, Qid)>| kind(r).unwrap_err().raw_os_error();
+        // Gone, of another type, or no path saved: ESTALE.
+        assert_eq!(
+            stale(fs.restore_inode(&blob(1, 2, reg, Some(&[b"nope"]), None))),
+            Some(libc::ESTALE)
+        );
+        assert_eq!(
+            stale(fs.restore_inode(&blob(1, 2, libc::S_IFDIR, Some(&[b"f"]), None))),
+            Some(libc::ESTALE)
+        );
+        assert_eq!(
+            stale(fs.restore_inode(&blob(1, 2, reg, None, None))),
+            Some(libc::ESTALE)
+        );
+        // A symlink out of the export is not followed.
+        assert_eq!(
+            stale(fs.restore_inode(&blob(1, 2, reg, Some(&[b"link", b"secret"]), None))),
+            Some(libc::ESTALE)
+        );
+        // Names no walk gives are forged: the whole state is refused.
+        for bad in [&b".."[..], b".", b"a/b", b""] {
+            let e = kind(fs.restore_inode(&blob(1, 2, reg, Some(&[b"d", bad]), None))).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{bad:?}");
+        }
+    }
 }
