@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vhost_user_support::scenarios::{attach_open, ofd_lock, Ring};
+use vhost_user_support::scenarios::{attach_open, hold_lock, ofd_lock, Ring};
 use vhost_user_support::*;
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, Submitted, VmmOptions};
@@ -680,4 +680,110 @@ fn test_kill_in_flight_runs_each_request_once_on_a_packed_ring() {
 #[test]
 fn test_kill_in_flight_runs_each_request_once_on_a_packed_ring_at_qemus_stale_base() {
     kill_in_flight_runs_each_request_once(Ring::Packed, Rejoin::Qemu);
+}
+
+/// A daemon killed with requests in flight, then the guest is reset while
+/// no daemon runs (fresh memory, the same ring layout, base 0: a reboot),
+/// and the new daemon comes up with the killed one's in-flight table. The
+/// new guest makes the same kind of requests at the same positions with
+/// the same tags, as Linux does each boot: none of them gets the dead
+/// guest's recorded reply or is passed over, nothing is written into the
+/// new guest's memory for the dead guest's chains, and no used entry
+/// appears for them.
+fn a_reset_guest_gets_nothing_of_the_dead_one(ring: Ring) {
+    let share = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir().unwrap();
+    std::fs::write(share.path().join("lockme"), b"x").unwrap();
+    let sock = run.path().join("vu.sock");
+    let state = run.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let opts = || {
+        let mut o = ring.opts(VmmOptions::default());
+        o.mem_size = 16 << 20;
+        o.queue_size = 64;
+        o
+    };
+    let mkdir = |name: &str| {
+        Tmessage::Mkdir(Tmkdir {
+            dfid: 0,
+            name: name.as_bytes().to_vec(),
+            mode: 0o755,
+            gid: 0,
+        })
+    };
+    let lock = |tag: u16| {
+        frame(
+            tag,
+            Tmessage::Lock(Tlock {
+                fid: 1,
+                ty: LockType::Wrlck,
+                flags: LockFlags::BLOCK,
+                start: 0,
+                length: 0,
+                proc_id: u32::from(tag),
+                client_id: b"guest".to_vec(),
+            }),
+        )
+    };
+
+    // The first guest: a directory made, four Tlocks waiting on the
+    // host's lock when the daemon is killed.
+    let mut old = spawn(share.path(), &sock, &state, &[]);
+    wait_socket(&sock);
+    let mut vmm = FakeVmm::connect(&sock, opts()).unwrap();
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
+    assert!(matches!(call(&mut vmm, 30, mkdir("a")), Rmessage::Mkdir(_)));
+    let holder = hold_lock(&share.path().join("lockme"));
+    let waiting: Vec<_> = (100..104u16)
+        .map(|tag| vmm.submit(&lock(tag), 64, Layout::Direct).unwrap())
+        .collect();
+    vmm.kick().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(vmm.collect_used().unwrap().is_empty(), "the locks wait");
+    kill9(&mut old, &sock);
+    drop(vmm);
+    ofd_lock(&holder, libc::F_UNLCK);
+
+    // The reset guest, on the new daemon.
+    let _new = spawn(share.path(), &sock, &state, &[]);
+    wait_socket(&sock);
+    let mut vmm = FakeVmm::connect(&sock, opts()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "a dead guest's chain was answered"
+    );
+    for s in &waiting {
+        let now = vmm.read(s.reply_addr, 64).unwrap();
+        assert!(
+            now.iter().all(|b| *b == 0),
+            "a dead guest's reply was written"
+        );
+    }
+    version(&mut vmm, 65536);
+    attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
+    let r = call(&mut vmm, 30, mkdir("b"));
+    assert!(matches!(r, Rmessage::Mkdir(_)), "{r:?}");
+    assert!(
+        share.path().join("b").is_dir(),
+        "the new guest's Tmkdir got the dead guest's reply and did not run"
+    );
+    let r = decode(&vmm.call(&lock(100), 64, Layout::Direct).unwrap());
+    assert_eq!(r, (100, Rmessage::Lock(LockStatus::Success)));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        vmm.collect_used().unwrap().is_empty(),
+        "a dead guest's chain came back"
+    );
+}
+
+#[test]
+fn test_a_reset_guest_gets_nothing_of_the_dead_one_on_a_split_ring() {
+    a_reset_guest_gets_nothing_of_the_dead_one(Ring::Split);
+}
+
+#[test]
+fn test_a_reset_guest_gets_nothing_of_the_dead_one_on_a_packed_ring() {
+    a_reset_guest_gets_nothing_of_the_dead_one(Ring::Packed);
 }

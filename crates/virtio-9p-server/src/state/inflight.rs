@@ -16,7 +16,8 @@
 //!   0  control u64: state u8 | message type u8 | tag u16 | position u32
 //!   8  used position u32 | buffer id u16 | ring slots u16
 //!  16  the chain's first descriptor as it was in the ring (16 bytes)
-//!  32  intent: time u64 (ns, CLOCK_REALTIME) | qid path u64 | spare u64
+//!  32  intent: time u64 (ns, CLOCK_REALTIME) | qid path u64
+//!  48  request digest u32 (crc32 of its first 64 bytes) | 4 zero bytes
 //!  56  reply length u16 | 6 zero bytes
 //!  64  reply (up to 192 bytes)
 //! ```
@@ -29,6 +30,13 @@
 //! position). Positions are the split ring's available index, or the
 //! packed ring's slot plus the queue size when its wrap counter is 0
 //! (so they run modulo 65536, or modulo twice the queue size).
+//!
+//! The request digest binds a slot to the chain it was taken from: a
+//! chain offered again at a recorded position is that chain only if its
+//! request has the same digest (a driver never changes a request it made
+//! available). A guest that was reset while the daemon was down, which
+//! lays out other requests at the same positions (Linux reuses its tags
+//! the same way each boot), does not match, and the table is discarded.
 //!
 //! The ring word keeps a packed ring's own position, which a frontend
 //! that lost its backend cannot give back (QEMU keeps the base it last
@@ -47,7 +55,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The table file in the state directory.
 pub(crate) const INFLIGHT: &std::ffi::CStr = c"session.inflight";
 const MAGIC: &[u8; 8] = b"V9PINFLT";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const HEADER: usize = 64;
 /// Bytes per slot.
 pub(crate) const SLOT: usize = 256;
@@ -105,8 +113,16 @@ pub(crate) struct Slot {
     pub desc: [u8; 16],
     pub time: u64,
     pub qid: u64,
+    /// The digest of the request ([`request_digest`]).
+    pub digest: u32,
     /// The recorded reply, if the slot was committed before it was used.
     pub reply: Option<Vec<u8>>,
+}
+
+/// The digest a slot records of a request: crc32 of its first bytes (up
+/// to 64; the 9P header and the fields that name what it does).
+pub(crate) fn request_digest(first: &[u8]) -> u32 {
+    crc32fast::hash(&first[..first.len().min(64)])
 }
 
 fn control(state: u8, ty: u8, tag: u16, pos: u32) -> u64 {
@@ -309,14 +325,25 @@ impl InflightTable {
 
     /// Records that the chain at `pos` (buffer id or head `id`, `slots`
     /// ring slots, first descriptor `desc`) was taken, with its 9P tag
-    /// and type.
-    pub fn popped(&self, pos: u32, id: u16, slots: u16, desc: [u8; 16], tag: u16, ty: u8) {
+    /// and type and the digest of its request ([`request_digest`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn popped(
+        &self,
+        pos: u32,
+        id: u16,
+        slots: u16,
+        desc: [u8; 16],
+        tag: u16,
+        ty: u8,
+        digest: u32,
+    ) {
         let index = (pos % u32::from(self.size)) as u16;
         let at = HEADER + SLOT * usize::from(index);
         let mut b = [0u8; 48];
         b[4..6].copy_from_slice(&id.to_le_bytes());
         b[6..8].copy_from_slice(&slots.to_le_bytes());
         b[8..24].copy_from_slice(&desc);
+        b[40..44].copy_from_slice(&digest.to_le_bytes());
         self.ctl(index).store(0, Ordering::Release);
         self.write(at + 8, &b);
         self.ctl(index)
@@ -407,6 +434,7 @@ impl InflightTable {
             desc,
             time: u64_at(32),
             qid: u64_at(40),
+            digest: u32_at(48),
             reply: (c & HAS_REPLY != 0 && reply_len <= MAX_REPLY)
                 .then(|| b[64..64 + reply_len].to_vec()),
         })
@@ -429,8 +457,8 @@ mod tests {
         let (_d, f) = dir();
         let (t, old, _) = InflightTable::open(f.as_fd(), 8, false).unwrap();
         assert!(old.is_empty());
-        t.popped(9, 3, 1, [7; 16], 42, 72);
-        t.popped(10, 4, 1, [0; 16], 43, 110);
+        t.popped(9, 3, 1, [7; 16], 42, 72, 0xfeed);
+        t.popped(10, 4, 1, [0; 16], 43, 110, 0);
         t.intent(9, 1234, 99);
         t.commit(9, b"reply");
         t.used(10, 5);
@@ -455,6 +483,7 @@ mod tests {
                 desc: [7; 16],
                 time: 1234,
                 qid: 99,
+                digest: 0xfeed,
                 reply: Some(b"reply".to_vec()),
             }
         );
@@ -470,7 +499,7 @@ mod tests {
             (USED, 8, Some(b"reply".to_vec()))
         );
         // A new chain at the same slot a lap later replaces it whole.
-        t.popped(17, 2, 1, [0; 16], 1, 100);
+        t.popped(17, 2, 1, [0; 16], 1, 100, 0);
         let s = t.read(1).unwrap();
         assert_eq!((s.state, s.pos, s.reply, s.time), (POPPED, 17, None, 0));
         t.forget(17);
@@ -483,12 +512,12 @@ mod tests {
     fn test_a_table_of_another_ring_or_damaged_is_not_used() {
         let (d, f) = dir();
         let (t, _, _) = InflightTable::open(f.as_fd(), 8, false).unwrap();
-        t.popped(0, 0, 1, [0; 16], 1, 100);
+        t.popped(0, 0, 1, [0; 16], 1, 100, 0);
         drop(t);
         // Another layout or size: nothing of it is served, and it is emptied.
         let (t, old, _) = InflightTable::open(f.as_fd(), 8, true).unwrap();
         assert!(old.is_empty());
-        t.popped(0, 0, 1, [0; 16], 1, 100);
+        t.popped(0, 0, 1, [0; 16], 1, 100, 0);
         drop(t);
         let (_t, old, _) = InflightTable::open(f.as_fd(), 16, true).unwrap();
         assert!(old.is_empty());
@@ -504,7 +533,7 @@ mod tests {
         assert!(old.is_empty());
         // A slot with an unknown state is ignored.
         let (t, _, _) = InflightTable::open(f.as_fd(), 16, true).unwrap();
-        t.popped(3, 1, 1, [0; 16], 1, 100);
+        t.popped(3, 1, 1, [0; 16], 1, 100, 0);
         t.ctl(3).store(0x0f | 3 << 32, Ordering::Release);
         assert!(t.read(3).is_none());
     }
@@ -524,7 +553,7 @@ mod tests {
         // The data path moves the positions on (avail 6 of the next lap).
         let moved = RingRecord { avail: 6, ..rec };
         t.store_ring_word(moved.word());
-        t.popped(9, 3, 1, [0; 16], 42, 72);
+        t.popped(9, 3, 1, [0; 16], 42, 72, 0);
         // Emptying the slots (a stop with nothing in flight) keeps it.
         t.clear();
         drop(t);

@@ -21,7 +21,7 @@ use crate::fs::Filesystem;
 use crate::protocol::{Header, HEADER_SIZE};
 use crate::server::recover::{Left, RequestRecord};
 use crate::server::{Cancel, Server, Session};
-use crate::state::inflight::{InflightTable, RingRecord, Slot, INTENT, USED};
+use crate::state::inflight::{request_digest, InflightTable, RingRecord, Slot, INTENT, USED};
 
 /// Descriptors one [`RequestQueue::process`] call walks at most (a chain
 /// fault counts as [`MAX_CHAIN_DESCRIPTORS`](super::MAX_CHAIN_DESCRIPTORS)).
@@ -213,11 +213,58 @@ impl Book {
         d != 0 && d <= u32::from(self.size)
     }
 
+    /// Forgets everything a killed instance left (its table belongs to
+    /// another guest, or another run of this one: `why`), with one log
+    /// line: no recorded reply goes out, no recorded chain is walked, and
+    /// the slots are emptied so that a later crash does not find them.
+    fn discard_old(&mut self, why: &str) {
+        let n = self.old.len() + self.adopt.len();
+        if n == 0 {
+            return;
+        }
+        for pos in self.old.keys() {
+            self.table.forget(*pos);
+        }
+        for s in &self.adopt {
+            self.table.forget(s.pos);
+        }
+        self.old.clear();
+        self.adopt.clear();
+        self.prior = None;
+        log::error!(
+            "9p: the in-flight table the killed daemon left is not this guest's ({why}): its {n} requests are discarded, none is answered or run"
+        );
+    }
+
+    /// Whether every slot a killed instance left sits where a chain of
+    /// this ring can be, around the next used position `used`: taken and
+    /// not yet used (less than a ring ahead of it), or at most a ring
+    /// behind it (the table keeps one lap). A split ring's positions run
+    /// modulo 65536, so a guest that started afresh (used index 0) rarely
+    /// fits a table of a run that had gone further; a packed ring's run
+    /// modulo twice its size, where every position fits.
+    fn old_fits(&self, used: u32) -> bool {
+        let m = self.modulus();
+        let size = u32::from(self.size);
+        self.old.values().all(|(s, _)| {
+            let ahead = (s.pos + m - used % m) % m;
+            let behind = (used + m - s.pos % m) % m;
+            // A used element is at most at the used position (written,
+            // its index not yet published), never past it.
+            let used_fits = s.state != USED || s.used % m == used % m || self.before(s.used, used);
+            (ahead < size || behind <= size) && used_fits
+        })
+    }
+
     /// Sorts what a killed instance left against the ring's positions now
     /// (before anything is taken): `avail` the next chain the frontend
     /// offers, `used` the next used position.
     fn classify(&mut self, avail: u32, used: u32) {
         self.classified = true;
+        if !self.old_fits(used) {
+            self.discard_old("positions or used elements that do not fit the ring's used index");
+            return;
+        }
         let old = std::mem::take(&mut self.old);
         for (pos, (s, _)) in old {
             let delivered = s.state == USED && self.before(s.used, used);
@@ -765,10 +812,24 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
             let chain = if packed {
                 self.walker
                     .walk_packed_descriptor(mem.clone(), s.desc, size)
-                    .and_then(|c| ring.adopt_in_flight(s.id, s.slots.max(1)).map(|()| c))
             } else {
                 self.walker
                     .walk(mem.clone(), GuestAddress(desc_area), size, s.id)
+            };
+            // Walked in this guest's memory: it is the chain the killed
+            // instance took only if its request is the one recorded.
+            if let Ok(c) = &chain {
+                if first_bytes(&c.reader()).1 != s.digest {
+                    if let Some(b) = self.book.as_mut() {
+                        b.discard_old("a recorded chain not taken again holds another request");
+                    }
+                    return;
+                }
+            }
+            let chain = if packed {
+                chain.and_then(|c| ring.adopt_in_flight(s.id, s.slots.max(1)).map(|()| c))
+            } else {
+                chain
             };
             match chain {
                 Ok(chain) => {
@@ -803,11 +864,18 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         let writer = chain.writer();
         drop(chain);
         // Peek at the header (a copy of the reader) for the tag: Tflush
-        // (owned by the engine, see `engine`) finds requests by it.
-        let mut peek = reader.clone();
-        let mut hdr = [0u8; HEADER_SIZE];
-        let header = (peek.available_bytes() >= HEADER_SIZE && peek.read_exact(&mut hdr).is_ok())
+        // (owned by the engine, see `engine`) finds requests by it. With
+        // an in-flight table, the digest of the request's first bytes too.
+        let (header, digest) = if self.book.is_some() {
+            first_bytes(&reader)
+        } else {
+            let mut peek = reader.clone();
+            let mut hdr = [0u8; HEADER_SIZE];
+            let header = (peek.available_bytes() >= HEADER_SIZE
+                && peek.read_exact(&mut hdr).is_ok())
             .then(|| Header::from_bytes(&hdr));
+            (header, 0)
+        };
         let tag = header.map(|h| h.tag);
         // The in-flight record: a new chain is noted; a chain a killed
         // instance left and whose reply it recorded gets that reply now.
@@ -817,10 +885,27 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
             if let Some(p) = b.pos_of.get_mut(slot) {
                 *p = pos;
             }
+            let old = match old {
+                // Offered again at its position, but not the request the
+                // killed instance took there: another guest's ring.
+                Some(s) if s.digest != digest => {
+                    b.discard_old(
+                        "a chain offered again at a recorded position holds another request",
+                    );
+                    None
+                }
+                // A new 9P session: nothing recorded applies after it (a
+                // reset guest repeats its first requests byte for byte).
+                _ if header.is_some_and(|h| h.ty == TVERSION) => {
+                    b.discard_old("the guest began a new 9P session (Tversion)");
+                    None
+                }
+                old => old,
+            };
             match old {
                 None => {
                     let (tag, ty) = header.map_or((u16::MAX, 0), |h| (h.tag, h.ty));
-                    b.table.popped(pos, head, slots, desc, tag, ty);
+                    b.table.popped(pos, head, slots, desc, tag, ty, digest);
                 }
                 Some(s) => {
                     if let Some(reply) = s.reply {
@@ -879,6 +964,28 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
             self.done.push((head, 0));
         }
     }
+}
+
+/// The message type of Tversion.
+const TVERSION: u8 = 100;
+
+/// The 9P header of the request `reader` holds, if complete, and the
+/// digest of its first bytes ([`request_digest`]): read from a copy.
+fn first_bytes<M>(reader: &virtqueue_large::Reader<M>) -> (Option<Header>, u32)
+where
+    M: Deref + Clone,
+    M::Target: GuestMemoryBackend + Sized,
+{
+    let mut peek = reader.clone();
+    let mut b = [0u8; 64];
+    let n = peek.available_bytes().min(b.len());
+    if peek.read_exact(&mut b[..n]).is_err() {
+        return (None, 0);
+    }
+    let mut hdr = [0u8; HEADER_SIZE];
+    hdr.copy_from_slice(&b[..HEADER_SIZE]);
+    let header = (n >= HEADER_SIZE).then(|| Header::from_bytes(&hdr));
+    (header, request_digest(&b[..n]))
 }
 
 /// A packed ring position: the slot with its wrap counter in bit 15.
