@@ -397,9 +397,10 @@ fn refusals_name_the_reason() {
     let session = virtio_9p_server::Session::new();
     let state = src.save_session(&session).unwrap();
     let dst = server("share");
-    assert!(dst.restore_session(&state).is_ok());
-    let why =
-        |bytes: &[u8], s: &Server<PassthroughFs>| s.restore_session(bytes).unwrap_err().to_string();
+    assert!(dst.restore_migrated_session(&state).is_ok());
+    let why = |bytes: &[u8], s: &Server<PassthroughFs>| {
+        s.restore_migrated_session(bytes).unwrap_err().to_string()
+    };
     let mut corrupt = state.clone();
     let mid = corrupt.len() / 2;
     corrupt[mid] ^= 1;

@@ -88,9 +88,22 @@ impl<F: Filesystem> Server<F> {
     /// handle that opens another file or another type:
     /// [`StateProblem::Forged`]); nothing of it is restored. A fid whose
     /// file is gone, replaced by another or moved out of the export is
-    /// left out and answers `ESTALE` (nothing else of the session fails),
-    /// and a lock another process took meanwhile is lost; both are logged.
+    /// left out (the guest then gets `EBADF` for it), and a lock another
+    /// process took meanwhile is lost; both are logged.
     pub fn restore_session(&self, bytes: &[u8]) -> Result<Session<F>> {
+        self.restore(bytes, false)
+    }
+
+    /// [`Server::restore_session`] on the destination of a live
+    /// migration: the same checks, but a fid whose file vanished or
+    /// changed between the hosts answers `ESTALE` (until a Tclunk releases
+    /// it, also answering `ESTALE`) instead of `EBADF`, and nothing else of
+    /// the session fails. See "Live migration" in the crate README.
+    pub fn restore_migrated_session(&self, bytes: &[u8]) -> Result<Session<F>> {
+        self.restore(bytes, true)
+    }
+
+    fn restore(&self, bytes: &[u8], migrated: bool) -> Result<Session<F>> {
         let saved = SavedSession::decode(bytes).map_err(Error::State)?;
         let export = self.fs.export_id();
         if !saved.export_id.is_empty() && saved.export_id != export {
@@ -117,8 +130,12 @@ impl<F: Filesystem> Server<F> {
                 Err(e @ Error::State(_)) => return Err(e),
                 Err(e) => {
                     lost += 1;
-                    warn!("9p: restore: fid {} answers ESTALE: {e}", f.fid);
-                    session.mark_stale(f.fid);
+                    if migrated {
+                        warn!("9p: restore: fid {} answers ESTALE: {e}", f.fid);
+                        session.mark_stale(f.fid);
+                    } else {
+                        warn!("9p: restore: fid {} left out: {e}", f.fid);
+                    }
                 }
             }
         }

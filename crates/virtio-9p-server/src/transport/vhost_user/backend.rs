@@ -1067,7 +1067,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
                 return Err(e);
             }
         };
-        match self.server.restore_session(&bytes) {
+        match self.server.restore_migrated_session(&bytes) {
             Ok(session) => {
                 info!(
                     "virtio-9p: migration: session restored ({} bytes of device state)",
