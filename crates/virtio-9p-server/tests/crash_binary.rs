@@ -692,7 +692,7 @@ fn test_kill_in_flight_runs_each_request_once_on_a_packed_ring_at_qemus_stale_ba
 /// appears for them.
 fn a_reset_guest_gets_nothing_of_the_dead_one(ring: Ring) {
     let share = tempfile::tempdir().unwrap();
-    let run = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir_in(TMPFS).unwrap();
     std::fs::write(share.path().join("lockme"), b"x").unwrap();
     let sock = run.path().join("vu.sock");
     let state = run.path().join("state");
