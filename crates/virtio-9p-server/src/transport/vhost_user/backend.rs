@@ -1073,7 +1073,11 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
                     "virtio-9p: migration: session restored ({} bytes of device state)",
                     bytes.len()
                 );
-                self.set_session(Arc::new(session));
+                let session = Arc::new(session);
+                self.set_session(Arc::clone(&session));
+                // With a state directory, the migrated session is kept
+                // crash-safe from now on, as a fresh one is.
+                self.journal(&session);
                 Ok(())
             }
             Err(e) => {
