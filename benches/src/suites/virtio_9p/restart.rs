@@ -46,7 +46,7 @@ use crate::harness::{format_value, median, Ctx, SuiteReport, SuiteResult, Table}
 
 /// One-line description.
 pub const ABOUT: &str =
-    "9P daemon restart: --state-dir bookkeeping cost (4 KiB IOPS, Tgetattr) and kill -9 to the new daemon's first reply";
+    "9P daemon restart: --state-dir bookkeeping cost (4 KiB IOPS, Tgetattr, Twalk + Tclunk) and kill -9 to the new daemon's first reply";
 /// Ready to run.
 pub const READY: bool = true;
 
@@ -213,7 +213,7 @@ fn bookkeeping(ctx: &Ctx, report: &mut SuiteReport) -> Res<()> {
 
 /// µs per Twalk (fid 1 to a new fid, no names) and Tclunk of it, one
 /// request at a time: each changes a fid, so each is journaled.
-fn walk_clunk_us(vmm: &mut virtio_9p_server::vhost_user::mock::FakeVmm, n: usize) -> Res<f64> {
+fn walk_clunk_us(vmm: &mut FakeVmm, n: usize) -> Res<f64> {
     let walk = Tmessage::Walk(Twalk {
         fid: 1,
         newfid: 77,

@@ -261,8 +261,12 @@ fn statfs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
 /// ancestor's `(dev, ino)` with the shared directory's, so it holds
 /// whatever symlinks or spellings the two paths went through.
 fn check_outside(dir: BorrowedFd<'_>, shared_dir: &Path) -> io::Result<Option<String>> {
-    let share = std::fs::metadata(shared_dir)?;
     use std::os::unix::fs::MetadataExt;
+    // A shared directory that cannot be found fails the start on its
+    // own, with its own message; nothing can be inside it.
+    let Ok(share) = std::fs::metadata(shared_dir) else {
+        return Ok(None);
+    };
     let target = (share.dev(), share.ino());
     let mut cur = dir.try_clone_to_owned()?;
     let mut st = fstat(cur.as_fd())?;
