@@ -757,7 +757,8 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     /// across `stop`/`cont` gets it as soon as the host frees it.
     /// `reported`: the frontend gets the ring base (GET_VRING_BASE; a
     /// handover's freeze tells it nothing, and answers waiting Tlocks
-    /// BLOCKED).
+    /// BLOCKED, as does a stop while the frontend logs dirty memory for a
+    /// live migration, `VHOST_F_LOG_ALL` acked).
     fn stop(
         &self,
         cell: &mut QueueCell<F>,
@@ -771,15 +772,20 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 cell.packed = p.packed;
             }
         }
+        // A stop while the frontend logs dirty memory (VHOST_F_LOG_ALL) is
+        // a live migration's: the ring goes on in another back-end, so
+        // nothing may stay in flight here; waiting Tlocks answer BLOCKED.
+        let migrating =
+            self.acked.load(Ordering::Acquire) & VhostUserVirtioFeatures::LOG_ALL.bits() != 0;
         let mut kept = 0;
         if let Some(q) = cell.queue.as_mut() {
             let give_up = || self.shutting_down.load(Ordering::Acquire);
-            let left = if reported {
+            let left = if reported && !migrating {
                 q.pause(give_up)
             } else {
                 q.drain(give_up)
             };
-            if reported && !give_up() {
+            if reported && !migrating && !give_up() {
                 kept = left;
             }
             if left == kept {
