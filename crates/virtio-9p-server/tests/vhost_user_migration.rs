@@ -511,3 +511,71 @@ on_both_rings! {
     dirty_log_inline => |r| dirty_log_marks_written_pages(r, OffloadPolicy::Auto);
     dirty_log_worker => |r| dirty_log_marks_written_pages(r, OffloadPolicy::Always);
 }
+
+/// A blocking Tlock waiting on a host lock when the VMM stops the ring:
+/// during a migration (dirty logging on, `VHOST_F_LOG_ALL`) the stop
+/// answers it BLOCKED and the session crosses; without logging (a mere
+/// pause) it stays in flight, a device-state save is refused, and the
+/// guest goes on on the source, where the lock is granted once free.
+fn waiting_lock_at_the_save(ring: Ring, logging: bool) {
+    let Setup {
+        src_dir,
+        dst_dir,
+        socks,
+        _src,
+        mut vmm,
+    } = setup(ring);
+    // Fid 6: `sub/kept` open, its Tlock waits on the host's lock.
+    walk(&mut vmm, 6, &["sub", "kept"]);
+    let m = Tmessage::Lopen(Tlopen {
+        fid: 6,
+        flags: OpenFlags::RDWR,
+    });
+    assert!(matches!(rpc(&mut vmm, 40, m), Rmessage::Lopen { .. }));
+    let holder = hold_lock(&src_dir.path().join("sub/kept"));
+    let mut wait = lock(6);
+    if let Tmessage::Lock(l) = &mut wait {
+        l.flags = LockFlags::BLOCK;
+    }
+    let s = vmm.submit(&frame(41, wait), 64, Layout::Direct).unwrap();
+    vmm.kick().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(vmm.collect_used().unwrap().is_empty(), "the Tlock waits");
+    if logging {
+        vmm.start_dirty_log().unwrap();
+    }
+    let base = vmm.stop_ring().unwrap();
+    if logging {
+        let used = vmm.collect_used().unwrap();
+        assert_eq!(used.len(), 1, "the waiter is answered at the stop");
+        let (tag, r) = decode(&vmm.read(s.reply_addr, used[0].1 as usize).unwrap());
+        assert_eq!((tag, r), (41, Rmessage::Lock(LockStatus::Blocked)));
+        let state = vmm.save_device_state().unwrap();
+        let dst_sock = socks.path().join("dst.sock");
+        let _dst = Host::start(dst_dir.path(), &dst_sock, "share");
+        vmm.migrate_to(&dst_sock, &state, base).unwrap();
+        assert_eq!(
+            rpc(&mut vmm, 42, read(1, 0, 4)),
+            Rmessage::Read(b"0123".to_vec())
+        );
+    } else {
+        assert!(vmm.save_device_state().is_err(), "saved with a waiter kept");
+        vmm.resume_ring(base).unwrap();
+        ofd_lock(&holder, libc::F_UNLCK);
+        vmm.kick().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut used = Vec::new();
+        while used.is_empty() && std::time::Instant::now() < deadline {
+            used = vmm.wait_used(std::time::Duration::from_secs(1)).unwrap();
+        }
+        assert_eq!(used.len(), 1);
+        let (tag, r) = decode(&vmm.read(s.reply_addr, used[0].1 as usize).unwrap());
+        assert_eq!((tag, r), (41, Rmessage::Lock(LockStatus::Success)));
+    }
+    drop(holder);
+}
+
+on_both_rings! {
+    waiting_lock_migrating => |r| waiting_lock_at_the_save(r, true);
+    waiting_lock_paused => |r| waiting_lock_at_the_save(r, false);
+}

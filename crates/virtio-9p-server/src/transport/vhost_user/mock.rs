@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags,
-    VhostUserHeaderFlag, VhostUserProtocolFeatures,
+    VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserDirtyLogRegion, VhostUserMemoryRegionInfo, VringConfigData};
@@ -208,6 +208,9 @@ impl FakeVmm {
         if !opts.indirect {
             features &= !(1 << VIRTIO_RING_F_INDIRECT_DESC);
         }
+        // As QEMU: VHOST_F_LOG_ALL only while a migration logs dirty
+        // memory (FakeVmm::start_dirty_log).
+        features &= !VhostUserVirtioFeatures::LOG_ALL.bits();
         let proto = frontend.get_protocol_features()?;
         frontend.set_protocol_features(proto)?;
         frontend.set_features(features)?;
@@ -398,8 +401,9 @@ impl FakeVmm {
     }
 
     /// Starts dirty-page logging as a VMM does when a live migration
-    /// begins: a shared log of one bit per 4 KiB guest page, all clear,
-    /// sent with SET_LOG_BASE (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`).
+    /// begins: SET_FEATURES with `VHOST_F_LOG_ALL`, then a shared log of
+    /// one bit per 4 KiB guest page, all clear, sent with SET_LOG_BASE
+    /// (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`).
     /// [`FakeVmm::dirty_pages`] reads it.
     pub fn start_dirty_log(&mut self) -> MockResult<()> {
         let end = self
@@ -410,6 +414,10 @@ impl FakeVmm {
             .unwrap_or(0);
         let size = (end / 4096).div_ceil(8).max(1).next_multiple_of(4096);
         let log = memfd(size)?;
+        // As QEMU's vhost_dev_set_log: features with VHOST_F_LOG_ALL,
+        // then the log.
+        self.features |= VhostUserVirtioFeatures::LOG_ALL.bits();
+        self.frontend.set_features(self.features)?;
         self.frontend.set_log_base(
             0,
             Some(VhostUserDirtyLogRegion {
