@@ -408,6 +408,18 @@ pub const TARGETS: &[Target] = &[
         context: &["sock_fresh_p50_ms_trickle"],
     },
     Target {
+        suite: "virtio-9p-hostile",
+        claim: "Tgetattr p99 while another thread loops on Trename, --state-dir session, vs idle (at most 2 x)",
+        figure: "rename_loop_getattr_p99_ratio",
+        op: Op::AtMost,
+        bound: 2.0,
+        context: &[
+            "rename_loop_getattr_p99_us_idle",
+            "rename_loop_getattr_p99_ratio_no_state_dir",
+            "rename_loop_renames_per_s",
+        ],
+    },
+    Target {
         suite: "virtio-9p-restart",
         claim: "4 KiB random read IOPS with --state-dir vs without (at most 5 % slower)",
         figure: "state_dir_iops_4k_ratio",

@@ -256,9 +256,12 @@ cat "$INITRAMFS" "$out/payload.cpio.gz" >"$out/initrd.img"
 ring=(--no-packed-ring)
 [ "$packed" -eq 1 ] && ring=()
 if [ "$state" -eq 1 ]; then
+    # The daemon takes a state directory on a tmpfs only (SECURITY.md);
+    # $out/state points at it for the report.
+    state_dir=$(mktemp -d /dev/shm/virtio-9p-state.XXXXXX)
     rm -rf "$out/state"
-    mkdir -m 0700 "$out/state"
-    daemon_args+=(--state-dir "$out/state")
+    ln -s "$state_dir" "$out/state"
+    daemon_args+=(--state-dir "$state_dir")
 fi
 daemon_pid=''
 sig_pid=''
@@ -405,6 +408,7 @@ cleanup() {
     # Not a bare wait: the report's tee is a child too, and ends only
     # when this script does.
     wait "${stale_groups[@]}" $qemu_pid 2>/dev/null
+    if [ -n "${state_dir:-}" ]; then rm -rf "$state_dir"; fi
 }
 trap cleanup EXIT INT TERM
 

@@ -117,6 +117,9 @@ pub enum Error {
     /// A security model other than `passthrough`, `mapped-xattr`, `none`.
     #[error("unknown security model {0:?}: expected passthrough, mapped-xattr or none")]
     SecurityModel(String),
+    /// A migration mode other than `file-handles` or `find-paths`.
+    #[error("unknown migration mode {0:?}: expected file-handles or find-paths")]
+    MigrationMode(String),
     /// The engine's worker pool or its eventfd could not be created.
     #[error("cannot start the engine's workers: {0}")]
     Workers(#[source] io::Error),
@@ -255,4 +258,14 @@ pub enum StateProblem {
     /// A field is out of range or the body does not parse.
     #[error("malformed: {0}")]
     Malformed(&'static str),
+    /// A fid's saved file names something no honest save recorded: a
+    /// handle that opens another file or a file of another type, a path
+    /// with a name no walk gives. Nothing of the state is restored.
+    #[error("fid {fid}: {why}")]
+    Forged {
+        /// The fid.
+        fid: u32,
+        /// What does not fit.
+        why: String,
+    },
 }

@@ -54,6 +54,43 @@
 //! let (_, msg) = Rmessage::decode_frame(&reply[..info.size as usize], 65536).unwrap();
 //! assert_eq!(msg, Rmessage::Version(Rversion { msize: 65536, version: b"9P2000.L".to_vec() }));
 //! ```
+//!
+//! # Live migration
+//!
+//! A session (msize, fids, open files, granted locks, xattr fids) moves
+//! to another process or host as bytes: [`Server::save_session`] on the
+//! source once its queue drained, [`Server::restore_migrated_session`] on
+//! the destination, whose export holds the same tree, maybe at another
+//! path. Name the export the same on both
+//! ([`PassthroughConfig::export_name`]) and, for another host, find
+//! files by path ([`MigrationMode::FindPaths`]). A stream that is
+//! truncated, damaged, of another version or for another export is
+//! refused ([`Error::State`]); a fid whose file vanished answers
+//! `ESTALE`. The vhost-user backend carries the same bytes over
+//! `VHOST_USER_PROTOCOL_F_DEVICE_STATE` and logs its guest-memory writes
+//! for the dirty bitmap (see "Live migration" in the README).
+//!
+//! ```
+//! use virtio_9p_server::{Config, MigrationMode, PassthroughConfig, PassthroughFs, Server, Session};
+//! let server = |dir: &std::path::Path| {
+//!     let mut cfg = PassthroughConfig::new(dir);
+//!     cfg.export_name = Some("vol".into());
+//!     cfg.migration_mode = MigrationMode::FindPaths;
+//!     Server::new(PassthroughFs::new(cfg).unwrap(), Config::default()).unwrap()
+//! };
+//! let (here, there) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+//! let source = server(here.path());
+//! let session: Session<PassthroughFs> = Session::new();
+//! // ... the guest's requests run on `session`; its queue drains; then:
+//! let bytes = source.save_session(&session).unwrap();
+//! let restored = server(there.path()).restore_migrated_session(&bytes).unwrap();
+//! # drop(restored);
+//! // Another export name: refused, the source goes on.
+//! let mut other = PassthroughConfig::new(there.path());
+//! other.export_name = Some("other".into());
+//! let other = Server::new(PassthroughFs::new(other).unwrap(), Config::default()).unwrap();
+//! assert!(other.restore_migrated_session(&bytes).is_err());
+//! ```
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -96,7 +133,7 @@ pub mod client;
 
 pub use error::{Error, Result};
 pub use exec::{Blocking, Cancel, Inline, Interrupted};
-pub use fs::passthrough::{PassthroughConfig, PassthroughFs, SecurityModel};
+pub use fs::passthrough::{MigrationMode, PassthroughConfig, PassthroughFs, SecurityModel};
 pub use io::{ReplyWriter, RequestReader};
 pub use server::{
     Config, Reply, Server, Session, DEFAULT_GUEST_LOG_LINES_PER_SEC, DEFAULT_MAX_FIDS,

@@ -58,6 +58,8 @@ fn harden(
     pcfg.readonly = cli.readonly;
     pcfg.inline_metadata = !cli.no_inline_metadata;
     pcfg.security_model = cli.security_model;
+    pcfg.export_name = cli.export_name.clone();
+    pcfg.migration_mode = cli.migration_mode;
     pcfg.max_path_fds = limits::path_fd_budget(nofile);
     let ids = id_translation(cli)?;
     let mut scfg = SandboxConfig::new(h.sandbox, &shared_dir);
@@ -358,6 +360,14 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<()> {
 /// vhost-user mode (no --listen): the daemon of `virtio_9p_server::vhost_user`.
 fn run_vhost_user(cli: &Cli) -> Result<()> {
     let mut args = cli.vhost.clone();
+    // Opened (checked and locked) before the socket is bound, so a state
+    // directory that is refused leaves nothing behind, and before the
+    // sandbox hides it.
+    let state = args
+        .state_dir
+        .as_deref()
+        .map(|d| daemon::state_dir::StateDir::open(d, &cli.shared_dir))
+        .transpose()?;
     let mut cleanup = None;
     let mut pid_file = None;
     if args.fd.is_none() {
@@ -391,12 +401,6 @@ fn run_vhost_user(cli: &Cli) -> Result<()> {
         args.fd = Some(listener.into_raw_fd());
         cleanup = Some(std::fs::canonicalize(&path).unwrap_or(path));
     }
-    // Opened before the sandbox hides it.
-    let state = args
-        .state_dir
-        .as_deref()
-        .map(daemon::state_dir::StateDir::open)
-        .transpose()?;
     let sandbox = cli.hardening.sandbox;
     let pid_path: Vec<PathBuf> = pid_file.iter().map(|f| absolute(f.path())).collect();
     // The namespace supervisor removes the socket and the pid file; chroot

@@ -27,8 +27,9 @@ pub(crate) mod journal;
 
 /// The magic bytes a state starts with.
 const MAGIC: &[u8; 8] = b"V9PSTATE";
-/// The format version this build writes and reads.
-pub(crate) const VERSION: u32 = 1;
+/// The format version this build writes and reads (2: saved inodes carry
+/// their file type).
+pub(crate) const VERSION: u32 = 2;
 /// Most fids a state holds (the largest `Config::max_fids` it can carry).
 pub(crate) const MAX_FIDS: usize = 1 << 20;
 /// Largest inode id ([`Filesystem::save_inode`](crate::fs::Filesystem::save_inode)).
@@ -390,21 +391,21 @@ mod tests {
     #[test]
     fn test_state_refuses_other_versions() {
         let mut bytes = sample().encode();
-        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&9u32.to_le_bytes());
         assert_eq!(
             SavedSession::decode(&bytes),
             Err(StateProblem::Version {
-                found: 2,
-                expected: 1
+                found: 9,
+                expected: 2
             })
         );
         assert_eq!(
             StateProblem::Version {
-                found: 2,
-                expected: 1
+                found: 9,
+                expected: 2
             }
             .to_string(),
-            "format version 2, this build reads version 1"
+            "format version 9, this build reads version 2"
         );
     }
 

@@ -20,6 +20,8 @@ use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, Submitted, VmmOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtio-9p-server");
+/// A tmpfs for the state directory, as `--state-dir` requires.
+const TMPFS: &str = "/dev/shm";
 
 struct Daemon(Child);
 
@@ -141,7 +143,7 @@ fn rejoin(vmm: &mut FakeVmm, sock: &Path, how: Rejoin) {
 
 fn sigkill_keeps_the_session(ring: Ring, how: Rejoin) {
     let share = tempfile::tempdir().unwrap();
-    let run = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir_in(TMPFS).unwrap();
     std::fs::write(share.path().join("f"), b"still open after kill -9").unwrap();
     std::fs::write(share.path().join("lockme"), b"x").unwrap();
     std::fs::create_dir(share.path().join("sub")).unwrap();
@@ -278,7 +280,7 @@ fn test_sigkill_keeps_the_session_on_a_packed_ring_at_qemus_stale_base() {
 #[test]
 fn test_damaged_crash_state_stops_the_start_unless_discarded() {
     let share = tempfile::tempdir().unwrap();
-    let run = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir_in(TMPFS).unwrap();
     let sock = run.path().join("vu.sock");
     let state = run.path().join("state");
     std::fs::create_dir(&state).unwrap();
@@ -518,7 +520,7 @@ fn reply_ok(i: u32, r: &Rmessage) -> bool {
 fn kill_in_flight_runs_each_request_once(ring: Ring, how: Rejoin) {
     const N: u32 = 1024;
     let share = tempfile::tempdir().unwrap();
-    let run = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir_in(TMPFS).unwrap();
     std::fs::write(share.path().join("log"), vec![b'.'; N as usize * 16]).unwrap();
     let sock = run.path().join("vu.sock");
     let state = run.path().join("state");
@@ -703,7 +705,7 @@ fn test_kill_in_flight_runs_each_request_once_on_a_packed_ring_at_qemus_stale_ba
 /// appears for them.
 fn a_reset_guest_gets_nothing_of_the_dead_one(ring: Ring) {
     let share = tempfile::tempdir().unwrap();
-    let run = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir_in(TMPFS).unwrap();
     std::fs::write(share.path().join("lockme"), b"x").unwrap();
     let sock = run.path().join("vu.sock");
     let state = run.path().join("state");

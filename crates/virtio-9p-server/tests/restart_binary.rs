@@ -18,6 +18,8 @@ use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtio-9p-server");
+/// A tmpfs for the state directory, as `--state-dir` requires.
+const TMPFS: &str = "/dev/shm";
 
 struct Daemon(Child);
 
@@ -97,7 +99,7 @@ fn test_sigusr1_hands_a_packed_ring_over_at_qemus_stale_base() {
 
 fn sigusr1_hands_the_session_over(packed: bool) {
     let share = tempfile::tempdir().unwrap();
-    let run = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir_in(TMPFS).unwrap();
     std::fs::write(share.path().join("f"), b"kept across the upgrade").unwrap();
     let sock = run.path().join("vu.sock");
     let state = run.path().join("state");
@@ -139,7 +141,7 @@ fn sigusr1_hands_the_session_over(packed: bool) {
 #[test]
 fn test_a_bad_state_stops_the_start_with_one_line_unless_discarded() {
     let share = tempfile::tempdir().unwrap();
-    let run = tempfile::tempdir().unwrap();
+    let run = tempfile::tempdir_in(TMPFS).unwrap();
     let sock = run.path().join("vu.sock");
     let state = run.path().join("state");
     std::fs::create_dir(&state).unwrap();
@@ -175,4 +177,156 @@ fn test_a_bad_state_stops_the_start_with_one_line_unless_discarded() {
     let mut vmm = FakeVmm::connect(&sock, o).unwrap();
     assert_eq!(version(&mut vmm, 65536), 65536);
     drop(d);
+}
+
+/// Starts the daemon with `--state-dir state` and returns its one line of
+/// refusal (it must exit 1 before binding anything).
+fn refused(share: &Path, sock: &Path, state: &Path) -> String {
+    let mut d = spawn(share, sock, state, &[]);
+    let (status, err) = wait_exit(&mut d);
+    assert_eq!(status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].starts_with(&format!(
+            "virtio-9p-server: state directory {} refused: ",
+            state.display()
+        )),
+        "{err}"
+    );
+    assert!(!sock.exists(), "refused before binding");
+    lines[0].to_owned()
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn test_a_state_dir_the_guest_can_reach_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    // The share on a tmpfs too, so that only the ancestry refuses.
+    let share = tempfile::tempdir_in(TMPFS).unwrap();
+    let run = tempfile::tempdir_in(TMPFS).unwrap();
+    let sock = run.path().join("vu.sock");
+
+    // Inside the share.
+    let inside = share.path().join("state");
+    std::fs::create_dir(&inside).unwrap();
+    std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let line = refused(share.path(), &sock, &inside);
+    assert!(
+        line.contains("inside it, where the guest could write it"),
+        "{line}"
+    );
+    // The share itself.
+    let line = refused(share.path(), &sock, share.path());
+    assert!(line.contains("the shared directory"), "{line}");
+    // Below a symlink into the share: the path's string is outside it.
+    std::os::unix::fs::symlink(share.path(), run.path().join("via")).unwrap();
+    let via = run.path().join("via/state");
+    let line = refused(share.path(), &sock, &via);
+    assert!(line.contains("inside it"), "{line}");
+    // A symlink as the state dir, even to a good directory.
+    let good = run.path().join("good");
+    std::fs::create_dir(&good).unwrap();
+    std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink(&good, run.path().join("link")).unwrap();
+    let line = refused(share.path(), &sock, &run.path().join("link"));
+    assert!(
+        line.ends_with("it is a symlink; give the directory itself"),
+        "{line}"
+    );
+    // Writable by group or others.
+    for mode in [0o777, 0o720, 0o702] {
+        let d = run.path().join(format!("mode{mode:o}"));
+        std::fs::create_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
+        let line = refused(share.path(), &sock, &d);
+        assert!(
+            line.contains(&format!("writable by group or others (mode 0{mode:o})")),
+            "{line}"
+        );
+    }
+    // Owned by another user (needs root to give it away).
+    if is_root() {
+        let d = run.path().join("theirs");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+        let line = refused(share.path(), &sock, &d);
+        assert!(
+            line.ends_with("it is owned by uid 65534, not by the daemon's uid 0"),
+            "{line}"
+        );
+    } else {
+        eprintln!("skipped the other owner's directory: not root");
+    }
+    // Nothing was written into any of them.
+    assert_eq!(std::fs::read_dir(&inside).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(&good).unwrap().count(), 0);
+}
+
+#[test]
+fn test_a_state_dir_not_on_a_tmpfs_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let share = tempfile::tempdir_in(TMPFS).unwrap();
+    let run = tempfile::tempdir_in(TMPFS).unwrap();
+    let sock = run.path().join("vu.sock");
+    // The target directory is on the build's disk.
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let fs_type = {
+        // SAFETY: an all-zero statfs is a valid value to overwrite.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        let c = std::ffi::CString::new(disk.path().as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string and a statfs buffer.
+        assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut st) }, 0);
+        st.f_type as i64
+    };
+    assert_ne!(
+        fs_type, 0x0102_1994,
+        "the target directory is on a tmpfs: this test needs a disk"
+    );
+    std::fs::set_permissions(disk.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let line = refused(share.path(), &sock, disk.path());
+    assert!(line.contains("it is not on a tmpfs"), "{line}");
+}
+
+#[test]
+fn test_a_second_daemon_on_the_same_state_dir_is_refused() {
+    let share = tempfile::tempdir_in(TMPFS).unwrap();
+    let run = tempfile::tempdir_in(TMPFS).unwrap();
+    let state = run.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let sock = run.path().join("vu.sock");
+    let first = spawn(share.path(), &sock, &state, &[]);
+    wait_socket(&sock);
+    let line = refused(share.path(), &run.path().join("second.sock"), &state);
+    assert!(line.ends_with("another daemon is using it"), "{line}");
+    // The first one still serves.
+    let mut o = VmmOptions::default();
+    o.mem_size = 16 << 20;
+    o.queue_size = 256;
+    let mut vmm = FakeVmm::connect(&sock, o).unwrap();
+    assert_eq!(version(&mut vmm, 65536), 65536);
+    drop(vmm);
+    drop(first);
+    // Once it is gone (its sandboxed child too, which holds the lock
+    // with it), the directory is free again.
+    let third = run.path().join("third.sock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut again = spawn(share.path(), &third, &state, &[]);
+        while !third.exists() && again.0.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if third.exists() {
+            break;
+        }
+        let (_, err) = wait_exit(&mut again);
+        assert!(err.contains("another daemon is using it"), "{err}");
+        assert!(Instant::now() < deadline, "the lock outlived the daemon");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

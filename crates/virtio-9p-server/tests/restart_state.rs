@@ -166,7 +166,7 @@ fn test_damaged_truncated_and_other_version_states_are_refused() {
     let e = server.restore_session(&newer).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "saved session state refused: format version 9, this build reads version 1"
+        "saved session state refused: format version 9, this build reads version 2"
     );
     let e = server.restore_session(b"{\"fids\": []}").unwrap_err();
     assert_eq!(

@@ -31,6 +31,11 @@ struct BinDaemon {
 impl BinDaemon {
     /// `None` (after a notice) where namespaces cannot be created.
     fn try_start(workers: usize) -> Option<BinDaemon> {
+        Self::try_start_with(workers, &[])
+    }
+
+    /// [`BinDaemon::try_start`] with more options.
+    fn try_start_with(workers: usize, extra: &[&str]) -> Option<BinDaemon> {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::create_dir(tmp.path().join("export")).unwrap();
         let log = std::fs::File::create(tmp.path().join("log")).unwrap();
@@ -42,6 +47,7 @@ impl BinDaemon {
             .args(["--thread-pool-size", &workers.to_string()])
             // Several frontends connect one after another.
             .arg("--keep-serving")
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -185,4 +191,57 @@ fn test_sandboxed_reconnects_start_fresh_filtered_workers() {
         sandbox_support::vhost_mount_sequence(&d.socket());
     }
     d.stop();
+}
+
+#[test]
+fn test_sandboxed_live_migration_between_two_daemons() {
+    // Dirty logging (the log mmap), the device-state save thread and
+    // pipe on the source, the load thread and the restore (opens, OFD
+    // lock) on the destination, all under the binary's filters.
+    use vhost_user_support::{decode, frame};
+    use virtio_9p_server::protocol::*;
+    use virtio_9p_server::vhost_user::mock::Layout;
+    let args = ["--export-name", "vol", "--migration-mode", "find-paths"];
+    let Some(src) = BinDaemon::try_start_with(2, &args) else {
+        return;
+    };
+    let Some(dst) = BinDaemon::try_start_with(2, &args) else {
+        return;
+    };
+    for d in [&src, &dst] {
+        std::fs::write(d.dir().join("f"), b"same tree, two paths").unwrap();
+    }
+    let mut vmm = src.connect(VmmOptions::default());
+    vmm.open_file(Some(65536), "f", OpenFlags::RDWR).unwrap();
+    let lock = Tmessage::Lock(Tlock {
+        fid: 1,
+        ty: LockType::Wrlck,
+        flags: LockFlags::empty(),
+        start: 0,
+        length: 0,
+        proc_id: 1,
+        client_id: b"guest".to_vec(),
+    });
+    let call = |vmm: &mut FakeVmm, tag, m| {
+        decode(&vmm.call(&frame(tag, m), 256, Layout::Direct).unwrap()).1
+    };
+    assert_eq!(call(&mut vmm, 2, lock), Rmessage::Lock(LockStatus::Success));
+    vmm.start_dirty_log().unwrap();
+    let read = |offset| {
+        Tmessage::Read(Tread {
+            fid: 1,
+            offset,
+            count: 4,
+        })
+    };
+    assert_eq!(call(&mut vmm, 3, read(0)), Rmessage::Read(b"same".to_vec()));
+    assert!(!vmm.dirty_pages().unwrap().is_empty());
+    let base = vmm.stop_ring().unwrap();
+    let state = vmm.save_device_state().unwrap();
+    vmm.migrate_to(&dst.socket(), &state, base).unwrap();
+    assert_eq!(call(&mut vmm, 4, read(5)), Rmessage::Read(b"tree".to_vec()));
+    assert!(dst.log().contains("session restored"), "{}", dst.log());
+    drop(vmm);
+    src.stop();
+    dst.stop();
 }

@@ -11,7 +11,7 @@ use super::sandbox::SandboxMode;
 use virtio_9p_server::fs::ids::{IdMap, IdRule};
 use virtio_9p_server::protocol::MAX_MSIZE;
 use virtio_9p_server::transport::socket::ListenAddr;
-use virtio_9p_server::SecurityModel;
+use virtio_9p_server::{MigrationMode, SecurityModel};
 
 /// A 9P2000.L file server for virtual machines.
 ///
@@ -59,6 +59,22 @@ pub struct Cli {
     /// (QEMU-compatible user.virtfs.* xattrs) or none.
     #[arg(long, value_name = "MODEL", default_value = "passthrough")]
     pub security_model: SecurityModel,
+
+    /// The export's name for live migration: a saved device state names
+    /// the export by it, so a daemon on another host exporting the same
+    /// tree (at any path) under the same name takes it. Without it the
+    /// export is named by its root's (dev, ino): only this directory on
+    /// this host matches. 1 to 255 bytes, no NUL.
+    #[arg(long, value_name = "NAME", value_parser = parse_export_name)]
+    pub export_name: Option<String>,
+
+    /// How a migrated (or restarted) session finds its files again:
+    /// file-handles (the same file by device and inode, by path or file
+    /// handle: both daemons see one filesystem) or find-paths (the file at
+    /// the same path below the export, of the same type: another host
+    /// holding the same tree; a file gone or changed answers ESTALE).
+    #[arg(long, value_name = "MODE", default_value = "file-handles")]
+    pub migration_mode: MigrationMode,
 
     /// Largest msize granted to clients, in bytes (4096..=134217728).
     #[arg(long, value_name = "BYTES", default_value_t = MAX_MSIZE,
@@ -209,6 +225,14 @@ pub fn parse() -> (Cli, clap::ArgMatches) {
     }
 }
 
+/// `--export-name`: 1 to 255 bytes, no NUL.
+fn parse_export_name(s: &str) -> std::result::Result<String, String> {
+    if s.is_empty() || s.len() > 255 || s.contains('\0') {
+        return Err("an export name is 1 to 255 bytes, without NUL".into());
+    }
+    Ok(s.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +245,33 @@ mod tests {
             .unwrap();
         let cli = Cli::from_arg_matches(&m).unwrap();
         check_mode(&cli, &m)
+    }
+
+    #[test]
+    fn test_export_name_and_migration_mode() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(
+                ["virtio-9p-server", "--shared-dir", "/d"]
+                    .iter()
+                    .chain(args.iter())
+                    .copied(),
+            )
+        };
+        let cli = parse(&["--export-name", "vol1", "--migration-mode", "find-paths"]).unwrap();
+        assert_eq!(cli.export_name.as_deref(), Some("vol1"));
+        assert_eq!(cli.migration_mode, MigrationMode::FindPaths);
+        let cli = parse(&[]).unwrap();
+        assert_eq!(cli.export_name, None);
+        assert_eq!(cli.migration_mode, MigrationMode::FileHandles);
+        let long = "x".repeat(256);
+        for bad in [
+            &["--export-name", ""][..],
+            &["--export-name", long.as_str()],
+            &["--migration-mode", "by-inode"],
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(!e.contains("panicked"), "{e}");
+        }
     }
 
     #[test]

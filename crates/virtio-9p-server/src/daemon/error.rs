@@ -33,6 +33,17 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// `--state-dir` is not a directory only this daemon can reach: inside
+    /// or below the shared directory, a symlink, owned by another user,
+    /// writable by group or others, not on a tmpfs, or in use by another
+    /// daemon.
+    #[error("state directory {path} refused: {reason}")]
+    StateDirUnsafe {
+        /// The directory, as given.
+        path: PathBuf,
+        /// Why, in words.
+        reason: String,
+    },
     /// The saved state cannot be taken over.
     #[error("cannot take over {path}: {source} (move it away, or pass --discard-bad-state to start without it)")]
     StateRefused {

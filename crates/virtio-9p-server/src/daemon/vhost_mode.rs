@@ -81,8 +81,10 @@ pub struct VhostUserArgs {
     /// fid changes), and where a handover (SIGUSR1: finish the requests
     /// in flight, save the session, exit) leaves it: a new daemon started
     /// with the same option takes it over, after an upgrade or a crash
-    /// (even SIGKILL), and the guest keeps its mount and fids. Put it on
-    /// a tmpfs the daemon's user owns, one directory per VM.
+    /// (even SIGKILL), and the guest keeps its mount and fids. It must be
+    /// on a tmpfs, owned by the daemon's user, not writable by group or
+    /// others, not a symlink and outside --shared-dir, one per VM (else
+    /// the start is refused); the daemon locks it while it runs.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 

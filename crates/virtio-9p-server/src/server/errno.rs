@@ -21,6 +21,8 @@ pub const E2BIG: u32 = libc::E2BIG as u32;
 pub const EOPNOTSUPP: u32 = libc::EOPNOTSUPP as u32;
 /// Reply does not fit.
 pub const EMSGSIZE: u32 = libc::EMSGSIZE as u32;
+/// Stale file handle (a restored fid whose file is gone or changed).
+pub const ESTALE: u32 = libc::ESTALE as u32;
 /// Interrupted (a flushed blocking lock).
 pub const EINTR: u32 = libc::EINTR as u32;
 

@@ -93,11 +93,6 @@ impl<F: Filesystem> FidLog<F> for CrashLog<F> {
             self.compact_locked(&mut map, msize, table);
         }
     }
-
-    fn compact(&self, msize: u32, table: &FidTable<F>) {
-        let mut map = self.lock();
-        self.compact_locked(&mut map, msize, table);
-    }
 }
 
 impl<F: Filesystem + 'static> Server<F> {
@@ -210,6 +205,7 @@ impl<F: Filesystem + 'static> Server<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::StateProblem;
     use crate::protocol::*;
     use crate::{Config, Inline, PassthroughConfig, PassthroughFs};
 
@@ -359,5 +355,160 @@ mod tests {
             other.recover_session(dir.as_fd()),
             Err(Error::State(crate::error::StateProblem::Foreign))
         ));
+    }
+
+    /// Where the names of a saved passthrough inode end: its handle's
+    /// type, length and bytes follow (restore.rs's layout).
+    fn names_end(saved: &[u8]) -> usize {
+        let n = u16::from_le_bytes([saved[22], saved[23]]);
+        let mut at = 24;
+        for _ in 0..n {
+            at += 2 + usize::from(u16::from_le_bytes([saved[at], saved[at + 1]]));
+        }
+        at
+    }
+
+    #[test]
+    fn test_a_forged_state_is_refused_whole() {
+        let share = tempfile::tempdir().unwrap();
+        for i in 1..=2 {
+            std::fs::write(share.path().join(format!("f{i}")), b"x").unwrap();
+        }
+        let s = server(share.path());
+        let session = Session::new();
+        populate(&s, &session, 2);
+        let honest = s.save_session(&session).unwrap();
+        let mut saved = SavedSession::decode(&honest).unwrap();
+        // Fid 1 (f1, open) gets f2's handle; f1 is renamed so that its
+        // path no longer leads to it and the handle is what decides.
+        let f2 = saved
+            .fids
+            .iter()
+            .find(|f| f.fid == 2)
+            .unwrap()
+            .inode
+            .clone();
+        let f1 = &mut saved.fids.iter_mut().find(|f| f.fid == 1).unwrap().inode;
+        let end = names_end(f1);
+        f1.truncate(end);
+        f1.extend_from_slice(&f2[names_end(&f2)..]);
+        std::fs::rename(share.path().join("f1"), share.path().join("moved")).unwrap();
+        let r = server(share.path()).restore_session(&saved.encode());
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            match r {
+                Err(Error::State(StateProblem::Forged { fid: 1, why })) => {
+                    assert_eq!(why, "a saved handle opens another file")
+                }
+                other => panic!("{:?}", other.map(|s| s.fid_count())),
+            }
+            assert_eq!(
+                Error::State(StateProblem::Forged {
+                    fid: 1,
+                    why: "a saved handle opens another file".into()
+                })
+                .to_string(),
+                "saved session state refused: fid 1: a saved handle opens another file"
+            );
+        } else {
+            // No handles without CAP_DAC_READ_SEARCH: fid 1 is left out.
+            let back = r.unwrap();
+            assert!(back.get(1).is_err());
+        }
+        // A path with a ".." in it: no walk wrote that.
+        let mut saved = SavedSession::decode(&honest).unwrap();
+        let f2 = &mut saved.fids.iter_mut().find(|f| f.fid == 2).unwrap().inode;
+        let tail = f2[names_end(f2)..].to_vec();
+        f2.truncate(22);
+        f2.extend_from_slice(&2u16.to_le_bytes());
+        for n in [&b".."[..], b"f2"] {
+            f2.extend_from_slice(&(n.len() as u16).to_le_bytes());
+            f2.extend_from_slice(n);
+        }
+        f2.extend_from_slice(&tail);
+        assert!(matches!(
+            server(share.path()).restore_session(&saved.encode()),
+            Err(Error::State(StateProblem::Forged { fid: 2, .. }))
+        ));
+    }
+
+    #[test]
+    fn test_a_rename_loop_journals_one_record_each_and_no_snapshot() {
+        use std::os::unix::fs::MetadataExt;
+        let share = tempfile::tempdir().unwrap();
+        for i in 1..=3 {
+            std::fs::write(share.path().join(format!("f{i}")), b"r").unwrap();
+        }
+        std::fs::create_dir(share.path().join("d")).unwrap();
+        std::fs::write(share.path().join("d/inner"), b"inner").unwrap();
+        let (state, dir) = state_dir();
+        let s = server(share.path());
+        let session = Session::new();
+        s.journal_session(&session, Arc::clone(&dir)).unwrap();
+        populate(&s, &session, 3);
+        // Many fids: a snapshot per Trename would save every one.
+        for fid in 100..1100u32 {
+            assert!(matches!(
+                call(&s, &session, walk(0, fid, "f3")),
+                Rmessage::Walk(_)
+            ));
+        }
+        assert!(matches!(
+            call(&s, &session, walk(0, 10, "d")),
+            Rmessage::Walk(_)
+        ));
+        let w = Tmessage::Walk(Twalk {
+            fid: 0,
+            newfid: 11,
+            wnames: vec![b"d".to_vec(), b"inner".to_vec()],
+        });
+        assert!(matches!(call(&s, &session, w), Rmessage::Walk(_)));
+        let snap = || {
+            std::fs::metadata(state.path().join("session.snap"))
+                .unwrap()
+                .ino()
+        };
+        let before = snap();
+        // The guest loops on Trename (fid 2: f2 <-> g2).
+        for i in 0..200 {
+            let name = if i % 2 == 0 { "g2" } else { "f2" };
+            let r = Tmessage::Rename(Trename {
+                fid: 2,
+                dfid: 0,
+                name: name.as_bytes().to_vec(),
+            });
+            assert_eq!(call(&s, &session, r), Rmessage::Rename);
+        }
+        // And a directory with a walked fid below it is renamed.
+        let r = Tmessage::Rename(Trename {
+            fid: 10,
+            dfid: 0,
+            name: b"e".to_vec(),
+        });
+        assert_eq!(call(&s, &session, r), Rmessage::Rename);
+        assert_eq!(snap(), before, "no new snapshot");
+        // Killed now: the renamed fid comes back at its new name.
+        let s2 = server(share.path());
+        let (back, replay) = s2.recover_session_replay(dir.as_fd()).unwrap().unwrap();
+        assert!(replay.records >= 201, "{replay:?}");
+        let a = |session: &Session<PassthroughFs>, fid| {
+            call(
+                &s2,
+                session,
+                Tmessage::Getattr(Tgetattr {
+                    fid,
+                    request_mask: GetattrMask::BASIC,
+                }),
+            )
+        };
+        assert!(matches!(a(&back, 2), Rmessage::Getattr(_)), "fid 2");
+        assert!(matches!(a(&back, 10), Rmessage::Getattr(_)), "fid 10");
+        assert_eq!(back.fid_count(), 1000 + 3 + 1 + 2);
+        // The fid below the renamed directory: by its handle (needs
+        // CAP_DAC_READ_SEARCH), walked again from the export root.
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            assert!(matches!(a(&back, 11), Rmessage::Getattr(_)), "fid 11");
+        }
     }
 }

@@ -426,10 +426,13 @@ impl<F: Filesystem> Server<F> {
             Tmessage::Mkdir(m) => self.mkdir(session, &m, exec),
             Tmessage::Rename(m) => {
                 let r = self.rename(session, &m, exec);
-                // The fid's path changed (and with it every saved path
-                // below it): a crash-safe session saves itself anew.
+                // The fid's path changed: one journal record, not a new
+                // snapshot (which costs a save per fid: a guest looping
+                // on Trename would stall the device). Fids below a
+                // renamed directory keep their old saved paths until the
+                // next snapshot; a restore finds them by their handles.
                 if r.is_ok() {
-                    session.compact();
+                    session.touch(m.fid);
                 }
                 r
             }

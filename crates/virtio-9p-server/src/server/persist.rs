@@ -83,10 +83,27 @@ impl<F: Filesystem> Server<F> {
     /// truncated again), their locks taken again, xattr buffers back.
     ///
     /// State that is not state, cut short, damaged, from another format
-    /// version or for another export is refused ([`Error::State`]). A fid
-    /// whose file is gone is left out (the guest then gets EBADF for it),
-    /// and a lock another process took meanwhile is lost; both are logged.
+    /// version or for another export is refused ([`Error::State`]), and so
+    /// is a state with a fid whose saved file no honest save wrote (a
+    /// handle that opens another file or another type:
+    /// [`StateProblem::Forged`]); nothing of it is restored. A fid whose
+    /// file is gone, replaced by another or moved out of the export is
+    /// left out (the guest then gets `EBADF` for it), and a lock another
+    /// process took meanwhile is lost; both are logged.
     pub fn restore_session(&self, bytes: &[u8]) -> Result<Session<F>> {
+        self.restore(bytes, false)
+    }
+
+    /// [`Server::restore_session`] on the destination of a live
+    /// migration: the same checks, but a fid whose file vanished or
+    /// changed between the hosts answers `ESTALE` (until a Tclunk releases
+    /// it, also answering `ESTALE`) instead of `EBADF`, and nothing else of
+    /// the session fails. See "Live migration" in the crate README.
+    pub fn restore_migrated_session(&self, bytes: &[u8]) -> Result<Session<F>> {
+        self.restore(bytes, true)
+    }
+
+    fn restore(&self, bytes: &[u8], migrated: bool) -> Result<Session<F>> {
         let saved = SavedSession::decode(bytes).map_err(Error::State)?;
         let export = self.fs.export_id();
         if !saved.export_id.is_empty() && saved.export_id != export {
@@ -101,9 +118,24 @@ impl<F: Filesystem> Server<F> {
         for f in saved.fids {
             match self.restore_fid(&session, &f) {
                 Ok(()) => {}
+                // Forged or malformed: nothing of this state is used.
+                Err(Error::RestoreFid { fid, source })
+                    if source.kind() == std::io::ErrorKind::InvalidData =>
+                {
+                    return Err(Error::State(StateProblem::Forged {
+                        fid,
+                        why: source.to_string(),
+                    }));
+                }
+                Err(e @ Error::State(_)) => return Err(e),
                 Err(e) => {
                     lost += 1;
-                    warn!("9p: restore: fid {} left out: {e}", f.fid);
+                    if migrated {
+                        warn!("9p: restore: fid {} answers ESTALE: {e}", f.fid);
+                        session.mark_stale(f.fid);
+                    } else {
+                        warn!("9p: restore: fid {} left out: {e}", f.fid);
+                    }
                 }
             }
         }

@@ -8,9 +8,11 @@
 //!
 //! - before a call that is not idempotent (Tlcreate, Tmkdir, Tsymlink,
 //!   Tmknod, Tlink, Tunlinkat, Trenameat, Trename) an **intent**: the
-//!   time (`CLOCK_REALTIME_COARSE`, the clock of file ctimes) and, for
-//!   Tunlinkat, Trenameat and Trename, the qid path of the file it moves
-//!   or removes (looked up first);
+//!   identity (qid path) of the file the call works on, looked up just
+//!   before it: for Tunlinkat and Trenameat the file at the old name, for
+//!   Trename the fid's file, for the calls that create a name whatever
+//!   that name held already (0: nothing). The time is recorded too, for
+//!   a reader of the table, and never used to decide anything;
 //! - the encoded **reply** of every request that changes fids or the
 //!   export ([`records_reply`]), before it goes out. Fid changes are
 //!   journaled as they happen, before the reply, so a recorded reply
@@ -25,17 +27,23 @@
 //! | Twalk, Tattach, Txattrwalk to a new fid | | the new fid is dropped if the journal has it; runs again |
 //! | Tlopen, Txattrcreate | | the fid goes back to walked if the journal has it opened; runs again |
 //! | Tclunk, Tremove | | fid gone from the journal: Rclunk/Rremove (the call happened or was about to); else runs again |
-//! | Tlcreate | | fid open in the journal: Rlcreate for it; else the name exists as a regular file changed since the intent: opened (no create, no truncate), Rlcreate; else runs again |
-//! | Tmkdir, Tsymlink, Tmknod | | the name exists with that type, changed since the intent: its qid; else runs again |
-//! | Tlink | | the name is the fid's file, changed since the intent: Rlink; else runs again |
-//! | Tunlinkat, Trenameat | | the old name still names the recorded file: runs again; else Runlinkat/Rrenameat |
+//! | Tlcreate | | fid open in the journal: Rlcreate for it; else the name was free at the intent and is a regular file now: opened (no create, no truncate), Rlcreate; else runs again |
+//! | Tmkdir, Tsymlink, Tmknod | | the name was free at the intent and exists now with that type: its qid; else runs again |
+//! | Tlink | | the name was free at the intent and is the fid's file now: Rlink; else runs again |
+//! | Tunlinkat | | the old name still names the recorded file: runs again; else Runlinkat |
+//! | Trenameat | | the new name names the recorded file and the old name no longer does: Rrenameat; else runs again |
 //! | Trename | | the new name names the recorded file: Rrename; else runs again |
 //! | Tsetattr (with a size), Tversion, the rest | | runs again (idempotent: truncating to the same size twice leaves the same file) |
 //!
-//! "Changed since the intent" compares the file's ctime with the intent's
-//! time on the same coarse clock: a file that existed already and was
-//! changed in the same clock tick as the intent is taken for the one the
-//! call made.
+//! Every decision compares file identities (qid paths, from `(dev, ino)`)
+//! the journal recorded with what the export holds now: no clock window,
+//! which would be the whole downtime and, on an NFS or FUSE export,
+//! another machine's clock. "Runs again" is exact too: a call whose
+//! postcondition is not there did not happen (a failed call changes
+//! nothing), and running it gets the answer it would have got, EEXIST
+//! when the name was taken before the call. What the journal cannot tell
+//! apart is a host process doing the very same thing to the same name
+//! while the daemon was down.
 
 use super::session::{Fid, FidKind};
 use super::{errno, Blocking, Cancel, OpResult, Reply, Server, Session};
@@ -98,9 +106,10 @@ pub(crate) fn coarse_now() -> u64 {
 pub(crate) struct Left {
     /// An intent was recorded.
     pub intent: bool,
-    /// Its time.
+    /// Its time (for a reader of the table; no decision uses it).
     pub time: u64,
-    /// The qid path it recorded.
+    /// The qid path it recorded: the file moved or removed, or what the
+    /// name to create held already (0: nothing).
     pub qid: u64,
 }
 
@@ -120,11 +129,11 @@ impl<F: Filesystem> Server<F> {
                 .map_or(0, |(_, q)| q.path)
         };
         let qid = match msg {
-            Tmessage::Lcreate(_)
-            | Tmessage::Mkdir(_)
-            | Tmessage::Symlink(_)
-            | Tmessage::Mknod(_)
-            | Tmessage::Link(_) => 0,
+            Tmessage::Lcreate(m) => looked_up(m.fid, &m.name),
+            Tmessage::Mkdir(m) => looked_up(m.dfid, &m.name),
+            Tmessage::Symlink(m) => looked_up(m.fid, &m.name),
+            Tmessage::Mknod(m) => looked_up(m.dfid, &m.name),
+            Tmessage::Link(m) => looked_up(m.dfid, &m.name),
             Tmessage::Unlinkat(m) => looked_up(m.dirfid, &m.name),
             Tmessage::Renameat(m) => looked_up(m.olddirfid, &m.oldname),
             Tmessage::Rename(m) => session
@@ -138,23 +147,27 @@ impl<F: Filesystem> Server<F> {
     }
 
     /// The file `name` in the directory of fid `dfid` if it exists with
-    /// type `ty` and changed at or after `time`.
-    fn made_since(
+    /// type `ty` and the intent `left` found the name free: the call made
+    /// it.
+    fn made(
         &self,
         session: &Session<F>,
         dfid: u32,
         name: &[u8],
         ty: Option<QidType>,
-        time: u64,
+        left: &Left,
     ) -> Option<(F::Inode, Qid)> {
+        if !left.intent || left.qid != 0 {
+            // Never started, or the name was taken: the call failed (or
+            // fails when it runs again) with EEXIST.
+            return None;
+        }
         let dir = session.get(dfid).ok()?;
         let (inode, qid) = self.fs.walk(&dir.inode, name).ok()?;
         if ty.is_some_and(|t| qid.ty != t) {
             return None;
         }
-        let a = self.fs.getattr(&inode, GetattrMask::BASIC).ok()?;
-        let ctime = a.ctime_sec.saturating_mul(1_000_000_000) + a.ctime_nsec;
-        (ctime >= time).then_some((inode, qid))
+        Some((inode, qid))
     }
 
     /// Puts fid `fid` back to walked (same file, same user) if it is open
@@ -184,13 +197,14 @@ impl<F: Filesystem> Server<F> {
         msg: &Tmessage,
         left: &Left,
     ) -> Option<OpResult> {
-        let since = |dfid, name: &[u8], ty| {
-            if left.intent {
-                self.made_since(session, dfid, name, ty, left.time)
-            } else {
-                None
-            }
-        };
+        if left.intent {
+            log::debug!(
+                "9p: recover: {msg:?} had an intent (at {} ns, file {:#x})",
+                left.time,
+                left.qid
+            );
+        }
+        let since = |dfid, name: &[u8], ty| self.made(session, dfid, name, ty, left);
         match msg {
             Tmessage::Walk(m) if m.newfid != m.fid => {
                 let _ = session.remove(m.newfid);
@@ -282,10 +296,16 @@ impl<F: Filesystem> Server<F> {
                 }
             }
             Tmessage::Renameat(m) if left.intent && left.qid != 0 => {
-                let dir = session.get(m.olddirfid).ok()?;
-                match self.fs.walk(&dir.inode, &m.oldname) {
-                    Ok((_, q)) if q.path == left.qid => None,
-                    _ => Some(Ok(Rmessage::Renameat)),
+                let old = session.get(m.olddirfid).ok()?;
+                if let Ok((_, q)) = self.fs.walk(&old.inode, &m.oldname) {
+                    if q.path == left.qid {
+                        return None;
+                    }
+                }
+                let new = session.get(m.newdirfid).ok()?;
+                match self.fs.walk(&new.inode, &m.newname) {
+                    Ok((_, q)) if q.path == left.qid => Some(Ok(Rmessage::Renameat)),
+                    _ => None,
                 }
             }
             Tmessage::Rename(m) if left.intent && left.qid != 0 => {
@@ -389,126 +409,253 @@ mod tests {
         (share, s, session)
     }
 
-    fn intent_now() -> Left {
+    /// The device's record, as the in-flight table keeps it.
+    #[derive(Default)]
+    struct Rec(std::sync::Mutex<Option<(u64, u64)>>);
+
+    impl RequestRecord for Rec {
+        fn intent(&self, time: u64, qid: u64) {
+            *self.0.lock().unwrap() = Some((time, qid));
+        }
+        fn commit(&self, _reply: &[u8]) {}
+    }
+
+    /// What the server records before running `msg`.
+    fn intent(s: &Server<PassthroughFs>, session: &Session<PassthroughFs>, m: &Tmessage) -> Left {
+        let rec = Rec::default();
+        s.record_intent(session, m, &rec);
+        let (time, qid) = rec.0.lock().unwrap().expect("an intent is recorded");
         Left {
             intent: true,
-            time: coarse_now(),
-            qid: 0,
+            time,
+            qid,
+        }
+    }
+
+    fn walk_to(s: &Server<PassthroughFs>, session: &Session<PassthroughFs>, fid: u32, name: &str) {
+        let w = Tmessage::Walk(Twalk {
+            fid: 0,
+            newfid: fid,
+            wnames: if name.is_empty() {
+                Vec::new()
+            } else {
+                vec![name.as_bytes().to_vec()]
+            },
+        });
+        assert!(matches!(call(s, session, w), Rmessage::Walk(_)));
+    }
+
+    /// One call that is not idempotent: how to set it up, the request,
+    /// what the call does to the export (done here on the host, as the
+    /// killed daemon's syscall did), and the reply expected when found
+    /// done.
+    struct Case {
+        name: &'static str,
+        prepare: fn(&Path, &Server<PassthroughFs>, &Session<PassthroughFs>),
+        msg: Tmessage,
+        syscall: fn(&Path),
+        done: fn(&Rmessage) -> bool,
+    }
+
+    use std::path::Path;
+
+    fn cases() -> Vec<Case> {
+        vec![
+            Case {
+                name: "Tmkdir",
+                prepare: |_, _, _| {},
+                msg: Tmessage::Mkdir(Tmkdir {
+                    dfid: 0,
+                    name: b"d".to_vec(),
+                    mode: 0o755,
+                    gid: 0,
+                }),
+                syscall: |p| std::fs::create_dir(p.join("d")).unwrap(),
+                done: |r| matches!(r, Rmessage::Mkdir(q) if q.ty == QidType::DIR),
+            },
+            Case {
+                name: "Tsymlink",
+                prepare: |_, _, _| {},
+                msg: Tmessage::Symlink(Tsymlink {
+                    fid: 0,
+                    name: b"s".to_vec(),
+                    symtgt: b"f".to_vec(),
+                    gid: 0,
+                }),
+                syscall: |p| std::os::unix::fs::symlink("f", p.join("s")).unwrap(),
+                done: |r| matches!(r, Rmessage::Symlink(q) if q.ty == QidType::SYMLINK),
+            },
+            Case {
+                name: "Tmknod",
+                prepare: |_, _, _| {},
+                msg: Tmessage::Mknod(Tmknod {
+                    dfid: 0,
+                    name: b"n".to_vec(),
+                    mode: libc::S_IFIFO | 0o644,
+                    major: 0,
+                    minor: 0,
+                    gid: 0,
+                }),
+                syscall: |p| {
+                    let c =
+                        std::ffi::CString::new(p.join("n").into_os_string().into_encoded_bytes())
+                            .unwrap();
+                    // SAFETY: a valid C string.
+                    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFIFO | 0o644, 0) };
+                    assert_eq!(r, 0);
+                },
+                done: |r| matches!(r, Rmessage::Mknod(_)),
+            },
+            Case {
+                name: "Tlcreate",
+                prepare: |_, s, session| walk_to(s, session, 5, ""),
+                msg: Tmessage::Lcreate(Tlcreate {
+                    fid: 5,
+                    name: b"c".to_vec(),
+                    flags: OpenFlags::RDWR | OpenFlags::CREATE | OpenFlags::EXCL,
+                    mode: 0o644,
+                    gid: 0,
+                }),
+                syscall: |p| std::fs::write(p.join("c"), b"").unwrap(),
+                done: |r| matches!(r, Rmessage::Lcreate(q, 0) if q.ty == QidType::FILE),
+            },
+            Case {
+                name: "Tlink",
+                prepare: |_, s, session| walk_to(s, session, 6, "f"),
+                msg: Tmessage::Link(Tlink {
+                    dfid: 0,
+                    fid: 6,
+                    name: b"l".to_vec(),
+                }),
+                syscall: |p| std::fs::hard_link(p.join("f"), p.join("l")).unwrap(),
+                done: |r| matches!(r, Rmessage::Link),
+            },
+            Case {
+                name: "Tunlinkat",
+                prepare: |p, _, _| std::fs::write(p.join("u"), b"u").unwrap(),
+                msg: Tmessage::Unlinkat(Tunlinkat {
+                    dirfid: 0,
+                    name: b"u".to_vec(),
+                    flags: UnlinkFlags::empty(),
+                }),
+                syscall: |p| std::fs::remove_file(p.join("u")).unwrap(),
+                done: |r| matches!(r, Rmessage::Unlinkat),
+            },
+            Case {
+                name: "Trenameat",
+                prepare: |p, _, _| std::fs::write(p.join("r"), b"r").unwrap(),
+                msg: Tmessage::Renameat(Trenameat {
+                    olddirfid: 0,
+                    oldname: b"r".to_vec(),
+                    newdirfid: 0,
+                    newname: b"r2".to_vec(),
+                }),
+                syscall: |p| std::fs::rename(p.join("r"), p.join("r2")).unwrap(),
+                done: |r| matches!(r, Rmessage::Renameat),
+            },
+            Case {
+                name: "Trename",
+                prepare: |p, s, session| {
+                    std::fs::write(p.join("q"), b"q").unwrap();
+                    walk_to(s, session, 7, "q");
+                },
+                msg: Tmessage::Rename(Trename {
+                    fid: 7,
+                    dfid: 0,
+                    name: b"q2".to_vec(),
+                }),
+                syscall: |p| std::fs::rename(p.join("q"), p.join("q2")).unwrap(),
+                done: |r| matches!(r, Rmessage::Rename),
+            },
+        ]
+    }
+
+    #[test]
+    fn test_each_call_at_each_crash_point_is_decided_by_identity() {
+        for case in cases() {
+            let (share, s, session) = setup();
+            let p = share.path();
+            (case.prepare)(p, &s, &session);
+            let m = &case.msg;
+            // Killed before the intent: the call never started.
+            assert!(
+                s.recover(&session, m, &Left::default()).is_none(),
+                "{}: no intent",
+                case.name
+            );
+            let left = intent(&s, &session, m);
+            // Killed between the intent and the syscall: runs again.
+            assert!(
+                s.recover(&session, m, &left).is_none(),
+                "{}: intent, no syscall",
+                case.name
+            );
+            (case.syscall)(p);
+            // Killed between the syscall and the recorded reply: found
+            // done, whatever the clocks say (an export's ctime may come
+            // from another machine's clock, ahead or behind).
+            for time in [0, left.time, u64::MAX] {
+                let left = Left { time, ..left };
+                match s.recover(&session, m, &left) {
+                    Some(Ok(r)) => assert!((case.done)(&r), "{}: {r:?}", case.name),
+                    other => panic!("{}: syscall done, time {time}: {other:?}", case.name),
+                }
+            }
         }
     }
 
     #[test]
-    fn test_a_create_found_done_gets_its_reply_else_runs_again() {
-        let (share, s, session) = setup();
-        let mkdir = Tmessage::Mkdir(Tmkdir {
-            dfid: 0,
-            name: b"d".to_vec(),
-            mode: 0o755,
-            gid: 0,
-        });
-        // Not done: runs again.
-        assert!(s.recover(&session, &mkdir, &intent_now()).is_none());
-        // Done after the intent: its qid.
-        let left = intent_now();
-        std::fs::create_dir(share.path().join("d")).unwrap();
-        assert!(matches!(
-            s.recover(&session, &mkdir, &left),
-            Some(Ok(Rmessage::Mkdir(q))) if q.ty == QidType::DIR
-        ));
-        // There before the intent (a file of the guest's): runs again,
-        // and gets its EEXIST.
-        let later = Left {
-            time: coarse_now() + 5_000_000_000,
-            ..left
-        };
-        assert!(s.recover(&session, &mkdir, &later).is_none());
-        // No intent recorded: the call never started.
-        assert!(s.recover(&session, &mkdir, &Left::default()).is_none());
-
-        // Tlcreate: the file is opened (not created again) into the fid.
-        let w = Tmessage::Walk(Twalk {
-            fid: 0,
-            newfid: 5,
-            wnames: Vec::new(),
-        });
-        assert!(matches!(call(&s, &session, w), Rmessage::Walk(_)));
-        let left = intent_now();
-        std::fs::write(share.path().join("c"), b"").unwrap();
-        let create = Tmessage::Lcreate(Tlcreate {
-            fid: 5,
-            name: b"c".to_vec(),
-            flags: OpenFlags::RDWR | OpenFlags::CREATE | OpenFlags::EXCL,
-            mode: 0o644,
-            gid: 0,
-        });
-        assert!(matches!(
-            s.recover(&session, &create, &left),
-            Some(Ok(Rmessage::Lcreate(..)))
-        ));
-        let wr = Tmessage::Write(Twrite {
-            fid: 5,
-            offset: 0,
-            data: b"open".to_vec(),
-        });
-        assert_eq!(call(&s, &session, wr), Rmessage::Write(4));
-        // The fid is open in the table now: the same reply again.
-        assert!(matches!(
-            s.recover(&session, &create, &Left::default()),
-            Some(Ok(Rmessage::Lcreate(..)))
-        ));
+    fn test_a_name_taken_before_the_call_is_not_taken_for_its_work() {
+        for case in cases().into_iter().take(5) {
+            let (share, s, session) = setup();
+            let p = share.path();
+            (case.prepare)(p, &s, &session);
+            // The name exists before the intent (the guest's own file, or
+            // a host's): the call failed with EEXIST, and runs again to
+            // get it, even though the name exists with the right type.
+            (case.syscall)(p);
+            let left = intent(&s, &session, &case.msg);
+            assert_ne!(left.qid, 0, "{}", case.name);
+            assert!(
+                s.recover(&session, &case.msg, &left).is_none(),
+                "{}",
+                case.name
+            );
+        }
     }
 
     #[test]
-    fn test_a_removal_found_done_gets_its_reply_else_runs_again() {
+    fn test_a_move_not_done_by_the_call_is_not_taken_for_it() {
         let (share, s, session) = setup();
-        std::fs::write(share.path().join("u"), b"u").unwrap();
-        let qid = |s: &Server<PassthroughFs>, name: &[u8]| {
-            let root = session.get(0).unwrap();
-            s.fs.walk(&root.inode, name).unwrap().1.path
-        };
-        let left = Left {
-            intent: true,
-            time: coarse_now(),
-            qid: qid(&s, b"u"),
-        };
+        let p = share.path();
+        std::fs::write(p.join("u"), b"u").unwrap();
         let unlink = Tmessage::Unlinkat(Tunlinkat {
             dirfid: 0,
             name: b"u".to_vec(),
             flags: UnlinkFlags::empty(),
         });
-        assert!(s.recover(&session, &unlink, &left).is_none(), "still there");
-        // Kept open, so a new file cannot get its inode number back.
-        let _keep = std::fs::File::open(share.path().join("u")).unwrap();
-        std::fs::remove_file(share.path().join("u")).unwrap();
+        let left = intent(&s, &session, &unlink);
+        // Kept open, so a new file cannot get its inode number back; a
+        // new file of that name is not the one recorded: removed.
+        let _keep = std::fs::File::open(p.join("u")).unwrap();
+        std::fs::remove_file(p.join("u")).unwrap();
+        std::fs::write(p.join("u"), b"new").unwrap();
         assert!(matches!(
             s.recover(&session, &unlink, &left),
             Some(Ok(Rmessage::Unlinkat))
         ));
-        // A new file of that name is not the one recorded.
-        std::fs::write(share.path().join("u"), b"new").unwrap();
-        assert!(matches!(
-            s.recover(&session, &unlink, &left),
-            Some(Ok(Rmessage::Unlinkat))
-        ));
-
-        std::fs::write(share.path().join("r"), b"r").unwrap();
-        let left = Left {
-            intent: true,
-            time: coarse_now(),
-            qid: qid(&s, b"r"),
-        };
+        // A Trenameat whose file is neither at the old nor at the new
+        // name (moved elsewhere by the host): not the call's work.
+        std::fs::write(p.join("r"), b"r").unwrap();
         let rename = Tmessage::Renameat(Trenameat {
             olddirfid: 0,
             oldname: b"r".to_vec(),
             newdirfid: 0,
             newname: b"r2".to_vec(),
         });
+        let left = intent(&s, &session, &rename);
+        std::fs::rename(p.join("r"), p.join("elsewhere")).unwrap();
         assert!(s.recover(&session, &rename, &left).is_none());
-        std::fs::rename(share.path().join("r"), share.path().join("r2")).unwrap();
-        assert!(matches!(
-            s.recover(&session, &rename, &left),
-            Some(Ok(Rmessage::Renameat))
-        ));
 
         // Tclunk and Tremove of a fid the journal no longer has.
         let clunk = Tmessage::Clunk(Tfid { fid: 9 });
@@ -523,6 +670,21 @@ mod tests {
                 &Left::default()
             )
             .is_none());
+        let remove = Tmessage::Remove(Tfid { fid: 9 });
+        assert!(matches!(
+            s.recover(&session, &remove, &Left::default()),
+            Some(Ok(Rmessage::Remove))
+        ));
+        // Tremove of a fid still there: done once its file has no link.
+        walk_to(&s, &session, 10, "f");
+        let remove = Tmessage::Remove(Tfid { fid: 10 });
+        assert!(s.recover(&session, &remove, &Left::default()).is_none());
+        std::fs::remove_file(p.join("f")).unwrap();
+        assert!(matches!(
+            s.recover(&session, &remove, &Left::default()),
+            Some(Ok(Rmessage::Remove))
+        ));
+        assert!(session.get(10).is_err());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Per-client session state: the negotiated msize and the fid table.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -58,10 +58,6 @@ pub(crate) trait FidLog<F: Filesystem>: Send + Sync {
     /// the order the table changed. `table` and `msize` are the session
     /// after the change, for a compaction.
     fn append(&self, record: &[u8], msize: u32, table: &FidTable<F>);
-
-    /// Saves the whole session anew (a snapshot) and starts the journal
-    /// again; called under the table lock.
-    fn compact(&self, msize: u32, table: &FidTable<F>);
 }
 
 /// What a fid refers to.
@@ -247,6 +243,10 @@ pub struct Session<F: Filesystem> {
     /// or Tclunk releases them (one winner per fid). Taken only under the
     /// table lock.
     releasing: Mutex<Vec<u32>>,
+    /// Fids of a restored session whose file is gone or changed on this
+    /// host (a migration): each answers `ESTALE` until it is clunked or
+    /// used again as a new fid.
+    stale: Mutex<HashSet<u32>>,
 }
 
 impl<F: Filesystem> Default for Session<F> {
@@ -260,6 +260,7 @@ impl<F: Filesystem> Default for Session<F> {
             lock_waiters: AtomicUsize::new(0),
             log: OnceLock::new(),
             releasing: Mutex::new(Vec::new()),
+            stale: Mutex::new(HashSet::new()),
         }
     }
 }
@@ -429,15 +430,6 @@ impl<F: Filesystem> Session<F> {
         drop(old);
     }
 
-    /// Saves a journaled session anew (after a change that moves saved
-    /// paths, such as Trename). No-op unless journaled.
-    pub(crate) fn compact(&self) {
-        if let Some(log) = self.log.get() {
-            let t = self.table();
-            log.compact(self.msize(), &t);
-        }
-    }
-
     /// Journals `fid` again after a change inside its entry (a lock
     /// granted, xattr data written). No-op unless journaled.
     pub(crate) fn touch(&self, fid: u32) {
@@ -473,7 +465,29 @@ impl<F: Filesystem> Session<F> {
     }
 
     pub(crate) fn get(&self, fid: u32) -> Result<Arc<Fid<F>>, u32> {
-        self.table().get(&fid).cloned().ok_or(errno::EBADF)
+        let got = self.table().get(&fid).cloned();
+        got.ok_or_else(|| self.missing(fid))
+    }
+
+    fn stale_fids(&self) -> MutexGuard<'_, HashSet<u32>> {
+        // Single inserts and removes: recover from poison.
+        self.stale.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The error for a fid not in the table: `ESTALE` if a restore marked
+    /// it ([`Session::mark_stale`]), else `EBADF`.
+    fn missing(&self, fid: u32) -> u32 {
+        if self.stale_fids().contains(&fid) {
+            errno::ESTALE
+        } else {
+            errno::EBADF
+        }
+    }
+
+    /// A restored fid whose file is gone or changed: it answers `ESTALE`
+    /// (not `EBADF`) until a Tclunk releases it or a walk reuses it.
+    pub(crate) fn mark_stale(&self, fid: u32) {
+        self.stale_fids().insert(fid);
     }
 
     /// Adds a new fid; fails if it is in use (`EBADF`), the session's
@@ -485,6 +499,7 @@ impl<F: Filesystem> Session<F> {
             return Err(errno::EBADF);
         }
         self.count_new(t.len(), l)?;
+        self.stale_fids().remove(&fid);
         t.insert(fid, Arc::new(entry));
         if let Some((log, rec)) = rec {
             log.append(&rec, self.msize(), &t);
@@ -500,6 +515,7 @@ impl<F: Filesystem> Session<F> {
         if !t.contains_key(&fid) {
             self.count_new(t.len(), l)?;
         }
+        self.stale_fids().remove(&fid);
         t.insert(fid, Arc::new(entry));
         if let Some((log, rec)) = rec {
             log.append(&rec, self.msize(), &t);
@@ -540,6 +556,10 @@ impl<F: Filesystem> Session<F> {
         let t = self.table();
         if self.claims().contains(&fid) {
             return Err(errno::EBADF);
+        }
+        if !t.contains_key(&fid) && self.stale_fids().remove(&fid) {
+            // Released: the guest learns its file is gone.
+            return Err(errno::ESTALE);
         }
         self.remove_locked(t, fid)
     }

@@ -50,7 +50,7 @@ const INFLIGHT_REFUSED: &CStr = c"session.inflight.refused";
 const SNAP_MAGIC: &[u8; 8] = b"V9PCRASH";
 const JOURNAL_MAGIC: &[u8; 8] = b"V9PJOURN";
 /// The format version of both files.
-pub(crate) const CRASH_VERSION: u32 = 1;
+pub(crate) const CRASH_VERSION: u32 = 2;
 /// Journal header bytes.
 pub(crate) const HEADER: usize = 32;
 /// Bytes a record adds to its kind and payload.
@@ -652,13 +652,13 @@ mod tests {
     fn test_journal_of_another_version_is_refused_and_bad_records_malformed() {
         let dir = tempfile::tempdir().unwrap();
         let mut bytes = journal_with(&dir, 41, MIN_CAPACITY, &records());
-        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&9u32.to_le_bytes());
         let mut s = base();
         assert_eq!(
             replay(&mut s, 41, &bytes),
             Err(StateProblem::Version {
-                found: 2,
-                expected: 1
+                found: 9,
+                expected: 2
             })
         );
         // A checksummed record of an unknown kind: written by no build of

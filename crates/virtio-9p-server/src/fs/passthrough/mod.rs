@@ -139,6 +139,44 @@ pub struct PassthroughConfig {
     /// `RLIMIT_NOFILE`). An open that fails with `EMFILE` or `ENFILE`
     /// closes idle fds and is tried once more.
     pub max_path_fds: usize,
+    /// The export's name as the operator gives it (`--export-name`): a
+    /// saved session names the export by it, so that a daemon on another
+    /// host, exporting the same tree at another path, takes the session
+    /// (live migration). `None` (the default): the export is named by its
+    /// root's `(dev, ino)`, which only this host's same directory matches.
+    pub export_name: Option<String>,
+    /// How a restored session finds its files again (`--migration-mode`).
+    pub migration_mode: MigrationMode,
+}
+
+/// How a restored session finds its fids' files again on the destination
+/// of a migration ([`PassthroughConfig::migration_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MigrationMode {
+    /// The file the same `(dev, ino)` is, by its saved path or its file
+    /// handle: both daemons see the same filesystem with the same device
+    /// numbers (a restart, or a migration between two exports of one
+    /// filesystem, such as a bind mount).
+    #[default]
+    FileHandles,
+    /// The file at the saved path below the export, walked with the usual
+    /// checks, if it is of the saved type: another host holding the same
+    /// tree. A file gone, or of another type, makes its fid answer
+    /// `ESTALE`.
+    FindPaths,
+}
+
+impl FromStr for MigrationMode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "file-handles" => Ok(MigrationMode::FileHandles),
+            "find-paths" => Ok(MigrationMode::FindPaths),
+            other => Err(Error::MigrationMode(other.to_string())),
+        }
+    }
 }
 
 /// Path fds kept by default: bounded for an embedding process.
@@ -187,6 +225,8 @@ impl PassthroughConfig {
             use_openat2: true,
             inline_metadata: true,
             max_path_fds: EMBEDDED_MAX_PATH_FDS,
+            export_name: None,
+            migration_mode: MigrationMode::default(),
         }
     }
 
@@ -842,11 +882,20 @@ impl Filesystem for PassthroughFs {
     }
 
     fn export_id(&self) -> Vec<u8> {
-        // The export root and the security model: state saved for another
-        // directory, or with another model, is refused.
+        // The export (its name, else its root) and the security model:
+        // state saved for another export, or with another model, is
+        // refused.
         let mut id = Vec::with_capacity(17);
-        id.extend_from_slice(&self.root.0.dev.to_le_bytes());
-        id.extend_from_slice(&self.root.0.ino.to_le_bytes());
+        match &self.cfg.export_name {
+            Some(name) => {
+                id.extend_from_slice(b"name:");
+                id.extend_from_slice(name.as_bytes());
+            }
+            None => {
+                id.extend_from_slice(&self.root.0.dev.to_le_bytes());
+                id.extend_from_slice(&self.root.0.ino.to_le_bytes());
+            }
+        }
         id.push(self.cfg.security_model as u8);
         id
     }

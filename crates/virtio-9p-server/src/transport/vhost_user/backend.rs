@@ -9,7 +9,11 @@ use std::time::{Duration, Instant};
 
 use coro_pool::StackPool;
 use log::{debug, error, info, warn};
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserVirtioFeatures,
+};
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_queue::QueueT;
@@ -45,13 +49,18 @@ pub const CONTROL_EVENT: u16 = 4;
 pub const MORE_EVENT: u16 = 5;
 
 /// The vhost-user protocol features offered: CONFIG (the mount tag is read
-/// from the backend), MQ, REPLY_ACK, CONFIGURE_MEM_SLOTS and RESET_DEVICE.
+/// from the backend), MQ, REPLY_ACK, CONFIGURE_MEM_SLOTS, RESET_DEVICE and
+/// DEVICE_STATE and LOG_SHMFD (the 9P session crosses a live migration
+/// and guest-memory writes are logged; see "Live migration" in the crate
+/// README).
 pub fn protocol_features() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::MQ
         | VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
         | VhostUserProtocolFeatures::RESET_DEVICE
+        | VhostUserProtocolFeatures::DEVICE_STATE
+        | VhostUserProtocolFeatures::LOG_SHMFD
 }
 
 /// Settings of one device. Build one from [`BackendConfig::default`] and
@@ -93,7 +102,12 @@ impl Default for BackendConfig {
     }
 }
 
-type Mem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+/// Guest memory with the dirty-page log of a live migration: a region's
+/// bitmap is a no-op until the frontend sends SET_LOG_BASE
+/// (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`), then every write through
+/// vm-memory, and every raw write of virtqueue-large's writer (which marks
+/// the pages itself), sets the written pages' bits in the shared log.
+pub(super) type Mem = GuestMemoryAtomic<GuestMemoryMmap<BitmapMmapRegion>>;
 
 /// What the vring thread is asked to do, weakest first: when several
 /// requests meet, the strongest is done.
@@ -217,6 +231,8 @@ pub struct Virtio9pBackend<F: Filesystem> {
     /// The session is a predecessor's ([`Virtio9pBackend::set_session`]):
     /// the packed ring position it recorded may replace a stale base.
     taken_over: AtomicBool,
+    /// A device-state transfer of a live migration.
+    transfer: super::migrate::Transfer,
 }
 
 impl<F: Filesystem> std::fmt::Debug for Virtio9pBackend<F> {
@@ -276,6 +292,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             state_dir: config.state_dir.clone(),
             recovering: AtomicBool::new(false),
             taken_over: AtomicBool::new(false),
+            transfer: Default::default(),
         })
     }
 
@@ -523,7 +540,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         }
     }
 
-    fn handle(&self, device_event: u16, vrings: &[VringRwLock]) -> std::io::Result<()> {
+    fn handle(&self, device_event: u16, vrings: &[VringRwLock<Mem>]) -> std::io::Result<()> {
         let mut guard = self.cell.lock().unwrap_or_else(|e| e.into_inner());
         let cell = &mut *guard;
         let here = std::thread::current().id();
@@ -677,7 +694,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     /// pause kept go on (a waiting Tlock tries again at once); else they
     /// are discarded with one log line, no reply goes out and no guest
     /// memory is written.
-    fn resume_paused(&self, cell: &mut QueueCell<F>, vrings: &[VringRwLock], mem: &Mem) {
+    fn resume_paused(&self, cell: &mut QueueCell<F>, vrings: &[VringRwLock<Mem>], mem: &Mem) {
         let Some(vring) = vrings.first() else {
             return;
         };
@@ -763,7 +780,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     fn stop(
         &self,
         cell: &mut QueueCell<F>,
-        vrings: &[VringRwLock],
+        vrings: &[VringRwLock<Mem>],
         reported: bool,
     ) -> std::io::Result<()> {
         if let Some(p) = cell.paused.take() {
@@ -871,7 +888,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
     fn complete(
         q: &mut RequestQueue<F>,
         packed: Option<&mut PackedQueue>,
-        vrings: &[VringRwLock],
+        vrings: &[VringRwLock<Mem>],
         mem: Option<&Mem>,
         stopping: bool,
     ) -> std::io::Result<()> {
@@ -942,8 +959,8 @@ impl<F: Filesystem> Drop for Virtio9pBackend<F> {
 }
 
 impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
-    type Bitmap = ();
-    type Vring = VringRwLock;
+    type Bitmap = BitmapMmapRegion;
+    type Vring = VringRwLock<Mem>;
 
     fn num_queues(&self) -> usize {
         1
@@ -954,7 +971,11 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
     }
 
     fn features(&self) -> u64 {
-        self.features | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        // VHOST_F_LOG_ALL: every guest-memory write is logged once the
+        // frontend gave a log (SET_LOG_BASE).
+        self.features
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
     fn acked_features(&self, features: u64) {
@@ -1017,6 +1038,79 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
         }
     }
 
+    /// SAVE: the session as [`Server::save_session`] saves it, written to
+    /// `file` on a thread; refused while a stop kept waiting Tlocks in
+    /// flight (they cannot cross yet). LOAD: `file` read on a thread;
+    /// [`VhostUserBackend::check_device_state`] restores it.
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        file: std::fs::File,
+    ) -> std::io::Result<Option<std::fs::File>> {
+        match direction {
+            VhostTransferStateDirection::SAVE => {
+                let kept = self
+                    .cell
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .paused
+                    .is_some();
+                if kept {
+                    error!("virtio-9p: migration refused: Tlocks are waiting in flight");
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::ResourceBusy,
+                        "Tlocks are waiting in flight",
+                    ));
+                }
+                let bytes = self.server.save_session(&self.session()).map_err(|e| {
+                    error!("virtio-9p: migration: cannot save the session: {e}");
+                    std::io::Error::other(e)
+                })?;
+                info!(
+                    "virtio-9p: migration: saving {} bytes of device state",
+                    bytes.len()
+                );
+                self.transfer.start_save(bytes, file)?;
+            }
+            VhostTransferStateDirection::LOAD => self.transfer.start_load(file)?,
+        }
+        Ok(None)
+    }
+
+    /// Waits for the transfer; after a LOAD, makes the session it carried
+    /// this device's, or refuses it with one line naming why (truncated,
+    /// damaged, another version, another export): the migration fails and
+    /// nothing of the state is used.
+    fn check_device_state(&self) -> std::io::Result<()> {
+        let bytes = match self.transfer.finish() {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                error!("virtio-9p: migration: device state transfer failed: {e}");
+                return Err(e);
+            }
+        };
+        match self.server.restore_migrated_session(&bytes) {
+            Ok(session) => {
+                info!(
+                    "virtio-9p: migration: session restored ({} bytes of device state)",
+                    bytes.len()
+                );
+                let session = Arc::new(session);
+                self.set_session(Arc::clone(&session));
+                // With a state directory, the migrated session is kept
+                // crash-safe from now on, as a fresh one is.
+                self.journal(&session);
+                Ok(())
+            }
+            Err(e) => {
+                error!("virtio-9p: migration: device state refused: {e}");
+                Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+            }
+        }
+    }
+
     fn stop_vring(&self, _queue_index: u32) -> std::io::Result<()> {
         self.control_request(ControlOp::Stop);
         Ok(())
@@ -1026,7 +1120,7 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
         &self,
         device_event: u16,
         _evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[VringRwLock<Mem>],
         _thread_id: usize,
     ) -> std::io::Result<()> {
         self.handle(device_event, vrings)

@@ -16,10 +16,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::{
-    VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures,
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags,
+    VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vhost::{VhostBackend, VhostUserDirtyLogRegion, VhostUserMemoryRegionInfo, VringConfigData};
 
 use crate::protocol::{
     OpenFlags, Rmessage, Tattach, Tlopen, Tmessage, Tversion, Twalk, NOFID, NOTAG, VERSION_9P2000_L,
@@ -27,7 +28,9 @@ use crate::protocol::{
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtqueue_large::mock::{self as ring_mock, Buf, MockDriver, MockPackedDriver, MockRing};
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{
+    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Descriptor flag: the chain continues.
@@ -164,6 +167,8 @@ pub struct FakeVmm {
     /// The ring base as QEMU knows it: the last one sent with
     /// SET_VRING_BASE or read with GET_VRING_BASE.
     known_base: u16,
+    /// The dirty-page log ([`FakeVmm::start_dirty_log`]).
+    log: Option<File>,
 }
 
 impl std::fmt::Debug for FakeVmm {
@@ -203,6 +208,9 @@ impl FakeVmm {
         if !opts.indirect {
             features &= !(1 << VIRTIO_RING_F_INDIRECT_DESC);
         }
+        // As QEMU: VHOST_F_LOG_ALL only while a migration logs dirty
+        // memory (FakeVmm::start_dirty_log).
+        features &= !VhostUserVirtioFeatures::LOG_ALL.bits();
         let proto = frontend.get_protocol_features()?;
         frontend.set_protocol_features(proto)?;
         frontend.set_features(features)?;
@@ -255,6 +263,7 @@ impl FakeVmm {
             host,
             pending: HashMap::new(),
             known_base,
+            log: None,
         })
     }
 
@@ -392,6 +401,120 @@ impl FakeVmm {
         )?;
         self.known_base = base;
         Ok(())
+    }
+
+    /// Starts dirty-page logging as a VMM does when a live migration
+    /// begins: SET_FEATURES with `VHOST_F_LOG_ALL`, then a shared log of
+    /// one bit per 4 KiB guest page, all clear, sent with SET_LOG_BASE
+    /// (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`).
+    /// [`FakeVmm::dirty_pages`] reads it.
+    pub fn start_dirty_log(&mut self) -> MockResult<()> {
+        let end = self
+            .memory()
+            .iter()
+            .map(|r| r.start_addr().0 + r.len())
+            .max()
+            .unwrap_or(0);
+        let size = (end / 4096).div_ceil(8).max(1).next_multiple_of(4096);
+        let log = memfd(size)?;
+        // As QEMU's vhost_dev_set_log: features with VHOST_F_LOG_ALL,
+        // then the log.
+        self.features |= VhostUserVirtioFeatures::LOG_ALL.bits();
+        self.frontend.set_features(self.features)?;
+        self.frontend.set_log_base(
+            0,
+            Some(VhostUserDirtyLogRegion {
+                mmap_size: size,
+                mmap_offset: 0,
+                mmap_handle: log.as_raw_fd(),
+            }),
+        )?;
+        self.log = Some(log);
+        Ok(())
+    }
+
+    /// The guest page numbers (guest address / 4096) the device marked
+    /// dirty since the last call, which clears them.
+    pub fn dirty_pages(&mut self) -> MockResult<Vec<u64>> {
+        let log = self.log.as_ref().ok_or("no dirty log started")?;
+        let mut bytes = vec![0u8; log.metadata()?.len() as usize];
+        std::os::unix::fs::FileExt::read_exact_at(log, &mut bytes, 0)?;
+        std::os::unix::fs::FileExt::write_all_at(log, &vec![0u8; bytes.len()], 0)?;
+        let mut pages = Vec::new();
+        for (i, b) in bytes.iter().enumerate() {
+            for bit in 0..8 {
+                if b & (1 << bit) != 0 {
+                    pages.push((i * 8 + bit) as u64);
+                }
+            }
+        }
+        Ok(pages)
+    }
+
+    /// The guest address ranges the device may write of the ring itself:
+    /// the used ring (split), the descriptor ring and device event area
+    /// (packed).
+    pub fn ring_write_areas(&self) -> Vec<(u64, u64)> {
+        let q = u64::from(self.opts.queue_size);
+        let (desc, _driver, device) = self.driver.ring().ring_addresses();
+        if self.is_packed() {
+            vec![(desc.0, 16 * q), (device.0, 4)]
+        } else {
+            vec![(device.0, 6 + 8 * q)]
+        }
+    }
+
+    /// The source side of a live migration, after [`FakeVmm::stop_ring`]:
+    /// SET_DEVICE_STATE_FD (save) with a pipe, the state read to its end,
+    /// CHECK_DEVICE_STATE. The backend keeps serving this frontend if the
+    /// migration is abandoned ([`FakeVmm::resume_ring`]).
+    pub fn save_device_state(&mut self) -> MockResult<Vec<u8>> {
+        let (r, w) = pipe()?;
+        let back = self.frontend.set_device_state_fd(
+            VhostTransferStateDirection::SAVE,
+            VhostTransferStatePhase::STOPPED,
+            w.into(),
+        )?;
+        let mut from = back.unwrap_or(r);
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut from, &mut out)?;
+        self.frontend.check_device_state()?;
+        Ok(out)
+    }
+
+    /// The destination side of a live migration: connects to the backend
+    /// at `path` with this guest's memory and features, loads `state`
+    /// (SET_DEVICE_STATE_FD, CHECK_DEVICE_STATE) and only then starts the
+    /// ring at `base` (what [`FakeVmm::stop_ring`] returned on the
+    /// source). If the destination refuses the state, this VMM stays on
+    /// the source backend, as a failed migration leaves QEMU.
+    pub fn migrate_to(&mut self, path: &Path, state: &[u8], base: u32) -> MockResult<()> {
+        let (mut frontend, _) = open_frontend(path)?;
+        let proto = frontend.get_protocol_features()?;
+        frontend.set_protocol_features(proto)?;
+        frontend.set_features(self.features)?;
+        let regions = self
+            .memory()
+            .iter()
+            .map(VhostUserMemoryRegionInfo::from_guest_region)
+            .collect::<Result<Vec<_>, _>>()?;
+        frontend.set_mem_table(&regions)?;
+        let (r, w) = pipe()?;
+        let back = frontend.set_device_state_fd(
+            VhostTransferStateDirection::LOAD,
+            VhostTransferStatePhase::STOPPED,
+            r.into(),
+        )?;
+        let mut to = back.unwrap_or(w);
+        let data = state.to_vec();
+        let writer = std::thread::spawn(move || {
+            // A backend that refused early closes its end: ignore EPIPE.
+            let _ = std::io::Write::write_all(&mut to, &data);
+        });
+        let _ = writer.join();
+        frontend.check_device_state()?;
+        self.frontend = frontend;
+        self.resume_ring(base)
     }
 
     /// Resets the device as a driver does on unbind or reboot: RESET_DEVICE
@@ -768,6 +891,17 @@ fn start_ring(
 /// Connects to the backend at `path` (retrying for up to 10 s: the daemon
 /// may be starting), asks for replies, and takes ownership; returns the
 /// frontend and the features the backend offers.
+/// A pipe: (read end, write end), as files.
+fn pipe() -> MockResult<(File, File)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two fds pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: two fresh fds we own.
+    Ok(unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) })
+}
+
 fn open_frontend(path: &Path) -> MockResult<(Frontend, u64)> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let frontend = loop {

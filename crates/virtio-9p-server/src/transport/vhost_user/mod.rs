@@ -49,6 +49,7 @@
 
 mod accept;
 mod backend;
+mod migrate;
 #[cfg(any(test, feature = "test-utils"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod mock;
