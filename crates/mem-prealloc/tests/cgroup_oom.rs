@@ -153,7 +153,9 @@ fn child(method: Method) {
     let file = memfd("over-limit", LEN, 0).unwrap();
     let map = Mapping::shared(&file, LEN);
     let opts = PreallocOptions::new().threads(2).method(method);
-    let err = preallocate(map.addr, LEN, &opts).unwrap_err();
+    // SAFETY: `map` is a live shared mapping of `LEN` bytes that nothing
+    // else uses while it is populated.
+    let err = unsafe { preallocate(map.addr, LEN, &opts) }.unwrap_err();
     let Error::OutOfMemory { offset, .. } = err else {
         panic!("{method}: expected OutOfMemory, got {err}");
     };
