@@ -21,26 +21,33 @@ use crate::state::SavedSession;
 struct CrashLog<F: Filesystem> {
     server: Arc<Server<F>>,
     dir: Arc<OwnedFd>,
-    map: Mutex<JournalMap>,
+    map: Mutex<Journal>,
     snapshots: AtomicU64,
+}
+
+/// The journal and what a successor would restore from it: the last
+/// snapshot's fids with every record since applied. A snapshot taken
+/// when the journal fills is this, encoded: no system call per fid.
+struct Journal {
+    map: JournalMap,
+    fids: std::collections::BTreeMap<u32, crate::state::SavedFid>,
+    msize: u32,
 }
 
 impl<F: Filesystem> CrashLog<F> {
     /// Writes the session (`table` and `msize`) as a new snapshot and
     /// starts the journal again. A fid the filesystem cannot name is left
-    /// out (logged): it could not be restored either.
-    fn snapshot(&self, map: &mut JournalMap, msize: u32, table: &FidTable<F>) -> Result<()> {
+    /// out (logged): it could not be restored either. Only at the start:
+    /// it saves every fid anew.
+    fn snapshot(&self, j: &mut Journal, msize: u32, table: &FidTable<F>) -> Result<()> {
         let mut entries: Vec<_> = table.iter().collect();
         entries.sort_unstable_by_key(|(k, _)| **k);
-        let mut saved = SavedSession {
-            export_id: self.server.fs.export_id(),
-            msize,
-            fs_state: self.server.fs.save_state(),
-            fids: Vec::with_capacity(entries.len()),
-        };
+        let mut fids = std::collections::BTreeMap::new();
         for (fid, entry) in entries {
             match self.server.save_fid(*fid, entry) {
-                Ok(f) => saved.fids.push(f),
+                Ok(f) => {
+                    fids.insert(*fid, f);
+                }
                 Err(e) => {
                     if self.server.log_limit().admit() {
                         warn!("9p: state: fid {fid} left out of the snapshot: {e}");
@@ -48,25 +55,31 @@ impl<F: Filesystem> CrashLog<F> {
                 }
             }
         }
+        j.fids = fids;
+        j.msize = msize;
+        self.write(j)
+    }
+
+    /// Writes what the journal holds (`j.fids`) as a new snapshot and
+    /// starts the journal again: an encoding of saved forms already made,
+    /// no system call per fid.
+    fn write(&self, j: &mut Journal) -> Result<()> {
+        let saved = SavedSession {
+            export_id: self.server.fs.export_id(),
+            msize: j.msize,
+            fs_state: self.server.fs.save_state(),
+            fids: j.fids.values().cloned().collect(),
+        };
         let epoch = journal::new_epoch();
         let bytes = journal::encode_snapshot(epoch, &saved.encode());
         journal::write_snapshot(self.dir.as_fd(), &bytes).map_err(Error::StateDir)?;
-        map.reset(epoch);
+        j.map.reset(epoch);
         self.snapshots.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, JournalMap> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Journal> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn compact_locked(&self, map: &mut JournalMap, msize: u32, table: &FidTable<F>) {
-        if let Err(e) = self.snapshot(map, msize, table) {
-            // The old snapshot and journal stay valid, without this change.
-            if self.server.log_limit().admit() {
-                error!("9p: state: cannot write the session snapshot: {e}");
-            }
-        }
     }
 }
 
@@ -85,12 +98,24 @@ impl<F: Filesystem> FidLog<F> for CrashLog<F> {
         }
     }
 
-    fn append(&self, record: &[u8], msize: u32, table: &FidTable<F>) {
-        let mut map = self.lock();
-        if !map.append(record) {
-            // Half full, or a record larger than the room left: the
-            // session as it is now (this change included) is the snapshot.
-            self.compact_locked(&mut map, msize, table);
+    fn append(&self, record: &[u8], _msize: u32, _table: &FidTable<F>) {
+        let mut j = self.lock();
+        let j = &mut *j;
+        if !record.is_empty() {
+            if let Err(e) = journal::apply(&mut j.fids, &mut j.msize, record) {
+                // Records are built here: never.
+                error!("9p: state: a journal record does not apply: {e}");
+            }
+        }
+        if !j.map.append(record) {
+            // Half full, or a record larger than the room left: what the
+            // journal holds now (this change included) is the snapshot.
+            if let Err(e) = self.write(j) {
+                // The old snapshot and journal stay valid, without this change.
+                if self.server.log_limit().admit() {
+                    error!("9p: state: cannot write the session snapshot: {e}");
+                }
+            }
         }
     }
 }
@@ -133,12 +158,16 @@ impl<F: Filesystem + 'static> Server<F> {
         let log = Arc::new(CrashLog {
             server: Arc::clone(self),
             dir,
-            map: Mutex::new(map),
+            map: Mutex::new(Journal {
+                map,
+                fids: Default::default(),
+                msize: 0,
+            }),
             snapshots: AtomicU64::new(0),
         });
         session.with_table(|t, msize| {
-            let mut map = log.lock();
-            log.snapshot(&mut map, msize, t)
+            let mut j = log.lock();
+            log.snapshot(&mut j, msize, t)
         })?;
         if !session.set_log(log) {
             return Err(already());

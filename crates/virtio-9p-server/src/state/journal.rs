@@ -251,7 +251,7 @@ pub(crate) fn replay(
     Ok(out)
 }
 
-fn apply(
+pub(crate) fn apply(
     fids: &mut std::collections::BTreeMap<u32, SavedFid>,
     msize: &mut u32,
     body: &[u8],
