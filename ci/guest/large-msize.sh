@@ -65,18 +65,10 @@ KMOD=
 if [ "$stock" -eq 0 ]; then
     eval "$(bash "$here/build-9p-module.sh" 6.12)" || { log "module build failed"; exit 1; }
 fi
-# The vhost-user QEMU: stock >= 10.2 (vhost-user-test-device-pci) when
-# built, else the older rebuilt 10.0.2 (vhost-user-device-pci).
-VQEMU= VDEV=
-if [ -x "$CACHE/qemu-stock/bin/qemu-system-x86_64" ]; then
-    VQEMU=$CACHE/qemu-stock/bin/qemu-system-x86_64 VDEV=vhost-user-test-device-pci
-elif [ -x "$CACHE/qemu-vhost/bin/qemu-system-x86_64" ]; then
-    VQEMU=$CACHE/qemu-vhost/bin/qemu-system-x86_64 VDEV=vhost-user-device-pci
-fi
-# The qemu and virtiofsd rows use the same stock QEMU as run.sh's rows
-# when it is built (else the distribution's).
-QEMU=$(command -v qemu-system-x86_64)
-[ -n "$VQEMU" ] && [ "$VDEV" = vhost-user-test-device-pci ] && QEMU=$VQEMU
+# Every row runs on the stock QEMU >= 10.2 that build-qemu.sh made
+# (vhost-user-test-device-pci), as run.sh's rows do.
+QEMU=$(bash "$here/build-qemu.sh" --stock-only | tail -1) || { log "build-qemu.sh failed"; exit 1; }
+VQEMU=$QEMU VDEV=vhost-user-test-device-pci
 virtiofsd_bin=
 case ",$rows," in *,virtiofsd,*) virtiofsd_bin=$(bash "$here/install-virtiofsd.sh" 2>/dev/null | tail -1) ;; esac
 tools=$CACHE/tools/current
@@ -93,7 +85,7 @@ case ",$rows," in *,ours-*)
         ours_bin=$server_bin
     else
         tdir=${CARGO_TARGET_DIR:-$repo/target}
-        (cd "$repo" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server) \
+        (cd "$repo" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server --features daemon) \
             >"$out/server-build.log" 2>&1 && ours_bin=$tdir/release/virtio-9p-server
     fi
     ;;

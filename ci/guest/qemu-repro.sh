@@ -55,7 +55,7 @@ fi
 [ -x "$qemu" ] || { log "no QEMU at $qemu"; exit 1; }
 if [ -z "$server_bin" ]; then
     tdir=${CARGO_TARGET_DIR:-$repo/target}
-    (cd "$repo" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server) >&2 \
+    (cd "$repo" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server --features daemon) >&2 \
         || { log "cargo build failed"; exit 1; }
     server_bin=$tdir/release/virtio-9p-server
 fi
