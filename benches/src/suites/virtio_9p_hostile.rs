@@ -321,7 +321,11 @@ fn rename_loop(ctx: &Ctx, journaled: bool) -> Res<(f64, f64, f64, f64)> {
                 let t0 = Instant::now();
                 let mut done = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let name = if done % 2 == 0 { &b"r1"[..] } else { b"r0" };
+                    let name = if done.is_multiple_of(2) {
+                        &b"r1"[..]
+                    } else {
+                        b"r0"
+                    };
                     let m = Tmessage::Rename(Trename {
                         fid: VICTIM,
                         dfid: ROOT,

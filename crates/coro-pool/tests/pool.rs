@@ -794,7 +794,7 @@ fn test_multithreaded_stress() {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
-                    if live.len() < 64 && (rng % 3 != 0 || live.is_empty()) {
+                    if live.len() < 64 && (!rng.is_multiple_of(3) || live.is_empty()) {
                         let tag = (t << 32) | i;
                         let mut co = Coroutine::new_in(&pool, move |y, seed: u64| {
                             // Private data on this stack must survive a yield.
@@ -814,7 +814,7 @@ fn test_multithreaded_stress() {
                     } else {
                         let idx = (rng as usize / 3) % live.len();
                         let (mut co, tag) = live.swap_remove(idx);
-                        if rng % 5 == 0 {
+                        if rng.is_multiple_of(5) {
                             drop(co); // dropped while suspended
                         } else {
                             match co.resume(7) {

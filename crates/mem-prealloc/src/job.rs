@@ -646,7 +646,7 @@ fn region_state(
             len: len as u64,
         });
     }
-    if base % page_size != 0 {
+    if !base.is_multiple_of(page_size) {
         return Err(Error::Misaligned {
             what: "address",
             value: base as u64,

@@ -77,7 +77,7 @@ impl MlockPolicy {
         if addr == 0 {
             return Err(invalid("starts at the null address"));
         }
-        if addr % page != 0 {
+        if !addr.is_multiple_of(page) {
             return Err(invalid("does not start on a page boundary"));
         }
         let len = len

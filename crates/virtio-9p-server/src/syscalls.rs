@@ -151,10 +151,13 @@ pub const WORKER_THREAD: &[Syscall] = &[
     // Uncached Rread ranges of the socket transport, file -> pipe.
     s!(splice, libc::SYS_splice),
     // x86_64 has older forms that glibc and std still use there (Tattach
-    // canonicalizes the export path: `readlink`).
+    // canonicalizes the export path: `readlink`). glibc's `rename` and
+    // `renameat` use `renameat` where the kernel has it: x86_64 and
+    // aarch64, not the newer architectures (riscv64), which only have
+    // `renameat2`.
     #[cfg(target_arch = "x86_64")]
     s!(readlink, libc::SYS_readlink),
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     s!(renameat, libc::SYS_renameat),
 ];
 

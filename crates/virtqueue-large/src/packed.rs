@@ -191,12 +191,12 @@ impl PackedQueue {
                 "packed queue size must be 1 to 32768",
             ));
         }
-        if desc_ring.0 % 16 != 0 {
+        if !desc_ring.0.is_multiple_of(16) {
             return Err(Error::InvalidQueueConfig(
                 "packed descriptor ring must be 16-byte aligned",
             ));
         }
-        if driver_area.0 % 4 != 0 || device_area.0 % 4 != 0 {
+        if !driver_area.0.is_multiple_of(4) || !device_area.0.is_multiple_of(4) {
             return Err(Error::InvalidQueueConfig(
                 "event suppression areas must be 4-byte aligned",
             ));

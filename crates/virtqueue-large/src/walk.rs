@@ -673,7 +673,7 @@ impl<'l> Acc<'l> {
 
 /// Checks the length of an indirect table (in bytes) and returns its entries.
 pub(crate) fn indirect_entries(len: u32) -> Result<u32> {
-    if len % DESC_SIZE as u32 != 0 {
+    if !len.is_multiple_of(DESC_SIZE as u32) {
         return Err(Error::IndirectTableMisaligned { len });
     }
     if len == 0 {

@@ -384,7 +384,7 @@ impl Sandbox {
         self.drain();
         self.resets += 1;
         if !self.dirty.get() {
-            if self.resets % FULL_CHECK_EVERY != 0 {
+            if !self.resets.is_multiple_of(FULL_CHECK_EVERY) {
                 return Ok(false);
             }
             if tree_matches(&self.export, &self.seed, true, false) {

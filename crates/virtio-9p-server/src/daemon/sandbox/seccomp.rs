@@ -141,7 +141,9 @@ const FILE_EXTRAS: &[i64] = &[
 
 /// The x86_64 forms of file calls that newer architectures only have as
 /// `*at` calls (std and glibc still use some of them there), beyond those
-/// the library lists.
+/// the library lists. aarch64 has none of them: its glibc and std make
+/// `openat`, `newfstatat`/`statx`, `faccessat`, `getdents64` and the vDSO's
+/// `clock_gettime` instead, all listed.
 #[cfg(target_arch = "x86_64")]
 const LEGACY_FILE_EXTRAS: &[i64] = &[
     libc::SYS_open,
@@ -188,6 +190,7 @@ const PROCESS_EXTRAS: &[i64] = &[
     libc::SYS_eventfd2,
     libc::SYS_pselect6,
     // The vhost-user frontend's socket with its fds, and 9P clients.
+    libc::SYS_accept,
     libc::SYS_recvmsg,
     libc::SYS_sendmsg,
     libc::SYS_shutdown,
@@ -205,9 +208,11 @@ const PROCESS_EXTRAS: &[i64] = &[
     libc::SYS_capget,
 ];
 
-/// The x86_64 forms of [`PROCESS_EXTRAS`].
+/// The x86_64-only calls of the daemon's other threads: glibc's TLS setup
+/// (`arch_prctl`) and `dup2`, which aarch64 glibc makes as `dup3` (listed
+/// in [`PROCESS_EXTRAS`]).
 #[cfg(target_arch = "x86_64")]
-const LEGACY_PROCESS_EXTRAS: &[i64] = &[libc::SYS_arch_prctl, libc::SYS_dup2, libc::SYS_accept];
+const LEGACY_PROCESS_EXTRAS: &[i64] = &[libc::SYS_arch_prctl, libc::SYS_dup2];
 
 /// The calls allowed only with the arguments of [`argument_rules`]; the
 /// library's lists name some of them (`ioctl`), so they are taken out of
@@ -596,10 +601,34 @@ mod tests {
             libc::SYS_bpf,
             libc::SYS_personality,
             libc::SYS_capset,
-            libc::SYS_unlink,
             libc::SYS_kill,
         ] {
             assert!(!v.contains(&nr), "syscall {nr} must not be allowed");
+        }
+        // Only x86_64 has the path form (aarch64 has `unlinkat` alone).
+        #[cfg(target_arch = "x86_64")]
+        assert!(!v.contains(&libc::SYS_unlink));
+    }
+
+    #[test]
+    fn test_filters_are_for_this_architecture() {
+        // The lists hold this architecture's numbers (`libc::SYS_*`), and
+        // the filter checks `seccomp_data.arch` against the same target:
+        // a call from another ABI (x32, compat) is refused, not mistaken
+        // for a listed one.
+        let arch = TargetArch::try_from(std::env::consts::ARCH).unwrap();
+        assert!(matches!(arch, TargetArch::x86_64 | TargetArch::aarch64));
+        let v = allowed_syscalls();
+        for nr in [libc::SYS_openat, libc::SYS_newfstatat, libc::SYS_renameat2] {
+            assert!(v.contains(&nr), "syscall {nr} is missing");
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            // glibc's rename()/renameat() and accept() on aarch64.
+            assert!(v.contains(&libc::SYS_renameat));
+            assert!(v.contains(&libc::SYS_accept));
+            assert!(v.contains(&libc::SYS_epoll_pwait));
+            assert!(v.contains(&libc::SYS_dup3));
         }
     }
 

@@ -936,13 +936,15 @@ impl Filesystem for PassthroughFs {
         if !mask.contains(GetattrMask::BTIME) {
             // fstat is a little cheaper than statx and has everything else.
             let st = self.fstat_of(inode)?;
+            // `nlink_t` is u64 on x86_64 but u32 on aarch64.
+            #[allow(clippy::unnecessary_cast)]
             let a = Rgetattr {
                 valid: GetattrMask::BASIC,
                 qid: self.make_qid(&st, None)?,
                 mode: st.st_mode,
                 uid: st.st_uid,
                 gid: st.st_gid,
-                nlink: st.st_nlink,
+                nlink: st.st_nlink as u64,
                 rdev: st.st_rdev,
                 size: st.st_size as u64,
                 blksize: st.st_blksize as u64,

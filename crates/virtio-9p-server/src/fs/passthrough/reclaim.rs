@@ -143,7 +143,7 @@ impl FdSlot {
     fn query_unlocked<T>(&self, query: impl Fn(RawFd) -> io::Result<T>) -> Option<io::Result<T>> {
         let seq = self.seq.load(Ordering::Acquire);
         let raw = self.raw.load(Ordering::Acquire);
-        if seq % 2 != 0 || raw < 0 {
+        if !seq.is_multiple_of(2) || raw < 0 {
             return None;
         }
         let answer = query(raw);
