@@ -164,7 +164,7 @@ pub fn seeds() -> Vec<(String, DeviceInput)> {
             DeviceInput {
                 config: session.config,
                 indirect: true,
-                event_idx: i % 2 == 0,
+                event_idx: i.is_multiple_of(2),
                 queue_size_log2: (i % 5) as u8,
                 steps,
             },
