@@ -84,7 +84,7 @@ unsafe fn region_of<B: Bitmap>(
 /// The job does not borrow the region: keep it mapped (do not drop the
 /// region or the guest memory holding it) until the job is joined or
 /// dropped, or its addresses could be reused by another mapping that the
-/// workers then fault in; see [`start`](crate::start). The blocking
+/// workers then fault in; see [`start`](crate::start()). The blocking
 /// `preallocate_*` functions hold the borrow until the job ends and are
 /// safe.
 pub unsafe fn start_mmap_region<B: Bitmap>(
@@ -117,7 +117,7 @@ pub fn preallocate_mmap_region<B: Bitmap>(
 /// The job does not borrow the region: keep it mapped (do not drop the
 /// region or the guest memory holding it) until the job is joined or
 /// dropped, or its addresses could be reused by another mapping that the
-/// workers then fault in; see [`start`](crate::start). The blocking
+/// workers then fault in; see [`start`](crate::start()). The blocking
 /// `preallocate_*` functions hold the borrow until the job ends and are
 /// safe.
 pub unsafe fn start_region<B: Bitmap>(
@@ -146,7 +146,7 @@ pub fn preallocate_region<B: Bitmap>(
 /// The job does not borrow the region: keep it mapped (do not drop the
 /// region or the guest memory holding it) until the job is joined or
 /// dropped, or its addresses could be reused by another mapping that the
-/// workers then fault in; see [`start`](crate::start). The blocking
+/// workers then fault in; see [`start`](crate::start()). The blocking
 /// `preallocate_*` functions hold the borrow until the job ends and are
 /// safe.
 pub unsafe fn start_guest_memory<B: Bitmap>(

@@ -814,8 +814,8 @@ pub fn preallocate_regions(
 /// device memory mapped with `MAP_FIXED`): the workers would fault that
 /// mapping in. A range that is only unmapped, or read-only, makes the job
 /// fail with an error. For vm-memory regions, the safe
-/// [`preallocate_region`](crate::preallocate_region) and
-/// [`preallocate_guest_memory`](crate::preallocate_guest_memory) hold the
+/// [`preallocate_region`](crate::guest_memory::preallocate_region) and
+/// [`preallocate_guest_memory`](crate::guest_memory::preallocate_guest_memory) hold the
 /// borrow until the job ends.
 pub unsafe fn start(addr: *mut u8, len: usize, options: &PreallocOptions) -> Result<PreallocJob> {
     // SAFETY: the caller's contract covers the job's whole life.
