@@ -205,6 +205,38 @@ fn wait_n(vmm: &mut FakeVmm, n: usize) -> Vec<(u16, u32)> {
     out
 }
 
+/// What a call the test held in the filesystem returned, once it did.
+fn late_result<T>(slot: &Mutex<Option<T>>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(r) = slot.lock().unwrap().take() {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "the late call returned");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A new driver after a reset is served: a session and a Tgetattr.
+fn next_driver_is_served(vmm: &mut FakeVmm) {
+    version(vmm, 65536);
+    attach_open(vmm, "file", OpenFlags::RDONLY);
+    let r = decode(&vmm.call(&getattr(3, 1), 256, Layout::Direct).unwrap());
+    assert!(matches!(r.1, Rmessage::Getattr(_)), "{r:?}");
+}
+
+/// A Twrite of 8 KiB of 0x11 at offset 0 of fid 1.
+fn twrite_8k(tag: u16) -> Vec<u8> {
+    frame(
+        tag,
+        Tmessage::Write(Twrite {
+            fid: 1,
+            offset: 0,
+            data: vec![0x11; 8192],
+        }),
+    )
+}
+
 /// A daemon, a host process holding the lock of its file "lockme", and a
 /// fake VMM whose guest has `n` blocking Tlocks on that file waiting.
 fn waiting_locks(ring: Ring, n: u16) -> (TestDaemon, std::fs::File, FakeVmm, Vec<Submitted>) {
@@ -389,15 +421,7 @@ fn reset_never_lets_a_late_call_write_guest_memory(ring: Ring) {
 
     // The call returns late and tries to write.
     gate.open();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while late_write.lock().unwrap().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let r = late_write
-        .lock()
-        .unwrap()
-        .take()
-        .expect("the late call returned");
+    let r = late_result(&late_write);
     assert!(r.is_err(), "the late write was refused");
     std::thread::sleep(Duration::from_millis(100));
     let mut now = vec![0u8; len];
@@ -405,10 +429,7 @@ fn reset_never_lets_a_late_call_write_guest_memory(ring: Ring) {
     assert!(now.iter().all(|b| *b == 0x22), "guest memory changed");
 
     // The next driver is served.
-    version(&mut vmm, 65536);
-    attach_open(&mut vmm, "file", OpenFlags::RDONLY);
-    let r = decode(&vmm.call(&getattr(3, 1), 256, Layout::Direct).unwrap());
-    assert!(matches!(r.1, Rmessage::Getattr(_)), "{r:?}");
+    next_driver_is_served(&mut vmm);
 }
 
 /// RESET_DEVICE while a Twrite is stuck in the filesystem past the bound,
@@ -424,14 +445,7 @@ fn reset_never_lets_a_late_call_read_guest_memory(ring: Ring) {
     let mut vmm = d.connect(ring);
     version(&mut vmm, 65536);
     attach_open(&mut vmm, "file", OpenFlags::WRONLY);
-    let write = frame(
-        9,
-        Tmessage::Write(Twrite {
-            fid: 1,
-            offset: 0,
-            data: vec![0x11; 8192],
-        }),
-    );
+    let write = twrite_8k(9);
     let sub = vmm.submit(&write, 64, Layout::Direct).unwrap();
     vmm.kick().unwrap();
     gate.wait_entered(1);
@@ -444,15 +458,7 @@ fn reset_never_lets_a_late_call_read_guest_memory(ring: Ring) {
         .unwrap();
 
     gate.open();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while late_read.lock().unwrap().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let r = late_read
-        .lock()
-        .unwrap()
-        .take()
-        .expect("the late call returned");
+    let r = late_result(&late_read);
     let data = std::fs::read(sink.path()).unwrap();
     assert!(
         !data.contains(&0x5e),
@@ -461,10 +467,7 @@ fn reset_never_lets_a_late_call_read_guest_memory(ring: Ring) {
     );
     assert!(r.is_err(), "the late read was refused: {r:?}");
 
-    version(&mut vmm, 65536);
-    attach_open(&mut vmm, "file", OpenFlags::RDONLY);
-    let r = decode(&vmm.call(&getattr(3, 1), 256, Layout::Direct).unwrap());
-    assert!(matches!(r.1, Rmessage::Getattr(_)), "{r:?}");
+    next_driver_is_served(&mut vmm);
 }
 
 /// A pause (GET_VRING_BASE) while a Twrite and a Tread are stuck on
@@ -480,14 +483,7 @@ fn pause_waits_for_calls_holding_guest_memory(ring: Ring) {
     let mut vmm = d.connect(ring);
     version(&mut vmm, 65536);
     attach_open(&mut vmm, "file", OpenFlags::RDWR);
-    let write = frame(
-        9,
-        Tmessage::Write(Twrite {
-            fid: 1,
-            offset: 0,
-            data: vec![0x11; 8192],
-        }),
-    );
+    let write = twrite_8k(9);
     let read = frame(
         10,
         Tmessage::Read(Tread {
