@@ -128,22 +128,7 @@ daemon() { # dir n -> DPID (own process group, so one kill reaches all of it)
     done
 }
 qmp() { # dir json -> the answer (JSON) on stdout
-    python3 - "$1/qmp.sock" "$2" <<'PY'
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(10)
-s.connect(sys.argv[1])
-f = s.makefile("rw")
-json.loads(f.readline())
-def cmd(c):
-    f.write(json.dumps(c) + "\n"); f.flush()
-    while True:
-        r = json.loads(f.readline())
-        if "return" in r or "error" in r:
-            return r
-cmd({"execute": "qmp_capabilities"})
-print(json.dumps(cmd(json.loads(sys.argv[2]))))
-PY
+    python3 "$here/qmp.py" "$1/qmp.sock" "$2"
 }
 wait_for() { # file regex seconds -> 0 when a line matches; 1 at timeout or QEMU exit
     local i=0

@@ -291,22 +291,7 @@ start_daemon() { # instance number
 }
 # QMP: one command, the answer as JSON on stdout.
 qmp_cmd() { # json-command
-    python3 - "$qmp" "$1" <<'PY'
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(10)
-s.connect(sys.argv[1])
-f = s.makefile("rw")
-json.loads(f.readline())
-def cmd(c):
-    f.write(json.dumps(c) + "\n"); f.flush()
-    while True:
-        r = json.loads(f.readline())
-        if "return" in r or "error" in r:
-            return r
-cmd({"execute": "qmp_capabilities"})
-print(json.dumps(cmd(json.loads(sys.argv[2]))))
-PY
+    python3 "$here/qmp.py" "$qmp" "$1"
 }
 vq_path=
 # QEMU's view of queue 0. Only while the vhost device is stopped: with the
