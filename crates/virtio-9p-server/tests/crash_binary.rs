@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vhost_user_support::scenarios::{attach_open, hold_lock, ofd_lock, Ring};
+use vhost_user_support::scenarios::{attach_open, blocking_lock, hold_lock, ofd_lock, Ring};
 use vhost_user_support::*;
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, Submitted, VmmOptions};
@@ -724,20 +724,6 @@ fn a_reset_guest_gets_nothing_of_the_dead_one(ring: Ring) {
             gid: 0,
         })
     };
-    let lock = |tag: u16| {
-        frame(
-            tag,
-            Tmessage::Lock(Tlock {
-                fid: 1,
-                ty: LockType::Wrlck,
-                flags: LockFlags::BLOCK,
-                start: 0,
-                length: 0,
-                proc_id: u32::from(tag),
-                client_id: b"guest".to_vec(),
-            }),
-        )
-    };
 
     // The first guest: a directory made, four Tlocks waiting on the
     // host's lock when the daemon is killed.
@@ -749,7 +735,7 @@ fn a_reset_guest_gets_nothing_of_the_dead_one(ring: Ring) {
     assert!(matches!(call(&mut vmm, 30, mkdir("a")), Rmessage::Mkdir(_)));
     let holder = hold_lock(&share.path().join("lockme"));
     let waiting: Vec<_> = (100..104u16)
-        .map(|tag| vmm.submit(&lock(tag), 64, Layout::Direct).unwrap())
+        .map(|tag| vmm.submit(&blocking_lock(tag), 64, Layout::Direct).unwrap())
         .collect();
     vmm.kick().unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -782,7 +768,7 @@ fn a_reset_guest_gets_nothing_of_the_dead_one(ring: Ring) {
         share.path().join("b").is_dir(),
         "the new guest's Tmkdir got the dead guest's reply and did not run"
     );
-    let r = decode(&vmm.call(&lock(100), 64, Layout::Direct).unwrap());
+    let r = decode(&vmm.call(&blocking_lock(100), 64, Layout::Direct).unwrap());
     assert_eq!(r, (100, Rmessage::Lock(LockStatus::Success)));
     std::thread::sleep(Duration::from_millis(200));
     assert!(

@@ -25,7 +25,9 @@ use common::Gate;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vhost_user_support::scenarios::{attach, attach_open, hold_lock, ofd_lock, Ring};
+use vhost_user_support::scenarios::{
+    attach, attach_open, blocking_lock, hold_lock, ofd_lock, Ring,
+};
 use vhost_user_support::*;
 use virtio_9p_server::engine::OffloadPolicy;
 use virtio_9p_server::fs::{Cred, Filesystem};
@@ -170,21 +172,6 @@ impl Filesystem for GatedFs {
     }
 }
 
-fn lock(tag: u16) -> Vec<u8> {
-    frame(
-        tag,
-        Tmessage::Lock(Tlock {
-            fid: 1,
-            ty: LockType::Wrlck,
-            flags: LockFlags::BLOCK,
-            start: 0,
-            length: 0,
-            proc_id: u32::from(tag),
-            client_id: b"guest".to_vec(),
-        }),
-    )
-}
-
 fn getattr(tag: u16, fid: u32) -> Vec<u8> {
     frame(
         tag,
@@ -253,7 +240,7 @@ fn waiting_locks(ring: Ring, n: u16) -> (TestDaemon, std::fs::File, FakeVmm, Vec
     version(&mut vmm, 65536);
     attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
     let subs: Vec<_> = (100..100 + n)
-        .map(|tag| vmm.submit(&lock(tag), 64, Layout::Direct).unwrap())
+        .map(|tag| vmm.submit(&blocking_lock(tag), 64, Layout::Direct).unwrap())
         .collect();
     vmm.kick().unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -354,7 +341,7 @@ fn pause_then_another_guest_discards_the_waiters(ring: Ring) {
     );
     version(&mut vmm, 65536);
     attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
-    let r = decode(&vmm.call(&lock(9), 64, Layout::Direct).unwrap());
+    let r = decode(&vmm.call(&blocking_lock(9), 64, Layout::Direct).unwrap());
     assert_eq!(r.1, Rmessage::Lock(LockStatus::Success), "{r:?}");
     drop(vmm);
     d.stop();
@@ -585,7 +572,7 @@ fn a_ring_resized_after_a_stop_gets_a_table_of_its_size(ring: Ring) {
     // One ring descriptor each (indirect), so 40 fit.
     let subs: Vec<_> = (100..140u16)
         .map(|tag| {
-            vmm.submit(&lock(tag), 64, Layout::Indirect { seg: 64 })
+            vmm.submit(&blocking_lock(tag), 64, Layout::Indirect { seg: 64 })
                 .unwrap()
         })
         .collect();
@@ -624,7 +611,7 @@ fn reset_device_ends_requests_and_drops_the_session(ring: Ring) {
     attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
     assert_eq!(d.server.total_fids(), 2);
     for tag in 100..104u16 {
-        vmm.submit(&lock(tag), 64, Layout::Direct).unwrap();
+        vmm.submit(&blocking_lock(tag), 64, Layout::Direct).unwrap();
     }
     vmm.kick().unwrap();
     std::thread::sleep(Duration::from_millis(200));

@@ -207,26 +207,12 @@ pub fn blocked_locks_then_flushed(
     }));
     version(&mut vmm, 65536);
     attach_open(&mut vmm, "lockme", OpenFlags::RDWR);
-    let lock = |tag: u16| {
-        frame(
-            tag,
-            Tmessage::Lock(Tlock {
-                fid: 1,
-                ty: LockType::Wrlck,
-                flags: LockFlags::BLOCK,
-                start: 0,
-                length: 0,
-                proc_id: u32::from(tag),
-                client_id: b"guest".to_vec(),
-            }),
-        )
-    };
     // 1023 blocked Tlocks (indirect: one ring descriptor each), leaving
     // one descriptor for the Tflush.
     let mut subs = Vec::new();
     for tag in 100..1123u16 {
         subs.push(
-            vmm.submit(&lock(tag), 64, Layout::Indirect { seg: 64 })
+            vmm.submit(&blocking_lock(tag), 64, Layout::Indirect { seg: 64 })
                 .unwrap(),
         );
     }
@@ -465,4 +451,21 @@ pub fn reset_with_requests_in_flight(
         vmm.collect_used().unwrap().is_empty(),
         "a stopped request came back on the new ring"
     );
+}
+
+/// A blocking write Tlock of the whole file on fid 1, tagged `tag` (its
+/// `proc_id` too).
+pub fn blocking_lock(tag: u16) -> Vec<u8> {
+    frame(
+        tag,
+        Tmessage::Lock(Tlock {
+            fid: 1,
+            ty: LockType::Wrlck,
+            flags: LockFlags::BLOCK,
+            start: 0,
+            length: 0,
+            proc_id: u32::from(tag),
+            client_id: b"guest".to_vec(),
+        }),
+    )
 }
