@@ -15,9 +15,12 @@ use virtio_9p_server::fs::ids::{IdRules, IdTranslation};
 use virtio_9p_server::fs::Filesystem;
 use virtio_9p_server::transport::socket::{ListenAddr, Listener, SocketLimits};
 use virtio_9p_server::transport::unix;
-use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, SecurityModel, Server};
+use virtio_9p_server::{
+    Config, LockKeeper, PassthroughConfig, PassthroughFs, SecurityModel, Server,
+};
 
 use daemon::cli::{self, Cli};
+use daemon::keeper::{FdStore, Inherited};
 use daemon::pidfile::PidFile;
 use daemon::sandbox::{self as sb, caps, limits, seccomp, SandboxConfig, SandboxMode};
 use daemon::{syslog, vhost_mode};
@@ -36,6 +39,7 @@ fn harden(
     sessions: usize,
     cleanup_socket: Option<PathBuf>,
     cleanup_files: Vec<PathBuf>,
+    keeper: Option<Arc<dyn LockKeeper>>,
 ) -> Result<Arc<Server<Fs>>> {
     let h = &cli.hardening;
     let nofile = limits::set_nofile(h.rlimit_nofile)?;
@@ -110,6 +114,7 @@ fn harden(
         let mut cfg = Config::sized_to_process();
         cfg.msize_max = cli.msize_max;
         cfg.max_open_fids = max_open_fids;
+        cfg.lock_keeper = keeper;
         cfg
     };
     Ok(Arc::new(Server::new(fs, config)?))
@@ -227,20 +232,26 @@ fn run_test_hook(hook: &str) {
     }
 }
 
-/// Closes every inherited fd above stderr but `--fd`: a leaked descriptor
-/// (a directory of the host, say) would be a way out of any sandbox.
-fn close_inherited_fds(keep: Option<i32>) {
-    let keep = keep.and_then(|k| u32::try_from(k).ok()).filter(|k| *k > 2);
-    let ranges = match keep {
-        Some(k) => [(3, k.saturating_sub(1)), (k + 1, u32::MAX)],
-        None => [(3, u32::MAX), (1, 0)],
-    };
-    for (first, last) in ranges {
-        if first <= last {
+/// Closes every inherited fd above stderr but `--fd` and `keep` (the
+/// lock keeper's `LISTEN_FDS`): a leaked descriptor (a directory of the
+/// host, say) would be a way out of any sandbox.
+fn close_inherited_fds(fd: Option<i32>, keep: &[i32]) {
+    let mut spare: Vec<u32> = fd
+        .into_iter()
+        .chain(keep.iter().copied())
+        .filter_map(|k| u32::try_from(k).ok())
+        .filter(|k| *k > 2)
+        .collect();
+    spare.sort_unstable();
+    spare.dedup();
+    let mut first = 3u32;
+    for k in spare.into_iter().chain([u32::MAX]) {
+        if first < k {
             // SAFETY: nothing in the process holds these fds yet (main has
             // just started); close_range only closes.
-            unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+            unsafe { libc::syscall(libc::SYS_close_range, first, k - 1, 0) };
         }
+        first = k.saturating_add(1);
     }
 }
 
@@ -338,7 +349,7 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<()> {
         files.extend(pid_path.iter().map(PathBuf::as_path));
         let _ = CLEANUP.set(c_paths(&files));
     }
-    let server = harden(cli, limits::BUDGETED_CLIENTS, cleanup, pid_path)?;
+    let server = harden(cli, limits::BUDGETED_CLIENTS, cleanup, pid_path, None)?;
     exit_on_signals();
     info!(
         "serving {} on {bound} (security model {}, {}msize up to {})",
@@ -358,7 +369,7 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<()> {
 }
 
 /// vhost-user mode (no --listen): the daemon of `virtio_9p_server::vhost_user`.
-fn run_vhost_user(cli: &Cli) -> Result<()> {
+fn run_vhost_user(cli: &Cli, store: Arc<FdStore>) -> Result<()> {
     let mut args = cli.vhost.clone();
     // Opened (checked and locked) before the socket is bound, so a state
     // directory that is refused leaves nothing behind, and before the
@@ -407,6 +418,15 @@ fn run_vhost_user(cli: &Cli) -> Result<()> {
     // cannot reach them (a stale socket is replaced and a stale pid file,
     // whose lock died with its daemon, is reused at the next start).
     let namespaced = sandbox == SandboxMode::Namespace;
+    // The lock keeper matters only where a session outlives the process.
+    let keeper = (state.is_some() && store.can_keep()).then(|| Arc::clone(&store));
+    if state.is_some() && keeper.is_none() {
+        warn!(
+            "no lock keeper (NOTIFY_SOCKET is not set): after a crash the guest's locks are taken \
+             again, and a host process may take one in the gap; see \"Locks across a crash\" in \
+             docs/virtio-9p-daemon.md"
+        );
+    }
     let server = harden(
         cli,
         1,
@@ -416,8 +436,11 @@ fn run_vhost_user(cli: &Cli) -> Result<()> {
         } else {
             Vec::new()
         },
+        keeper.map(|k| k as Arc<dyn LockKeeper>),
     )?;
-    let result = vhost_mode::run_daemon(&args, server, cli.readonly, state.as_ref());
+    // After the sandbox's fork: the sending thread lives in the server.
+    store.start().map_err(Error::LockKeeper)?;
+    let result = vhost_mode::run_daemon(&args, server, cli.readonly, state.as_ref(), &store);
     if sandbox == SandboxMode::None {
         let mut files: Vec<&Path> = cleanup.iter().map(PathBuf::as_path).collect();
         files.extend(pid_path.iter().map(PathBuf::as_path));
@@ -439,7 +462,23 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let (cli, matches) = cli::parse();
-    close_inherited_fds(cli.vhost.fd);
+    // The fds a lock keeper passed back (vhost-user mode only: a socket
+    // server restores no session).
+    let listen = if cli.listen.is_none() {
+        let var = |k| std::env::var(k).ok();
+        daemon::keeper::parse_listen(
+            var("LISTEN_PID").as_deref(),
+            var("LISTEN_FDS").as_deref(),
+            var("LISTEN_FDNAMES").as_deref(),
+            std::process::id(),
+        )
+    } else {
+        Ok(Inherited::default())
+    };
+    close_inherited_fds(
+        cli.vhost.fd,
+        &listen.as_ref().map(Inherited::fds).unwrap_or_default(),
+    );
     if let Err(e) = cli::check_mode(&cli, &matches).and_then(|()| id_translation(&cli).map(drop)) {
         eprintln!("virtio-9p-server: {e}");
         return ExitCode::FAILURE;
@@ -465,9 +504,13 @@ fn main() -> ExitCode {
             .format_timestamp_millis()
             .init();
     }
+    let inherited = listen.unwrap_or_else(|e| {
+        warn!("lock keeper: {e}");
+        Inherited::default()
+    });
     let result = match &cli.listen {
         Some(addr) => run_socket(&cli, addr),
-        None => run_vhost_user(&cli),
+        None => run_vhost_user(&cli, Arc::new(FdStore::from_env(inherited))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -158,6 +158,9 @@ pub enum Error {
     /// The signal handlers of the vhost-user daemon could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(#[source] io::Error),
+    /// The lock keeper's thread could not be started.
+    #[error("cannot start the lock keeper: {0}")]
+    LockKeeper(#[source] io::Error),
     /// `--syslog` and `/dev/log` cannot be reached.
     #[error("--syslog: cannot connect to {path}: {source}")]
     SyslogConnect {

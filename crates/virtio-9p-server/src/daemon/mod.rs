@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod error;
+pub mod keeper;
 pub mod pidfile;
 pub mod sandbox;
 pub mod signals;

@@ -16,6 +16,7 @@ use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, DEFAULT_SOCKET_
 use virtio_9p_server::virtio::{DEFAULT_QUEUE_SIZE, MAX_QUEUE_SIZE};
 use virtio_9p_server::Server;
 
+use super::keeper::FdStore;
 use super::signals;
 use super::state_dir::StateDir;
 
@@ -121,6 +122,7 @@ pub fn run_daemon<F: Filesystem + 'static>(
     server: Arc<Server<F>>,
     readonly: bool,
     state: Option<&StateDir>,
+    keeper: &FdStore,
 ) -> Result<()> {
     if args.queue_size == 0 || !args.queue_size.is_power_of_two() {
         return Err(Error::QueueSize(args.queue_size));
@@ -156,6 +158,8 @@ pub fn run_daemon<F: Filesystem + 'static>(
     if let Some(dir) = state {
         take_over(dir, &server, &mut daemon, args.discard_bad_state)?;
     }
+    // Kept fds no restored fid claimed: their locks go.
+    keeper.close_unclaimed();
     let _signals = signals::stop_on_signal(daemon.stop_handle());
     daemon.set_exit_on_disconnect(!args.keep_serving);
     let msize = daemon_msize(&daemon);

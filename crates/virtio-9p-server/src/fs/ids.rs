@@ -145,9 +145,6 @@ pub enum IdRule {
     },
 }
 
-/// The former name of [`IdRule`].
-pub type IdSquash = IdRule;
-
 const ALL_IDS: IdRange = IdRange {
     first: 0,
     last: u32::MAX,

@@ -273,6 +273,27 @@ pub trait Filesystem: Send + Sync {
         let _ = (file, lock);
         not_supported()
     }
+    /// The fd whose open file description holds `file`'s locks, for a
+    /// [`LockKeeper`](crate::LockKeeper) to keep across a crash. The
+    /// default, `None`: the locks are not kept.
+    fn lock_fd<'a>(&self, file: &'a Self::File) -> Option<std::os::fd::BorrowedFd<'a>> {
+        let _ = file;
+        None
+    }
+    /// `fd`, a file description a [`LockKeeper`](crate::LockKeeper) kept
+    /// across a crash, as the open file of `inode` opened with `flags`:
+    /// fails (`EINVAL`) unless it is that same file, opened for the same
+    /// access. A keeper's fd is input like any other: check it. The
+    /// default, `EOPNOTSUPP`, opens the file again instead.
+    fn adopt_file(
+        &self,
+        inode: &Self::Inode,
+        flags: OpenFlags,
+        fd: std::os::fd::OwnedFd,
+    ) -> io::Result<Self::File> {
+        let _ = (inode, flags, fd);
+        not_supported()
+    }
     /// The filesystem's hint that its metadata calls never block for long:
     /// `getattr`, `walk`, `statfs`, `readlink`, `getxattr`/`listxattr` and
     /// dropping a file or inode (`close`) return within a disk access, as

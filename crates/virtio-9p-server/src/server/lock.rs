@@ -82,8 +82,12 @@ impl<F: Filesystem> Server<F> {
                 .call(exec, TLOCK, || self.fs.try_lock(file, m))
                 .map_err(|e| errno::from_io(&e))?;
             if status == LockStatus::Success {
-                // Kept for a restart, which takes the same locks again.
-                locks.lock().unwrap_or_else(|e| e.into_inner()).record(m);
+                // Kept for a restart, which takes the same locks again;
+                // the file description goes to the lock keeper, if any,
+                // before the guest hears of the grant.
+                let mut log = locks.lock().unwrap_or_else(|e| e.into_inner());
+                log.record(m);
+                self.keep_locks(m.fid, file, &mut log);
             }
             if status != LockStatus::Blocked || !wait {
                 return Ok(Rmessage::Lock(status));

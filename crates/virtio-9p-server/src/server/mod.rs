@@ -43,6 +43,7 @@ mod attr;
 mod dir;
 mod errno;
 mod journal;
+mod keeper;
 mod link_rename;
 mod lock;
 mod log_limit;
@@ -64,6 +65,7 @@ use crate::io::{ReplyWriter, RequestReader};
 use crate::protocol::*;
 
 pub use crate::exec::{Blocking, Cancel, Interrupted};
+pub use keeper::LockKeeper;
 pub(crate) use log_limit::LogLimit;
 pub use log_limit::DEFAULT_GUEST_LOG_LINES_PER_SEC;
 pub(crate) use session::try_add;
@@ -169,6 +171,13 @@ pub struct Config {
     /// not fit, refused connections) per second; the rest are counted and
     /// reported as one "suppressed" line.
     pub guest_log_lines_per_sec: u32,
+    /// Where the file descriptions holding granted locks are kept while
+    /// they hold them, so that a crash of this process (`kill -9`) does
+    /// not release the guest's locks, and where a restored session takes
+    /// them back from ([`LockKeeper`]). `None` (the default): a restored
+    /// session takes its locks again, and a host process may take one in
+    /// the gap between the crash and the restore (logged).
+    pub lock_keeper: Option<std::sync::Arc<dyn LockKeeper>>,
 }
 
 /// Bounded for a server embedded in a VMM's process: at most 256 open
@@ -186,6 +195,7 @@ impl Default for Config {
             lock_wait: None,
             max_lock_waiters: DEFAULT_MAX_LOCK_WAITERS,
             guest_log_lines_per_sec: DEFAULT_GUEST_LOG_LINES_PER_SEC,
+            lock_keeper: None,
         }
     }
 }

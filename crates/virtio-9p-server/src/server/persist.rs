@@ -11,7 +11,7 @@ use super::session::{Fid, FidKind, LockLog, XattrWrite};
 use super::{Server, Session};
 use crate::error::{Error, Result, StateProblem};
 use crate::fs::Filesystem;
-use crate::protocol::{LockStatus, OpenFlags, Tlock, Tmessage};
+use crate::protocol::{LockStatus, LockType, OpenFlags, Tlock, Tmessage};
 use crate::state::{SavedFid, SavedKind, SavedSession, MAX_INODE_ID};
 
 impl<F: Filesystem> Server<F> {
@@ -157,11 +157,21 @@ impl<F: Filesystem> Server<F> {
             SavedKind::Open { flags, locks } => {
                 let flags = OpenFlags::from_bits_retain(*flags);
                 let reopen = flags - (OpenFlags::CREATE | OpenFlags::EXCL | OpenFlags::TRUNC);
-                let (file, _) = self
-                    .fs
-                    .open(&inode, reopen)
-                    .map_err(|source| Error::RestoreFid { fid, source })?;
-                let mut log = LockLog::default();
+                // The file description a lock keeper held through the
+                // crash, if any: its locks never left.
+                let (file, kept) = match self.adopt_kept(fid, &inode, reopen) {
+                    Some((file, kept)) => (file, Some(kept)),
+                    None => self
+                        .fs
+                        .open(&inode, reopen)
+                        .map(|(file, _)| (file, None))
+                        .map_err(|source| Error::RestoreFid { fid, source })?,
+                };
+                let adopted = kept.is_some();
+                let mut log = LockLog {
+                    kept,
+                    ..LockLog::default()
+                };
                 match locks {
                     None => {
                         error!("9p: restore: fid {fid} had more locks than were kept; none taken again");
@@ -173,7 +183,12 @@ impl<F: Filesystem> Server<F> {
                                 return Err(Error::State(StateProblem::Malformed("saved lock")));
                             };
                             match self.fs.try_lock(&file, &m) {
-                                Ok(LockStatus::Success) => log.record(&m),
+                                Ok(LockStatus::Success) => {
+                                    if !adopted && m.ty != LockType::Unlck {
+                                        self.lock_retaken(fid, &m);
+                                    }
+                                    log.record(&m)
+                                }
                                 Ok(status) => error!(
                                     "9p: restore: fid {fid}: lock {:?} {}+{} lost ({status:?}): another process holds it now",
                                     m.ty, m.start, m.length
@@ -182,6 +197,9 @@ impl<F: Filesystem> Server<F> {
                             }
                         }
                     }
+                }
+                if !adopted {
+                    self.keep_locks(fid, &file, &mut log);
                 }
                 FidKind::Open {
                     file,

@@ -103,6 +103,10 @@ pub(crate) struct XattrWrite {
 pub(crate) struct LockLog {
     pub granted: Vec<Tlock>,
     pub incomplete: bool,
+    /// The file description kept outside the process while it holds
+    /// locks ([`LockKeeper`](super::keeper::LockKeeper)); dropping it
+    /// unlocks and releases it.
+    pub kept: Option<super::keeper::Kept>,
 }
 
 impl LockLog {

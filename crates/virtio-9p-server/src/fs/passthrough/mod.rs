@@ -1606,6 +1606,39 @@ impl Filesystem for PassthroughFs {
         }
     }
 
+    fn lock_fd<'a>(&self, file: &'a File) -> Option<BorrowedFd<'a>> {
+        Some(file.fd())
+    }
+
+    fn adopt_file(&self, inode: &Inode, flags: OpenFlags, fd: OwnedFd) -> io::Result<File> {
+        let st = sys::fstat(fd.as_fd())?;
+        if st.st_dev != inode.0.dev
+            || st.st_ino != inode.0.ino
+            || st.st_mode & libc::S_IFMT != inode.0.host_type
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "it is another file (dev {} ino {}, the fid's is dev {} ino {})",
+                    st.st_dev, st.st_ino, inode.0.dev, inode.0.ino
+                ),
+            ));
+        }
+        // SAFETY: F_GETFL on a valid fd.
+        let got = check!(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+        let want = host_open_flags(flags)?;
+        if got & libc::O_ACCMODE != want & libc::O_ACCMODE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "it is open for another access mode than the fid",
+            ));
+        }
+        Ok(File {
+            fd,
+            dir_lock: Mutex::new(()),
+        })
+    }
+
     fn getlock(&self, file: &File, l: &Tgetlock) -> io::Result<Rgetlock> {
         let mut fl = Self::lock_struct(l.ty, l.start, l.length)?;
         // SAFETY: valid fd and flock64 pointer.
