@@ -437,7 +437,12 @@ pub const TARGETS: &[Target] = &[
         figure: "state_dir_getattr_us_ratio",
         op: Op::AtMost,
         bound: 1.05,
-        context: &["control_getattr_us_ratio", "getattr_us_no_state_dir"],
+        context: &[
+            "control_getattr_us_ratio",
+            "getattr_us_no_state_dir",
+            "state_dir_walk_clunk_us_ratio",
+            "control_walk_clunk_us_ratio",
+        ],
     },
 ];
 

@@ -85,21 +85,37 @@ fn put_bytes32(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
+/// The start of a saved session's body, before the fid count: export id,
+/// msize and the filesystem's state.
+pub(crate) fn body_prefix(export_id: &[u8], msize: u32, fs_state: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(12 + export_id.len() + fs_state.len());
+    put_bytes32(&mut out, export_id);
+    out.extend_from_slice(&msize.to_le_bytes());
+    put_bytes32(&mut out, fs_state);
+    out
+}
+
+/// The header of a saved session whose body is `body_len` bytes (the
+/// body, then a CRC-32 of header and body, follow it).
+pub(crate) fn session_header(body_len: usize) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(MAGIC);
+    out[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    out[12..].copy_from_slice(&(body_len as u32).to_le_bytes());
+    out
+}
+
 impl SavedSession {
     /// The encoded state (see the module docs).
     pub fn encode(&self) -> Vec<u8> {
         let mut body = Vec::with_capacity(64 + self.fids.len() * 64);
-        put_bytes32(&mut body, &self.export_id);
-        body.extend_from_slice(&self.msize.to_le_bytes());
-        put_bytes32(&mut body, &self.fs_state);
+        body.extend_from_slice(&body_prefix(&self.export_id, self.msize, &self.fs_state));
         body.extend_from_slice(&(self.fids.len() as u32).to_le_bytes());
         for f in &self.fids {
             f.encode_into(&mut body);
         }
         let mut out = Vec::with_capacity(body.len() + 20);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&session_header(body.len()));
         out.extend_from_slice(&body);
         let crc = crc32fast::hash(&out);
         out.extend_from_slice(&crc.to_le_bytes());

@@ -4,6 +4,7 @@
 //! [`crate::state::journal`] as it is made, and a successor rebuilds the
 //! session from the last snapshot and the journal.
 
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,23 +16,46 @@ use super::{Server, Session};
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::state::journal::{self, JournalMap, Replay, JOURNAL_CAPACITY};
-use crate::state::SavedSession;
+use crate::state::{SavedFid, SavedSession};
 
 /// The journal of one session (see the module docs).
 struct CrashLog<F: Filesystem> {
     server: Arc<Server<F>>,
     dir: Arc<OwnedFd>,
     map: Mutex<Journal>,
+    /// Snapshots written (the first included).
     snapshots: AtomicU64,
+    /// Snapshots a fid change had to finish whole (see `append`).
+    whole: AtomicU64,
+    /// The most fids one fid change saved into a snapshot.
+    max_visits: AtomicU64,
 }
 
+/// Fids a fid change saves into the snapshot being written, at least
+/// (see [`CrashLog::step`]).
+const MIN_STEP: usize = 32;
+
 /// The journal and what a successor would restore from it: the last
-/// snapshot's fids with every record since applied. A snapshot taken
-/// when the journal fills is this, encoded: no system call per fid.
+/// snapshot's fids with every record since applied. A snapshot is this,
+/// encoded: no system call per fid.
 struct Journal {
     map: JournalMap,
-    fids: std::collections::BTreeMap<u32, crate::state::SavedFid>,
+    fids: BTreeMap<u32, SavedFid>,
     msize: u32,
+    /// The epoch of the snapshot on disk.
+    snap_epoch: u64,
+    /// The snapshot being written, if any.
+    build: Option<Build>,
+}
+
+/// A snapshot written a few fids per fid change, from the start of the
+/// active journal segment (its epoch is the segment's).
+struct Build {
+    writer: journal::SnapshotWriter,
+    /// The next fid to save (`None`: past the last one).
+    next: Option<u32>,
+    /// Fids when it started.
+    fids: usize,
 }
 
 impl<F: Filesystem> CrashLog<F> {
@@ -42,7 +66,7 @@ impl<F: Filesystem> CrashLog<F> {
     fn snapshot(&self, j: &mut Journal, msize: u32, table: &FidTable<F>) -> Result<()> {
         let mut entries: Vec<_> = table.iter().collect();
         entries.sort_unstable_by_key(|(k, _)| **k);
-        let mut fids = std::collections::BTreeMap::new();
+        let mut fids = BTreeMap::new();
         for (fid, entry) in entries {
             match self.server.save_fid(*fid, entry) {
                 Ok(f) => {
@@ -60,10 +84,11 @@ impl<F: Filesystem> CrashLog<F> {
         self.write(j)
     }
 
-    /// Writes what the journal holds (`j.fids`) as a new snapshot and
-    /// starts the journal again: an encoding of saved forms already made,
-    /// no system call per fid.
+    /// Writes what the journal holds (`j.fids`) as a new snapshot, whole,
+    /// and starts the journal again. Only at the start, and for a record
+    /// larger than a journal segment.
     fn write(&self, j: &mut Journal) -> Result<()> {
+        j.build = None;
         let saved = SavedSession {
             export_id: self.server.fs.export_id(),
             msize: j.msize,
@@ -74,8 +99,105 @@ impl<F: Filesystem> CrashLog<F> {
         let bytes = journal::encode_snapshot(epoch, &saved.encode());
         journal::write_snapshot(self.dir.as_fd(), &bytes).map_err(Error::StateDir)?;
         j.map.reset(epoch);
+        j.snap_epoch = epoch;
         self.snapshots.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The active segment is full: finishes the snapshot being written
+    /// (whole, if the pacing of [`CrashLog::step`] fell behind), then
+    /// starts the other segment and a snapshot of its epoch. False if
+    /// the snapshot could not be written: the full segment is still
+    /// needed then.
+    fn switch(&self, j: &mut Journal) -> bool {
+        if j.build.is_some() {
+            self.whole.fetch_add(1, Ordering::Relaxed);
+            self.step(j, usize::MAX);
+        }
+        if j.snap_epoch != j.map.epoch() {
+            return false;
+        }
+        let epoch = journal::new_epoch();
+        j.map.switch(epoch);
+        match journal::SnapshotWriter::create(
+            self.dir.as_fd(),
+            epoch,
+            &self.server.fs.export_id(),
+            j.msize,
+            &self.server.fs.save_state(),
+        ) {
+            Ok(writer) => {
+                j.build = Some(Build {
+                    writer,
+                    next: Some(0),
+                    fids: j.fids.len(),
+                })
+            }
+            Err(e) => self.build_failed(e),
+        }
+        true
+    }
+
+    /// Saves up to `visits` fids into the snapshot being written, and
+    /// renames it into place when it has them all.
+    fn step(&self, j: &mut Journal, visits: usize) {
+        let Some(b) = j.build.as_mut() else {
+            return;
+        };
+        let mut done = 0usize;
+        let mut result = Ok(());
+        while let Some(from) = b.next {
+            if done == visits {
+                break;
+            }
+            let Some((&fid, f)) = j.fids.range(from..).next() else {
+                b.next = None;
+                break;
+            };
+            b.next = fid.checked_add(1);
+            done += 1;
+            if let Err(e) = b.writer.push(f) {
+                result = Err(e);
+                break;
+            }
+        }
+        self.max_visits.fetch_max(done as u64, Ordering::Relaxed);
+        if result.is_ok() && b.next.is_some() {
+            return;
+        }
+        let Some(b) = j.build.take() else {
+            return;
+        };
+        let epoch = b.writer.epoch();
+        match result.and_then(|()| b.writer.finish(self.dir.as_fd())) {
+            Ok(()) => {
+                j.snap_epoch = epoch;
+                self.snapshots.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => self.build_failed(e),
+        }
+    }
+
+    /// Fids to save into the snapshot for a record of `len` bytes, so that
+    /// it is written whole by the time its segment is half full: twice the
+    /// segment's share of the fids this record's bytes are, one for a fid
+    /// the record may add, and at least [`MIN_STEP`]. For a guest's fid
+    /// change of a few hundred bytes, a small number whatever the fids.
+    fn pace(j: &Journal, len: usize) -> usize {
+        let Some(b) = &j.build else {
+            return 0;
+        };
+        let bytes = len + journal::RECORD_OVERHEAD;
+        let share = (2 * b.fids * bytes).div_ceil(j.map.usable().max(1));
+        MIN_STEP + 1 + share
+    }
+
+    fn build_failed(&self, e: std::io::Error) {
+        // The old snapshot and the full segment stay valid; the next full
+        // segment writes a whole snapshot.
+        if self.server.log_limit().admit() {
+            error!("9p: state: cannot write the session snapshot: {e}");
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Journal> {
@@ -98,6 +220,9 @@ impl<F: Filesystem> FidLog<F> for CrashLog<F> {
         }
     }
 
+    /// Appends `record` and saves a few fids into the snapshot being
+    /// written ([`CrashLog::pace`]): the fid table's lock is held for
+    /// that much, never for every fid.
     fn append(&self, record: &[u8], _msize: u32, _table: &FidTable<F>) {
         let mut j = self.lock();
         let j = &mut *j;
@@ -107,14 +232,20 @@ impl<F: Filesystem> FidLog<F> for CrashLog<F> {
                 error!("9p: state: a journal record does not apply: {e}");
             }
         }
-        if !j.map.append(record) {
-            // Half full, or a record larger than the room left: what the
-            // journal holds now (this change included) is the snapshot.
-            if let Err(e) = self.write(j) {
-                // The old snapshot and journal stay valid, without this change.
-                if self.server.log_limit().admit() {
-                    error!("9p: state: cannot write the session snapshot: {e}");
-                }
+        let fits = journal::RECORD_OVERHEAD + record.len() <= j.map.usable();
+        if j.map.append(record) || (fits && self.switch(j) && j.map.append(record)) {
+            let visits = Self::pace(j, record.len());
+            self.step(j, visits);
+            return;
+        }
+        // A record larger than a segment, or a snapshot that could not be
+        // written: what the journal holds now (this change included)
+        // becomes the snapshot, whole.
+        self.whole.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.write(j) {
+            // The old snapshot and journal stay valid, without this change.
+            if self.server.log_limit().admit() {
+                error!("9p: state: cannot write the session snapshot: {e}");
             }
         }
     }
@@ -135,6 +266,7 @@ impl<F: Filesystem + 'static> Server<F> {
         dir: Arc<OwnedFd>,
     ) -> Result<()> {
         self.journal_session_sized(session, dir, JOURNAL_CAPACITY)
+            .map(|_| ())
     }
 
     /// [`Server::journal_session`] with a journal of `capacity` bytes.
@@ -143,7 +275,7 @@ impl<F: Filesystem + 'static> Server<F> {
         session: &Session<F>,
         dir: Arc<OwnedFd>,
         capacity: usize,
-    ) -> Result<()> {
+    ) -> Result<Arc<CrashLog<F>>> {
         let already = || {
             Error::State(crate::error::StateProblem::Malformed(
                 "the session is journaled already",
@@ -160,19 +292,23 @@ impl<F: Filesystem + 'static> Server<F> {
             dir,
             map: Mutex::new(Journal {
                 map,
-                fids: Default::default(),
+                fids: BTreeMap::new(),
                 msize: 0,
+                snap_epoch: 0,
+                build: None,
             }),
             snapshots: AtomicU64::new(0),
+            whole: AtomicU64::new(0),
+            max_visits: AtomicU64::new(0),
         });
         session.with_table(|t, msize| {
             let mut j = log.lock();
             log.snapshot(&mut j, msize, t)
         })?;
-        if !session.set_log(log) {
+        if !session.set_log(Arc::clone(&log) as _) {
             return Err(already());
         }
-        Ok(())
+        Ok(log)
     }
 
     /// The session a killed daemon left in `dir`: its last snapshot with
@@ -344,23 +480,37 @@ mod tests {
         let (_d, dir) = state_dir();
         let s = server(share.path());
         let session = Session::new();
-        s.journal_session_sized(&session, Arc::clone(&dir), journal::MIN_CAPACITY)
+        let log = s
+            .journal_session_sized(&session, Arc::clone(&dir), journal::MIN_CAPACITY)
             .unwrap();
         populate(&s, &session, 2);
-        // Walks and clunks far beyond the journal's room.
+        // What a successor would restore if the daemon were killed now.
+        let on_disk = || -> Vec<u32> {
+            let (saved, _) = journal::load(dir.as_fd()).unwrap().unwrap().unwrap();
+            saved.fids.iter().map(|f| f.fid).collect()
+        };
+        let live = || -> Vec<u32> { session.entries().iter().map(|(f, _)| *f).collect() };
+        // Walks and clunks far beyond the journal's room: a kill after
+        // any of them finds every fid.
         for round in 0..500u32 {
             let fid = 100 + round;
             assert!(matches!(
                 call(&s, &session, walk(0, fid, "f2")),
                 Rmessage::Walk(_)
             ));
+            assert_eq!(on_disk(), live(), "round {round}");
             if round % 3 != 0 {
                 assert_eq!(
                     call(&s, &session, Tmessage::Clunk(Tfid { fid })),
                     Rmessage::Clunk
                 );
+                assert_eq!(on_disk(), live(), "round {round}");
             }
         }
+        // Segments switched many times, each snapshot written in steps
+        // before its segment filled.
+        assert!(log.snapshots.load(Ordering::Relaxed) > 10);
+        assert_eq!(log.whole.load(Ordering::Relaxed), 0);
         let held: Vec<u32> = session.entries().iter().map(|(f, _)| *f).collect();
         let s2 = server(share.path());
         let (back, replay) = s2.recover_session_replay(dir.as_fd()).unwrap().unwrap();
@@ -369,6 +519,68 @@ mod tests {
         assert_eq!(got, held);
         let journal = std::fs::metadata(_d.path().join("session.journal")).unwrap();
         assert_eq!(journal.len(), journal::MIN_CAPACITY as u64);
+    }
+
+    #[test]
+    fn test_a_compaction_saves_a_bounded_number_of_fids_per_request() {
+        let share = tempfile::tempdir().unwrap();
+        for i in 1..=3 {
+            std::fs::write(share.path().join(format!("f{i}")), b"r").unwrap();
+        }
+        let (_state, dir) = state_dir();
+        let s = server(share.path());
+        let session = Session::new();
+        // A 1 MiB journal: segments of 512 KiB, so that 10,000 fids and
+        // a rename loop fill several.
+        let log = s
+            .journal_session_sized(&session, Arc::clone(&dir), 1 << 20)
+            .unwrap();
+        populate(&s, &session, 3);
+        for fid in 100..10_100u32 {
+            assert!(matches!(
+                call(&s, &session, walk(0, fid, "f3")),
+                Rmessage::Walk(_)
+            ));
+        }
+        // The guest loops on Trename until two snapshots were written
+        // under it.
+        let before = log.snapshots.load(Ordering::Relaxed);
+        let mut renames = 0u32;
+        while log.snapshots.load(Ordering::Relaxed) < before + 2 {
+            let name = if renames.is_multiple_of(2) {
+                "g2"
+            } else {
+                "f2"
+            };
+            let r = Tmessage::Rename(Trename {
+                fid: 2,
+                dfid: 0,
+                name: name.as_bytes().to_vec(),
+            });
+            assert_eq!(call(&s, &session, r), Rmessage::Rename);
+            renames += 1;
+            assert!(renames < 100_000, "no snapshot");
+        }
+        // No request saved more than a few dozen of the 10,004 fids (the
+        // old compaction: all of them, under the fid table's lock), and
+        // none had to finish a snapshot whole.
+        let most = log.max_visits.load(Ordering::Relaxed);
+        assert!(most <= 64, "{most} fids saved by one request");
+        assert!(most >= MIN_STEP as u64);
+        assert_eq!(log.whole.load(Ordering::Relaxed), 0);
+        // Killed now: every fid comes back, fid 2 at its last name.
+        let s2 = server(share.path());
+        let back = s2.recover_session(dir.as_fd()).unwrap().unwrap();
+        assert_eq!(back.fid_count(), 10_000 + 4);
+        let r = call(
+            &s2,
+            &back,
+            Tmessage::Getattr(Tgetattr {
+                fid: 2,
+                request_mask: GetattrMask::BASIC,
+            }),
+        );
+        assert!(matches!(r, Rmessage::Getattr(_)), "{r:?}");
     }
 
     #[test]

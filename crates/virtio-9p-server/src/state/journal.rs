@@ -9,12 +9,14 @@
 //! session.snap     magic "V9PCRASH" | version u32 | epoch u64
 //!                  | session length u32 | session (crate::state format)
 //!                  | crc32 u32 (of everything before it)
-//! session.journal  header (32 bytes): magic "V9PJOURN" | version u32
-//!                  | capacity u32 | epoch u64 | crc32 of those 24 bytes
-//!                  | 4 zero bytes; then records:
-//!                  length u32 | seq u32 | kind u8 | payload | crc32 u32
-//!                  (length counts kind and payload; the crc covers the
-//!                  snapshot's epoch, length, seq, kind and payload)
+//! session.journal  two segments, each half the file: a header (48
+//!                  bytes): magic "V9PJOURN" | version u32 | capacity u32
+//!                  (of the file) | epoch u64 | previous epoch u64
+//!                  | crc32 of those 32 bytes | 12 zero bytes; then
+//!                  records: length u32 | seq u32 | kind u8 | payload
+//!                  | crc32 u32 (length counts kind and payload; the crc
+//!                  covers the segment's epoch, length, seq, kind and
+//!                  payload)
 //! kinds:           1 set: a fid (crate::state's fid encoding)
 //!                  2 remove: fid u32       3 reset (Tversion): msize u32
 //! ```
@@ -26,9 +28,21 @@
 //! random epoch, and a record counts only if its checksum, which covers
 //! the epoch, matches and its sequence number is the next one: records of
 //! an older snapshot, a record cut short by the kill, and anything after
-//! it are ignored. When the journal reaches half its capacity the session
-//! is written as a new snapshot and the journal starts again (compaction):
-//! it touches at most half its capacity plus one record of memory.
+//! it are ignored.
+//!
+//! Compaction never stops the writer for the whole session. When the
+//! active segment is full, the writer starts the other one with a new
+//! epoch that names the full one's as its previous, and a new snapshot of
+//! that epoch is written a few fids at a time while records go on into
+//! the new segment ([`SnapshotWriter`]). A successor replays the segment
+//! of the snapshot's epoch, then the one that follows it: until the new
+//! snapshot is renamed into place that is the old snapshot, the full
+//! segment and the new one; afterwards the new snapshot and the new
+//! segment. The new snapshot is fuzzy (fids saved as they are when
+//! reached, not as they were when the segment started), which the replay
+//! makes exact: every record sets, removes or resets whole fids, so
+//! replaying a segment onto any state between its start and now ends in
+//! the same fids.
 
 use std::ffi::CStr;
 use std::io::{self, Read};
@@ -49,14 +63,13 @@ const INFLIGHT_REFUSED: &CStr = c"session.inflight.refused";
 
 const SNAP_MAGIC: &[u8; 8] = b"V9PCRASH";
 const JOURNAL_MAGIC: &[u8; 8] = b"V9PJOURN";
-/// The format version of both files.
-pub(crate) const CRASH_VERSION: u32 = 2;
-/// Journal header bytes.
-pub(crate) const HEADER: usize = 32;
+/// The format version of both files (3: two journal segments).
+pub(crate) const CRASH_VERSION: u32 = 3;
+/// Journal segment header bytes.
+pub(crate) const HEADER: usize = 48;
 /// Bytes a record adds to its kind and payload.
 pub(crate) const RECORD_OVERHEAD: usize = 12;
-/// The journal's capacity: 4 MiB of file, of which at most half plus one
-/// record is written between two snapshots.
+/// The journal's capacity: 4 MiB of file, two segments of 2 MiB.
 pub(crate) const JOURNAL_CAPACITY: usize = 4 << 20;
 /// Smallest journal capacity accepted (tests use small ones).
 pub(crate) const MIN_CAPACITY: usize = 4096;
@@ -164,15 +177,52 @@ fn record_crc(epoch: u64, len: u32, seq: u32, body: &[u8]) -> u32 {
     h.finalize()
 }
 
-fn journal_header(capacity: usize, epoch: u64) -> [u8; HEADER] {
+fn journal_header(capacity: usize, epoch: u64, prev: u64) -> [u8; HEADER] {
     let mut h = [0u8; HEADER];
     h[..8].copy_from_slice(JOURNAL_MAGIC);
     h[8..12].copy_from_slice(&CRASH_VERSION.to_le_bytes());
     h[12..16].copy_from_slice(&(capacity as u32).to_le_bytes());
     h[16..24].copy_from_slice(&epoch.to_le_bytes());
-    let crc = crc32fast::hash(&h[..24]);
-    h[24..28].copy_from_slice(&crc.to_le_bytes());
+    h[24..32].copy_from_slice(&prev.to_le_bytes());
+    let crc = crc32fast::hash(&h[..32]);
+    h[32..36].copy_from_slice(&crc.to_le_bytes());
     h
+}
+
+/// A segment header's epoch and previous epoch.
+#[derive(Debug, Clone, Copy)]
+struct SegmentHeader {
+    epoch: u64,
+    prev: u64,
+}
+
+/// The header of the segment at `at` of `journal`; `None` when there is
+/// none there or it is damaged, or names another capacity. Another
+/// format version is refused.
+fn segment_header(journal: &[u8], at: usize) -> Result<Option<SegmentHeader>, StateProblem> {
+    let Some(h) = journal.get(at..at + HEADER) else {
+        return Ok(None);
+    };
+    if &h[..8] != JOURNAL_MAGIC {
+        return Ok(None);
+    }
+    let word = |r: std::ops::Range<usize>| u64::from_le_bytes(h[r].try_into().unwrap_or_default());
+    let version = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
+    if version != CRASH_VERSION {
+        return Err(StateProblem::Version {
+            found: version,
+            expected: CRASH_VERSION,
+        });
+    }
+    let capacity = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default());
+    let crc = u32::from_le_bytes(h[32..36].try_into().unwrap_or_default());
+    if crc32fast::hash(&h[..32]) != crc || capacity as usize != journal.len() {
+        return Ok(None);
+    }
+    Ok(Some(SegmentHeader {
+        epoch: word(16..24),
+        prev: word(24..32),
+    }))
 }
 
 /// What a replay did.
@@ -190,65 +240,84 @@ pub(crate) struct Replay {
 }
 
 /// Applies the records of `journal` that belong to `epoch` to `session`,
-/// in order, up to the first that does not (see the module docs).
+/// in order, up to the first that does not (see the module docs): the
+/// segment of `epoch`, then the segment that follows it, if any.
 ///
-/// A journal of another format version is refused; one whose header is
-/// damaged or of another epoch is ignored (`stale`: the snapshot was
-/// written after it). A record whose checksum holds but whose contents do
-/// not parse is refused (`Malformed`).
+/// A journal of another format version is refused; one with no segment
+/// of `epoch` (headers damaged or of other epochs) is ignored (`stale`:
+/// the snapshot was written after it). A record whose checksum holds but
+/// whose contents do not parse is refused (`Malformed`).
 pub(crate) fn replay(
     session: &mut SavedSession,
     epoch: u64,
     journal: &[u8],
 ) -> Result<Replay, StateProblem> {
     let mut out = Replay::default();
-    if journal.len() < HEADER || &journal[..8] != JOURNAL_MAGIC {
+    let half = journal.len() / 2;
+    let bases = [0, half];
+    let heads = [
+        segment_header(journal, bases[0])?,
+        segment_header(journal, bases[1])?,
+    ];
+    let Some(first) = (0..2).find(|&i| heads[i].is_some_and(|h| h.epoch == epoch)) else {
         out.stale = true;
         return Ok(out);
-    }
-    let version = u32::from_le_bytes(journal[8..12].try_into().unwrap_or_default());
-    if version != CRASH_VERSION {
-        return Err(StateProblem::Version {
-            found: version,
-            expected: CRASH_VERSION,
-        });
-    }
-    let crc = u32::from_le_bytes(journal[24..28].try_into().unwrap_or_default());
-    let header_epoch = u64::from_le_bytes(journal[16..24].try_into().unwrap_or_default());
-    if crc32fast::hash(&journal[..24]) != crc || header_epoch != epoch {
-        out.stale = true;
-        return Ok(out);
+    };
+    let mut order = vec![first];
+    if heads[1 - first].is_some_and(|h| h.prev == epoch && h.epoch != epoch) {
+        order.push(1 - first);
     }
     let mut fids: std::collections::BTreeMap<u32, SavedFid> = std::mem::take(&mut session.fids)
         .into_iter()
         .map(|f| (f.fid, f))
         .collect();
+    for i in order {
+        let seg = &journal[bases[i]..bases[i] + half];
+        let seg_epoch = heads[i].map_or(0, |h| h.epoch);
+        let (records, bytes, torn) = replay_segment(&mut fids, &mut session.msize, seg_epoch, seg)?;
+        out.records += records;
+        out.bytes += bytes;
+        // Only the last segment's end says whether a kill cut a record.
+        out.torn = torn;
+    }
+    session.fids = fids.into_values().collect();
+    Ok(out)
+}
+
+/// Applies the records of one segment: how many, their bytes, and
+/// whether something not a record of `epoch` followed them.
+fn replay_segment(
+    fids: &mut std::collections::BTreeMap<u32, SavedFid>,
+    msize: &mut u32,
+    epoch: u64,
+    seg: &[u8],
+) -> Result<(usize, usize, bool), StateProblem> {
+    let mut records = 0;
+    let mut torn = false;
     let mut at = HEADER;
     let mut seq = 0u32;
-    while let Some(rec) = journal.get(at..at + 8) {
+    while let Some(rec) = seg.get(at..at + 8) {
         let len = u32::from_le_bytes(rec[..4].try_into().unwrap_or_default());
         let got_seq = u32::from_le_bytes(rec[4..8].try_into().unwrap_or_default());
         let end = at
             .checked_add(RECORD_OVERHEAD)
             .and_then(|e| e.checked_add(len as usize));
-        let Some(body_crc) = end.and_then(|end| journal.get(at + 8..end)) else {
-            out.torn = len != 0 || got_seq != 0;
+        let Some(body_crc) = end.and_then(|end| seg.get(at + 8..end)) else {
+            torn = len != 0 || got_seq != 0;
             break;
         };
         let (body, crc) = body_crc.split_at(len as usize);
         let crc = u32::from_le_bytes(crc.try_into().unwrap_or_default());
         if len == 0 || got_seq != seq || record_crc(epoch, len, got_seq, body) != crc {
-            out.torn = len != 0 || got_seq != 0 || crc != 0;
+            torn = len != 0 || got_seq != 0 || crc != 0;
             break;
         }
-        apply(&mut fids, &mut session.msize, body)?;
+        apply(fids, msize, body)?;
         seq = seq.wrapping_add(1);
         at = end.unwrap_or(at);
-        out.records += 1;
+        records += 1;
     }
-    out.bytes = at - HEADER;
-    session.fids = fids.into_values().collect();
-    Ok(out)
+    Ok((records, at - HEADER, torn))
 }
 
 pub(crate) fn apply(
@@ -277,10 +346,14 @@ pub(crate) fn apply(
     Ok(())
 }
 
-/// The journal file mapped shared, written by appending records.
+/// The journal file mapped shared, written by appending records to its
+/// active segment.
 pub(crate) struct JournalMap {
     ptr: *mut u8,
     cap: usize,
+    /// The active segment (0 or 1).
+    seg: usize,
+    /// Where the next record goes (from the file's start).
     head: usize,
     seq: u32,
     epoch: u64,
@@ -294,6 +367,7 @@ impl std::fmt::Debug for JournalMap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JournalMap")
             .field("cap", &self.cap)
+            .field("seg", &self.seg)
             .field("head", &self.head)
             .field("seq", &self.seq)
             .finish()
@@ -312,7 +386,8 @@ impl JournalMap {
     /// Creates (or takes) `session.journal` in `dir`, sized to `cap`
     /// bytes, and maps it. Its contents stay until [`JournalMap::reset`].
     pub fn open(dir: BorrowedFd<'_>, cap: usize) -> io::Result<JournalMap> {
-        let cap = cap.max(MIN_CAPACITY);
+        // Two segments of whole words.
+        let cap = cap.max(MIN_CAPACITY) & !15;
         let fd = openat(dir, JOURNAL, libc::O_RDWR | libc::O_CREAT, 0o600)?;
         // SAFETY: ftruncate on a file we opened for writing.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), cap as libc::off_t) } != 0 {
@@ -336,6 +411,7 @@ impl JournalMap {
         Ok(JournalMap {
             ptr: ptr.cast(),
             cap,
+            seg: 0,
             head: HEADER,
             seq: 0,
             epoch: 0,
@@ -349,24 +425,58 @@ impl JournalMap {
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(at), bytes.len()) };
     }
 
-    /// Starts the journal again for the snapshot of `epoch` (written and
-    /// renamed into place before this call).
-    pub fn reset(&mut self, epoch: u64) {
+    /// Where segment `seg` starts in the file.
+    fn base(&self, seg: usize) -> usize {
+        seg * (self.cap / 2)
+    }
+
+    /// Starts segment `seg` with `epoch`, following `prev` (0: none).
+    fn start(&mut self, seg: usize, epoch: u64, prev: u64) {
+        let base = self.base(seg);
         // The first record slot is zeroed first, then the header: a kill
-        // in between leaves a header of the old epoch (ignored).
-        self.write_at(HEADER, &[0u8; RECORD_OVERHEAD]);
-        let h = journal_header(self.cap, epoch);
-        self.write_at(0, &h);
-        self.head = HEADER;
+        // in between leaves a header of an old epoch (ignored).
+        self.write_at(base + HEADER, &[0u8; RECORD_OVERHEAD]);
+        let h = journal_header(self.cap, epoch, prev);
+        self.write_at(base, &h);
+        self.seg = seg;
+        self.head = base + HEADER;
         self.seq = 0;
         self.epoch = epoch;
     }
 
+    /// Starts the journal again for the snapshot of `epoch` (written and
+    /// renamed into place before this call): the first segment holds its
+    /// records, the second none.
+    pub fn reset(&mut self, epoch: u64) {
+        // The second segment's header goes first: a kill before the first
+        // segment's header leaves no segment of `epoch` (the snapshot
+        // alone is the session then).
+        let second = self.base(1);
+        self.write_at(second, &[0u8; HEADER]);
+        self.start(0, epoch, 0);
+    }
+
+    /// Closes the active segment and starts the other with `epoch`, which
+    /// follows the closed one. The other segment's records are gone
+    /// then: call it only when the snapshot on disk is of the active
+    /// segment's epoch ([`JournalMap::epoch`]).
+    pub fn switch(&mut self, epoch: u64) {
+        let prev = self.epoch;
+        self.start(1 - self.seg, epoch, prev);
+    }
+
+    /// The active segment's epoch (0 before the first reset).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// Appends one record (kind and payload); false when it does not fit
-    /// before half the capacity: then write a snapshot and reset.
+    /// in the active segment: then switch segments (or, for a record
+    /// larger than a segment, write a snapshot and reset).
     pub fn append(&mut self, body: &[u8]) -> bool {
         let total = RECORD_OVERHEAD + body.len();
-        if self.head + total > self.cap / 2 || self.epoch == 0 {
+        let end = self.base(self.seg) + self.cap / 2;
+        if self.head + total > end || self.epoch == 0 {
             return false;
         }
         let len = body.len() as u32;
@@ -383,10 +493,15 @@ impl JournalMap {
         true
     }
 
-    /// Bytes of records since the last reset.
+    /// Bytes of records in the active segment.
     #[cfg(test)]
     pub fn used(&self) -> usize {
-        self.head - HEADER
+        self.head - self.base(self.seg) - HEADER
+    }
+
+    /// Bytes of records a segment holds.
+    pub fn usable(&self) -> usize {
+        self.cap / 2 - HEADER
     }
 }
 
@@ -435,6 +550,120 @@ pub(crate) fn write_snapshot(dir: BorrowedFd<'_>, bytes: &[u8]) -> io::Result<()
     )?;
     std::fs::File::from(fd).write_all(bytes)?;
     rename(dir, SNAPSHOT_TMP, SNAPSHOT)
+}
+
+/// A snapshot written a few fids at a time: the bytes
+/// [`encode_snapshot`] makes of a whole saved session, streamed into the
+/// aside file with the checksums combined at the end, so that no step
+/// costs more than the fids it is given. [`SnapshotWriter::finish`]
+/// renames it into place.
+pub(crate) struct SnapshotWriter {
+    file: std::fs::File,
+    epoch: u64,
+    /// The session body's start (export id, msize, filesystem state).
+    prefix: Vec<u8>,
+    count: u32,
+    /// Encoded fids not yet written.
+    buf: Vec<u8>,
+    /// The checksum and length of the fids written.
+    fids: crc32fast::Hasher,
+    fids_len: usize,
+}
+
+/// Encoded fids a [`SnapshotWriter`] keeps before it writes them.
+const SNAPSHOT_CHUNK: usize = 64 << 10;
+/// The snapshot frame's fixed header.
+const SNAP_HEADER: usize = 24;
+
+impl SnapshotWriter {
+    /// Starts the snapshot of `epoch` in the aside file of `dir`.
+    pub fn create(
+        dir: BorrowedFd<'_>,
+        epoch: u64,
+        export_id: &[u8],
+        msize: u32,
+        fs_state: &[u8],
+    ) -> io::Result<SnapshotWriter> {
+        let fd = openat(
+            dir,
+            SNAPSHOT_TMP,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+            0o600,
+        )?;
+        Ok(SnapshotWriter {
+            file: std::fs::File::from(fd),
+            epoch,
+            prefix: super::body_prefix(export_id, msize, fs_state),
+            count: 0,
+            buf: Vec::new(),
+            fids: crc32fast::Hasher::new(),
+            fids_len: 0,
+        })
+    }
+
+    /// Where the fids start in the file.
+    fn fids_at(&self) -> usize {
+        SNAP_HEADER + 16 + self.prefix.len() + 4
+    }
+
+    /// Adds one fid (in fid order, each once).
+    pub fn push(&mut self, f: &SavedFid) -> io::Result<()> {
+        f.encode_into(&mut self.buf);
+        self.count += 1;
+        if self.buf.len() >= SNAPSHOT_CHUNK {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let at = self.fids_at() + self.fids_len;
+        self.file.write_all_at(&self.buf, at as u64)?;
+        self.fids.update(&self.buf);
+        self.fids_len += self.buf.len();
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// The snapshot's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Writes the headers and checksums and renames the snapshot into
+    /// place.
+    pub fn finish(mut self, dir: BorrowedFd<'_>) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.flush()?;
+        let body_len = self.prefix.len() + 4 + self.fids_len;
+        let session_header = super::session_header(body_len);
+        let count = self.count.to_le_bytes();
+        let mut inner = crc32fast::Hasher::new();
+        inner.update(&session_header);
+        inner.update(&self.prefix);
+        inner.update(&count);
+        inner.combine(&self.fids);
+        let inner_crc = inner.finalize().to_le_bytes();
+        let mut head = Vec::with_capacity(self.fids_at());
+        head.extend_from_slice(SNAP_MAGIC);
+        head.extend_from_slice(&CRASH_VERSION.to_le_bytes());
+        head.extend_from_slice(&self.epoch.to_le_bytes());
+        head.extend_from_slice(&((16 + body_len + 4) as u32).to_le_bytes());
+        head.extend_from_slice(&session_header);
+        head.extend_from_slice(&self.prefix);
+        head.extend_from_slice(&count);
+        let mut outer = crc32fast::Hasher::new();
+        outer.update(&head);
+        outer.combine(&self.fids);
+        outer.update(&inner_crc);
+        let mut tail = inner_crc.to_vec();
+        tail.extend_from_slice(&outer.finalize().to_le_bytes());
+        self.file.write_all_at(&head, 0)?;
+        self.file
+            .write_all_at(&tail, (self.fids_at() + self.fids_len) as u64)?;
+        rename(dir, SNAPSHOT_TMP, SNAPSHOT)
+    }
 }
 
 fn rename(dir: BorrowedFd<'_>, from: &CStr, to: &CStr) -> io::Result<()> {
@@ -658,7 +887,7 @@ mod tests {
             replay(&mut s, 41, &bytes),
             Err(StateProblem::Version {
                 found: 9,
-                expected: 2
+                expected: CRASH_VERSION
             })
         );
         // A checksummed record of an unknown kind: written by no build of
@@ -695,6 +924,90 @@ mod tests {
         j.reset(6);
         assert_eq!(j.used(), 0);
         assert!(j.append(&rec));
+    }
+
+    #[test]
+    fn test_a_snapshot_written_in_steps_is_the_whole_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = std::fs::File::open(dir.path()).unwrap();
+        let fd = std::os::fd::AsFd::as_fd(&d);
+        // Enough fids for several chunks, one of them large.
+        let mut s = base();
+        s.fs_state = b"qids".to_vec();
+        for n in 1..3000u32 {
+            s.fids.push(fid(n, &format!("path/{n:040}")));
+        }
+        s.fids.push(SavedFid {
+            fid: 5000,
+            uid: 7,
+            inode: b"x".to_vec(),
+            kind: SavedKind::XattrRead(vec![0x5a; 100_000]),
+        });
+        let mut w = SnapshotWriter::create(fd, 99, &s.export_id, s.msize, &s.fs_state).unwrap();
+        assert_eq!(w.epoch(), 99);
+        for f in &s.fids {
+            w.push(f).unwrap();
+        }
+        w.finish(fd).unwrap();
+        let got = std::fs::read(dir.path().join("session.snap")).unwrap();
+        assert_eq!(got, encode_snapshot(99, &s.encode()));
+        assert_eq!(decode_snapshot(&got).unwrap(), (99, s));
+        // No fid at all.
+        let empty = SavedSession {
+            fids: Vec::new(),
+            ..base()
+        };
+        let w = SnapshotWriter::create(fd, 5, &empty.export_id, empty.msize, &[]).unwrap();
+        w.finish(fd).unwrap();
+        let got = std::fs::read(dir.path().join("session.snap")).unwrap();
+        assert_eq!(got, encode_snapshot(5, &empty.encode()));
+    }
+
+    #[test]
+    fn test_a_switched_journal_replays_the_segment_that_follows() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = std::fs::File::open(dir.path()).unwrap();
+        let fd = std::os::fd::AsFd::as_fd(&d);
+        let mut j = JournalMap::open(fd, MIN_CAPACITY).unwrap();
+        j.reset(51);
+        assert!(j.append(&set_record(&fid(1, "a"))));
+        assert!(j.append(&set_record(&fid(2, "b"))));
+        j.switch(52);
+        assert_eq!(j.epoch(), 52);
+        assert_eq!(j.used(), 0);
+        assert!(j.append(&remove_record(1)));
+        assert!(j.append(&set_record(&fid(3, "c"))));
+        let bytes = std::fs::read(dir.path().join("session.journal")).unwrap();
+        // The old snapshot: both segments.
+        let mut s = base();
+        let r = replay(&mut s, 51, &bytes).unwrap();
+        assert_eq!(r.records, 4);
+        assert!(!r.stale && !r.torn);
+        let ids: Vec<u32> = s.fids.iter().map(|f| f.fid).collect();
+        assert_eq!(ids, vec![0, 2, 3]);
+        // The new one (written while fid 3 was set, say): the second
+        // segment alone, onto it.
+        let mut s = base();
+        s.fids.push(fid(2, "b"));
+        s.fids.push(fid(3, "c"));
+        let r = replay(&mut s, 52, &bytes).unwrap();
+        assert_eq!(r.records, 2);
+        let ids: Vec<u32> = s.fids.iter().map(|f| f.fid).collect();
+        assert_eq!(ids, vec![0, 2, 3]);
+        // Back to the first segment: the records of 51 are gone, so a
+        // snapshot of 51 finds no segment of its own.
+        j.switch(53);
+        assert!(j.append(&remove_record(2)));
+        let bytes = std::fs::read(dir.path().join("session.journal")).unwrap();
+        assert!(replay(&mut base(), 51, &bytes).unwrap().stale);
+        let mut s = base();
+        let r = replay(&mut s, 52, &bytes).unwrap();
+        assert_eq!(r.records, 3);
+        // A segment fills and refuses what does not fit.
+        let rec = remove_record(9);
+        while j.append(&rec) {}
+        assert!(j.used() <= j.usable());
+        assert!(j.usable() - j.used() < RECORD_OVERHEAD + rec.len());
     }
 
     #[test]
