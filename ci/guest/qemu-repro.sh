@@ -23,8 +23,9 @@
 #            has the property); QMP `migrate` on the source, `cont` on the
 #            destination, then the guest reads back, through a fid opened
 #            before the migration and through a new open, a file it wrote
-#            before, and writes a new one. Prints query-migrate's
-#            total-time and downtime (ms).
+#            before, and writes a new one; checksummed reads and writes
+#            run all through the migration (dirty logging). Prints
+#            query-migrate's total-time and downtime (ms).
 # Each scenario passes when QEMU is still running at its end and did what
 # the scenario needs (answered, rebound, booted, re-started the device in
 # the new daemon); it fails with QEMU's last words otherwise. Run it on the
@@ -115,14 +116,26 @@ migrate)
     dd if=/dev/urandom of=/mnt/before bs=64k count=16 2>/dev/null
     want=$(sha256sum /mnt/before | cut -d' ' -f1)
     exec 3</mnt/before
+    cp /mnt/before /tmp/pat
     echo "REPRO-WROTE $want"
-    n=0
-    while [ ! -e /mnt/migrated ] && [ $n -lt 1500 ]; do sleep 0.2; n=$((n + 1)); done
-    [ -e /mnt/migrated ] || echo "REPRO-NO-MARKER"
+    # Checksummed reads and writes go on through the migration: the
+    # back-end's writes to guest memory must reach the destination
+    # (dirty logging), or a checksum is wrong there.
+    read -r t0 _ </proc/uptime
+    n=0 bad=0
+    while [ ! -e /mnt/migrated ]; do
+        read -r t _ </proc/uptime
+        [ "${t%.*}" -lt $(( ${t0%.*} + 300 )) ] || { echo "REPRO-NO-MARKER"; break; }
+        [ "$(sha256sum /mnt/before | cut -d' ' -f1)" = "$want" ] || bad=$((bad + 1))
+        cp /tmp/pat /mnt/loop && [ "$(sha256sum /mnt/loop | cut -d' ' -f1)" = "$want" ] ||
+            bad=$((bad + 1))
+        n=$((n + 1))
+    done
+    echo "REPRO-LOOP iterations=$n bad=$bad"
     fd=$(sha256sum <&3 | cut -d' ' -f1)
     again=$(sha256sum /mnt/before | cut -d' ' -f1)
     exec 3<&-
-    if [ "$fd" = "$want" ] && [ "$again" = "$want" ] &&
+    if [ "$bad" = 0 ] && [ "$fd" = "$want" ] && [ "$again" = "$want" ] &&
         echo after >/mnt/after && [ "$(cat /mnt/after)" = after ]; then
         echo "REPRO-AFTER ok"
     else
@@ -371,9 +384,9 @@ migrate() { # dir device
     touch "$dir/share/migrated"
     QPID=$dst_qpid
     if wait_for "$dir/dst/console.log" '^REPRO-AFTER' 120 && grep -q '^REPRO-AFTER ok' "$dir/dst/console.log"; then
-        RESULT[migrate]="ok: migrated ($times); after cont the guest read back its file (old fid and new open) and wrote one"
+        RESULT[migrate]="ok: migrated ($times); $(grep -o 'iterations=[0-9]* bad=0' "$dir/dst/console.log") checksummed read+write loops across it; after cont the guest read back its file (old fid and new open) and wrote one"
     else
-        RESULT[migrate]="FAIL: after cont ($times): $(grep -E '^REPRO-(AFTER|NO-MARKER)' "$dir/dst/console.log" | tr '\n' ' ') destination QEMU: $(tail -c 300 "$dir/dst/qemu.log" | tr '\n' ' ')"
+        RESULT[migrate]="FAIL: after cont ($times): $(grep -E '^REPRO-(AFTER|NO-MARKER|LOOP)' "$dir/dst/console.log" | tr '\n' ' ') destination QEMU: $(tail -c 300 "$dir/dst/qemu.log" | tr '\n' ' ')"
     fi
     QPID=$src_qpid
 }
