@@ -35,6 +35,7 @@
 #                               [--out DIR] [SCENARIO...]
 #   --qemu PATH        default: build-qemu.sh's stock binary
 #   --server-bin PATH  our daemon (default: cargo build --release)
+#   --packed           offer packed rings (default: --no-packed-ring, split)
 #   SCENARIO           query, early, rebind, start, restart, migrate
 #                      (default: all)
 # Exit status: 0 when every scenario passed, 1 otherwise.
@@ -48,11 +49,13 @@ qemu=
 server_bin=
 out=
 scenarios=()
+ring=(--no-packed-ring)
 while [ $# -gt 0 ]; do
     case $1 in
         --qemu) qemu=$2; shift ;;
         --server-bin) server_bin=$2; shift ;;
         --out) out=$2; shift ;;
+        --packed) ring=() ;;
         -h|--help) awk 'NR > 1 && /^set / { exit } NR > 1' "$0"; exit 0 ;;
         query|early|rebind|start|restart|migrate) scenarios+=("$1") ;;
         *) echo "qemu-repro.sh: unknown argument $1" >&2; exit 2 ;;
@@ -172,7 +175,7 @@ daemon() { # dir n [socket share extra-args...] -> DPID (own process group,
     shift 2
     [ $# -lt 2 ] || shift 2
     RUST_LOG=debug setsid "$server_bin" --socket-path "$sock" --shared-dir "$share" \
-        --tag share --no-packed-ring --keep-serving --log-level debug "$@" >"$d/server-$n.log" 2>&1 &
+        --tag share "${ring[@]}" --keep-serving --log-level debug "$@" >"$d/server-$n.log" 2>&1 &
     DPID=$!
     pids+=("$DPID")
     local i=0
