@@ -26,6 +26,14 @@
 #            before, and writes a new one; checksummed reads and writes
 #            run all through the migration (dirty logging). Prints
 #            query-migrate's total-time and downtime (ms).
+#   realize  0006: a back-end that offers no VHOST_USER_PROTOCOL_F_CONFIG
+#            (a minimal one, ci/guest/src/vu-stub.py) and config_size=7:
+#            realize fails; QEMU must exit 1 with the reason, not crash
+#            (0005 alone crashes here; stock exits 1 too)
+#   blockers 0007: `migrate` must be refused, naming the reason, with
+#            migratable=off, and with migratable=on when the back-end
+#            (the same stub) lacks the device state channel or dirty
+#            logging (VHOST_F_LOG_ALL)
 # Each scenario passes when QEMU is still running at its end and did what
 # the scenario needs (answered, rebound, booted, re-started the device in
 # the new daemon); it fails with QEMU's last words otherwise. Run it on the
@@ -36,8 +44,8 @@
 #   --qemu PATH        default: build-qemu.sh's stock binary
 #   --server-bin PATH  our daemon (default: cargo build --release)
 #   --packed           offer packed rings (default: --no-packed-ring, split)
-#   SCENARIO           query, early, rebind, start, restart, migrate
-#                      (default: all)
+#   SCENARIO           query, early, rebind, start, restart, migrate,
+#                      realize, blockers (default: all)
 # Exit status: 0 when every scenario passed, 1 otherwise.
 set -uo pipefail
 {
@@ -57,12 +65,12 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift ;;
         --packed) ring=() ;;
         -h|--help) awk 'NR > 1 && /^set / { exit } NR > 1' "$0"; exit 0 ;;
-        query|early|rebind|start|restart|migrate) scenarios+=("$1") ;;
+        query|early|rebind|start|restart|migrate|realize|blockers) scenarios+=("$1") ;;
         *) echo "qemu-repro.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(query early rebind start restart migrate)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(query early rebind start restart migrate realize blockers)
 log() { echo "qemu-repro: $(date -u +%H:%M:%S) $*" >&2; }
 
 eval "$(bash "$here/fetch-kernel.sh" 6.12)" || { log "fetch-kernel.sh failed"; exit 1; }
@@ -202,11 +210,64 @@ wait_for() { # file regex seconds -> 0 when a line matches; 1 at timeout or QEMU
 alive() { kill -0 "$QPID" 2>/dev/null; }
 last_words() { tail -c 400 "$1/qemu.log" | tr '\n' ' '; }
 
+# A QEMU with no guest (-S) on the stub back-end: prints QEMU's exit
+# status and output, or the answer to `migrate` when QEMU started.
+stub_qemu() { # dir features device-properties [qemu-args...]
+    local dir=$1 feat=$2 props=$3 i=0
+    shift 3
+    rm -f "$dir/stub.sock" "$dir/qmp.sock"
+    setsid python3 "$here/src/vu-stub.py" "$dir/stub.sock" "$feat" >>"$dir/stub.log" 2>&1 &
+    pids+=("$!")
+    until [ -S "$dir/stub.sock" ] || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
+    setsid "$qemu" -nodefaults -no-user-config -accel tcg -machine q35,memory-backend=mem -m 512M \
+        -display none -S -L /usr/share/qemu -L /usr/share/seabios "$@" \
+        -object memory-backend-memfd,id=mem,size=512M,share=on \
+        -qmp "unix:$dir/qmp.sock,server=on,wait=off" -chardev "socket,id=vu,path=$dir/stub.sock" \
+        -device "vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1$props" >"$dir/qemu.log" 2>&1 &
+    QPID=$!
+    pids+=("$QPID")
+    i=0
+    until [ -S "$dir/qmp.sock" ] || ! alive || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
+    if alive; then
+        qmp "$dir" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/nowhere.sock\"}}"
+    else
+        wait "$QPID"
+        echo "exit $?: $(tr '\n' ' ' <"$dir/qemu.log")"
+    fi
+    cleanup
+}
+
 declare -A RESULT
 run() { # scenario
     local sc=$1 dir=$out/$1
     rm -rf "$dir"
     mkdir -p "$dir/share"
+    case $sc in
+    realize)
+        local r
+        r=$(stub_qemu "$dir" log-all ",config_size=7")
+        case $r in
+            "exit 1: "*F_CONFIG*) RESULT[$sc]="ok: ${r:0:200}" ;;
+            *) RESULT[$sc]="FAIL: ${r:0:300}" ;;
+        esac
+        return
+        ;;
+    blockers)
+        if [ -z "$MIGRATABLE" ]; then
+            RESULT[$sc]="FAIL: this QEMU has no migratable property (needs 0007)"
+            return
+        fi
+        local off state log r=ok
+        off=$(stub_qemu "$dir" log-all ",migratable=off")
+        state=$(stub_qemu "$dir" log-all ",migratable=on")
+        log=$(stub_qemu "$dir" none ",migratable=on" -only-migratable)
+        grep -q 'has migratable=off' <<<"$off" || r=FAIL
+        grep -q 'does not support VHOST_USER_PROTOCOL_F_DEVICE_STATE' <<<"$state" || r=FAIL
+        grep -q 'lacks VHOST_F_LOG_ALL' <<<"$log" || r=FAIL
+        RESULT[$sc]="$r: off: ${off:0:160}; no device state: ${state:0:160}; no LOG_ALL (-only-migratable): ${log:0:200}"
+        return
+        ;;
+    esac
     # migrate: the session names the export by --export-name and the
     # destination finds the files by path (another path, the same tree).
     local dargs=()
