@@ -26,6 +26,10 @@
 #            before, and writes a new one; checksummed reads and writes
 #            run all through the migration (dirty logging). Prints
 #            query-migrate's total-time and downtime (ms).
+#   refused  0007 and the daemon: as migrate, but the destination's daemon
+#            exports another --export-name: it refuses the device state,
+#            the migration fails, and the source guest goes on (its
+#            checksummed loop and read-back pass on the source)
 #   realize  0006: a back-end that offers no VHOST_USER_PROTOCOL_F_CONFIG
 #            (a minimal one, ci/guest/src/vu-stub.py) and config_size=7:
 #            realize fails; QEMU must exit 1 with the reason, not crash
@@ -45,7 +49,7 @@
 #   --server-bin PATH  our daemon (default: cargo build --release)
 #   --packed           offer packed rings (default: --no-packed-ring, split)
 #   SCENARIO           query, early, rebind, start, restart, migrate,
-#                      realize, blockers (default: all)
+#                      refused, realize, blockers (default: all)
 # Exit status: 0 when every scenario passed, 1 otherwise.
 set -uo pipefail
 {
@@ -65,12 +69,12 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift ;;
         --packed) ring=() ;;
         -h|--help) awk 'NR > 1 && /^set / { exit } NR > 1' "$0"; exit 0 ;;
-        query|early|rebind|start|restart|migrate|realize|blockers) scenarios+=("$1") ;;
+        query|early|rebind|start|restart|migrate|refused|realize|blockers) scenarios+=("$1") ;;
         *) echo "qemu-repro.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(query early rebind start restart migrate realize blockers)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(query early rebind start restart migrate refused realize blockers)
 log() { echo "qemu-repro: $(date -u +%H:%M:%S) $*" >&2; }
 
 eval "$(bash "$here/fetch-kernel.sh" 6.12)" || { log "fetch-kernel.sh failed"; exit 1; }
@@ -121,7 +125,7 @@ rebind)
 query|restart)
     sleep 25
     ;;
-migrate)
+migrate|refused)
     # A file written and a fid opened before the migration; the host
     # creates /mnt/migrated once the destination runs.
     dd if=/dev/urandom of=/mnt/before bs=64k count=16 2>/dev/null
@@ -271,16 +275,16 @@ run() { # scenario
     # migrate: the session names the export by --export-name and the
     # destination finds the files by path (another path, the same tree).
     local dargs=()
-    [ "$sc" != migrate ] || dargs=("$dir/vu.sock" "$dir/share" --export-name share --migration-mode find-paths)
+    case $sc in migrate|refused) dargs=("$dir/vu.sock" "$dir/share" --export-name share --migration-mode find-paths) ;; esac
     daemon "$dir" 1 "${dargs[@]}" || { RESULT[$sc]="FAIL: daemon did not start"; return; }
     local chr="socket,id=vu,path=$dir/vu.sock"
     local dev="vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024"
     # 0006's property; stock QEMU has none (and blocks migration).
-    [ "$sc" != migrate ] || [ -z "$MIGRATABLE" ] || dev="$dev,$MIGRATABLE"
+    case $sc in migrate|refused) [ -z "$MIGRATABLE" ] || dev="$dev,$MIGRATABLE" ;; esac
     local extra=(-chardev "$chr" -device "$dev") paused=()
     case $sc in
         # The vhost-user messages QEMU sends, in order (qemu-trace.log).
-        migrate) extra+=(-trace vhost_user_write -D "$dir/qemu-trace.log") ;;
+        migrate|refused) extra+=(-trace vhost_user_write -D "$dir/qemu-trace.log") ;;
         early) paused=(-S) ;;
         start) extra=(-chardev "$chr,reconnect-ms=500" -device "$dev") ;;
         restart)
@@ -376,47 +380,68 @@ run() { # scenario
             fi
         fi
         ;;
-    migrate)
-        migrate "$dir" "$dev"
+    migrate|refused)
+        migrate "$dir" "$dev" "$sc"
         ;;
     esac
     cleanup
 }
 
-# 0006: the guest migrates to a second QEMU + daemon pair on this machine.
-# The QMP sequence: destination started with `-S -incoming unix:SOCK`;
-# source `migrate {"uri": "unix:SOCK"}`, `query-migrate` until
-# "completed" (or "failed"); destination `cont`.
-migrate() { # dir device
-    local dir=$1 dev=$2 src_qpid=$QPID st ans
+# 0007: the guest migrates to a second QEMU + daemon pair on this machine.
+# The QMP sequence: destination started with `-S -incoming defer`;
+# `migrate-set-capabilities` return-path on both, destination
+# `migrate-incoming {"uri": "unix:SOCK"}`, source `migrate {"uri":
+# "unix:SOCK"}`, `query-migrate` until "completed" (or "failed");
+# destination `cont`.
+migrate() { # dir device migrate|refused
+    local dir=$1 dev=$2 sc=$3 src_qpid=$QPID st ans export=share
+    # refused: the destination exports another name, so its daemon refuses
+    # the device state; the migration fails and the source guest goes on.
+    [ "$sc" = migrate ] || export=other
     if ! wait_for "$dir/console.log" '^REPRO-WROTE' 120; then
-        RESULT[migrate]="FAIL: no guest (QEMU: $(last_words "$dir"))"
+        RESULT[$sc]="FAIL: no guest (QEMU: $(last_words "$dir"))"
         return
     fi
     mkdir -p "$dir/dst" "$dir/share-dst"
-    mount --bind "$dir/share" "$dir/share-dst" || { RESULT[migrate]="FAIL: bind mount"; return; }
+    mount --bind "$dir/share" "$dir/share-dst" || { RESULT[$sc]="FAIL: bind mount"; return; }
     bind_mounts+=("$dir/share-dst")
-    daemon "$dir" 2 "$dir/dst/vu.sock" "$dir/share-dst" --export-name share --migration-mode find-paths \
-        || { RESULT[migrate]="FAIL: destination daemon did not start"; return; }
+    daemon "$dir" 2 "$dir/dst/vu.sock" "$dir/share-dst" --export-name "$export" --migration-mode find-paths \
+        || { RESULT[$sc]="FAIL: destination daemon did not start"; return; }
     boot "$dir/dst/console.log" "$dir/dst/qmp.sock" "$dir/dst/qemu.log" -S \
-        -incoming "unix:$dir/mig.sock" -chardev "socket,id=vu,path=$dir/dst/vu.sock" -device "$dev" \
+        -incoming defer -chardev "socket,id=vu,path=$dir/dst/vu.sock" -device "$dev" \
         -trace vhost_user_write -D "$dir/dst/qemu-trace.log"
     local dst_qpid=$QPID i=0
     pids+=("$dst_qpid")
-    until [ -S "$dir/dst/qmp.sock" ] && [ -S "$dir/mig.sock" ]; do
+    until [ -S "$dir/dst/qmp.sock" ]; do
         kill -0 "$dst_qpid" 2>/dev/null || break
         [ $i -lt 300 ] || break
         sleep 0.1
         i=$((i + 1))
     done
+    # return-path on both sides: the destination tells the source whether
+    # it loaded the state, so a destination that refuses it fails the
+    # migration on the source too (and the source guest goes on) instead
+    # of the source reporting "completed".
+    local cap='{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"return-path","state":true}]}}'
+    python3 "$here/qmp.py" "$dir/dst/qmp.sock" "$cap" >"$dir/dst/caps.json"
+    python3 "$here/qmp.py" "$dir/dst/qmp.sock" \
+        "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"unix:$dir/mig.sock\"}}" >"$dir/dst/incoming.json"
+    qmp "$dir" "$cap" >"$dir/caps.json"
+    i=0
+    until [ -S "$dir/mig.sock" ]; do
+        kill -0 "$dst_qpid" 2>/dev/null || break
+        [ $i -lt 100 ] || break
+        sleep 0.1
+        i=$((i + 1))
+    done
     if ! kill -0 "$dst_qpid" 2>/dev/null; then
-        RESULT[migrate]="FAIL: destination QEMU exited: $(tail -c 400 "$dir/dst/qemu.log" | tr '\n' ' ')"
+        RESULT[$sc]="FAIL: destination QEMU exited: $(tail -c 400 "$dir/dst/qemu.log" | tr '\n' ' ')"
         return
     fi
     ans=$(qmp "$dir" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/mig.sock\"}}")
     echo "$ans" >"$dir/migrate.json"
     if grep -q '"error"' <<<"$ans"; then
-        RESULT[migrate]="FAIL: migrate refused: $(python3 -c 'import json,sys; print(json.load(sys.stdin)["error"]["desc"])' <<<"$ans")"
+        RESULT[$sc]="FAIL: migrate refused: $(python3 -c 'import json,sys; print(json.load(sys.stdin)["error"]["desc"])' <<<"$ans")"
         return
     fi
     i=0
@@ -429,8 +454,21 @@ migrate() { # dir device
         i=$((i + 1))
     done
     echo "$ans" >"$dir/query-migrate.json"
+    if [ "$sc" = refused ]; then
+        local why
+        why=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["return"].get("error-desc", ""))' <<<"$ans")
+        touch "$dir/share/migrated"
+        QPID=$src_qpid
+        if [ "$st" = failed ] && wait_for "$dir/console.log" '^REPRO-AFTER' 120 \
+            && grep -q '^REPRO-AFTER ok' "$dir/console.log"; then
+            RESULT[$sc]="ok: migration failed ($why); destination daemon: $(grep -o 'device state refused.*' "$dir/server-2.log" | head -1); the source guest went on: $(grep -o 'iterations=[0-9]* bad=0' "$dir/console.log")"
+        else
+            RESULT[$sc]="FAIL: migration $st ($why); source guest: $(grep -E '^REPRO-(AFTER|NO-MARKER|LOOP)' "$dir/console.log" | tr '\n' ' ')"
+        fi
+        return
+    fi
     if [ "$st" != completed ]; then
-        RESULT[migrate]="FAIL: migration $st: $(python3 -c 'import json,sys; print(json.load(sys.stdin)["return"].get("error-desc", ""))' <<<"$ans"); destination: $(tail -c 300 "$dir/dst/qemu.log" | tr '\n' ' ')"
+        RESULT[$sc]="FAIL: migration $st: $(python3 -c 'import json,sys; print(json.load(sys.stdin)["return"].get("error-desc", ""))' <<<"$ans"); destination: $(tail -c 300 "$dir/dst/qemu.log" | tr '\n' ' ')"
         return
     fi
     local times
@@ -448,9 +486,9 @@ migrate() { # dir device
     touch "$dir/share/migrated"
     QPID=$dst_qpid
     if wait_for "$dir/dst/console.log" '^REPRO-AFTER' 120 && grep -q '^REPRO-AFTER ok' "$dir/dst/console.log"; then
-        RESULT[migrate]="ok: migrated ($times); $(grep -o 'iterations=[0-9]* bad=0' "$dir/dst/console.log") checksummed read+write loops across it; after cont the guest read back its file (old fid and new open) and wrote one"
+        RESULT[$sc]="ok: migrated ($times); $(grep -o 'iterations=[0-9]* bad=0' "$dir/dst/console.log") checksummed read+write loops across it; after cont the guest read back its file (old fid and new open) and wrote one"
     else
-        RESULT[migrate]="FAIL: after cont ($times): $(grep -E '^REPRO-(AFTER|NO-MARKER|LOOP)' "$dir/dst/console.log" | tr '\n' ' ') destination QEMU: $(tail -c 300 "$dir/dst/qemu.log" | tr '\n' ' ')"
+        RESULT[$sc]="FAIL: after cont ($times): $(grep -E '^REPRO-(AFTER|NO-MARKER|LOOP)' "$dir/dst/console.log" | tr '\n' ' ') destination QEMU: $(tail -c 300 "$dir/dst/qemu.log" | tr '\n' ' ')"
     fi
     QPID=$src_qpid
 }
