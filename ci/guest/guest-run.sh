@@ -21,8 +21,18 @@
 #   CI_TESTS  comma list of: posix, pjdfstest, dd; or xfstests or workloads,
 #             which run from the tool disk (guest-suite.sh, see below)
 #   CI_DD_MIB size of the dd transfers and of the checksummed file (MiB)
+#   CI_MAX_CHAIN  reload our 9pnet_virtio with max_chain=N (see below)
 mnt=/mnt
 opts="version=9p2000.L${CI_OPTS:+,$CI_OPTS}"
+
+# CI_MAX_CHAIN: ci/guest/init loads the modules with insmod, which passes
+# no parameters; reload our large-msize 9pnet_virtio (suite.sh's
+# SUITE_KMOD) with max_chain before anything is mounted. The stock module
+# has no such parameter and is left alone.
+if [ -n "${CI_MAX_CHAIN:-}" ] && [ -e /sys/module/9pnet_virtio/parameters/max_chain ]; then
+    rmmod 9pnet_virtio && insmod /lib/modules/9pnet_virtio.ko max_chain="$CI_MAX_CHAIN" ||
+        echo "CI-GUEST-WARN reloading 9pnet_virtio with max_chain=$CI_MAX_CHAIN failed"
+fi
 uptime_centis() { read -r up _ </proc/uptime; echo "${up%.*}${up#*.}"; }
 
 start_relay() { # the virtio-serial port "ninep" <-> /run/9p.sock

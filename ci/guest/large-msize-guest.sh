@@ -16,6 +16,9 @@
 #   CI_MODE   virtio (9p, CI_SRC is the tag) or virtiofs
 #   CI_SRC    mount tag;  CI_OPTS  9p options besides msize
 #   CI_MSIZES comma list of msizes (ignored for virtiofs)
+#   CI_MAX_CHAIN  reload our 9pnet_virtio with max_chain=N (chains longer
+#             than the queue size, for devices known to take them);
+#             unset: the module's default, chains of the queue size
 #   CI_TESTS  comma list of: posix, pjdfstest, dd, fio, ceiling
 #   CI_DD_MIB size of the dd transfers (MiB); the host wrote data/big.bin
 #   CI_DD_BS  dd block size in KiB (default 1024)
@@ -49,6 +52,18 @@ timed() { # name msize bytes cmd... : run cmd between two marks
 if has_test ceiling; then
     timed memcpy 0 $((mib * 1048576)) dd if=/dev/zero of=/dev/null bs=1M count="$mib"
 fi
+
+# ci/guest/init loads the modules with insmod, which passes no parameters:
+# reload ours with max_chain before anything is mounted. The stock module
+# has no such parameter and is left alone.
+if [ "$CI_MODE" = virtio ] && [ -n "${CI_MAX_CHAIN:-}" ] &&
+    [ -e /sys/module/9pnet_virtio/parameters/max_chain ]; then
+    rmmod 9pnet_virtio && insmod /lib/modules/9pnet_virtio.ko max_chain="$CI_MAX_CHAIN" ||
+        echo "CI-LM msize=0 klog reloading 9pnet_virtio with max_chain=$CI_MAX_CHAIN failed"
+fi
+# The chain limit the transport chose for each device.
+dmesg 2>/dev/null | grep -E "9pnet_virtio.*(descriptor chains|max_chain)" |
+    while read -r l; do echo "CI-LM msize=0 klog $l"; done
 
 IFS=,
 set -- ${CI_MSIZES:-512000}

@@ -153,7 +153,11 @@ rm -rf "$payload"
 mkdir -p "$payload/ci/bin"
 # SUITE_KMOD: a directory of guest modules that replace the kernel's in
 # the initramfs (ci/guest/build-9p-module.sh: the large-msize 9p modules);
-# SUITE_MSIZE (default 512000) and SUITE_MEM (default 1G) go with them.
+# SUITE_MSIZE (default 512000) and SUITE_MEM (default 1G) go with them,
+# and our rows load 9pnet_virtio with max_chain=SUITE_MAX_CHAIN (default
+# 32768, which msize 128 MiB needs; 0: the module's default, chains of the
+# queue size). The qemu row never does: its device fails on chains over
+# 1024 descriptors.
 if [ -n "${SUITE_KMOD:-}" ]; then
     mkdir -p "$payload/lib/modules"
     cp "$SUITE_KMOD"/*.ko "$payload/lib/modules/"
@@ -342,6 +346,10 @@ run_row() {
     truncate -s 2G "$dir/results.img"
     mkfs.ext4 -q -F -L ci-results "$dir/results.img" >/dev/null
     local src=${tags[0]}
+    case $name in ours-vhost*)
+        [ -n "${SUITE_KMOD:-}" ] && [ "${SUITE_MAX_CHAIN:-32768}" -gt 0 ] &&
+            append_extra="$append_extra CI_MAX_CHAIN=${SUITE_MAX_CHAIN:-32768}" ;;
+    esac
     local append="console=ttyS0 loglevel=4 panic=-1 CI_MODE=$mode CI_SRC=$src CI_OPTS=$opts CI_TESTS=$suite CI_XFS_TEST_TIMEOUT=$test_timeout CI_WL_REPS=$reps CI_WL_SETTINGS=$settings $append_extra"
     log "$name: booting guest (timeout ${timeout_s}s)"
     local t0 rc
