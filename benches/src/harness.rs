@@ -23,6 +23,7 @@ pub struct Ctx {
     pub quick: bool,
     reps: usize,
     out_dir: PathBuf,
+    parts: Vec<String>,
 }
 
 impl Ctx {
@@ -33,7 +34,20 @@ impl Ctx {
             quick,
             reps: if quick { 1 } else { reps.max(1) },
             out_dir,
+            parts: Vec::new(),
         }
+    }
+
+    /// Restricts the suites that have parts to the named ones (all of
+    /// them when `parts` is empty): `--part`, for A/B runs of one part.
+    pub fn with_parts(mut self, parts: Vec<String>) -> Self {
+        self.parts = parts;
+        self
+    }
+
+    /// Whether the part `name` of a suite runs in this invocation.
+    pub fn runs_part(&self, name: &str) -> bool {
+        self.parts.is_empty() || self.parts.iter().any(|p| p == name)
     }
 
     /// Repetitions for each side of an alternating comparison.

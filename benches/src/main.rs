@@ -7,6 +7,7 @@
 //! cargo run --release -p vmm-benches -- list
 //! cargo run --release -p vmm-benches -- selftest
 //! cargo run --release -p vmm-benches -- --quick all
+//! cargo run --release -p vmm-benches -- --part inproc virtio-9p # one part only
 //! cargo run --release -p vmm-benches -- report      # regenerates BENCHMARKS.md
 //! cargo run --release -p vmm-benches -- report-guest # only its guest section (docs/benchmarks/guest.md)
 //! ```
@@ -38,6 +39,11 @@ struct Args {
     /// Where the JSON results go (default: `<target>/bench`).
     #[arg(long)]
     out_dir: Option<PathBuf>,
+    /// Only this part of a suite that has parts (repeatable; virtio-9p:
+    /// inproc, vhost, diod), for a quick A/B of one change. Not for
+    /// `report`, which runs everything.
+    #[arg(long = "part")]
+    parts: Vec<String>,
     /// Suites to run, `all`, `list` to show them, `report` to run every
     /// suite and regenerate BENCHMARKS.md (with --quick: target/bench/BENCHMARKS.quick.md),
     /// or `report-guest` to copy docs/benchmarks/guest.md into its last section.
@@ -100,7 +106,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let ctx = Ctx::new(args.quick, args.reps, args.out_dir);
+    let ctx = Ctx::new(args.quick, args.reps, args.out_dir).with_parts(args.parts);
     let mut failed = 0;
     for suite in &selected {
         if let Err(e) = harness::run_suite(&ctx, suite) {

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `vmm-benches report`: runs every ready suite and regenerates
-//! BENCHMARKS.md (and its SVG plots) from that one run.
+//! BENCHMARKS.md (and its SVG plots) from that one run. Nothing in it is
+//! written by hand: each suite's hand-written notes (profiles, A/B runs,
+//! dated reruns) live in `docs/benchmarks/<suite>.md`, which the report
+//! links below the suite's figures and never rewrites.
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -49,26 +52,55 @@ pub fn run(ctx: &Ctx) -> Result<usize, Box<dyn Error>> {
         .filter(|(_, o)| matches!(o, Outcome::Failed(_)))
         .count();
 
-    let (md_path, plot_dir, plot_link) = if ctx.quick {
+    let root = workspace_root();
+    let (md_path, plot_dir, links) = if ctx.quick {
         let dir = ctx.out_dir().to_path_buf();
-        (
-            dir.join("BENCHMARKS.quick.md"),
-            dir.join("plots"),
-            "plots".to_string(),
-        )
+        let links = Links {
+            plots: "plots".to_string(),
+            // The quick report is not next to docs/: link by full path.
+            notes: root.join(NOTES_DIR).display().to_string(),
+        };
+        (dir.join("BENCHMARKS.quick.md"), dir.join("plots"), links)
     } else {
-        let root = workspace_root();
+        let links = Links {
+            plots: "docs/benchmarks".to_string(),
+            notes: NOTES_DIR.to_string(),
+        };
         (
             root.join("BENCHMARKS.md"),
             root.join("docs/benchmarks"),
-            "docs/benchmarks".to_string(),
+            links,
         )
     };
     fs::create_dir_all(&plot_dir)?;
-    let markdown = render(ctx, &outcomes, &started, &plot_dir, &plot_link)?;
+    let markdown = render(ctx, &outcomes, &started, &plot_dir, &links)?;
     fs::write(&md_path, markdown)?;
     eprintln!("== wrote {}", md_path.display());
     Ok(failed)
+}
+
+/// Where the hand-written notes of each suite live: `NOTES_DIR/<suite>.md`
+/// (profiles, A/B runs, dated reruns outside a report run). The report
+/// never writes there; it links each suite's file below the suite's figures.
+const NOTES_DIR: &str = "docs/benchmarks";
+
+/// How the report links what it does not contain.
+struct Links {
+    /// The directory of the SVG plots, as written in the links.
+    plots: String,
+    /// [`NOTES_DIR`], as written in the links.
+    notes: String,
+}
+
+/// The line that links `suite`'s notes file, if it has one.
+fn notes_link(notes_dir: &Path, link_dir: &str, suite: &str) -> Option<String> {
+    let name = format!("{suite}.md");
+    notes_dir.join(&name).is_file().then(|| {
+        format!(
+            "Not part of this run: profiles, A/B comparisons and dated reruns of this suite, \
+             each with its date, load and command, are in [{NOTES_DIR}/{name}]({link_dir}/{name}).\n"
+        )
+    })
 }
 
 fn render(
@@ -76,8 +108,10 @@ fn render(
     outcomes: &[(&Suite, Outcome)],
     started: &(String, String),
     plot_dir: &Path,
-    plot_link: &str,
+    links: &Links,
 ) -> Result<String, Box<dyn Error>> {
+    let plot_link = links.plots.as_str();
+    let notes_dir = workspace_root().join(NOTES_DIR);
     let machine = Machine::detect();
     let mut out = String::new();
     let (command, caveat) = if ctx.quick {
@@ -213,6 +247,9 @@ fn render(
                 }
             }
         }
+        if let Some(line) = notes_link(&notes_dir, &links.notes, suite.name) {
+            writeln!(out, "{line}")?;
+        }
     }
     if let Some(guest) = guest_section()? {
         out.push_str(&guest);
@@ -278,4 +315,37 @@ fn plot_ids(report: &SuiteReport) -> Vec<String> {
         }
     }
     ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_notes_link_only_for_a_suite_with_a_notes_file() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("mem-prealloc.md"), "# notes\n").unwrap();
+        let line = notes_link(dir.path(), "docs/benchmarks", "mem-prealloc").unwrap();
+        assert!(
+            line.contains("[docs/benchmarks/mem-prealloc.md](docs/benchmarks/mem-prealloc.md)"),
+            "{line}"
+        );
+        assert_eq!(notes_link(dir.path(), "docs/benchmarks", "selftest"), None);
+    }
+
+    #[test]
+    fn test_every_notes_file_belongs_to_a_suite() {
+        // A notes file under another name would never be linked.
+        let dir = workspace_root().join(NOTES_DIR);
+        for entry in fs::read_dir(&dir).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            let Some(stem) = name.strip_suffix(".md") else {
+                continue;
+            };
+            assert!(
+                stem == "guest" || SUITES.iter().any(|s| s.name == stem),
+                "{NOTES_DIR}/{name} is not named after a suite, so the report does not link it"
+            );
+        }
+    }
 }

@@ -134,7 +134,15 @@ pub const TARGETS: &[Target] = &[
         figure: "huge_ratio_vs_qemu_2t",
         op: Op::AtMost,
         bound: 0.9,
-        context: &["huge_qemu_speedup_2t"],
+        // The kernel's clearing of each page is the floor of both: where
+        // QEMU runs at it too, no method gets under 1.0 (see
+        // docs/benchmarks/mem-prealloc.md).
+        context: &[
+            "huge_ratio_vs_zeroing_2t",
+            "huge_qemu_ratio_vs_zeroing_2t",
+            "huge_qemu_speedup_2t",
+            "huge_hugepages",
+        ],
     },
     Target {
         suite: "mem-prealloc",
@@ -162,7 +170,12 @@ pub const TARGETS: &[Target] = &[
         figure: "huge1g_ratio_vs_qemu_2t",
         op: Op::AtMost,
         bound: 0.9,
-        context: &["huge1g_qemu_speedup_2t", "huge1g_hugepages"],
+        context: &[
+            "huge1g_ratio_vs_zeroing_2t",
+            "huge1g_qemu_ratio_vs_zeroing_2t",
+            "huge1g_qemu_speedup_2t",
+            "huge1g_hugepages",
+        ],
     },
     Target {
         suite: "mem-prealloc",

@@ -19,17 +19,35 @@ mod vhost;
 
 pub use peers::serve_socket_forever;
 
-use crate::harness::{Ctx, SuiteResult};
+use crate::harness::{Ctx, SuiteReport, SuiteResult};
 
 /// One-line description.
 pub const ABOUT: &str = "9P: in process vs crosvm p9 0.3.2, vhost-user by msize with 4 KiB IOPS pool on/off, unix socket vs diod";
 /// Ready to run.
 pub const READY: bool = true;
 
-/// Runs every part of the suite.
+/// The parts of the suite, for `--part`.
+const PARTS: [&str; 3] = ["inproc", "vhost", "diod"];
+
+/// Runs every part of the suite (or those `--part` names).
 pub fn run(ctx: &Ctx) -> SuiteResult {
-    let mut report = inproc::run(ctx)?;
-    vhost::run(ctx, &mut report)?;
-    diod::run(ctx, &mut report)?;
+    if PARTS.iter().all(|p| !ctx.runs_part(p)) {
+        return Err(format!(
+            "no part of virtio-9p selected; its parts: {}",
+            PARTS.join(", ")
+        )
+        .into());
+    }
+    let mut report = if ctx.runs_part("inproc") {
+        inproc::run(ctx)?
+    } else {
+        SuiteReport::default()
+    };
+    if ctx.runs_part("vhost") {
+        vhost::run(ctx, &mut report)?;
+    }
+    if ctx.runs_part("diod") {
+        diod::run(ctx, &mut report)?;
+    }
     Ok(report)
 }

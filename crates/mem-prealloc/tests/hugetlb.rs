@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! hugetlbfs-backed regions (2 MiB pages): page-size detection, success, and
-//! exhaustion of the hugepage pool under both methods. These tests grow the
-//! pool through /proc/sys/vm/nr_hugepages (root only) and shrink it back;
-//! where that is impossible they print a notice and skip.
+//! exhaustion of the hugepage pool under every method; and exhaustion of
+//! the 1 GiB pool. These tests grow the pool through
+//! /proc/sys/vm/nr_hugepages (the 1 GiB one through
+//! /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages), root only,
+//! and shrink it back; where that is impossible they print a notice and
+//! skip.
 
 mod common;
 
@@ -86,6 +89,45 @@ fn test_hugetlbfs_exhaustion_is_an_error() {
             "{err}"
         );
         // Free the pages before giving them back.
+        drop(map);
+        drop(file);
+        drop(pool);
+    }
+}
+
+#[test]
+fn test_gigantic_hugetlbfs_exhaustion_is_an_error() {
+    const GIGANTIC: usize = 1 << 30;
+    for method in [Method::Auto, Method::PopulateWrite, Method::Touch] {
+        // One page of our own, so that the run makes progress before it
+        // fails: 1 GiB of memory for the length of the test.
+        let (pool, available) = match HugepagePool::gigantic_for_exhaustion(1) {
+            Ok(found) => found,
+            Err(why) => return skip("test_gigantic_hugetlbfs_exhaustion_is_an_error", &why),
+        };
+        // Two pages more than the pool can give, unreserved as above.
+        let len = (available + 2) * GIGANTIC;
+        let file = memfd("exhaust-1g", len, libc::MFD_HUGETLB | libc::MFD_HUGE_1GB).unwrap();
+        assert_eq!(page_size_of(&file).unwrap(), GIGANTIC);
+        let map = Mapping::new(
+            Some(&file),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_NORESERVE,
+        )
+        .unwrap();
+        let opts = PreallocOptions::new()
+            .threads(2)
+            .method(method)
+            .page_size_from_fd(&file)
+            .unwrap();
+        // SAFETY: the test owns the mapping and keeps it while the job or guard lives.
+        let err = unsafe { preallocate(map.addr, len, &opts) }.unwrap_err();
+        let Error::HugepagesExhausted { offset, .. } = err else {
+            panic!("{method}: expected HugepagesExhausted, got {err}");
+        };
+        assert_eq!(offset % GIGANTIC as u64, 0, "{method}");
+        assert!(offset < len as u64, "{method}");
         drop(map);
         drop(file);
         drop(pool);

@@ -143,53 +143,71 @@ pub fn meminfo(field: &str) -> Option<usize> {
     line.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
-fn read_nr_hugepages() -> Option<usize> {
-    std::fs::read_to_string(NR_HUGEPAGES)
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+/// The 1 GiB hugepage pool's directory in sysfs.
+const GIGANTIC_DIR: &str = "/sys/kernel/mm/hugepages/hugepages-1048576kB";
+
+fn read_count(path: &str) -> Option<usize> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-fn write_nr_hugepages(n: usize) -> io::Result<()> {
+fn write_count(path: &str, n: usize) -> io::Result<()> {
     std::fs::OpenOptions::new()
         .write(true)
-        .open(NR_HUGEPAGES)?
+        .open(path)?
         .write_all(format!("{n}\n").as_bytes())
 }
 
-/// Adds pages to the 2 MiB hugepage pool for the duration of a test and
-/// removes the same number on drop (so concurrent changes by others are
-/// kept). Holds a file lock so that the hugepage tests of this crate, which
+/// Adds pages to a hugepage pool (2 MiB, or 1 GiB with
+/// [`HugepagePool::grow_gigantic`]) for the duration of a test and removes
+/// the same number on drop (so concurrent changes by others are kept).
+/// Holds a file lock so that the hugepage tests of this crate, which
 /// nextest runs in parallel processes, take turns.
 pub struct HugepagePool {
     added: usize,
+    nr_path: String,
     _lock: File,
 }
 
 impl HugepagePool {
-    /// Grows the pool by `extra` pages, or explains why that is impossible.
+    /// Grows the 2 MiB pool by `extra` pages, or explains why that is
+    /// impossible.
     pub fn grow(extra: usize) -> Result<Self, String> {
         if meminfo("Hugepagesize:") != Some(2048) {
             return Err("the default hugepage size is not 2 MiB".into());
         }
+        Self::grow_at(NR_HUGEPAGES, extra)
+    }
+
+    /// Grows the 1 GiB pool by `extra` pages (memory is compacted first,
+    /// as a gigantic page needs 1 GiB of contiguous memory), or explains
+    /// why that is impossible.
+    pub fn grow_gigantic(extra: usize) -> Result<Self, String> {
+        if !std::path::Path::new(GIGANTIC_DIR).is_dir() {
+            return Err("this kernel has no 1 GiB hugepages".into());
+        }
+        // Best effort, root only; the grow below says if it was not enough.
+        let _ = std::fs::write("/proc/sys/vm/compact_memory", "1\n");
+        Self::grow_at(&format!("{GIGANTIC_DIR}/nr_hugepages"), extra)
+    }
+
+    fn grow_at(nr_path: &str, extra: usize) -> Result<Self, String> {
         let lock =
             File::create("/tmp/mem-prealloc-hugetlb-tests.lock").map_err(|e| e.to_string())?;
         // SAFETY: flock on a descriptor we own.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
             return Err(format!("flock: {}", io::Error::last_os_error()));
         }
-        let before = read_nr_hugepages().ok_or("cannot read nr_hugepages")?;
-        write_nr_hugepages(before + extra)
-            .map_err(|e| format!("cannot write {NR_HUGEPAGES}: {e}"))?;
-        let after = read_nr_hugepages().unwrap_or(before);
+        let before = read_count(nr_path).ok_or(format!("cannot read {nr_path}"))?;
+        write_count(nr_path, before + extra).map_err(|e| format!("cannot write {nr_path}: {e}"))?;
+        let after = read_count(nr_path).unwrap_or(before);
         let pool = HugepagePool {
             added: after.saturating_sub(before),
+            nr_path: nr_path.to_string(),
             _lock: lock,
         };
         if pool.added < extra {
             return Err(format!(
-                "the kernel gave {} of {extra} extra hugepages",
+                "the kernel gave {} of {extra} extra hugepages ({nr_path})",
                 pool.added
             ));
         }
@@ -218,6 +236,22 @@ impl HugepagePool {
         Ok((pool, available))
     }
 
+    /// [`Self::for_exhaustion`] for the 1 GiB pool.
+    pub fn gigantic_for_exhaustion(extra: usize) -> Result<(Self, usize), String> {
+        if read_count(&format!("{GIGANTIC_DIR}/nr_overcommit_hugepages")) != Some(0) {
+            return Err("1 GiB hugepage overcommit is enabled or unknown".into());
+        }
+        let pool = Self::grow_gigantic(extra)?;
+        let read = |f: &str| read_count(&format!("{GIGANTIC_DIR}/{f}")).unwrap_or(0);
+        let available = read("free_hugepages").saturating_sub(read("resv_hugepages"));
+        if available > 4 {
+            return Err(format!(
+                "{available} 1 GiB hugepages are free; exhausting them would disturb others"
+            ));
+        }
+        Ok((pool, available))
+    }
+
     /// Hugepages free and not reserved by anyone.
     pub fn available() -> usize {
         meminfo("HugePages_Free:")
@@ -229,8 +263,8 @@ impl HugepagePool {
 impl Drop for HugepagePool {
     fn drop(&mut self) {
         if self.added > 0 {
-            if let Some(now) = read_nr_hugepages() {
-                let _ = write_nr_hugepages(now.saturating_sub(self.added));
+            if let Some(now) = read_count(&self.nr_path) {
+                let _ = write_count(&self.nr_path, now.saturating_sub(self.added));
             }
         }
     }

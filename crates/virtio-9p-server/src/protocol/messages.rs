@@ -719,6 +719,13 @@ const NOT_DOT_L: [u8; 5] = [106, 112, 114, 124, 126];
 /// Type byte of Rlerror, the only reply without a request.
 const RLERROR: u8 = 7;
 
+/// Appends the body of an Rgetattr carrying `a`: the bytes
+/// `Rmessage::Getattr` encodes, without boxing the attributes first (the
+/// server's Tgetattr path, see `Server::handle_recorded`).
+pub(crate) fn encode_rgetattr(out: &mut Vec<u8>, a: &Rgetattr) {
+    a.encode(&mut Encoder::new(out));
+}
+
 /// Initial capacity of an encoded frame: enough for every fixed-size
 /// message (Rgetattr is the largest at 160 bytes) and short names.
 const FRAME_CAPACITY: usize = 256;
@@ -1016,6 +1023,37 @@ impl Rmessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_encode_rgetattr_matches_the_boxed_reply() {
+        let a = Rgetattr {
+            valid: GetattrMask::BASIC | GetattrMask::BTIME,
+            qid: Qid {
+                ty: QidType::FILE,
+                version: 7,
+                path: 0x1234_5678_9abc,
+            },
+            mode: 0o100644,
+            uid: 1000,
+            gid: 100,
+            nlink: 1,
+            size: 4097,
+            blksize: 4096,
+            blocks: 16,
+            mtime_sec: 1_700_000_000,
+            mtime_nsec: 999_999_999,
+            btime_sec: 1,
+            data_version: u64::MAX,
+            ..Default::default()
+        };
+        let (mut direct, mut boxed) = (Vec::new(), Vec::new());
+        encode_rgetattr(&mut direct, &a);
+        Rmessage::Getattr(Box::new(a)).encode_body(&mut boxed);
+        assert_eq!(direct, boxed);
+        assert_eq!(direct.len() + HEADER_SIZE, 160);
+        let back = Rmessage::decode_body(MsgType::Rgetattr.into(), &direct).unwrap();
+        assert_eq!(back, Rmessage::Getattr(Box::new(a)));
+    }
 
     #[test]
     fn test_msg_type_numbers_and_pairs() {

@@ -2,24 +2,29 @@
 //! Attributes: Tgetattr, Tsetattr, Tstatfs, Treadlink.
 
 use super::session::FidKind;
-use super::{Blocking, OpResult, Server, Session};
+use super::{errno, Blocking, OpResult, Server, Session};
 use crate::fs::Filesystem;
 use crate::protocol::*;
 
 impl<F: Filesystem> Server<F> {
+    /// The attributes of Tgetattr (the caller encodes the reply, see
+    /// `Server::handle_recorded`), or the errno of its Rlerror.
     pub(super) fn getattr<B: Blocking>(
         &self,
         session: &Session<F>,
         m: &Tgetattr,
         exec: &B,
-    ) -> OpResult {
+    ) -> std::result::Result<Rgetattr, u32> {
         let iounit = session.msize().saturating_sub(IOHDRSZ);
-        self.with_inode(session, m.fid, exec, TGETATTR, |fs, f| {
-            fs.getattr(&f.inode, m.request_mask).map(|mut a| {
-                a.blksize = io_block_size(a.blksize, iounit);
-                Rmessage::Getattr(Box::new(a))
-            })
+        let fid = session.get(m.fid)?;
+        self.call(exec, TGETATTR, || {
+            self.fs.getattr(&fid.inode, m.request_mask)
         })
+        .map(|mut a| {
+            a.blksize = io_block_size(a.blksize, iounit);
+            a
+        })
+        .map_err(|e| errno::from_io(&e))
     }
 
     pub(super) fn setattr<B: Blocking>(

@@ -108,12 +108,18 @@ thread_local! {
 
 /// Encodes `msg` as a whole frame into `out` (cleared first).
 fn encode_reply(out: &mut Vec<u8>, msg: &Rmessage, tag: u16) {
+    encode_frame(out, msg.msg_type(), tag, |out| msg.encode_body(out));
+}
+
+/// Encodes a whole frame of type `ty` into `out` (cleared first), its body
+/// appended by `body`.
+fn encode_frame(out: &mut Vec<u8>, ty: MsgType, tag: u16, body: impl FnOnce(&mut Vec<u8>)) {
     out.clear();
     out.extend_from_slice(&[0; HEADER_SIZE]);
-    msg.encode_body(out);
+    body(out);
     let hdr = Header {
         size: out.len() as u32,
-        ty: msg.msg_type().into(),
+        ty: ty.into(),
         tag,
     };
     out[..HEADER_SIZE].copy_from_slice(&hdr.to_bytes());
@@ -447,7 +453,17 @@ impl<F: Filesystem> Server<F> {
                 r
             }
             Tmessage::Readlink(m) => self.readlink(session, m.fid, exec),
-            Tmessage::Getattr(m) => self.getattr(session, &m, exec),
+            Tmessage::Getattr(m) => {
+                // The commonest request (every stat in the guest): its
+                // reply is encoded from the attributes on the stack, not
+                // through a boxed `Rmessage` (an allocation per request).
+                return match self.getattr(session, &m, exec) {
+                    Ok(a) => self.send_with(reply, &h, msize, None, MsgType::Rgetattr, |out| {
+                        encode_rgetattr(out, &a)
+                    }),
+                    Err(e) => self.send(reply, &h, Err(e), msize),
+                };
+            }
             Tmessage::Setattr(m) => self.setattr(session, &m, exec),
             Tmessage::Xattrwalk(m) => self.xattrwalk(session, &m, exec),
             Tmessage::Xattrcreate(m) => self.xattrcreate(session, m),
@@ -498,10 +514,27 @@ impl<F: Filesystem> Server<F> {
                 Rmessage::Lerror(e)
             }
         };
+        self.send_with(reply, h, msize, rec, msg.msg_type(), |out| {
+            msg.encode_body(out)
+        })
+    }
+
+    /// Encodes a reply of type `ty` whose body `body` appends, and writes
+    /// it to `reply` (Rlerror(EMSGSIZE) instead if it does not fit the
+    /// msize or the buffer), recording it in `rec` first.
+    fn send_with<W: ReplyWriter>(
+        &self,
+        reply: &mut W,
+        h: &Header,
+        msize: u32,
+        rec: Option<&dyn recover::RequestRecord>,
+        ty: MsgType,
+        body: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<Reply> {
         // Encode into a per-thread buffer: no allocation per reply.
         ENCODE_BUF.with(|buf| {
             let mut frame = buf.borrow_mut();
-            encode_reply(&mut frame, &msg, h.tag);
+            encode_frame(&mut frame, ty, h.tag, body);
             if frame.len() > reply.available_bytes() || frame.len() > msize as usize {
                 if self.log.admit() {
                     warn!(
