@@ -457,6 +457,39 @@ pub const TARGETS: &[Target] = &[
             "control_walk_clunk_us_ratio",
         ],
     },
+    Target {
+        suite: "virtio-9p-datapath",
+        claim: "Tread data path (preadv into 4 KiB pages, 1 MiB) on the daemon's dirty-log memory (DirtyLog), logging off, vs no bitmap (at most 5 % slower)",
+        figure: "bitmap_off_vs_unit_preadv_1m",
+        op: Op::AtMost,
+        bound: 1.05,
+        context: &[
+            "upstream_bitmap_off_vs_unit_preadv_1m",
+            "bitmap_off_vs_unit_pwritev_1m",
+            "bitmap_off_write_obj_extra_ns",
+            "log_on_vs_off_read_1m",
+        ],
+    },
+    Target {
+        suite: "virtio-9p-datapath",
+        claim: "copy into 4 KiB pages (1 MiB) on the daemon's dirty-log memory (DirtyLog), logging off, vs no bitmap (at most 5 % slower)",
+        figure: "bitmap_off_vs_unit_copy_in_1m",
+        op: Op::AtMost,
+        bound: 1.05,
+        context: &["log_on_vs_off_write_1m"],
+    },
+    Target {
+        suite: "virtio-9p-datapath",
+        claim: "a worker's 1 MiB Twrite through the bounce copy vs zero-copy pwritev (at most 10 % slower)",
+        figure: "bounce_vs_zero_copy_twrite_1m",
+        op: Op::AtMost,
+        bound: 1.1,
+        context: &[
+            "bounce_vs_zero_copy_twrite_64k",
+            "bounce_vs_zero_copy_twrite_4k",
+            "zero_copy_twrite_us_1m",
+        ],
+    },
 ];
 
 impl Target {
@@ -530,6 +563,10 @@ mod tests {
             (
                 "virtio-9p-restart",
                 include_str!("suites/virtio_9p/restart.rs"),
+            ),
+            (
+                "virtio-9p-datapath",
+                include_str!("suites/virtio_9p/datapath.rs"),
             ),
         ];
         for t in TARGETS {

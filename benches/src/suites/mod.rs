@@ -78,6 +78,12 @@ pub const SUITES: &[Suite] = &[
         ready: virtio_9p::restart::READY,
         run: virtio_9p::restart::run,
     },
+    Suite {
+        name: "virtio-9p-datapath",
+        about: virtio_9p::datapath::ABOUT,
+        ready: virtio_9p::datapath::READY,
+        run: virtio_9p::datapath::run,
+    },
 ];
 
 /// Resolves command-line names; `all` means every ready suite.

@@ -7,8 +7,10 @@
 //! socket against diod, and `splice.rs` measures the socket transport's
 //! zero-copy Rread. The socket parts share `socket_client.rs` (the load
 //! generator) and `peers.rs` (our server and diod, the processes they
-//! talk to). `restart.rs` is a suite of its own, `virtio-9p-restart`.
+//! talk to). `restart.rs` is a suite of its own, `virtio-9p-restart`, and so is
+//! `datapath.rs`, `virtio-9p-datapath`.
 
+pub mod datapath;
 mod diod;
 mod inproc;
 mod peers;

@@ -240,12 +240,28 @@ fn eventfd_round_trip_us(n: usize) -> Res<f64> {
 /// Sequential Tread (or Twrite) of `total` bytes at `msize`, one request
 /// at a time; returns GiB/s.
 fn sequential(run: &Running, msize: u32, total: u64, file_len: u64, write: bool) -> Res<f64> {
+    sequential_logged(run, msize, total, file_len, write, false)
+}
+
+/// [`sequential`], with the dirty-page log of a live migration on
+/// (`VHOST_F_LOG_ALL` and SET_LOG_BASE) if `dirty_log`.
+pub(super) fn sequential_logged(
+    run: &Running,
+    msize: u32,
+    total: u64,
+    file_len: u64,
+    write: bool,
+    dirty_log: bool,
+) -> Res<f64> {
     let flags = if write {
         OpenFlags::RDWR
     } else {
         OpenFlags::RDONLY
     };
     let mut vmm = session(run, msize, if write { "out" } else { "big" }, flags)?;
+    if dirty_log {
+        vmm.start_dirty_log()?;
+    }
     let chunk = msize - IOHDRSZ;
     let mem = vmm.memory().clone();
     if write {

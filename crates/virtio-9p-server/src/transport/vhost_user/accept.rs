@@ -10,7 +10,6 @@ use std::time::Duration;
 use coro_pool::{PoolConfig, StackPool};
 use log::{error, info, warn};
 use vhost::vhost_user::Listener;
-use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -368,7 +367,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
             let mut daemon = VhostUserDaemon::new(
                 "virtio-9p".into(),
                 Arc::clone(&backend),
-                GuestMemoryAtomic::new(GuestMemoryMmap::<BitmapMmapRegion>::new()),
+                GuestMemoryAtomic::new(GuestMemoryMmap::<super::DirtyLog>::new()),
             )?;
             for h in daemon.get_epoll_handlers() {
                 backend.register(&h)?;

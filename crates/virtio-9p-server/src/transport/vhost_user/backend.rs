@@ -13,7 +13,6 @@ use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
     VhostUserVirtioFeatures,
 };
-use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_queue::QueueT;
@@ -27,6 +26,7 @@ use vmm_sys_util::event::{
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::DirtyLog;
 use crate::engine::{EngineConfig, DRAIN_LOG_EVERY, WORKER_JOIN_TIMEOUT};
 use crate::fs::Filesystem;
 use crate::server::{Server, Session};
@@ -103,11 +103,12 @@ impl Default for BackendConfig {
 }
 
 /// Guest memory with the dirty-page log of a live migration: a region's
-/// bitmap is a no-op until the frontend sends SET_LOG_BASE
-/// (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`), then every write through
-/// vm-memory, and every raw write of virtqueue-large's writer (which marks
-/// the pages itself), sets the written pages' bits in the shared log.
-pub(super) type Mem = GuestMemoryAtomic<GuestMemoryMmap<BitmapMmapRegion>>;
+/// bitmap ([`DirtyLog`]) is one atomic load per write until the frontend
+/// sends SET_LOG_BASE (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`), then every
+/// write through vm-memory, and every raw write of virtqueue-large's
+/// writer (which marks the pages itself), sets the written pages' bits in
+/// the shared log.
+pub(super) type Mem = GuestMemoryAtomic<GuestMemoryMmap<DirtyLog>>;
 
 /// What the vring thread is asked to do, weakest first: when several
 /// requests meet, the strongest is done.
@@ -959,7 +960,7 @@ impl<F: Filesystem> Drop for Virtio9pBackend<F> {
 }
 
 impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
-    type Bitmap = BitmapMmapRegion;
+    type Bitmap = DirtyLog;
     type Vring = VringRwLock<Mem>;
 
     fn num_queues(&self) -> usize {

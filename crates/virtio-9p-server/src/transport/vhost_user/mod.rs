@@ -49,6 +49,7 @@
 
 mod accept;
 mod backend;
+mod dirty_log;
 mod migrate;
 #[cfg(any(test, feature = "test-utils"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
@@ -59,3 +60,4 @@ pub use backend::{
     protocol_features, BackendConfig, Virtio9pBackend, CONTROL_EVENT, QUEUE_EVENT, TIMER_EVENT,
     WAKE_EVENT,
 };
+pub use dirty_log::DirtyLog;
