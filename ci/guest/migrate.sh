@@ -153,7 +153,9 @@ for q in "$qemu_patched" "$qemu_stock"; do
     [ -x "$q" ] && echo "$q: $("$q" --version | head -1)"
 done >"$out/frontends"
 {
-    echo "patched QEMU series: $(cat "$CACHE/qemu-patched/.built" 2>/dev/null || echo unknown) (sha256 prefix of build-qemu.sh and the patches)"
+    if [ "$qemu_patched" = "$GUEST_QEMU_PATCHED" ]; then
+        echo "patched QEMU series: $(cat "$CACHE/qemu-patched/.built" 2>/dev/null || echo unknown) (sha256 prefix of build-qemu.sh and the patches)"
+    fi
     [ -n "$device_props" ] && echo "device properties: $device_props"
     true
 } >>"$out/frontends"
@@ -327,6 +329,12 @@ run_row() {
     *)
         [ -n "$ours_bin" ] || { echo "not available: $ours_err" >"$dir/status"; cleanup; return; }
         [ -x "$qemu_patched" ] || { echo "not available: no patched QEMU at $qemu_patched (ci/guest/build-qemu.sh)" >"$dir/status"; cleanup; return; }
+        # The cache holds whatever series build-qemu.sh last applied.
+        if ! "$qemu_patched" -device vhost-user-test-device-pci,help 2>&1 | grep -q 'migratable='; then
+            echo "not available: the QEMU at $qemu_patched has no migratable property (built without qemu-patches/0006: run ci/guest/build-qemu.sh from this tree)" >"$dir/status"
+            cleanup
+            return
+        fi
         ;;
     esac
     log "$row: two QEMU + server pairs, guest $(basename "$KERNEL")"
