@@ -7,7 +7,7 @@
 # going on files it keeps open, holds a POSIX lock and a shared writable
 # mmap; the host runs QMP `migrate` in the middle of it.
 # Rows: our daemon on the split and the packed ring (patched QEMU:
-# ci/guest/qemu-patches/0006 makes vhost-user-test-device-pci migratable,
+# ci/guest/qemu-patches/0007 makes vhost-user-test-device-pci migratable,
 # with migratable=on), gated; virtiofsd on stock QEMU's vhost-user-fs-pci,
 # the reference, reported and never gated.
 #

@@ -7,7 +7,7 @@
 #
 #   ours-vhost         our daemon, split ring (--no-packed-ring), on the
 #                      patched QEMU (stock 10.2.2 + ci/guest/qemu-patches,
-#                      whose 0006 makes vhost-user-test-device-pci
+#                      whose 0007 makes vhost-user-test-device-pci
 #                      migratable); both daemons with --export-name and
 #                      --migration-mode find-paths
 #   ours-vhost-packed  the same on the packed ring
@@ -19,7 +19,8 @@
 # of another (half of it msync'd, half left dirty in guest memory), keeps
 # four files open and rewrites and reads them back with checksums in a
 # loop. The host, once the guest is busy: QMP `migrate` over a unix socket
-# to the destination QEMU (started with -incoming), `query-migrate` until
+# to the destination QEMU (started with -S -incoming defer, then
+# return-path on both and migrate-incoming), `query-migrate` until
 # it completes, `cont` on the destination if it is paused, `quit` on the
 # source (its server then exits), a host lockf on the guest's lock file
 # (it must fail: the destination's server holds the lock for the guest),
@@ -44,7 +45,7 @@
 #   --qemu-patched P   QEMU of our rows (default: build-qemu.sh's patched)
 #   --qemu-stock P     QEMU of the virtiofsd row (default: build-qemu.sh's stock)
 #   --device-props S   extra ,key=value properties of vhost-user-test-device-pci
-#                      (default ,migratable=on: patch 0006's property)
+#                      (default ,migratable=on: patch 0007's property)
 #   --out DIR          keep logs and results here (default: a fresh temp dir)
 #   --gate             exit 1 unless our rows pass (virtiofsd's never gates)
 #   --no-prepare       do not run prepare.sh: use what the cache holds
@@ -216,7 +217,9 @@ start_qemu() {
         device="vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024$device_props"
         ;;
     esac
-    [ "$side" = src ] || incoming=(-incoming "unix:$dir/migrate.sock")
+    # The destination waits paused for migrate-incoming (after its
+    # capabilities are set) and for `cont` after the migration.
+    [ "$side" = src ] || incoming=(-S -incoming defer)
     local mode=9p
     [ "$row" != virtiofsd ] || mode=virtiofs
     guest_qemu_args 512M
@@ -241,6 +244,13 @@ migrate_row() {
         || { hfail "the guest never got ready: $(tr -d '\r' <"$src/console.log" | grep -E '^MG-.* FAIL|Kernel panic' | head -2)"; return 1; }
     hlog "guest ready; lock on the host before the migration: $(host_lock "$dir/share/mg/lockfile" | tee "$dir/lock-before")"
     sleep "$busy_s"
+    # return-path on both sides: without it the source reports
+    # "completed" even when the destination refused the device state
+    # (and stays paused, with no guest running anywhere).
+    local caps='{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"return-path","state":true}]}}'
+    hlog "destination capabilities: $(qmp "$dst/qmp.sock" "$caps" 2>&1)"
+    hlog "source capabilities: $(qmp "$src/qmp.sock" "$caps" 2>&1)"
+    hlog "migrate-incoming: $(qmp "$dst/qmp.sock" "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"unix:$dir/migrate.sock\"}}" 2>&1)"
     [ -S "$dir/migrate.sock" ] || { hfail "the destination does not listen on $dir/migrate.sock"; return 1; }
     local answer
     answer=$(qmp "$src/qmp.sock" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/migrate.sock\"}}" 2>&1)
@@ -331,7 +341,7 @@ run_row() {
         [ -x "$qemu_patched" ] || { echo "not available: no patched QEMU at $qemu_patched (ci/guest/build-qemu.sh)" >"$dir/status"; cleanup; return; }
         # The cache holds whatever series build-qemu.sh last applied.
         if ! "$qemu_patched" -device vhost-user-test-device-pci,help 2>&1 | grep -q 'migratable='; then
-            echo "not available: the QEMU at $qemu_patched has no migratable property (built without qemu-patches/0006: run ci/guest/build-qemu.sh from this tree)" >"$dir/status"
+            echo "not available: the QEMU at $qemu_patched has no migratable property (built without qemu-patches/0007: run ci/guest/build-qemu.sh from this tree)" >"$dir/status"
             cleanup
             return
         fi
