@@ -6,9 +6,11 @@
 //! `--migration-mode find-paths`. Requests are in flight when the VMM
 //! stops the ring; the session (msize, fids, open files, a lock, an xattr
 //! fid) crosses; a file gone or changed on the destination answers ESTALE
-//! and nothing else fails. Streams that are truncated, damaged, from
+//! and nothing else fails. On one filesystem (both daemons exporting one
+//! directory) the source lets the guest's lock go at the save and the
+//! destination holds it. Streams that are truncated, damaged, from
 //! another version or for another export are refused by the destination
-//! and the guest goes on on the source.
+//! and the guest goes on on the source, its locks taken again.
 
 #[macro_use]
 mod vhost_user_support;
@@ -382,6 +384,45 @@ fn refused_stream_leaves_the_source(ring: Ring, bad: Bad) {
     );
 }
 
+/// Source and destination on one filesystem (one host and a bind mount,
+/// as ci/guest/migrate.sh runs it, or a filesystem both hosts share): the
+/// source lets the guest's lock go once the state is saved, the
+/// destination takes it before its ring runs and keeps it after the
+/// source is gone; a host process cannot take it.
+fn migrates_on_one_filesystem(ring: Ring) {
+    let dir = tempfile::tempdir().unwrap();
+    tree(dir.path());
+    let socks = tempfile::tempdir().unwrap();
+    let src = Host::start(dir.path(), &socks.path().join("src.sock"), "share");
+    let mut vmm = FakeVmm::connect(
+        &socks.path().join("src.sock"),
+        ring.opts(VmmOptions::default()),
+    )
+    .unwrap();
+    session(&mut vmm);
+    let data = dir.path().join("data");
+    assert!(locked(&data));
+    let base = vmm.stop_ring().unwrap();
+    let state = vmm.save_device_state().unwrap();
+    let dst_sock = socks.path().join("dst.sock");
+    let _dst = Host::start(dir.path(), &dst_sock, "share");
+    vmm.migrate_to(&dst_sock, &state, base).unwrap();
+    drop(src);
+    assert!(
+        locked(&data),
+        "the destination does not hold the guest's lock"
+    );
+    assert_eq!(
+        rpc(&mut vmm, 30, lock(1)),
+        Rmessage::Lock(LockStatus::Success)
+    );
+    assert_eq!(
+        rpc(&mut vmm, 31, read(1, 0, 4)),
+        Rmessage::Read(b"0123".to_vec())
+    );
+    assert!(locked(&data));
+}
+
 /// The reasons the destination names (the one line it logs).
 #[test]
 fn refusals_name_the_reason() {
@@ -420,6 +461,7 @@ fn refusals_name_the_reason() {
 
 on_both_rings! {
     across_exports => migrates_across_exports;
+    one_filesystem => migrates_on_one_filesystem;
     truncated => |r| refused_stream_leaves_the_source(r, Bad::Truncated);
     corrupt => |r| refused_stream_leaves_the_source(r, Bad::Corrupt);
     other_version => |r| refused_stream_leaves_the_source(r, Bad::Version);

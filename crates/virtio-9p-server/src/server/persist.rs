@@ -11,7 +11,7 @@ use super::session::{Fid, FidKind, LockLog, XattrWrite};
 use super::{Server, Session};
 use crate::error::{Error, Result, StateProblem};
 use crate::fs::Filesystem;
-use crate::protocol::{LockStatus, LockType, OpenFlags, Tlock, Tmessage};
+use crate::protocol::{LockFlags, LockStatus, LockType, OpenFlags, Tlock, Tmessage};
 use crate::state::{SavedFid, SavedKind, SavedSession, MAX_INODE_ID};
 
 impl<F: Filesystem> Server<F> {
@@ -33,6 +33,76 @@ impl<F: Filesystem> Server<F> {
             saved.fids.push(self.save_fid(fid, &entry)?);
         }
         Ok(saved.encode())
+    }
+
+    /// Live migration, on the source once the session is saved: releases
+    /// the host POSIX locks of every open fid whose locks the state
+    /// carries, so that the destination can take them again (on one host,
+    /// or on a filesystem both hosts share, it could not while this process
+    /// holds them). The fids keep their lock logs:
+    /// [`Server::retake_locks`] takes the locks again when the migration
+    /// fails and this device goes on. A fid whose log is incomplete keeps
+    /// its locks (the state does not carry them). Returns how many fids
+    /// released theirs.
+    pub(crate) fn release_locks(&self, session: &Session<F>) -> usize {
+        let mut released = 0;
+        for (fid, entry) in session.entries() {
+            let FidKind::Open { file, locks, .. } = &entry.kind else {
+                continue;
+            };
+            let log = locks.lock().unwrap_or_else(|e| e.into_inner());
+            if log.granted.is_empty() || log.incomplete {
+                continue;
+            }
+            let all = Tlock {
+                fid,
+                ty: LockType::Unlck,
+                flags: LockFlags::empty(),
+                start: 0,
+                length: 0,
+                proc_id: 0,
+                client_id: Vec::new(),
+            };
+            match self.fs.try_lock(file, &all) {
+                Ok(_) => released += 1,
+                Err(e) => error!("9p: migration: fid {fid}: cannot release its locks: {e}"),
+            }
+        }
+        released
+    }
+
+    /// Takes again the locks [`Server::release_locks`] released (their
+    /// logs replayed in order, as a restore does): the migration failed
+    /// and this device serves the guest again. A lock another process took
+    /// meanwhile is lost, with one log line. Returns (taken, lost).
+    pub(crate) fn retake_locks(&self, session: &Session<F>) -> (usize, usize) {
+        let (mut taken, mut lost) = (0, 0);
+        for (fid, entry) in session.entries() {
+            let FidKind::Open { file, locks, .. } = &entry.kind else {
+                continue;
+            };
+            let log = locks.lock().unwrap_or_else(|e| e.into_inner());
+            if log.incomplete {
+                continue;
+            }
+            for m in &log.granted {
+                match self.fs.try_lock(file, m) {
+                    Ok(LockStatus::Success) => taken += 1,
+                    Ok(status) => {
+                        lost += 1;
+                        error!(
+                            "9p: migration failed: fid {fid}: lock {:?} {}+{} lost ({status:?}): another process took it meanwhile",
+                            m.ty, m.start, m.length
+                        );
+                    }
+                    Err(e) => {
+                        lost += 1;
+                        error!("9p: migration failed: fid {fid}: lock lost: {e}");
+                    }
+                }
+            }
+        }
+        (taken, lost)
     }
 
     /// One fid as saved state: its file by [`Filesystem::save_inode`],

@@ -234,6 +234,10 @@ pub struct Virtio9pBackend<F: Filesystem> {
     taken_over: AtomicBool,
     /// A device-state transfer of a live migration.
     transfer: super::migrate::Transfer,
+    /// A migration's save released the session's host locks for the
+    /// destination: if this ring starts again (the migration failed), they
+    /// are taken again before any request runs.
+    locks_released: AtomicBool,
 }
 
 impl<F: Filesystem> std::fmt::Debug for Virtio9pBackend<F> {
@@ -294,6 +298,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
             recovering: AtomicBool::new(false),
             taken_over: AtomicBool::new(false),
             transfer: Default::default(),
+            locks_released: AtomicBool::new(false),
         })
     }
 
@@ -572,6 +577,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                     }
                     self.recovering.store(false, Ordering::Release);
                     self.taken_over.store(false, Ordering::Release);
+                    self.locks_released.store(false, Ordering::Release);
                     self.end_queue(cell);
                     let fresh = Arc::new(Session::new());
                     self.journal(&fresh);
@@ -600,6 +606,14 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         }
         if cell.paused.is_some() {
             self.resume_paused(cell, vrings, &mem);
+        }
+        if (device_event == QUEUE_EVENT || device_event == MORE_EVENT)
+            && self.locks_released.swap(false, Ordering::AcqRel)
+        {
+            // The ring runs again here after a migration's save: the
+            // migration failed, the guest goes on with this device.
+            let (taken, lost) = self.server.retake_locks(&self.session());
+            warn!("virtio-9p: the ring started again after a migration's save: {taken} locks taken again, {lost} lost");
         }
         if (device_event == QUEUE_EVENT || device_event == MORE_EVENT)
             && self.frozen.load(Ordering::Acquire)
@@ -1073,6 +1087,13 @@ impl<F: Filesystem + 'static> VhostUserBackend for Virtio9pBackend<F> {
                     bytes.len()
                 );
                 self.transfer.start_save(bytes, file)?;
+                // The destination takes the locks again; on one host or a
+                // shared filesystem it can only once this process let go.
+                let released = self.server.release_locks(&self.session());
+                if released > 0 {
+                    self.locks_released.store(true, Ordering::Release);
+                    info!("virtio-9p: migration: released the host locks of {released} open files for the destination");
+                }
             }
             VhostTransferStateDirection::LOAD => self.transfer.start_load(file)?,
         }

@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+# Shared helpers of the ci/guest scripts; source it, don't run it.
+# Today migrate.sh uses it; the other scripts still carry their own copies
+# (a later sweep moves them here).
+# shellcheck shell=bash
+
+GUEST_CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
+GUEST_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+GUEST_REPO=$(cd "$GUEST_DIR/../.." && pwd)
+# The two QEMU builds of build-qemu.sh: stock 10.2.2 and the same tree with
+# ci/guest/qemu-patches applied.
+GUEST_QEMU_STOCK=$GUEST_CACHE/qemu-stock/bin/qemu-system-x86_64
+GUEST_QEMU_PATCHED=$GUEST_CACHE/qemu-patched/bin/qemu-system-x86_64
+
+# The kernel command line every TCG guest gets. On a loaded host a TCG
+# guest calibrates its TSC wrongly (its clock ran 3x fast, crypto
+# self-tests timed out, the IO-APIC timer check panicked): time from the
+# ACPI PM timer, no crypto self-tests, no timer check.
+GUEST_APPEND="console=ttyS0 loglevel=4 panic=-1 clocksource=acpi_pm cryptomgr.notests=1 no_timer_check"
+
+# guest_qemu_args MEM: sets the array GUEST_QEMU_ARGS to the options every
+# vhost-user guest shares: TCG, q35 with shared memfd RAM of MEM (vhost-user
+# needs it), one vCPU, no display, no reboot, Debian's firmware (-L).
+guest_qemu_args() {
+    GUEST_QEMU_ARGS=(-nodefaults -no-user-config -accel tcg
+        -machine q35,memory-backend=mem -cpu max -m "$1" -smp 1 -display none -no-reboot
+        -object "memory-backend-memfd,id=mem,size=$1,share=on"
+        -L /usr/share/qemu -L /usr/share/seabios)
+}
+
+# guest_initrd INITRAMFS PAYLOAD_DIR OUT: the cached base initramfs with the
+# payload directory appended (the kernel unpacks concatenated archives in
+# order, so /ci/run and /ci/bin/* come in beside ci/guest/init).
+guest_initrd() {
+    (cd "$2" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$3.payload"
+    cat "$1" "$3.payload" >"$3"
+    rm -f "$3.payload"
+}
+
+# guest_static_tool SRC OUT: a static guest binary from ci/guest/src.
+guest_static_tool() {
+    gcc -static -O2 -Wall -Wextra -Werror -o "$2" "$1"
+}
+
+# guest_daemon_bin LOG: our daemon, built (release, --features daemon) into
+# $CARGO_TARGET_DIR (default target/); prints its path; the build output
+# goes to LOG.
+guest_daemon_bin() {
+    local tdir=${CARGO_TARGET_DIR:-$GUEST_REPO/target}
+    (cd "$GUEST_REPO" && CARGO_TARGET_DIR=$tdir cargo build --release --quiet -p virtio-9p-server --features daemon) \
+        >"$1" 2>&1 || return 1
+    echo "$tdir/release/virtio-9p-server"
+}
+
+# wait_socket PATH PID: until PATH is a socket (10 s), while PID lives.
+wait_socket() {
+    local i=0
+    while [ ! -S "$1" ] && [ $i -lt 100 ]; do
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.1
+        i=$((i + 1))
+    done
+    [ -S "$1" ]
+}
+
+# wait_line FILE ERE SECONDS [PID]: until a line of FILE matches ERE; fails
+# when the time runs out or PID (if given) ends first.
+wait_line() {
+    local t=$(($(date +%s) + $3))
+    until tr -d '\r' <"$1" 2>/dev/null | grep -qE -- "$2"; do
+        if [ -n "${4:-}" ] && ! kill -0 "$4" 2>/dev/null; then
+            tr -d '\r' <"$1" 2>/dev/null | grep -qE -- "$2"
+            return
+        fi
+        [ "$(date +%s)" -lt "$t" ] || return 1
+        sleep 0.2
+    done
+}
+
+# qmp SOCKET JSON: one QMP command (ci/guest/qmp.py); prints the answer.
+qmp() {
+    python3 "$GUEST_DIR/qmp.py" "$1" "$2"
+}
+
+# qmp_get SOCKET COMMAND KEY...: runs COMMAND (no arguments) and prints the
+# answer's KEYs, space-separated ("-" for a missing one), or "error: ...".
+qmp_get() {
+    local sock=$1 cmd=$2
+    shift 2
+    qmp "$sock" "{\"execute\":\"$cmd\"}" 2>&1 | python3 -c '
+import json, sys
+text = sys.stdin.read()
+try:
+    r = json.loads(text)
+except ValueError:
+    print("error: " + " ".join(text.split())[:200]); sys.exit()
+if "error" in r:
+    print("error: " + r["error"].get("desc", "?")); sys.exit()
+r = r["return"]
+print(" ".join(str(r.get(k, "-")).replace(" ", "_") for k in sys.argv[1:]))
+' "$@"
+}
+
+# host_lock FILE: whether a host process can take a POSIX write lock on
+# FILE now: "free", "held" or "no file (why)".
+host_lock() {
+    python3 - "$1" <<'PY'
+import fcntl, sys
+try:
+    f = open(sys.argv[1], "r+")
+except OSError as e:
+    print("no file (%s)" % e.strerror); sys.exit()
+try:
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("free")
+except OSError:
+    print("held")
+PY
+}
+
+# fnv1a64 FILE: the FNV-1a 64 of FILE in hex (as ci/guest/src/migrate.c).
+fnv1a64() {
+    python3 - "$1" <<'PY'
+import sys
+h = 0xcbf29ce484222325
+try:
+    data = open(sys.argv[1], "rb").read()
+except OSError as e:
+    print("unreadable (%s)" % e.strerror); sys.exit()
+for b in data:
+    h = ((h ^ b) * 0x100000001b3) & 0xffffffffffffffff
+print("%016x" % h)
+PY
+}
+
+# stop_pid PID [SECONDS]: TERM, then KILL after SECONDS (default 10).
+stop_pid() {
+    local i=0 n=$((${2:-10} * 10))
+    kill "$1" 2>/dev/null || return 0
+    while kill -0 "$1" 2>/dev/null && [ $i -lt $n ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    kill -KILL "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+    return 0
+}
