@@ -19,16 +19,57 @@
 #   CI_MAX_CHAIN  reload our 9pnet_virtio with max_chain=N (chains longer
 #             than the queue size, for devices known to take them);
 #             unset: the module's default, chains of the queue size
-#   CI_TESTS  comma list of: posix, pjdfstest, dd, fio, ceiling
+#   CI_TESTS  comma list of: posix, pjdfstest, dd, fio, ceiling (with dd:
+#             also re-reads the file from the page cache, test=reread)
 #   CI_DD_MIB size of the dd transfers (MiB); the host wrote data/big.bin
 #   CI_DD_BS  dd block size in KiB (default 1024)
 #   CI_DIRECT_MIB  block size of the O_DIRECT dd pair in MiB (default 128)
+#   CI_DIAG   1: around the buffered dd read, print the mount's readahead
+#             window, /proc/vmstat deltas and the 9p requests the guest
+#             sent (tracefs 9p_client_req), as CI-DIAG lines
 mnt=/mnt
 uptime_centis() { read -r up _ </proc/uptime; echo "${up%.*}${up#*.}"; }
 has_test() { case ",$CI_TESTS," in *",$1,"*) return 0 ;; esac; return 1; }
 mib=${CI_DD_MIB:-256}
 bs=${CI_DD_BS:-1024}
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+tr_dir=/sys/kernel/tracing
+# diag begin|end msize: what the buffered read cost the guest (CI_DIAG=1)
+diag() {
+    [ "${CI_DIAG:-0}" = 1 ] || return 0
+    local dev bdi
+    if [ "$1" = begin ]; then
+        [ -d "$tr_dir/events" ] || mount -t tracefs nodev "$tr_dir" 2>/dev/null
+        dev=$(mountpoint -d "$mnt" 2>/dev/null)
+        for bdi in /sys/class/bdi/"$dev" /sys/class/bdi/9p-*; do
+            [ -r "$bdi/read_ahead_kb" ] && echo "CI-DIAG msize=$2 bdi=${bdi##*/} read_ahead_kb=$(cat "$bdi/read_ahead_kb") max_bytes=$(cat "$bdi/max_bytes" 2>/dev/null)"
+        done
+        cp /proc/vmstat /tmp/vmstat.0
+        if [ -d "$tr_dir/events/9p" ]; then
+            echo 0 >"$tr_dir/tracing_on"
+            : >"$tr_dir/trace"
+            echo 16384 >"$tr_dir/buffer_size_kb"
+            echo 1 >"$tr_dir/events/9p/9p_client_req/enable"
+            echo 1 >"$tr_dir/events/9p/9p_protocol_dump/enable"
+            echo 1 >"$tr_dir/tracing_on"
+        else
+            echo "CI-DIAG msize=$2 no 9p tracepoints"
+        fi
+        return 0
+    fi
+    if [ -d "$tr_dir/events/9p" ]; then
+        echo 0 >"$tr_dir/tracing_on"
+        echo 0 >"$tr_dir/events/9p/9p_client_req/enable"
+        echo 0 >"$tr_dir/events/9p/9p_protocol_dump/enable"
+        grep -c 9p_client_req "$tr_dir/trace" | sed "s/^/CI-DIAG msize=$2 requests=/"
+        grep 9p_client_req "$tr_dir/trace" | sed 's/.*request_type \([A-Z_a-z]*\).*/\1/' \
+            | sort | uniq -c | while read -r n t; do echo "CI-DIAG msize=$2 req $t $n"; done
+        grep -A3 9p_protocol_dump "$tr_dir/trace" | head -40 | sed "s/^/CI-DIAG msize=$2 dump /"
+        grep -E "entries-in-buffer|overrun" "$tr_dir/trace" | sed "s/^/CI-DIAG msize=$2 /"
+    fi
+    awk 'NR==FNR { a[$1] = $2; next } { d = $2 - a[$1]; if (d != 0) print "CI-DIAG msize='"$2"' vmstat " $1 " " d }' \
+        /tmp/vmstat.0 /proc/vmstat
+}
 # mark begin|end name msize [bytes centis]
 mark() { echo "CI-MARK $1 msize=$3 test=$2${4:+ bytes=$4 centis=$5}"; sleep 0.3; }
 timed() { # name msize bytes cmd... : run cmd between two marks
@@ -104,8 +145,16 @@ for ms in "$@"; do
         timed write "$ms" $((count * bs * 1024)) \
             dd if=/dev/zero of="$mnt/dd/zero-$ms.bin" bs="${bs}k" count="$count" conv=fsync
         drop
+        diag begin "$ms"
         timed read "$ms" "$(stat -c %s "$mnt/data/big.bin")" \
             dd if="$mnt/data/big.bin" of=/dev/null bs="${bs}k"
+        diag end "$ms"
+        # The same read again from the page cache the first one filled:
+        # the copy to user space alone, the ceiling of a buffered read.
+        if has_test ceiling; then
+            timed reread "$ms" "$(stat -c %s "$mnt/data/big.bin")" \
+                dd if="$mnt/data/big.bin" of=/dev/null bs="${bs}k"
+        fi
         sha=$(sha256sum "$mnt/dd/zero-$ms.bin" | cut -d' ' -f1)
         echo "CI-LM msize=$ms zero-sha $sha"
         rm -f "$mnt/dd/zero-$ms.bin"

@@ -30,6 +30,17 @@
 #   --timeout S     per-guest limit (default 1800)
 #   --server-bin P  our daemon (default: cargo build --release)
 #   --out DIR       logs (default: a fresh temp dir)
+#   --server-log L  our daemon's --log-level (default info; debug logs
+#                   every request, e.g. to count Tread sizes)
+#   --cpu MODEL     QEMU -cpu of every guest (default max,-erms,-fsrm:
+#                   with ERMS/FSRM the guest kernel copies to user space
+#                   with 'rep movsb', which TCG runs one byte per
+#                   iteration; the buffered read then costs ~5 s of
+#                   QEMU CPU per GiB in that copy alone, ten times the
+#                   9p transfer; without them it uses 'rep movsq')
+#   --diag          print the guest's readahead window, /proc/vmstat
+#                   deltas and 9p requests around the buffered dd read
+#                   (CI-DIAG lines in each row's console.txt)
 #   --gate          exit 1 on a POSIX failure, a pjdfstest failure the
 #                   512000 mount passes, a failed mount or transfer, a
 #                   mount that did not get the msize it asked for, a
@@ -42,6 +53,7 @@ CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
 rows=ours-vhost msizes=512000,134217728 qemu_msize=512000 max_chain=32768 tests=posix,dd
 mib=256 bs=1024 dmib=128 mem=2048 stock=0 timeout_s=1800 server_bin= out= gate=0
+server_log=info diag=0 cpu=max,-erms,-fsrm
 while [ $# -gt 0 ]; do
     case $1 in
         --rows) rows=$2; shift ;;
@@ -57,8 +69,11 @@ while [ $# -gt 0 ]; do
         --timeout) timeout_s=$2; shift ;;
         --server-bin) server_bin=$2; shift ;;
         --out) out=$2; shift ;;
+        --server-log) server_log=$2; shift ;;
+        --diag) diag=1 ;;
+        --cpu) cpu=$2; shift ;;
         --gate) gate=1 ;;
-        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
         *) echo "large-msize: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -192,7 +207,7 @@ run_row() {
         local ring=(--no-packed-ring)
         [ $name = ours-vhost-packed ] && ring=()
         "$ours_bin" --socket-path "$sock" --shared-dir "$share" --tag share "${ring[@]}" \
-            --log-level info >"$dir/server.log" 2>&1 &
+            --log-level "$server_log" >"$dir/server.log" 2>&1 &
         spid=$!
         qemu=$VQEMU machine=q35,memory-backend=mem
         [ "$max_chain" -gt 0 ] && chain="CI_MAX_CHAIN=$max_chain"
@@ -224,11 +239,11 @@ run_row() {
     watch_marks "$dir/console.log" "$dir/qemu.pid" "$dir/server.pid" "$dir/marks" &
     local wpid=$!
     local append="console=ttyS0 loglevel=4 panic=-1 CI_MODE=$mode CI_SRC=share"
-    append="$append CI_OPTS=cache=mmap,access=client CI_MSIZES=$ms CI_TESTS=$tests CI_DD_MIB=$mib CI_DD_BS=$bs CI_DIRECT_MIB=$dmib $chain"
-    log "$name: booting (msizes $ms, ${mem} MiB RAM, timeout ${timeout_s}s)"
+    append="$append CI_OPTS=cache=mmap,access=client CI_MSIZES=$ms CI_TESTS=$tests CI_DD_MIB=$mib CI_DD_BS=$bs CI_DIRECT_MIB=$dmib CI_DIAG=$diag $chain"
+    log "$name: booting (msizes $ms, ${mem} MiB RAM, -cpu $cpu, timeout ${timeout_s}s)"
     local t0=$(date +%s) rc
     timeout --kill-after=10 "$timeout_s" "$qemu" -nodefaults -no-user-config -accel tcg \
-        -machine "$machine" -cpu max -m "${mem}M" -smp 1 -display none -no-reboot \
+        -machine "$machine" -cpu "$cpu" -m "${mem}M" -smp 1 -display none -no-reboot \
         -serial "file:$dir/console.log" -monitor none -pidfile "$dir/qemu.pid" \
         -kernel "$KERNEL" -initrd "$out/initrd.img" -append "$append" \
         "${extra[@]}" -L /usr/share/qemu -L /usr/share/seabios >"$dir/qemu.log" 2>&1
