@@ -46,6 +46,9 @@ struct Journal {
     snap_epoch: u64,
     /// The snapshot being written, if any.
     build: Option<Build>,
+    /// Fids the appends so far owe the snapshot, saved by
+    /// [`FidLog::settle`] once the fid table is unlocked.
+    owed: usize,
 }
 
 /// A snapshot written a few fids per fid change, from the start of the
@@ -220,9 +223,9 @@ impl<F: Filesystem> FidLog<F> for CrashLog<F> {
         }
     }
 
-    /// Appends `record` and saves a few fids into the snapshot being
-    /// written ([`CrashLog::pace`]): the fid table's lock is held for
-    /// that much, never for every fid.
+    /// Appends `record`, and owes the snapshot being written a few fids
+    /// ([`CrashLog::pace`]), saved by `settle` after the fid table's
+    /// lock is dropped: a Tgetattr never waits for a snapshot write.
     fn append(&self, record: &[u8], _msize: u32, _table: &FidTable<F>) {
         let mut j = self.lock();
         let j = &mut *j;
@@ -234,8 +237,7 @@ impl<F: Filesystem> FidLog<F> for CrashLog<F> {
         }
         let fits = journal::RECORD_OVERHEAD + record.len() <= j.map.usable();
         if j.map.append(record) || (fits && self.switch(j) && j.map.append(record)) {
-            let visits = Self::pace(j, record.len());
-            self.step(j, visits);
+            j.owed = j.owed.saturating_add(Self::pace(j, record.len()));
             return;
         }
         // A record larger than a segment, or a snapshot that could not be
@@ -247,6 +249,14 @@ impl<F: Filesystem> FidLog<F> for CrashLog<F> {
             if self.server.log_limit().admit() {
                 error!("9p: state: cannot write the session snapshot: {e}");
             }
+        }
+    }
+
+    fn settle(&self) {
+        let mut j = self.lock();
+        let owed = std::mem::take(&mut j.owed);
+        if owed > 0 {
+            self.step(&mut j, owed);
         }
     }
 }
@@ -296,6 +306,7 @@ impl<F: Filesystem + 'static> Server<F> {
                 msize: 0,
                 snap_epoch: 0,
                 build: None,
+                owed: 0,
             }),
             snapshots: AtomicU64::new(0),
             whole: AtomicU64::new(0),

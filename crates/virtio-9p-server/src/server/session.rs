@@ -58,6 +58,10 @@ pub(crate) trait FidLog<F: Filesystem>: Send + Sync {
     /// the order the table changed. `table` and `msize` are the session
     /// after the change, for a compaction.
     fn append(&self, record: &[u8], msize: u32, table: &FidTable<F>);
+
+    /// Work an append deferred until the table lock is dropped (a
+    /// snapshot's next few fids); called after every append.
+    fn settle(&self) {}
 }
 
 /// What a fid refers to.
@@ -413,6 +417,13 @@ impl<F: Filesystem> Session<F> {
         f(&t, self.msize())
     }
 
+    /// Saves what the journal's appends deferred; the table lock is free.
+    fn settle(&self) {
+        if let Some(log) = self.log.get() {
+            log.settle();
+        }
+    }
+
     /// The journal record setting `fid` to `entry`, if journaled.
     fn set_record(&self, fid: u32, entry: &Fid<F>) -> Option<(&Log<F>, Vec<u8>)> {
         let log = self.log.get()?;
@@ -431,6 +442,7 @@ impl<F: Filesystem> Session<F> {
             log.append(&crate::state::journal::reset_record(msize), msize, &t);
         }
         drop(t);
+        self.settle();
         drop(old);
     }
 
@@ -449,6 +461,8 @@ impl<F: Filesystem> Session<F> {
         let t = self.table();
         if t.get(&fid).is_some_and(|f| Arc::ptr_eq(f, &cur)) {
             log.append(&rec, self.msize(), &t);
+            drop(t);
+            log.settle();
         }
     }
 
@@ -507,6 +521,8 @@ impl<F: Filesystem> Session<F> {
         t.insert(fid, Arc::new(entry));
         if let Some((log, rec)) = rec {
             log.append(&rec, self.msize(), &t);
+            drop(t);
+            log.settle();
         }
         Ok(())
     }
@@ -523,6 +539,8 @@ impl<F: Filesystem> Session<F> {
         t.insert(fid, Arc::new(entry));
         if let Some((log, rec)) = rec {
             log.append(&rec, self.msize(), &t);
+            drop(t);
+            log.settle();
         }
         Ok(())
     }
@@ -542,6 +560,8 @@ impl<F: Filesystem> Session<F> {
                 t.insert(fid, Arc::new(entry));
                 if let Some((log, rec)) = rec {
                     log.append(&rec, self.msize(), &t);
+                    drop(t);
+                    log.settle();
                 }
                 Ok(())
             }
@@ -606,6 +626,7 @@ impl<F: Filesystem> Session<F> {
             log.append(&crate::state::journal::remove_record(fid), self.msize(), &t);
         }
         drop(t);
+        self.settle();
         self.uncount(1);
         Ok(out)
     }
