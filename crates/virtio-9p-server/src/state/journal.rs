@@ -394,13 +394,14 @@ impl JournalMap {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: a fresh shared mapping of `cap` bytes of a file that
-        // long; the result is checked.
+        // long; the result is checked. Populated now, so that no append
+        // takes a page fault under the fid table's lock.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 cap,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
                 fd.as_raw_fd(),
                 0,
             )
