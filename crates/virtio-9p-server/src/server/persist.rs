@@ -11,7 +11,7 @@ use super::session::{Fid, FidKind, LockLog, XattrWrite};
 use super::{Server, Session};
 use crate::error::{Error, Result, StateProblem};
 use crate::fs::Filesystem;
-use crate::protocol::{LockFlags, LockStatus, LockType, OpenFlags, Tlock, Tmessage};
+use crate::protocol::{LockStatus, LockType, OpenFlags, Tlock, Tmessage};
 use crate::state::{SavedFid, SavedKind, SavedSession, MAX_INODE_ID};
 
 impl<F: Filesystem> Server<F> {
@@ -44,6 +44,7 @@ impl<F: Filesystem> Server<F> {
     /// fails and this device goes on. A fid whose log is incomplete keeps
     /// its locks (the state does not carry them). Returns how many fids
     /// released theirs.
+    #[cfg(feature = "vhost-user")]
     pub(crate) fn release_locks(&self, session: &Session<F>) -> usize {
         let mut released = 0;
         for (fid, entry) in session.entries() {
@@ -57,7 +58,7 @@ impl<F: Filesystem> Server<F> {
             let all = Tlock {
                 fid,
                 ty: LockType::Unlck,
-                flags: LockFlags::empty(),
+                flags: crate::protocol::LockFlags::empty(),
                 start: 0,
                 length: 0,
                 proc_id: 0,
@@ -75,6 +76,7 @@ impl<F: Filesystem> Server<F> {
     /// logs replayed in order, as a restore does): the migration failed
     /// and this device serves the guest again. A lock another process took
     /// meanwhile is lost, with one log line. Returns (taken, lost).
+    #[cfg(feature = "vhost-user")]
     pub(crate) fn retake_locks(&self, session: &Session<F>) -> (usize, usize) {
         let (mut taken, mut lost) = (0, 0);
         for (fid, entry) in session.entries() {
