@@ -20,7 +20,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::buffers::{reply_room, trim_heap, BufPool, KEEP_BUFFER};
 use super::fairness::{thread_slots, worker_bound, worker_turns};
 use super::hub::{Shared, ThreadCtx};
-use super::listener::DUPLICATE_TAG_ERRNO;
+use super::limits::{too_slow_error, RateFloor, DUPLICATE_TAG_ERRNO};
 use super::splice::{
     self, Filled, PipePool, SharedPipes, SigpipeBlocked, SockWriter, Splicer, Tail,
 };
@@ -227,36 +227,8 @@ pub(super) struct Loop<F: Filesystem> {
 /// keeps outstanding.
 pub(crate) const OUT_HIGH_WATER: usize = 256 << 10;
 
-/// Whether a request that started arriving at `start` and has `got`
-/// bytes now falls below the minimum rate: once `grace` has passed, it
-/// must have kept up `rate` bytes a second over the time since (`rate`
-/// 0: never).
-pub(super) fn too_slow(
-    rate: usize,
-    grace: Duration,
-    start: Instant,
-    got: usize,
-    now: Instant,
-) -> bool {
-    if rate == 0 {
-        return false;
-    }
-    let late = now.saturating_duration_since(start);
-    let Some(over) = late.checked_sub(grace) else {
-        return false;
-    };
-    (got as f64) < over.as_secs_f64() * rate as f64
-}
-
 /// How often a socket thread checks the rate of frames being read.
 pub(super) const STALL_CHECK: Duration = Duration::from_millis(250);
-
-pub(super) fn too_slow_error() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::TimedOut,
-        "request arriving below the minimum rate",
-    )
-}
 
 pub(super) fn run_thread<F: Filesystem + 'static>(
     ctx: ThreadCtx<F>,
@@ -638,7 +610,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             return;
         }
         self.next_stall_check = now + STALL_CHECK;
-        let limits = &self.shared.limits;
+        let floor = RateFloor::of(&self.shared.limits);
         let mut partial = false;
         let mut slow = Vec::new();
         for (&id, c) in &self.conns {
@@ -646,10 +618,7 @@ impl<F: Filesystem + 'static> Loop<F> {
                 continue;
             };
             partial = true;
-            let (rate, grace) = (limits.min_request_rate, limits.request_grace);
-            if !matches!(c.input, Input::Streaming)
-                && too_slow(rate, grace, start, c.frame_got, now)
-            {
+            if !matches!(c.input, Input::Streaming) && floor.too_slow(start, c.frame_got, now) {
                 slow.push(id);
             }
         }

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::connection::{Admit, Conn, Input, Loop, OUT_HIGH_WATER};
-use super::listener::SocketLimits;
+use super::limits::SocketLimits;
 use crate::fs::Filesystem;
 use crate::protocol::{
     TATTACH, TFSYNC, TLCREATE, TLINK, TLOPEN, TMKDIR, TMKNOD, TREADDIR, TREMOVE, TRENAME,

@@ -13,7 +13,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::buffers::BufferBudget;
 use super::connection::run_thread;
-use super::listener::SocketLimits;
+use super::limits::SocketLimits;
 use crate::engine::{Executor, ThreadPool, DEFAULT_STACK_SIZE};
 use crate::fs::Filesystem;
 use crate::server::Server;

@@ -217,13 +217,15 @@ mod buffers;
 mod connection;
 mod fairness;
 mod hub;
+mod limits;
 mod listener;
 mod splice;
 mod stream;
 
 pub(crate) use buffers::KEEP_BUFFER;
 pub use hub::serve_connection;
-pub use listener::{
-    ListenAddr, Listener, SocketLimits, Stream, DEFAULT_BUFFER_BYTES, DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_MAX_REQUESTS, DUPLICATE_TAG_ERRNO, MAX_CONNECTIONS,
+pub use limits::{
+    SocketLimits, DEFAULT_BUFFER_BYTES, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_REQUESTS,
+    DUPLICATE_TAG_ERRNO, MAX_CONNECTIONS,
 };
+pub use listener::{ListenAddr, Listener, Stream};

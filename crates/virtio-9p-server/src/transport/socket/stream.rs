@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use log::warn;
 
 use super::buffers::{KEEP_BUFFER, SMALL_BUFFER};
-use super::connection::{reply_len, too_slow, too_slow_error, Handoff, Input, Loop, TWRITE_HEAD};
-use super::listener::DUPLICATE_TAG_ERRNO;
+use super::connection::{reply_len, Handoff, Input, Loop, TWRITE_HEAD};
+use super::limits::{too_slow_error, RateFloor, DUPLICATE_TAG_ERRNO};
 use super::splice::SockWriter;
 use crate::engine::{self};
 use crate::fs::Filesystem;
@@ -71,10 +71,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         });
         let size = h.size as usize;
         let stream_state = Arc::clone(&state);
-        let limits = (
-            self.shared.limits.min_request_rate,
-            self.shared.limits.request_grace,
-        );
+        let floor = RateFloor::of(&self.shared.limits);
         let task = move |cancel: Cancel| {
             let mut reply = reply;
             let mut req = StreamRequest {
@@ -87,7 +84,7 @@ impl<F: Filesystem + 'static> Loop<F> {
                 size,
                 state: stream_state,
                 frame_start,
-                limits,
+                floor,
                 cancel: cancel.clone(),
             };
             let r = server.handle(
@@ -153,8 +150,7 @@ pub(super) struct StreamRequest {
     pub(super) state: Arc<StreamState>,
     /// When the frame's first byte arrived.
     pub(super) frame_start: Instant,
-    /// `(min_request_rate, request_grace)`.
-    pub(super) limits: (usize, Duration),
+    pub(super) floor: RateFloor,
     pub(super) cancel: Cancel,
 }
 
@@ -165,9 +161,8 @@ impl StreamRequest {
 
     /// Whether the frame so far arrived below the minimum rate.
     pub(super) fn too_slow(&self) -> bool {
-        let (rate, grace) = self.limits;
         let got = self.size - self.unread();
-        too_slow(rate, grace, self.frame_start, got, Instant::now())
+        self.floor.too_slow(self.frame_start, got, Instant::now())
     }
 
     /// Fills the empty chunk with the next bytes of the frame: all of the
