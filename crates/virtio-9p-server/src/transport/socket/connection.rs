@@ -21,11 +21,10 @@ use super::buffers::{reply_room, trim_heap, BufPool, KEEP_BUFFER};
 use super::fairness::{thread_slots, worker_bound, worker_turns};
 use super::hub::{Shared, ThreadCtx};
 use super::limits::{too_slow_error, RateFloor, DUPLICATE_TAG_ERRNO};
-use super::splice::{
-    self, Filled, PipePool, SharedPipes, SigpipeBlocked, SockWriter, Splicer, Tail,
-};
+use super::splice::{self, Filled, PipePool, SharedPipes, SigpipeBlocked, Splicer, Tail};
 use super::splice::{rread_tail, set_rread_count};
 use super::stream::StreamState;
+use super::writer::SockWriter;
 use crate::engine::{self, Engine, EngineConfig, EngineExec};
 use crate::error::Result;
 use crate::fs::Filesystem;

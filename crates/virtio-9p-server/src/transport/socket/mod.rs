@@ -221,6 +221,7 @@ mod limits;
 mod listener;
 mod splice;
 mod stream;
+mod writer;
 
 pub(crate) use buffers::KEEP_BUFFER;
 pub use hub::serve_connection;

@@ -5,12 +5,13 @@
 //!
 //! The split, request by request:
 //!
-//! 1. **Fill, on the request's coroutine.** [`SockWriter`] is the reply
-//!    writer of a socket request. When the filesystem asks it for a file
-//!    range ([`ReplyWriter::write_from_file_at`]) and that range is the
-//!    whole data of the reply, it takes a pipe from its socket thread's
-//!    [`PipePool`] and splices the range into it (file -> pipe: page
-//!    references, no copy). Where that runs is the executor's decision,
+//! 1. **Fill, on the request's coroutine.** The reply writer of a socket
+//!    request (`SockWriter`, writer.rs) carries a [`Splicer`] as its
+//!    strategy for file ranges. When the filesystem asks it for a file
+//!    range ([`ReplyWriter::write_from_file_at`](crate::io::ReplyWriter::write_from_file_at)) and that range is the
+//!    whole data of the reply, [`Splicer::splice_range`] takes a pipe from
+//!    its socket thread's [`PipePool`] and splices the range into it
+//!    (file -> pipe: page references, no copy). Where that runs is the executor's decision,
 //!    as for every Tread read ([`Blocking::read_at`]): inline when the range is
 //!    in the page cache (`cachestat(2)`) and the file's filesystem
 //!    promises non-blocking reads (a 1-byte `preadv2(RWF_NOWAIT)`
@@ -27,17 +28,19 @@
 //!    the rest still in the pipe. No file is touched here, so the send
 //!    never waits on a disk or an export.
 //!
-//! The server and the filesystem see a plain [`ReplyWriter`]; only the
+//! The server and the filesystem see a plain
+//! [`ReplyWriter`](crate::io::ReplyWriter); only the
 //! transport knows about pipes. The file need not stay open after the
 //! fill: the pipe holds the pages.
 //!
-//! Everything else takes the copy path of [`SliceWriter`]: a filesystem
-//! that is not fd-backed (it never calls `write_from_file_at`), Treaddir,
-//! xattr reads, ranges below [`SPLICE_MIN`] or above [`MAX_PIPE`], files
-//! that are not regular, a writer that has other bytes before or after
-//! the range (a spliced range is then read back into the buffer), and a
-//! pool without a pipe to give (at [`MAX_PIPES`], or `pipe2`/
-//! `F_SETPIPE_SZ` failing, e.g. `EMFILE`).
+//! Everything else takes the copy path of
+//! [`SliceWriter`](crate::io::SliceWriter): a filesystem that is not
+//! fd-backed (it never calls `write_from_file_at`), Treaddir, xattr
+//! reads, ranges below [`SPLICE_MIN`] or above [`MAX_PIPE`], files that
+//! are not regular, a writer that has other bytes before or after the
+//! range (a spliced range is then read back into the buffer,
+//! [`Splicer::read_back`]), and a pool without a pipe to give (at
+//! [`MAX_PIPES`], or `pipe2`/`F_SETPIPE_SZ` failing, e.g. `EMFILE`).
 //!
 //! No invented bytes. A file can shrink between the fill and the send.
 //! The reply keeps a duplicate of the file's fd, and just before its
@@ -61,7 +64,6 @@ use std::time::{Duration, Instant};
 use log::{debug, error};
 
 use crate::exec::Blocking;
-use crate::io::{ReplyWriter, SliceWriter};
 use crate::protocol::{MsgType, Rmessage, HEADER_SIZE};
 use crate::sys::{pread_nowait, range_cached};
 
@@ -95,8 +97,8 @@ fn pipe_bytes(len: usize) -> usize {
 /// One pipe: its two ends, its capacity in bytes, and the count of pipes
 /// open in its pool (decremented when it is closed, wherever that is).
 pub(crate) struct Pipe {
-    r: OwnedFd,
-    w: OwnedFd,
+    pub(super) r: OwnedFd,
+    pub(super) w: OwnedFd,
     cap: usize,
     open: Arc<AtomicUsize>,
 }
@@ -284,46 +286,66 @@ impl Splicer {
     pub(crate) fn take(&self) -> Option<Filled> {
         self.slot().take()
     }
-}
 
-/// The [`ReplyWriter`] of a socket request: a [`SliceWriter`] over the
-/// reply buffer whose split-off data part may defer a file range to a
-/// pipe (see the module docs).
-#[derive(Debug)]
-pub(crate) struct SockWriter<'a, B> {
-    buf: SliceWriter<'a, B>,
-    splicer: Option<&'a Splicer>,
-    /// Split off the head: its bytes follow the head's.
-    tail: bool,
-    /// Bytes of this writer that sit in the splicer's pipe (they come
-    /// before anything in `buf`, which is then empty).
-    spliced: usize,
-}
-
-impl<'a, B: Blocking + Clone> SockWriter<'a, B> {
-    /// A writer over `buf` for a request run on `exec`, which places its
-    /// file reads; with a `splicer`, file ranges may be spliced.
-    pub(crate) fn new(buf: &'a mut [u8], splicer: Option<&'a Splicer>, exec: B) -> Self {
-        SockWriter {
-            buf: SliceWriter::with_exec(buf, exec),
-            splicer,
-            tail: false,
-            spliced: 0,
+    /// Splices `[off, off + count)` of `file` into a pipe, the fill run
+    /// where `exec` places file reads; returns the bytes now in the pipe,
+    /// or `None` when the range is not for splicing (the caller copies).
+    pub(crate) fn splice_range<B: Blocking>(
+        &self,
+        exec: &B,
+        file: BorrowedFd<'_>,
+        count: usize,
+        off: u64,
+    ) -> Option<io::Result<usize>> {
+        if count < SPLICE_MIN {
+            return None;
+        }
+        let size = regular_size(file)?;
+        let len = (count as u64).min(size.checked_sub(off)?) as usize;
+        if !(SPLICE_MIN..=MAX_PIPE).contains(&len) {
+            return None;
+        }
+        if self.slot().is_some() {
+            return None;
+        }
+        // The reply keeps the file for the check before it is sent (the
+        // fid may be clunked meanwhile); no fd to spare means a copy.
+        let dup = dup_fd(file)?;
+        let pipe = lock(&self.pipes).take(len)?;
+        let r = exec.read_at(
+            || range_cached(file, len, off) && nowait_reads(file, off),
+            || fill(&pipe, file, off, len),
+        );
+        match r {
+            Ok(n) if n > 0 => {
+                *self.slot() = Some(Filled {
+                    pipe,
+                    len: n,
+                    file: dup,
+                    off,
+                });
+                Some(Ok(n))
+            }
+            Ok(_) => {
+                lock(&self.pipes).put(pipe, true);
+                Some(Ok(0))
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                lock(&self.pipes).put(pipe, true);
+                Some(Err(e))
+            }
+            Err(e) => {
+                // A filesystem without splice support, for one: copy.
+                debug!("9p: splice of a file failed: {e}; copying instead");
+                lock(&self.pipes).put(pipe, true);
+                None
+            }
         }
     }
 
-    /// Moves a spliced range back into the buffer (another write follows
-    /// it), so that the bytes stay in order.
-    fn materialize(&mut self) -> io::Result<()> {
-        if self.spliced == 0 {
-            return Ok(());
-        }
-        let Some(sp) = self.splicer else {
-            return Ok(());
-        };
-        let Some(filled) = sp.take() else {
-            return Err(io::Error::other("spliced range lost"));
-        };
+    /// Reads the range `filled` (taken from this splicer) out of its pipe
+    /// into `out`, so that a write after it keeps the bytes in order.
+    pub(crate) fn read_back(&self, filled: Filled, out: &mut impl Write) -> io::Result<()> {
         let mut chunk = vec![0u8; filled.len.min(64 << 10)];
         let mut left = filled.len;
         while left > 0 {
@@ -341,72 +363,14 @@ impl<'a, B: Blocking + Clone> SockWriter<'a, B> {
                     // Pages gone from the pipe (truncated): the count the
                     // caller was given cannot be kept with real bytes.
                     error!("9p: a spliced range lost {left} bytes; failing the read");
-                    self.spliced = 0;
                     return Err(io::Error::from_raw_os_error(libc::EIO));
                 }
             };
-            self.buf.write_all(&chunk[..got])?;
+            out.write_all(&chunk[..got])?;
             left -= got;
         }
-        self.spliced = 0;
-        lock(&sp.pipes).put(filled.pipe, true);
+        lock(&self.pipes).put(filled.pipe, true);
         Ok(())
-    }
-
-    /// Splices `[off, off + count)` of `file` into a pipe when this writer
-    /// may defer it; `None` to copy instead.
-    fn try_splice(
-        &mut self,
-        file: BorrowedFd<'_>,
-        count: usize,
-        off: u64,
-    ) -> Option<io::Result<usize>> {
-        let sp = self.splicer?;
-        if !self.tail || self.spliced > 0 || self.buf.bytes_written() > 0 || count < SPLICE_MIN {
-            return None;
-        }
-        let size = regular_size(file)?;
-        let len = (count as u64).min(size.checked_sub(off)?) as usize;
-        if !(SPLICE_MIN..=MAX_PIPE).contains(&len) {
-            return None;
-        }
-        if sp.slot().is_some() {
-            return None;
-        }
-        // The reply keeps the file for the check before it is sent (the
-        // fid may be clunked meanwhile); no fd to spare means a copy.
-        let dup = dup_fd(file)?;
-        let pipe = lock(&sp.pipes).take(len)?;
-        let r = self.buf.exec().read_at(
-            || range_cached(file, len, off) && nowait_reads(file, off),
-            || fill(&pipe, file, off, len),
-        );
-        match r {
-            Ok(n) if n > 0 => {
-                *sp.slot() = Some(Filled {
-                    pipe,
-                    len: n,
-                    file: dup,
-                    off,
-                });
-                self.spliced = n;
-                Some(Ok(n))
-            }
-            Ok(_) => {
-                lock(&sp.pipes).put(pipe, true);
-                Some(Ok(0))
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                lock(&sp.pipes).put(pipe, true);
-                Some(Err(e))
-            }
-            Err(e) => {
-                // A filesystem without splice support, for one: copy.
-                debug!("9p: splice of a file failed: {e}; copying instead");
-                lock(&sp.pipes).put(pipe, true);
-                None
-            }
-        }
     }
 }
 
@@ -483,52 +447,6 @@ fn fill(pipe: &Pipe, file: BorrowedFd<'_>, off: u64, len: usize) -> io::Result<u
             )
         }
     })
-}
-
-impl<B: Blocking + Clone> Write for SockWriter<'_, B> {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.materialize()?;
-        self.buf.write(data)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<B: Blocking + Clone> ReplyWriter for SockWriter<'_, B> {
-    fn available_bytes(&self) -> usize {
-        self.buf.available_bytes().saturating_sub(self.spliced)
-    }
-
-    fn bytes_written(&self) -> usize {
-        self.buf.bytes_written() + self.spliced
-    }
-
-    fn split_at(&mut self, offset: usize) -> io::Result<Self> {
-        self.materialize()?;
-        let buf = self.buf.split_at(offset)?;
-        Ok(SockWriter {
-            buf,
-            splicer: self.splicer,
-            tail: true,
-            spliced: 0,
-        })
-    }
-
-    fn write_from_file_at(
-        &mut self,
-        file: BorrowedFd<'_>,
-        count: usize,
-        off: u64,
-    ) -> io::Result<usize> {
-        let count = count.min(self.available_bytes());
-        if let Some(r) = self.try_splice(file, count, off) {
-            return r;
-        }
-        self.materialize()?;
-        self.buf.write_from_file_at(file, count, off)
-    }
 }
 
 /// Blocks `SIGPIPE` on the calling thread while it lives (the mask it
@@ -788,12 +706,7 @@ pub(super) fn set_rread_count(buf: &mut [u8], len: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::Inline;
-    use std::io::{Read, Seek};
-
-    fn pool() -> SharedPipes {
-        Arc::new(Mutex::new(PipePool::new(4)))
-    }
+    use std::io::Read;
 
     #[test]
     fn test_pipe_pool_caps_and_reuses() {
@@ -875,50 +788,5 @@ mod tests {
         let (mut tail, _) = short_tail(100);
         assert_eq!(tail.recount(), None);
         assert!(tail.into_pipe().unwrap().1);
-    }
-
-    #[test]
-    fn test_writer_splices_only_a_whole_tail() {
-        let mut f = tempfile::tempfile().unwrap();
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
-        f.write_all(&data).unwrap();
-        let sp = Splicer::new(pool());
-        let mut buf = vec![0u8; 11 + 70_000];
-        let mut head = SockWriter::new(&mut buf, Some(&sp), Inline);
-        // The head itself never splices.
-        let mut tail = head.split_at(11).unwrap();
-        let n = tail.write_from_file_at(f.as_fd(), 70_000, 40_000).unwrap();
-        assert_eq!(n, 60_000, "clamped to the file");
-        assert_eq!(tail.bytes_written(), 60_000);
-        let filled = sp.take().unwrap();
-        assert_eq!(filled.len, 60_000);
-        let mut got = vec![0u8; 60_000];
-        let mut r = std::fs::File::from(filled.pipe.r.try_clone().unwrap());
-        r.read_exact(&mut got).unwrap();
-        assert_eq!(got, data[40_000..]);
-        assert!(buf[11..].iter().all(|&b| b == 0), "nothing copied");
-
-        // A write after the range moves it back into the buffer.
-        let mut buf = vec![0u8; 11 + 70_000];
-        let mut head = SockWriter::new(&mut buf, Some(&sp), Inline);
-        let mut tail = head.split_at(11).unwrap();
-        assert_eq!(
-            tail.write_from_file_at(f.as_fd(), 32_768, 0).unwrap(),
-            32_768
-        );
-        tail.write_all(b"xyz").unwrap();
-        assert_eq!(tail.bytes_written(), 32_771);
-        assert!(sp.take().is_none());
-        assert_eq!(&buf[11..11 + 32_768], &data[..32_768]);
-        assert_eq!(&buf[11 + 32_768..11 + 32_771], b"xyz");
-
-        // Small ranges and ranges past the end are copied.
-        let mut buf = vec![0u8; 11 + 70_000];
-        let mut head = SockWriter::new(&mut buf, Some(&sp), Inline);
-        let mut tail = head.split_at(11).unwrap();
-        assert_eq!(tail.write_from_file_at(f.as_fd(), 1000, 5).unwrap(), 1000);
-        assert!(sp.take().is_none());
-        assert_eq!(&buf[11..1011], &data[5..1005]);
-        f.rewind().unwrap();
     }
 }

@@ -15,7 +15,7 @@ use log::warn;
 use super::buffers::{KEEP_BUFFER, SMALL_BUFFER};
 use super::connection::{reply_len, Handoff, Input, Loop, TWRITE_HEAD};
 use super::limits::{too_slow_error, RateFloor, DUPLICATE_TAG_ERRNO};
-use super::splice::SockWriter;
+use super::writer::SockWriter;
 use crate::engine::{self};
 use crate::fs::Filesystem;
 use crate::io::RequestReader;
