@@ -3,7 +3,6 @@
 //! connections. It reads frames, starts each request on the engine,
 //! and writes the replies in the order they finish.
 
-use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
@@ -17,18 +16,16 @@ use log::{debug, error, info, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::buffers::{reply_room, trim_heap, BufPool, KEEP_BUFFER};
+use super::buffers::{reply_room, trim_heap, BufPool, KEEP_BUFFER, SMALL_BUFFER};
 use super::fairness::{thread_slots, worker_bound, worker_turns};
 use super::hub::{Shared, ThreadCtx};
 use super::limits::{too_slow_error, RateFloor, DUPLICATE_TAG_ERRNO};
-use super::splice::{self, Filled, PipePool, SharedPipes, SigpipeBlocked, Splicer, Tail};
+use super::requests::{Buffered, Handoff, Req, Requests, Streamed};
+use super::splice::{self, PipePool, SharedPipes, SigpipeBlocked, Splicer, Tail};
 use super::splice::{rread_tail, set_rread_count};
-use super::stream::StreamState;
-use super::writer::SockWriter;
-use crate::engine::{self, Engine, EngineConfig, EngineExec};
-use crate::error::Result;
+use super::stream::{StreamState, STREAM_CHUNK, TWRITE_HEAD};
+use crate::engine::{Engine, EngineConfig, EngineExec};
 use crate::fs::Filesystem;
-use crate::io::SliceReader;
 use crate::protocol::{Header, Rmessage, HEADER_SIZE, TREAD, TVERSION, TWRITE};
 use crate::server::{Cancel, Session};
 use crate::sys::{read_some, send_fd};
@@ -63,9 +60,6 @@ pub(super) enum Input {
         answer: Option<(u16, u32)>,
     },
 }
-
-/// Header plus `fid[4] offset[8] count[4]` of a Twrite.
-pub(super) const TWRITE_HEAD: usize = HEADER_SIZE + 16;
 
 impl Input {
     pub(super) fn header() -> Input {
@@ -131,25 +125,6 @@ pub(super) struct Conn<F: Filesystem> {
     pub(super) held: Option<(Vec<u8>, usize)>,
 }
 
-/// What a request hands back to its socket thread when it finishes.
-#[derive(Default)]
-pub(super) struct Handoff {
-    pub(super) request: Cell<Option<Vec<u8>>>,
-    pub(super) reply: Cell<Option<Vec<u8>>>,
-    /// An Rread's data, spliced into a pipe.
-    pub(super) spliced: Cell<Option<Filled>>,
-}
-
-/// A request in flight, by its engine token.
-pub(super) struct Req {
-    pub(super) conn: u32,
-    pub(super) handoff: Rc<Handoff>,
-    /// For a streamed Twrite: its state and the frame's size.
-    pub(super) stream: Option<(Arc<StreamState>, usize)>,
-    /// It counts against the thread's worker turns.
-    pub(super) on_worker: bool,
-}
-
 /// Why a connection ends.
 pub(super) enum Close {
     /// The client hung up.
@@ -175,8 +150,7 @@ pub(super) struct Loop<F: Filesystem> {
     pub(super) exec: EngineExec,
     pub(super) conns: HashMap<u32, Conn<F>>,
     pub(super) next_conn: u32,
-    pub(super) reqs: Vec<Option<Req>>,
-    pub(super) free_tokens: Vec<u16>,
+    pub(super) reqs: Requests,
     /// Requests of this thread on the engine (all connections, closed
     /// ones too until their calls return).
     pub(super) live: usize,
@@ -271,8 +245,7 @@ pub(super) fn run_thread<F: Filesystem + 'static>(
         exec: EngineExec::new(engine_config.offload),
         conns: HashMap::new(),
         next_conn: FIRST_CONN,
-        reqs: Vec::new(),
-        free_tokens: Vec::new(),
+        reqs: Requests::default(),
         live: 0,
         reserved: 0,
         thread_cap,
@@ -710,19 +683,6 @@ impl<F: Filesystem + 'static> Loop<F> {
         self.dirty.push(id);
     }
 
-    pub(super) fn token(&mut self, req: Req) -> Option<u16> {
-        let t = match self.free_tokens.pop() {
-            Some(t) => t,
-            None if self.reqs.len() < usize::from(u16::MAX) => {
-                self.reqs.push(None);
-                (self.reqs.len() - 1) as u16
-            }
-            None => return None,
-        };
-        self.reqs[usize::from(t)] = Some(req);
-        Some(t)
-    }
-
     /// Runs the buffered request `buf[..size]` on the engine.
     pub(super) fn start(&mut self, id: u32, buf: Vec<u8>, size: usize) {
         let Some(c) = self.conns.get_mut(&id) else {
@@ -781,28 +741,77 @@ impl<F: Filesystem + 'static> Loop<F> {
                 }
             }
         };
-        let server = Arc::clone(&self.shared.server);
-        let exec = self.exec;
-        let handoff = Rc::new(Handoff::default());
-        let back = Rc::clone(&handoff);
         // An Rread may go out as its header plus a spliced file range.
         let splicer = (h.ty == TREAD && self.shared.limits.splice_reads)
             .then(|| Splicer::new(Arc::clone(&self.pipes)));
-        let task = move |cancel: Cancel| {
-            let mut reply = reply;
-            let r = server.handle(
-                &session,
-                &mut SliceReader::new(&buf[..size]),
-                &mut SockWriter::new(&mut reply[..room], splicer.as_ref(), exec),
-                &exec,
-                &cancel,
-            );
-            back.request.set(Some(buf));
-            back.reply.set(Some(reply));
-            back.spliced.set(splicer.as_ref().and_then(Splicer::take));
-            reply_len(r, &cancel)
+        let job = Buffered {
+            server: Arc::clone(&self.shared.server),
+            session,
+            frame: buf,
+            size,
+            reply,
+            room,
+            splicer,
         };
+        let exec = self.exec;
+        let handoff = Rc::new(Handoff::default());
+        let back = Rc::clone(&handoff);
+        let task = move |cancel: Cancel| job.run(exec, &back, &cancel);
         self.spawn(id, h.tag, handoff, None, on_worker, task);
+    }
+
+    /// Runs a large Twrite whose data the request reads from the socket
+    /// itself, chunk by chunk, as it arrives ("Slow senders").
+    pub(super) fn start_stream(&mut self, id: u32, head: [u8; TWRITE_HEAD]) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let h = Header::from_bytes(head[..HEADER_SIZE].try_into().unwrap_or(&[0; HEADER_SIZE]));
+        let frame_start = c.frame_start.unwrap_or_else(Instant::now);
+        if self.engine.has_tag(id, h.tag) {
+            if self.shared.server.log_limit().admit() {
+                warn!("9p: connection {id}: tag {} is already in flight", h.tag);
+            }
+            self.unreserve(id);
+            // Skip its data, then answer.
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.input = Input::Skip {
+                    left: (h.size as usize - TWRITE_HEAD) as u64,
+                    answer: Some((h.tag, DUPLICATE_TAG_ERRNO as u32)),
+                };
+            }
+            return;
+        }
+        // Small buffers are never refused.
+        let reply = self
+            .bufs
+            .take(SMALL_BUFFER)
+            .unwrap_or_else(|| vec![0u8; SMALL_BUFFER]);
+        let chunk = self
+            .bufs
+            .take(STREAM_CHUNK)
+            .or_else(|| self.bufs.take(KEEP_BUFFER))
+            .unwrap_or_else(|| vec![0u8; KEEP_BUFFER]);
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let state = StreamState::new(h.size as usize);
+        let job = Streamed {
+            server: Arc::clone(&self.shared.server),
+            session: Arc::clone(&c.session),
+            head,
+            sock: Arc::clone(&c.sock),
+            state: Arc::clone(&state),
+            frame_start,
+            floor: RateFloor::of(&self.shared.limits),
+            chunk,
+            reply,
+        };
+        let exec = self.exec;
+        let handoff = Rc::new(Handoff::default());
+        let back = Rc::clone(&handoff);
+        let task = move |cancel: Cancel| job.run(exec, &back, &cancel);
+        self.spawn(id, h.tag, handoff, Some(state), false, task);
     }
 
     pub(super) fn spawn(
@@ -810,12 +819,12 @@ impl<F: Filesystem + 'static> Loop<F> {
         id: u32,
         tag: u16,
         handoff: Rc<Handoff>,
-        stream: Option<(Arc<StreamState>, usize)>,
+        stream: Option<Arc<StreamState>>,
         on_worker: bool,
         task: impl FnOnce(Cancel) -> u32 + 'static,
     ) {
         let streaming = stream.is_some();
-        let Some(token) = self.token(Req {
+        let Some(token) = self.reqs.insert(Req {
             conn: id,
             handoff: Rc::clone(&handoff),
             stream,
@@ -846,8 +855,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         {
             // The task (and its buffers) is dropped unrun.
             error!("9p: connection {id}: cannot start tag {tag}: {e}");
-            self.reqs[usize::from(token)] = None;
-            self.free_tokens.push(token);
+            self.reqs.remove(token);
             self.live -= 1;
             if on_worker {
                 self.on_workers -= 1;
@@ -875,10 +883,9 @@ impl<F: Filesystem + 'static> Loop<F> {
         let done = std::mem::take(&mut self.done);
         let mut slow = Vec::new();
         for &(token, len) in &done {
-            let Some(req) = self.reqs.get_mut(usize::from(token)).and_then(Option::take) else {
+            let Some(req) = self.reqs.remove(token) else {
                 continue;
             };
-            self.free_tokens.push(token);
             self.live -= 1;
             self.released = true;
             if req.on_worker {
@@ -899,14 +906,14 @@ impl<F: Filesystem + 'static> Loop<F> {
             let Some(c) = self.conns.get_mut(&req.conn) else {
                 continue;
             };
-            if let Some((st, size)) = &req.stream {
-                if st.too_slow.load(Ordering::Acquire) {
+            if let Some(st) = &req.stream {
+                if st.too_slow() {
                     slow.push(req.conn);
                 }
-                c.frame_got = st.got(*size);
+                c.frame_got = st.got();
                 // The rest of the streamed frame (an error before all its
                 // data was used) is skipped, not parsed.
-                let left = st.unread.load(Ordering::Acquire);
+                let left = st.unread();
                 c.input = if left > 0 {
                     self.stall_watch = true;
                     Input::Skip {
@@ -1110,18 +1117,6 @@ impl<F: Filesystem> Drop for Loop<F> {
         // Cancel everything; the engine's own drop waits (bounded).
         for id in self.conns.keys().copied().collect::<Vec<_>>() {
             self.engine.cancel_group(id);
-        }
-    }
-}
-
-/// flushed before it answered, or could not be answered at all.
-pub(super) fn reply_len(r: Result<crate::server::Reply>, cancel: &Cancel) -> u32 {
-    match r {
-        Ok(reply) if engine::flushed_silently(reply.reply_type, cancel) => 0,
-        Ok(reply) => reply.size,
-        Err(e) => {
-            warn!("9p: request not answered: {e}");
-            0
         }
     }
 }

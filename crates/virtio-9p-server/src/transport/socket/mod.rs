@@ -219,6 +219,7 @@ mod fairness;
 mod hub;
 mod limits;
 mod listener;
+mod requests;
 mod splice;
 mod stream;
 mod writer;
