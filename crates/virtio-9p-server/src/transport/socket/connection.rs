@@ -16,8 +16,8 @@ use log::{debug, error, info, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::admission::{worker_bound, Admission, Admit, Slots};
 use super::buffers::{reply_room, trim_heap, BufPool, KEEP_BUFFER, SMALL_BUFFER};
-use super::fairness::{thread_slots, worker_bound, worker_turns};
 use super::hub::{Shared, ThreadCtx};
 use super::limits::{too_slow_error, RateFloor, DUPLICATE_TAG_ERRNO};
 use super::requests::{Buffered, Handoff, Req, Requests, Streamed};
@@ -105,15 +105,8 @@ pub(super) struct Conn<F: Filesystem> {
     pub(super) out_bytes: usize,
     /// The epoll events registered now.
     pub(super) interest: EventSet,
-    /// Request slots of the thread this connection holds: its requests
-    /// on the engine, plus the frame being read (see "Fairness").
-    pub(super) slots: usize,
-    /// One of `slots` is the thread's first-slot reserve.
-    pub(super) first: bool,
-    /// The frame being read holds a slot (taken with its first byte).
-    pub(super) reserved: bool,
-    /// Waiting in the thread's queue for a slot.
-    pub(super) queued: bool,
+    /// The thread's slots it holds (see "Fairness").
+    pub(super) slots: Slots,
     /// When the frame being read started, and its bytes so far (the
     /// minimum-rate check).
     pub(super) frame_start: Option<Instant>,
@@ -133,16 +126,6 @@ pub(super) enum Close {
     Failed(io::Error),
 }
 
-/// Which reserve a new request slot comes from (see "Fairness").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Admit {
-    /// The connection's first slot, from the reserve kept for
-    /// connections that have nothing running.
-    First,
-    /// A further slot, from the shared part.
-    Shared,
-}
-
 pub(super) struct Loop<F: Filesystem> {
     pub(super) shared: Shared<F>,
     pub(super) epoll: Epoll,
@@ -151,31 +134,10 @@ pub(super) struct Loop<F: Filesystem> {
     pub(super) conns: HashMap<u32, Conn<F>>,
     pub(super) next_conn: u32,
     pub(super) reqs: Requests,
-    /// Requests of this thread on the engine (all connections, closed
-    /// ones too until their calls return).
-    pub(super) live: usize,
-    /// Frames being read that hold a slot.
-    pub(super) reserved: usize,
     /// Replies in pooled buffers waiting to be written.
     pub(super) queued: usize,
-    /// Most requests this thread runs at once (its share of
-    /// [`SocketLimits::max_requests`](super::SocketLimits::max_requests)).
-    pub(super) thread_cap: usize,
-    /// Slots kept for connections with nothing running.
-    pub(super) first_slots: usize,
-    /// Connections holding one of those.
-    pub(super) firsts: usize,
-    /// Most slots one connection holds.
-    pub(super) share: usize,
-    /// Connections waiting for a slot, served in turn.
-    pub(super) waitq: VecDeque<u32>,
-    /// A slot was freed since the queue was last served.
-    pub(super) released: bool,
-    /// Requests of worker-bound types running, the most at once, and the
-    /// connections whose next one waits for a turn.
-    pub(super) on_workers: usize,
-    pub(super) worker_turns: usize,
-    pub(super) workq: VecDeque<u32>,
+    /// Slots and worker turns, and the connections waiting for them.
+    pub(super) adm: Admission,
     /// Some connection may be in the middle of a frame: check rates.
     pub(super) stall_watch: bool,
     pub(super) next_stall_check: Instant,
@@ -210,12 +172,11 @@ pub(super) fn run_thread<F: Filesystem + 'static>(
     // Splices into sockets raise SIGPIPE on a hang-up: keep it pending on
     // this thread (and take it) rather than let it reach the process.
     let _sigpipe = SigpipeBlocked::new();
-    let (thread_cap, first_slots, share) = thread_slots(&ctx.shared.limits);
-    let worker_turns = worker_turns(&ctx.shared.limits);
+    let adm = Admission::new(&ctx.shared.limits);
     let engine_config = EngineConfig {
         workers: 0,
         executor: ctx.shared.executor.clone(),
-        max_in_flight: thread_cap,
+        max_in_flight: adm.cap(),
         ..EngineConfig::default()
     };
     let engine =
@@ -246,17 +207,7 @@ pub(super) fn run_thread<F: Filesystem + 'static>(
         conns: HashMap::new(),
         next_conn: FIRST_CONN,
         reqs: Requests::default(),
-        live: 0,
-        reserved: 0,
-        thread_cap,
-        first_slots,
-        firsts: 0,
-        share,
-        waitq: VecDeque::new(),
-        released: false,
-        on_workers: 0,
-        worker_turns,
-        workq: VecDeque::new(),
+        adm,
         stall_watch: false,
         next_stall_check: Instant::now(),
         queued: 0,
@@ -283,9 +234,7 @@ impl<F: Filesystem + 'static> Loop<F> {
                 self.next_stall_check
                     .saturating_duration_since(Instant::now())
             });
-            let pending = !self.dirty.is_empty()
-                || (self.released && !self.waitq.is_empty())
-                || (self.on_workers < self.worker_turns && !self.workq.is_empty());
+            let pending = !self.dirty.is_empty() || self.adm.turns_to_give();
             let timeout = match self
                 .bufs
                 .next_expiry()
@@ -321,10 +270,10 @@ impl<F: Filesystem + 'static> Loop<F> {
             self.check_stalls();
             if single && served_one && self.conns.is_empty() {
                 // Let the requests of the closed connection return.
-                while self.live > 0 {
+                while self.adm.live() > 0 {
                     self.engine.poll();
                     self.collect();
-                    if self.live > 0 {
+                    if self.adm.live() > 0 {
                         std::thread::sleep(Duration::from_millis(1));
                     }
                 }
@@ -361,10 +310,7 @@ impl<F: Filesystem + 'static> Loop<F> {
                 in_flight: 0,
                 out_bytes: 0,
                 interest: EventSet::IN,
-                slots: 0,
-                first: false,
-                reserved: false,
-                queued: false,
+                slots: Slots::default(),
                 frame_start: None,
                 frame_got: 0,
                 version: None,
@@ -399,14 +345,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         if left > 0 {
             debug!("9p: connection {id}: {left} requests still in filesystem calls");
         }
-        // Its requests still running hold plain slots until they return.
-        if conn.reserved {
-            self.reserved -= 1;
-        }
-        if conn.first {
-            self.firsts -= 1;
-        }
-        self.released = true;
+        self.adm.close(&conn.slots);
         for (buf, _) in conn.version.into_iter().chain(conn.held) {
             self.bufs.put(buf, self.keep());
         }
@@ -463,7 +402,7 @@ impl<F: Filesystem + 'static> Loop<F> {
                 if !self.conn_ready(c) {
                     break;
                 }
-                match self.admit(c, from_queue) {
+                match self.adm.admit(&c.slots, from_queue) {
                     Some(how) => admit = Some(how),
                     None => {
                         self.enqueue(id);
@@ -690,7 +629,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             return;
         };
         let h = Header::from_bytes(buf[..HEADER_SIZE].try_into().unwrap_or(&[0; HEADER_SIZE]));
-        if h.ty == TVERSION && c.slots > 1 {
+        if h.ty == TVERSION && c.slots.held() > 1 {
             // Tversion aborts the connection's requests in flight: they
             // are cancelled, and it runs once the last has returned, so
             // no reply of theirs follows the Rversion.
@@ -700,16 +639,12 @@ impl<F: Filesystem + 'static> Loop<F> {
             return;
         }
         let on_worker = worker_bound(h.ty);
-        if on_worker && self.on_workers >= self.worker_turns {
+        if on_worker && !self.adm.worker_turn_free() {
             // Its turn comes when a worker-bound request of the thread
             // returns; a connection with nothing else running goes first.
-            let alone = c.slots == 1;
+            let alone = c.slots.held() == 1;
             c.held = Some((buf, size));
-            if alone {
-                self.workq.push_front(id);
-            } else {
-                self.workq.push_back(id);
-            }
+            self.adm.wait_for_worker(id, alone);
             self.dirty.push(id);
             return;
         }
@@ -841,10 +776,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         if let Some(c) = self.conns.get_mut(&id) {
             c.in_flight += 1;
         }
-        self.live += 1;
-        if on_worker {
-            self.on_workers += 1;
-        }
+        self.adm.started(on_worker);
         // Its interest may change (in-flight limit, streaming).
         self.dirty.push(id);
         let cancel = Cancel::new();
@@ -856,10 +788,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             // The task (and its buffers) is dropped unrun.
             error!("9p: connection {id}: cannot start tag {tag}: {e}");
             self.reqs.remove(token);
-            self.live -= 1;
-            if on_worker {
-                self.on_workers -= 1;
-            }
+            self.adm.ended(on_worker);
             self.drop_slot(id);
             if let Some(c) = self.conns.get_mut(&id) {
                 c.in_flight -= 1;
@@ -886,11 +815,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             let Some(req) = self.reqs.remove(token) else {
                 continue;
             };
-            self.live -= 1;
-            self.released = true;
-            if req.on_worker {
-                self.on_workers -= 1;
-            }
+            self.adm.ended(req.on_worker);
             if let Some(b) = req.handoff.request.take() {
                 self.bufs.put(b, self.keep());
             }
@@ -983,7 +908,7 @@ impl<F: Filesystem + 'static> Loop<F> {
                     continue;
                 }
                 if let Some(c) = self.conns.get(&id) {
-                    if c.version.is_some() && c.slots == 1 {
+                    if c.version.is_some() && c.slots.held() == 1 {
                         // The requests a Tversion waited for have returned.
                         if let Some(c) = self.conns.get_mut(&id) {
                             if let Some((buf, size)) = c.version.take() {
@@ -1012,7 +937,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         splice::lock(&self.pipes).expire();
         if self.bufs.expire() {
             trim_heap();
-            if self.live == 0 {
+            if self.adm.live() == 0 {
                 self.shared.pool.trim();
             }
         }
@@ -1109,6 +1034,123 @@ impl<F: Filesystem + 'static> Loop<F> {
         if let Some(c) = self.conns.get_mut(&id) {
             c.interest = want;
         }
+    }
+
+    /// Free buffers the pool may keep: a request and a reply buffer for
+    /// each request in flight, and a few more.
+    pub(super) fn keep(&self) -> usize {
+        2 * (self.adm.live() + self.queued) + 4
+    }
+
+    /// Whether the connection may start another request, as far as it
+    /// alone is concerned: the per-connection limits.
+    pub(super) fn conn_ready(&self, c: &Conn<F>) -> bool {
+        c.in_flight < self.shared.limits.max_in_flight.max(1)
+            && c.out_bytes < OUT_HIGH_WATER
+            && self.adm.within_share(&c.slots)
+            && c.version.is_none()
+            && c.held.is_none()
+            && !matches!(c.input, Input::Streaming)
+    }
+
+    /// Whether to read the connection's socket now.
+    pub(super) fn readable(&self, c: &Conn<F>) -> bool {
+        match c.input {
+            Input::Streaming => false,
+            ref i if !i.at_boundary() => true,
+            _ => {
+                self.conn_ready(c) && !c.slots.queued() && self.adm.admit(&c.slots, false).is_some()
+            }
+        }
+    }
+
+    /// Puts the connection in the thread's queue for a slot.
+    pub(super) fn enqueue(&mut self, id: u32) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            self.adm.enqueue(id, &mut c.slots);
+        }
+    }
+
+    /// The frame just begun takes a slot, and its arrival rate is watched.
+    pub(super) fn reserve(&mut self, id: u32, how: Admit) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        self.adm.reserve(&mut c.slots, how);
+        c.frame_start = Some(Instant::now());
+        c.frame_got = 0;
+        self.stall_watch = true;
+    }
+
+    /// The frame being read gives its slot to the request it starts.
+    pub(super) fn take_reservation(&mut self, id: u32) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            self.adm.take_reservation(&mut c.slots);
+        }
+    }
+
+    /// The frame being read ends without a request: its slot is free.
+    pub(super) fn unreserve(&mut self, id: u32) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            self.adm.unreserve(&mut c.slots);
+        }
+    }
+
+    /// One of the connection's slots is free.
+    pub(super) fn drop_slot(&mut self, id: u32) {
+        let slots = self.conns.get_mut(&id).map(|c| &mut c.slots);
+        self.adm.drop_slot(slots);
+    }
+
+    /// Starts the requests waiting for a worker turn, in order, while the
+    /// thread has turns free.
+    pub(super) fn serve_workq(&mut self) {
+        while let Some(id) = self.adm.next_worker_turn() {
+            let Some((buf, size)) = self.conns.get_mut(&id).and_then(|c| c.held.take()) else {
+                continue;
+            };
+            self.start(id, buf, size);
+            self.dirty.push(id);
+        }
+    }
+
+    /// Gives the connections waiting for a slot their turn, in order, as
+    /// long as slots are free: each starts one request, then waits again
+    /// at the back if it has more.
+    pub(super) fn serve_waiters(&mut self) {
+        let Some(waiting) = self.adm.waiters_turn() else {
+            return;
+        };
+        let mut passed = Vec::new();
+        for _ in 0..waiting {
+            let Some(id) = self.adm.next_waiter() else {
+                break;
+            };
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            self.adm.left_queue(&mut c.slots);
+            let c = &self.conns[&id];
+            if !self.conn_ready(c) || !c.input.at_boundary() {
+                // It waits for itself now, not for the thread.
+                self.dirty.push(id);
+                continue;
+            }
+            if self.adm.admit(&c.slots, true).is_none() {
+                if let Some(c) = self.conns.get_mut(&id) {
+                    self.adm.passed(&mut c.slots);
+                }
+                passed.push(id);
+                continue;
+            }
+            if let Err(why) = self.read_conn(id, true) {
+                self.close(id, why);
+                continue;
+            }
+            self.dirty.push(id);
+        }
+        // Those that could not have a slot keep their place.
+        self.adm.keep_places(passed);
     }
 }
 

@@ -213,9 +213,9 @@
 //! - `stream.rs`: the streamed Twrite.
 //! - `splice.rs`: the zero-copy Rread.
 
+mod admission;
 mod buffers;
 mod connection;
-mod fairness;
 mod hub;
 mod limits;
 mod listener;
