@@ -3,7 +3,7 @@
 //! connections. It reads frames, starts each request on the engine,
 //! and writes the replies in the order they finish.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -18,152 +18,88 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::admission::{worker_bound, Admission, Admit, Slots};
 use super::buffers::{reply_room, trim_heap, BufPool, KEEP_BUFFER, SMALL_BUFFER};
+use super::framing::{Arrived, Close, Input};
 use super::hub::{Shared, ThreadCtx};
 use super::limits::{too_slow_error, RateFloor, DUPLICATE_TAG_ERRNO};
+use super::output::{Out, Output};
 use super::requests::{Buffered, Handoff, Req, Requests, Streamed};
-use super::splice::{self, PipePool, SharedPipes, SigpipeBlocked, Splicer, Tail};
-use super::splice::{rread_tail, set_rread_count};
+use super::splice::{self, PipePool, SharedPipes, SigpipeBlocked, Splicer};
 use super::stream::{StreamState, STREAM_CHUNK, TWRITE_HEAD};
 use crate::engine::{Engine, EngineConfig, EngineExec};
 use crate::fs::Filesystem;
-use crate::protocol::{Header, Rmessage, HEADER_SIZE, TREAD, TVERSION, TWRITE};
+use crate::protocol::{Header, HEADER_SIZE, TREAD, TVERSION, TWRITE};
 use crate::server::{Cancel, Session};
-use crate::sys::{read_some, send_fd};
 
 /// Epoll data of the thread's own fds; connections use their id.
-pub(super) const EV_NEW: u64 = 0;
-pub(super) const EV_ENGINE: u64 = 1;
+const EV_NEW: u64 = 0;
+const EV_ENGINE: u64 = 1;
 /// The first connection id.
-pub(super) const FIRST_CONN: u32 = 16;
+const FIRST_CONN: u32 = 16;
 
-/// The input state of a connection.
-pub(super) enum Input {
-    /// Reading the 7-byte header (`have` 0: between frames).
-    Header { hdr: [u8; HEADER_SIZE], have: usize },
-    /// Reading the rest of a frame into `buf`.
-    Body {
-        buf: Vec<u8>,
-        size: usize,
-        have: usize,
-    },
-    /// Reading the fixed part of a large Twrite (streamed after it).
-    TwriteHead {
-        head: [u8; TWRITE_HEAD],
-        have: usize,
-    },
-    /// A streamed Twrite owns the socket's input until it finishes.
-    Streaming,
-    /// Dropping `left` bytes of a frame, then answering `tag` with
-    /// `errno` (if any).
-    Skip {
-        left: u64,
-        answer: Option<(u16, u32)>,
-    },
+/// Whether a connection's socket may be read now.
+enum Gate {
+    /// Not now: closed, streaming, at its limits or waiting for a slot.
+    Stop,
+    /// The rest of a frame begun.
+    Rest,
+    /// A new frame, in the slot it takes.
+    New(Admit),
 }
 
-impl Input {
-    pub(super) fn header() -> Input {
-        Input::Header {
-            hdr: [0; HEADER_SIZE],
-            have: 0,
-        }
-    }
-
-    /// Between two frames: the next byte starts a new request.
-    pub(super) fn at_boundary(&self) -> bool {
-        matches!(self, Input::Header { have: 0, .. })
-    }
-}
-
-/// One reply waiting to be written: `buf[..len]`, then the spliced data
-/// of an Rread.
-pub(super) struct Out {
-    pub(super) buf: Vec<u8>,
-    pub(super) len: usize,
-    /// Whether `buf` came from the pool.
-    pub(super) pooled: bool,
-    pub(super) tail: Option<Tail>,
-}
-
-impl Out {
-    /// Bytes of the whole reply.
-    pub(super) fn total(&self) -> usize {
-        self.len + self.tail.as_ref().map_or(0, |t| t.len)
-    }
-}
-
-pub(super) struct Conn<F: Filesystem> {
-    pub(super) sock: Arc<File>,
-    pub(super) session: Arc<Session<F>>,
-    pub(super) input: Input,
-    pub(super) out: VecDeque<Out>,
-    /// Bytes of the front reply already written.
-    pub(super) out_pos: usize,
+struct Conn<F: Filesystem> {
+    sock: Arc<File>,
+    session: Arc<Session<F>>,
+    input: Input,
+    /// Replies waiting to be written.
+    output: Output,
     /// Requests started, or answered and not yet written.
-    pub(super) in_flight: usize,
-    /// Bytes of the replies waiting to be written.
-    pub(super) out_bytes: usize,
+    in_flight: usize,
     /// The epoll events registered now.
-    pub(super) interest: EventSet,
+    interest: EventSet,
     /// The thread's slots it holds (see "Fairness").
-    pub(super) slots: Slots,
+    slots: Slots,
     /// When the frame being read started, and its bytes so far (the
     /// minimum-rate check).
-    pub(super) frame_start: Option<Instant>,
-    pub(super) frame_got: usize,
+    frame_start: Option<Instant>,
+    frame_got: usize,
     /// A Tversion waiting for the connection's other requests to end.
-    pub(super) version: Option<(Vec<u8>, usize)>,
+    version: Option<(Vec<u8>, usize)>,
     /// A request that always runs on a worker, waiting for its turn
     /// ("Workers" in the module docs).
-    pub(super) held: Option<(Vec<u8>, usize)>,
+    held: Option<(Vec<u8>, usize)>,
 }
 
-/// Why a connection ends.
-pub(super) enum Close {
-    /// The client hung up.
-    HungUp,
-    /// A framing or socket error.
-    Failed(io::Error),
-}
-
-pub(super) struct Loop<F: Filesystem> {
-    pub(super) shared: Shared<F>,
-    pub(super) epoll: Epoll,
-    pub(super) engine: Engine,
-    pub(super) exec: EngineExec,
-    pub(super) conns: HashMap<u32, Conn<F>>,
-    pub(super) next_conn: u32,
-    pub(super) reqs: Requests,
+struct Loop<F: Filesystem> {
+    shared: Shared<F>,
+    epoll: Epoll,
+    engine: Engine,
+    exec: EngineExec,
+    conns: HashMap<u32, Conn<F>>,
+    next_conn: u32,
+    reqs: Requests,
     /// Replies in pooled buffers waiting to be written.
-    pub(super) queued: usize,
+    queued: usize,
     /// Slots and worker turns, and the connections waiting for them.
-    pub(super) adm: Admission,
+    adm: Admission,
     /// Some connection may be in the middle of a frame: check rates.
-    pub(super) stall_watch: bool,
-    pub(super) next_stall_check: Instant,
-    pub(super) bufs: BufPool,
+    stall_watch: bool,
+    next_stall_check: Instant,
+    bufs: BufPool,
     /// Pipes for spliced Rreads, shared with this thread's requests.
-    pub(super) pipes: SharedPipes,
-    pub(super) done: Vec<(u16, u32)>,
+    pipes: SharedPipes,
+    done: Vec<(u16, u32)>,
     /// Connections whose output or interest may need work.
-    pub(super) dirty: Vec<u32>,
+    dirty: Vec<u32>,
     /// Why the last connection that failed ended (for [`serve_connection`](super::serve_connection)).
-    pub(super) last_error: Option<io::Error>,
-    pub(super) ctx_rx: mpsc::Receiver<OwnedFd>,
-    pub(super) ctx_wake: EventFd,
-    pub(super) conns_count: Arc<AtomicUsize>,
-    pub(super) active: Arc<AtomicUsize>,
+    last_error: Option<io::Error>,
+    ctx_rx: mpsc::Receiver<OwnedFd>,
+    ctx_wake: EventFd,
+    conns_count: Arc<AtomicUsize>,
+    active: Arc<AtomicUsize>,
 }
-
-/// A connection whose unwritten replies reach this many bytes reads no
-/// further request until the client has taken some: a client that does not
-/// read its replies makes the server stop reading, and the replies in the
-/// making stay few (and warm in the cache) however many requests the client
-/// keeps outstanding.
-pub(crate) const OUT_HIGH_WATER: usize = 256 << 10;
 
 /// How often a socket thread checks the rate of frames being read.
-pub(super) const STALL_CHECK: Duration = Duration::from_millis(250);
+const STALL_CHECK: Duration = Duration::from_millis(250);
 
 pub(super) fn run_thread<F: Filesystem + 'static>(
     ctx: ThreadCtx<F>,
@@ -225,7 +161,7 @@ pub(super) fn run_thread<F: Filesystem + 'static>(
 impl<F: Filesystem + 'static> Loop<F> {
     /// Serves until the thread's channel closes, or with `single` until
     /// its one connection ends (with that connection's result).
-    pub(super) fn run(&mut self, single: bool) -> io::Result<()> {
+    fn run(&mut self, single: bool) -> io::Result<()> {
         let mut events = vec![EpollEvent::default(); 64];
         let mut served_one = false;
         loop {
@@ -282,7 +218,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         }
     }
 
-    pub(super) fn open(&mut self, fd: OwnedFd) {
+    fn open(&mut self, fd: OwnedFd) {
         let id = self.next_conn;
         self.next_conn = self.next_conn.checked_add(1).unwrap_or(FIRST_CONN);
         let sock = Arc::new(File::from(fd));
@@ -305,10 +241,8 @@ impl<F: Filesystem + 'static> Loop<F> {
                 sock,
                 session: Arc::new(Session::new()),
                 input: Input::header(),
-                out: VecDeque::new(),
-                out_pos: 0,
+                output: Output::default(),
                 in_flight: 0,
-                out_bytes: 0,
                 interest: EventSet::IN,
                 slots: Slots::default(),
                 frame_start: None,
@@ -319,7 +253,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         );
     }
 
-    pub(super) fn close(&mut self, id: u32, why: Close) {
+    fn close(&mut self, id: u32, why: Close) {
         let Some(conn) = self.conns.remove(&id) else {
             return;
         };
@@ -349,17 +283,17 @@ impl<F: Filesystem + 'static> Loop<F> {
         for (buf, _) in conn.version.into_iter().chain(conn.held) {
             self.bufs.put(buf, self.keep());
         }
-        for o in conn.out {
-            if o.pooled {
+        for o in conn.output.into_unsent() {
+            if let Some(buf) = o.into_pooled() {
                 self.queued -= 1;
-                self.bufs.put(o.buf, self.keep());
+                self.bufs.put(buf, self.keep());
             }
         }
         self.conns_count.fetch_sub(1, Ordering::AcqRel);
         self.active.fetch_sub(1, Ordering::AcqRel);
     }
 
-    pub(super) fn on_conn_event(&mut self, id: u32, ev: EventSet) {
+    fn on_conn_event(&mut self, id: u32, ev: EventSet) {
         if ev.contains(EventSet::OUT) {
             self.dirty.push(id);
         }
@@ -377,133 +311,101 @@ impl<F: Filesystem + 'static> Loop<F> {
         }
     }
 
+    /// Reads and starts what the socket holds, within the limits.
+    /// `from_queue`: the connection's turn in the queue came, its next
     /// frame takes a shared slot ahead of the others waiting.
-    pub(super) fn read_conn(
-        &mut self,
-        id: u32,
-        mut from_queue: bool,
-    ) -> std::result::Result<(), Close> {
+    fn read_conn(&mut self, id: u32, mut from_queue: bool) -> Result<(), Close> {
         // A bounded number of frames per wakeup keeps connections fair.
         for _ in 0..64 {
             // Send what finished at once (a cached read runs inline), so
             // the client reads replies while the next requests run.
             self.collect();
             self.flush_out(id).map_err(Close::Failed)?;
-            let Some(c) = self.conns.get(&id) else {
-                return Ok(());
+            let admit = match self.gate(id, from_queue) {
+                Gate::Stop => break,
+                Gate::Rest => None,
+                Gate::New(how) => Some(how),
             };
-            if matches!(c.input, Input::Streaming) {
-                break;
-            }
-            let mut admit = None;
-            if c.input.at_boundary() {
-                // A new request: it needs the connection's and the
-                // thread's room.
-                if !self.conn_ready(c) {
-                    break;
-                }
-                match self.adm.admit(&c.slots, from_queue) {
-                    Some(how) => admit = Some(how),
-                    None => {
-                        self.enqueue(id);
-                        break;
-                    }
-                }
-            }
             let Some(c) = self.conns.get_mut(&id) else {
                 return Ok(());
             };
-            let sock = Arc::clone(&c.sock);
-            match &mut c.input {
-                Input::Header { hdr, have } => {
-                    let Some(n) = read_some(&sock, &mut hdr[*have..]).map_err(Close::Failed)?
-                    else {
-                        break;
-                    };
-                    if n == 0 {
-                        return Err(Close::HungUp);
-                    }
-                    *have += n;
-                    let (hdr, have) = (*hdr, *have);
-                    if let Some(how) = admit {
-                        from_queue = false;
-                        self.reserve(id, how);
-                    }
-                    self.got(id, n);
-                    if have < HEADER_SIZE {
-                        continue;
-                    }
-                    self.on_header(id, hdr)?;
+            let arrived = c.input.read(&c.sock)?;
+            if matches!(arrived, Arrived::Nothing) {
+                break;
+            }
+            if let Some(how) = admit {
+                // The frame's first bytes: it holds its slot from now.
+                from_queue = false;
+                self.reserve(id, how);
+            }
+            self.on_arrival(id, arrived)?;
+        }
+        Ok(())
+    }
+
+    /// Whether to read the connection's socket now, and for a new frame
+    /// the slot it takes. A new frame needs the connection's and the
+    /// thread's room; without the thread's it waits in the queue.
+    fn gate(&mut self, id: u32, from_queue: bool) -> Gate {
+        let Some(c) = self.conns.get(&id) else {
+            return Gate::Stop;
+        };
+        if matches!(c.input, Input::Streaming) {
+            return Gate::Stop;
+        }
+        if !c.input.at_boundary() {
+            return Gate::Rest;
+        }
+        if !self.conn_ready(c) {
+            return Gate::Stop;
+        }
+        match self.adm.admit(&c.slots, from_queue) {
+            Some(how) => Gate::New(how),
+            None => {
+                self.enqueue(id);
+                Gate::Stop
+            }
+        }
+    }
+
+    /// Acts on what one read of the connection's socket brought.
+    fn on_arrival(&mut self, id: u32, arrived: Arrived) -> Result<(), Close> {
+        match arrived {
+            Arrived::Nothing => {}
+            Arrived::Part(n) => self.got(id, n),
+            Arrived::Header(hdr, n) => {
+                self.got(id, n);
+                self.on_header(id, hdr)?;
+            }
+            Arrived::Frame(buf, size) => {
+                self.frame_done(id);
+                self.start(id, buf, size);
+            }
+            Arrived::TwriteHead(head, n) => {
+                self.got(id, n);
+                self.start_stream(id, head);
+            }
+            Arrived::Skipped(n, answer) => {
+                self.got(id, n);
+                self.frame_done(id);
+                if let Some((tag, errno)) = answer {
+                    self.answer_now(id, tag, errno);
                 }
-                Input::Body { buf, size, have } => {
-                    let Some(n) =
-                        read_some(&sock, &mut buf[*have..*size]).map_err(Close::Failed)?
-                    else {
-                        break;
-                    };
-                    if n == 0 {
-                        return Err(Close::HungUp);
-                    }
-                    *have += n;
-                    if *have == *size {
-                        let (size, buf) = (*size, std::mem::take(buf));
-                        c.input = Input::header();
-                        c.frame_start = None;
-                        self.start(id, buf, size);
-                    } else {
-                        self.got(id, n);
-                    }
-                }
-                Input::TwriteHead { head, have } => {
-                    let Some(n) = read_some(&sock, &mut head[*have..]).map_err(Close::Failed)?
-                    else {
-                        break;
-                    };
-                    if n == 0 {
-                        return Err(Close::HungUp);
-                    }
-                    *have += n;
-                    if *have == TWRITE_HEAD {
-                        let head = *head;
-                        c.input = Input::Streaming;
-                        self.got(id, n);
-                        self.start_stream(id, head);
-                    } else {
-                        self.got(id, n);
-                    }
-                }
-                Input::Skip { left, answer } => {
-                    if *left > 0 {
-                        let mut scratch = [0u8; 8192];
-                        let want = scratch.len().min(*left as usize);
-                        let Some(n) =
-                            read_some(&sock, &mut scratch[..want]).map_err(Close::Failed)?
-                        else {
-                            break;
-                        };
-                        if n == 0 {
-                            return Err(Close::HungUp);
-                        }
-                        *left -= n as u64;
-                        c.frame_got += n;
-                    }
-                    if *left == 0 {
-                        let answer = answer.take();
-                        c.input = Input::header();
-                        c.frame_start = None;
-                        if let Some((tag, errno)) = answer {
-                            self.answer_now(id, tag, errno);
-                        }
-                    }
-                }
-                Input::Streaming => break,
             }
         }
         Ok(())
     }
 
+    /// The frame being read is whole: the connection is between frames
+    /// (no rate to check).
+    fn frame_done(&mut self, id: u32) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.frame_start = None;
+        }
+    }
+
     /// `n` more bytes of the frame being read arrived.
-    pub(super) fn got(&mut self, id: u32, n: usize) {
+    fn got(&mut self, id: u32, n: usize) {
         if let Some(c) = self.conns.get_mut(&id) {
             c.frame_got += n;
         }
@@ -512,7 +414,7 @@ impl<F: Filesystem + 'static> Loop<F> {
     /// Closes the connections whose frame in progress arrives below the
     /// minimum rate ([`SocketLimits::min_request_rate`](super::SocketLimits::min_request_rate)); a streamed
     /// Twrite checks its own.
-    pub(super) fn check_stalls(&mut self) {
+    fn check_stalls(&mut self) {
         if !self.stall_watch {
             return;
         }
@@ -544,11 +446,7 @@ impl<F: Filesystem + 'static> Loop<F> {
 
     /// A whole header arrived: check the frame size and pick how to read
     /// the rest.
-    pub(super) fn on_header(
-        &mut self,
-        id: u32,
-        hdr: [u8; HEADER_SIZE],
-    ) -> std::result::Result<(), Close> {
+    fn on_header(&mut self, id: u32, hdr: [u8; HEADER_SIZE]) -> Result<(), Close> {
         let Some(c) = self.conns.get_mut(&id) else {
             return Ok(());
         };
@@ -605,25 +503,17 @@ impl<F: Filesystem + 'static> Loop<F> {
     }
 
     /// Queues an Rlerror for `tag` without running anything.
-    pub(super) fn answer_now(&mut self, id: u32, tag: u16, errno: u32) {
+    fn answer_now(&mut self, id: u32, tag: u16, errno: u32) {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        let frame = Rmessage::Lerror(errno).encode_frame(tag);
-        let len = frame.len();
         c.in_flight += 1;
-        c.out_bytes += len;
-        c.out.push_back(Out {
-            buf: frame,
-            len,
-            pooled: false,
-            tail: None,
-        });
+        c.output.push(Out::error(tag, errno));
         self.dirty.push(id);
     }
 
     /// Runs the buffered request `buf[..size]` on the engine.
-    pub(super) fn start(&mut self, id: u32, buf: Vec<u8>, size: usize) {
+    fn start(&mut self, id: u32, buf: Vec<u8>, size: usize) {
         let Some(c) = self.conns.get_mut(&id) else {
             self.bufs.put(buf, self.keep());
             return;
@@ -697,7 +587,7 @@ impl<F: Filesystem + 'static> Loop<F> {
 
     /// Runs a large Twrite whose data the request reads from the socket
     /// itself, chunk by chunk, as it arrives ("Slow senders").
-    pub(super) fn start_stream(&mut self, id: u32, head: [u8; TWRITE_HEAD]) {
+    fn start_stream(&mut self, id: u32, head: [u8; TWRITE_HEAD]) {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
@@ -749,7 +639,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         self.spawn(id, h.tag, handoff, Some(state), false, task);
     }
 
-    pub(super) fn spawn(
+    fn spawn(
         &mut self,
         id: u32,
         tag: u16,
@@ -807,7 +697,7 @@ impl<F: Filesystem + 'static> Loop<F> {
     }
 
     /// Routes finished requests to their connections' output.
-    pub(super) fn collect(&mut self) {
+    fn collect(&mut self) {
         self.engine.take_completed(&mut self.done);
         let done = std::mem::take(&mut self.done);
         let mut slow = Vec::new();
@@ -851,20 +741,9 @@ impl<F: Filesystem + 'static> Loop<F> {
                 };
             }
             match reply {
-                Some(mut buf) if len > 0 && len as usize <= buf.len() => {
-                    let (len, tail) = match spliced {
-                        Some(f) => rread_tail(&mut buf, len as usize, f),
-                        None => (len as usize, None),
-                    };
+                Some(buf) if len > 0 && len as usize <= buf.len() => {
                     self.queued += 1;
-                    let out = Out {
-                        buf,
-                        len,
-                        pooled: true,
-                        tail,
-                    };
-                    c.out_bytes += out.total();
-                    c.out.push_back(out);
+                    c.output.push(Out::reply(buf, len as usize, spliced));
                 }
                 other => {
                     // Flushed before it answered, or not answerable.
@@ -888,8 +767,10 @@ impl<F: Filesystem + 'static> Loop<F> {
         }
     }
 
-    /// the epoll interest, and frees the pool once idle.
-    pub(super) fn settle(&mut self) {
+    /// Serves the queues, writes the replies and reads the sockets of the
+    /// connections marked dirty, updates their epoll interest, and frees
+    /// the pools once idle.
+    fn settle(&mut self) {
         // Bounded, so new connections and events are seen between rounds
         // of a busy queue; what is left makes the next epoll wait return
         // at once.
@@ -943,62 +824,31 @@ impl<F: Filesystem + 'static> Loop<F> {
         }
     }
 
-    pub(super) fn flush_out(&mut self, id: u32) -> io::Result<()> {
+    /// Writes the connection's replies, as far as its socket takes them.
+    fn flush_out(&mut self, id: u32) -> io::Result<()> {
         let keep = self.keep();
         let Some(c) = self.conns.get_mut(&id) else {
             return Ok(());
         };
         let log = self.shared.server.log_limit();
-        while let Some(front) = c.out.front_mut() {
-            if c.out_pos == 0 {
-                if let Some(t) = front.tail.as_mut() {
-                    if t.left == t.len {
-                        // Just before its header goes out: a file that
-                        // shrank since the fill cuts the reply.
-                        let old = t.len;
-                        if let Some(len) = t.recount() {
-                            c.out_bytes -= old - len;
-                            set_rread_count(&mut front.buf, len);
-                        }
-                    }
+        let (bufs, queued, in_flight) = (&mut self.bufs, &mut self.queued, &mut c.in_flight);
+        c.output.flush(
+            c.sock.as_fd(),
+            &self.pipes,
+            || log.admit(),
+            |o| {
+                *in_flight -= 1;
+                if let Some(buf) = o.into_pooled() {
+                    *queued -= 1;
+                    bufs.put(buf, keep);
                 }
-            }
-            if c.out_pos < front.len {
-                let more = front.tail.is_some();
-                let Some(n) = send_fd(c.sock.as_fd(), &front.buf[c.out_pos..front.len], more)?
-                else {
-                    break;
-                };
-                c.out_pos += n;
-                continue;
-            }
-            if let Some(t) = front.tail.as_mut().filter(|t| t.left > 0) {
-                // The header is out: now the pipe (kept while the socket
-                // is full).
-                let Some(n) = splice::splice_out(t, c.sock.as_fd(), || log.admit())? else {
-                    break;
-                };
-                t.left -= n;
-                continue;
-            }
-            c.out_pos = 0;
-            c.in_flight -= 1;
-            c.out_bytes -= front.total();
-            if let Some(o) = c.out.pop_front() {
-                if let Some((pipe, empty)) = o.tail.and_then(Tail::into_pipe) {
-                    // Sent in full: empty, unless the reply was cut.
-                    splice::lock(&self.pipes).put(pipe, empty);
-                }
-                if o.pooled {
-                    self.queued -= 1;
-                    self.bufs.put(o.buf, keep);
-                }
-            }
-        }
-        Ok(())
+            },
+        )
     }
 
-    pub(super) fn update_interest(&mut self, id: u32) {
+    /// Registers the epoll events the connection waits for now (and puts
+    /// it in the queue when only the thread's slots stop it).
+    fn update_interest(&mut self, id: u32) {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
@@ -1011,7 +861,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             // it is read again when its turn comes (never left unread).
             wait_turn = c.input.at_boundary() && self.conn_ready(c);
         }
-        if !c.out.is_empty() {
+        if !c.output.is_empty() {
             want |= EventSet::OUT;
         }
         if wait_turn {
@@ -1038,15 +888,15 @@ impl<F: Filesystem + 'static> Loop<F> {
 
     /// Free buffers the pool may keep: a request and a reply buffer for
     /// each request in flight, and a few more.
-    pub(super) fn keep(&self) -> usize {
+    fn keep(&self) -> usize {
         2 * (self.adm.live() + self.queued) + 4
     }
 
     /// Whether the connection may start another request, as far as it
     /// alone is concerned: the per-connection limits.
-    pub(super) fn conn_ready(&self, c: &Conn<F>) -> bool {
+    fn conn_ready(&self, c: &Conn<F>) -> bool {
         c.in_flight < self.shared.limits.max_in_flight.max(1)
-            && c.out_bytes < OUT_HIGH_WATER
+            && !c.output.is_full()
             && self.adm.within_share(&c.slots)
             && c.version.is_none()
             && c.held.is_none()
@@ -1054,7 +904,7 @@ impl<F: Filesystem + 'static> Loop<F> {
     }
 
     /// Whether to read the connection's socket now.
-    pub(super) fn readable(&self, c: &Conn<F>) -> bool {
+    fn readable(&self, c: &Conn<F>) -> bool {
         match c.input {
             Input::Streaming => false,
             ref i if !i.at_boundary() => true,
@@ -1065,14 +915,14 @@ impl<F: Filesystem + 'static> Loop<F> {
     }
 
     /// Puts the connection in the thread's queue for a slot.
-    pub(super) fn enqueue(&mut self, id: u32) {
+    fn enqueue(&mut self, id: u32) {
         if let Some(c) = self.conns.get_mut(&id) {
             self.adm.enqueue(id, &mut c.slots);
         }
     }
 
     /// The frame just begun takes a slot, and its arrival rate is watched.
-    pub(super) fn reserve(&mut self, id: u32, how: Admit) {
+    fn reserve(&mut self, id: u32, how: Admit) {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
@@ -1083,28 +933,28 @@ impl<F: Filesystem + 'static> Loop<F> {
     }
 
     /// The frame being read gives its slot to the request it starts.
-    pub(super) fn take_reservation(&mut self, id: u32) {
+    fn take_reservation(&mut self, id: u32) {
         if let Some(c) = self.conns.get_mut(&id) {
             self.adm.take_reservation(&mut c.slots);
         }
     }
 
     /// The frame being read ends without a request: its slot is free.
-    pub(super) fn unreserve(&mut self, id: u32) {
+    fn unreserve(&mut self, id: u32) {
         if let Some(c) = self.conns.get_mut(&id) {
             self.adm.unreserve(&mut c.slots);
         }
     }
 
     /// One of the connection's slots is free.
-    pub(super) fn drop_slot(&mut self, id: u32) {
+    fn drop_slot(&mut self, id: u32) {
         let slots = self.conns.get_mut(&id).map(|c| &mut c.slots);
         self.adm.drop_slot(slots);
     }
 
     /// Starts the requests waiting for a worker turn, in order, while the
     /// thread has turns free.
-    pub(super) fn serve_workq(&mut self) {
+    fn serve_workq(&mut self) {
         while let Some(id) = self.adm.next_worker_turn() {
             let Some((buf, size)) = self.conns.get_mut(&id).and_then(|c| c.held.take()) else {
                 continue;
@@ -1117,7 +967,7 @@ impl<F: Filesystem + 'static> Loop<F> {
     /// Gives the connections waiting for a slot their turn, in order, as
     /// long as slots are free: each starts one request, then waits again
     /// at the back if it has more.
-    pub(super) fn serve_waiters(&mut self) {
+    fn serve_waiters(&mut self) {
         let Some(waiting) = self.adm.waiters_turn() else {
             return;
         };

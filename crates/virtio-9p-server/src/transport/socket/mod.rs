@@ -216,9 +216,11 @@
 mod admission;
 mod buffers;
 mod connection;
+mod framing;
 mod hub;
 mod limits;
 mod listener;
+mod output;
 mod requests;
 mod splice;
 mod stream;
