@@ -17,12 +17,12 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::admission::{worker_bound, Admission, Admit, Slots};
-use super::buffers::{reply_room, trim_heap, BufPool, KEEP_BUFFER, SMALL_BUFFER};
-use super::framing::{Arrived, Close, Input};
+use super::buffers::{trim_heap, BufPool, KEEP_BUFFER, SMALL_BUFFER};
+use super::framing::{frame_size, Arrived, Close, Input};
 use super::hub::{Shared, ThreadCtx};
 use super::limits::{too_slow_error, RateFloor, DUPLICATE_TAG_ERRNO};
 use super::output::{Out, Output};
-use super::requests::{Buffered, Handoff, Req, Requests, Streamed};
+use super::requests::{Buffered, Handoff, Job, Req, Requests, Streamed};
 use super::splice::{self, PipePool, SharedPipes, SigpipeBlocked, Splicer};
 use super::stream::{StreamState, STREAM_CHUNK, TWRITE_HEAD};
 use crate::engine::{Engine, EngineConfig, EngineExec};
@@ -101,6 +101,8 @@ struct Loop<F: Filesystem> {
 /// How often a socket thread checks the rate of frames being read.
 const STALL_CHECK: Duration = Duration::from_millis(250);
 
+/// Runs one socket thread's loop ("Threads" in the module docs): until
+/// its channel closes, or with `single` until its one connection ends.
 pub(super) fn run_thread<F: Filesystem + 'static>(
     ctx: ThreadCtx<F>,
     single: bool,
@@ -451,25 +453,17 @@ impl<F: Filesystem + 'static> Loop<F> {
             return Ok(());
         };
         let h = Header::from_bytes(&hdr);
-        let size = h.size as usize;
-        // A Tversion may announce any msize, but the frame itself is tiny.
-        let limit = c.session.frame_limit();
-        if size < HEADER_SIZE || h.size > limit {
-            if self.shared.server.log_limit().admit() {
-                warn!("9p: closing connection {id}: frame size {size} outside 7..={limit}");
+        let size = match frame_size(&h, c.session.frame_limit()) {
+            Ok(size) => size,
+            Err(e) => {
+                if self.shared.server.log_limit().admit() {
+                    warn!("9p: closing connection {id}: {e}");
+                }
+                return Err(Close::Failed(e));
             }
-            return Err(Close::Failed(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("frame size {size} outside 7..={limit}"),
-            )));
-        }
+        };
         if h.ty == TWRITE && size > KEEP_BUFFER {
-            let mut head = [0u8; TWRITE_HEAD];
-            head[..HEADER_SIZE].copy_from_slice(&hdr);
-            c.input = Input::TwriteHead {
-                head,
-                have: HEADER_SIZE,
-            };
+            c.input = Input::twrite_head(hdr);
             return Ok(());
         }
         let Some(mut buf) = self.bufs.take(size) else {
@@ -512,7 +506,9 @@ impl<F: Filesystem + 'static> Loop<F> {
         self.dirty.push(id);
     }
 
-    /// Runs the buffered request `buf[..size]` on the engine.
+    /// Runs the buffered request `buf[..size]` on the engine, unless it
+    /// waits (a Tversion for the requests it aborts, a worker-bound
+    /// request for its turn) or is refused.
     fn start(&mut self, id: u32, buf: Vec<u8>, size: usize) {
         let Some(c) = self.conns.get_mut(&id) else {
             self.bufs.put(buf, self.keep());
@@ -544,27 +540,12 @@ impl<F: Filesystem + 'static> Loop<F> {
             if self.shared.server.log_limit().admit() {
                 warn!("9p: connection {id}: tag {} is already in flight", h.tag);
             }
-            self.bufs.put(buf, self.keep());
-            self.unreserve(id);
-            self.answer_now(id, h.tag, DUPLICATE_TAG_ERRNO as u32);
+            self.refuse(id, h.tag, DUPLICATE_TAG_ERRNO as u32, buf);
             return;
         }
-        let mut room = reply_room(&buf[..size], limit);
-        let reply = match self.bufs.take(room) {
-            Some(r) => r,
-            None => {
-                // A shorter Rread/Rreaddir, as POSIX allows.
-                room = KEEP_BUFFER.min(limit as usize);
-                match self.bufs.take(room) {
-                    Some(r) => r,
-                    None => {
-                        self.bufs.put(buf, self.keep());
-                        self.unreserve(id);
-                        self.answer_now(id, h.tag, libc::ENOMEM as u32);
-                        return;
-                    }
-                }
-            }
+        let Some((reply, room)) = self.bufs.take_reply(&buf[..size], limit) else {
+            self.refuse(id, h.tag, libc::ENOMEM as u32, buf);
+            return;
         };
         // An Rread may go out as its header plus a spliced file range.
         let splicer = (h.ty == TREAD && self.shared.limits.splice_reads)
@@ -578,11 +559,15 @@ impl<F: Filesystem + 'static> Loop<F> {
             room,
             splicer,
         };
-        let exec = self.exec;
-        let handoff = Rc::new(Handoff::default());
-        let back = Rc::clone(&handoff);
-        let task = move |cancel: Cancel| job.run(exec, &back, &cancel);
-        self.spawn(id, h.tag, handoff, None, on_worker, task);
+        self.spawn(id, h.tag, job, None, on_worker);
+    }
+
+    /// Answers the buffered request `buf` with `errno` instead of running
+    /// it; its slot is free.
+    fn refuse(&mut self, id: u32, tag: u16, errno: u32, buf: Vec<u8>) {
+        self.bufs.put(buf, self.keep());
+        self.unreserve(id);
+        self.answer_now(id, tag, errno);
     }
 
     /// Runs a large Twrite whose data the request reads from the socket
@@ -632,23 +617,21 @@ impl<F: Filesystem + 'static> Loop<F> {
             chunk,
             reply,
         };
-        let exec = self.exec;
-        let handoff = Rc::new(Handoff::default());
-        let back = Rc::clone(&handoff);
-        let task = move |cancel: Cancel| job.run(exec, &back, &cancel);
-        self.spawn(id, h.tag, handoff, Some(state), false, task);
+        self.spawn(id, h.tag, job, Some(state), false);
     }
 
+    /// Starts `job` on the engine, in the connection's tag space, with
+    /// the slot its frame reserved.
     fn spawn(
         &mut self,
         id: u32,
         tag: u16,
-        handoff: Rc<Handoff>,
+        job: impl Job + 'static,
         stream: Option<Arc<StreamState>>,
         on_worker: bool,
-        task: impl FnOnce(Cancel) -> u32 + 'static,
     ) {
         let streaming = stream.is_some();
+        let handoff = Rc::new(Handoff::default());
         let Some(token) = self.reqs.insert(Req {
             conn: id,
             handoff: Rc::clone(&handoff),
@@ -671,29 +654,34 @@ impl<F: Filesystem + 'static> Loop<F> {
         self.dirty.push(id);
         let cancel = Cancel::new();
         let token_cancel = cancel.clone();
-        if let Err(e) = self
-            .engine
-            .spawn_in(id, token, Some(tag), cancel, move || task(token_cancel))
-        {
+        let exec = self.exec;
+        let task = move || job.run(exec, &handoff, &token_cancel);
+        if let Err(e) = self.engine.spawn_in(id, token, Some(tag), cancel, task) {
             // The task (and its buffers) is dropped unrun.
             error!("9p: connection {id}: cannot start tag {tag}: {e}");
-            self.reqs.remove(token);
-            self.adm.ended(on_worker);
-            self.drop_slot(id);
-            if let Some(c) = self.conns.get_mut(&id) {
-                c.in_flight -= 1;
-                if streaming {
-                    c.input = Input::header();
-                    // The frame cannot be skipped reliably: end it.
-                    self.close(
-                        id,
-                        Close::Failed(io::Error::other("cannot start a streamed Twrite")),
-                    );
-                    return;
-                }
-            }
-            self.answer_now(id, tag, libc::ENOMEM as u32);
+            self.not_started(id, tag, token, on_worker, streaming);
         }
+    }
+
+    /// Undoes [`spawn`](Self::spawn) for a request the engine refused:
+    /// answered `ENOMEM`, or for a streamed Twrite (whose frame cannot be
+    /// skipped reliably) the connection ends.
+    fn not_started(&mut self, id: u32, tag: u16, token: u16, on_worker: bool, streaming: bool) {
+        self.reqs.remove(token);
+        self.adm.ended(on_worker);
+        self.drop_slot(id);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.in_flight -= 1;
+            if streaming {
+                c.input = Input::header();
+                self.close(
+                    id,
+                    Close::Failed(io::Error::other("cannot start a streamed Twrite")),
+                );
+                return;
+            }
+        }
+        self.answer_now(id, tag, libc::ENOMEM as u32);
     }
 
     /// Routes finished requests to their connections' output.
@@ -702,58 +690,9 @@ impl<F: Filesystem + 'static> Loop<F> {
         let done = std::mem::take(&mut self.done);
         let mut slow = Vec::new();
         for &(token, len) in &done {
-            let Some(req) = self.reqs.remove(token) else {
-                continue;
-            };
-            self.adm.ended(req.on_worker);
-            if let Some(b) = req.handoff.request.take() {
-                self.bufs.put(b, self.keep());
+            if let Some(req) = self.reqs.remove(token) {
+                slow.extend(self.finish(req, len));
             }
-            let reply = req.handoff.reply.take();
-            let spliced = req.handoff.spliced.take();
-            if !self.conns.contains_key(&req.conn) {
-                if let Some(b) = reply {
-                    self.bufs.put(b, self.keep());
-                }
-                continue;
-            }
-            self.drop_slot(req.conn);
-            let Some(c) = self.conns.get_mut(&req.conn) else {
-                continue;
-            };
-            if let Some(st) = &req.stream {
-                if st.too_slow() {
-                    slow.push(req.conn);
-                }
-                c.frame_got = st.got();
-                // The rest of the streamed frame (an error before all its
-                // data was used) is skipped, not parsed.
-                let left = st.unread();
-                c.input = if left > 0 {
-                    self.stall_watch = true;
-                    Input::Skip {
-                        left: left as u64,
-                        answer: None,
-                    }
-                } else {
-                    c.frame_start = None;
-                    Input::header()
-                };
-            }
-            match reply {
-                Some(buf) if len > 0 && len as usize <= buf.len() => {
-                    self.queued += 1;
-                    c.output.push(Out::reply(buf, len as usize, spliced));
-                }
-                other => {
-                    // Flushed before it answered, or not answerable.
-                    c.in_flight -= 1;
-                    if let Some(b) = other {
-                        self.bufs.put(b, self.keep());
-                    }
-                }
-            }
-            self.dirty.push(req.conn);
         }
         self.done = done;
         self.done.clear();
@@ -765,6 +704,69 @@ impl<F: Filesystem + 'static> Loop<F> {
             }
             self.close(id, Close::Failed(too_slow_error()));
         }
+    }
+
+    /// A request returned with a reply of `len` bytes (0: none): its
+    /// buffers go back to the pool and its reply to its connection's
+    /// output. Returns the connection if it is to close: its streamed
+    /// Twrite's data arrived below the minimum rate.
+    fn finish(&mut self, req: Req, len: u32) -> Option<u32> {
+        self.adm.ended(req.on_worker);
+        if let Some(b) = req.handoff.request.take() {
+            self.bufs.put(b, self.keep());
+        }
+        let reply = req.handoff.reply.take();
+        let spliced = req.handoff.spliced.take();
+        if !self.conns.contains_key(&req.conn) {
+            if let Some(b) = reply {
+                self.bufs.put(b, self.keep());
+            }
+            return None;
+        }
+        self.drop_slot(req.conn);
+        let slow = req
+            .stream
+            .as_ref()
+            .is_some_and(|st| self.stream_ended(req.conn, st));
+        let c = self.conns.get_mut(&req.conn)?;
+        match reply {
+            Some(buf) if len > 0 && len as usize <= buf.len() => {
+                self.queued += 1;
+                c.output.push(Out::reply(buf, len as usize, spliced));
+            }
+            other => {
+                // Flushed before it answered, or not answerable.
+                c.in_flight -= 1;
+                if let Some(b) = other {
+                    self.bufs.put(b, self.keep());
+                }
+            }
+        }
+        self.dirty.push(req.conn);
+        slow.then_some(req.conn)
+    }
+
+    /// A streamed Twrite returned: the connection reads frames again, past
+    /// the rest of the Twrite's frame (left by an error before all its data
+    /// was used), which is skipped, not parsed. Returns whether the data
+    /// arrived below the minimum rate.
+    fn stream_ended(&mut self, id: u32, st: &StreamState) -> bool {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return false;
+        };
+        c.frame_got = st.got();
+        let left = st.unread();
+        c.input = if left > 0 {
+            self.stall_watch = true;
+            Input::Skip {
+                left: left as u64,
+                answer: None,
+            }
+        } else {
+            c.frame_start = None;
+            Input::header()
+        };
+        st.too_slow()
     }
 
     /// Serves the queues, writes the replies and reads the sockets of the
@@ -784,32 +786,9 @@ impl<F: Filesystem + 'static> Loop<F> {
             dirty.sort_unstable();
             dirty.dedup();
             for id in dirty {
-                if let Err(e) = self.flush_out(id) {
-                    self.close(id, Close::Failed(e));
-                    continue;
+                if let Err(why) = self.settle_conn(id) {
+                    self.close(id, why);
                 }
-                if let Some(c) = self.conns.get(&id) {
-                    if c.version.is_some() && c.slots.held() == 1 {
-                        // The requests a Tversion waited for have returned.
-                        if let Some(c) = self.conns.get_mut(&id) {
-                            if let Some((buf, size)) = c.version.take() {
-                                self.start(id, buf, size);
-                            }
-                        }
-                    }
-                }
-                let Some(c) = self.conns.get(&id) else {
-                    continue;
-                };
-                if self.readable(c) {
-                    // A slot freed: read what waits in the socket (level
-                    // triggered epoll would also tell us).
-                    if let Err(why) = self.read_conn(id, false) {
-                        self.close(id, why);
-                        continue;
-                    }
-                }
-                self.update_interest(id);
             }
             self.collect();
         }
@@ -822,6 +801,30 @@ impl<F: Filesystem + 'static> Loop<F> {
                 self.shared.pool.trim();
             }
         }
+    }
+
+    /// One dirty connection: writes its replies, starts its Tversion once
+    /// the requests it waited for have returned, reads its socket if a
+    /// slot freed, and updates its epoll interest.
+    fn settle_conn(&mut self, id: u32) -> Result<(), Close> {
+        self.flush_out(id).map_err(Close::Failed)?;
+        if let Some(c) = self.conns.get_mut(&id) {
+            if c.slots.held() == 1 {
+                if let Some((buf, size)) = c.version.take() {
+                    self.start(id, buf, size);
+                }
+            }
+        }
+        let Some(c) = self.conns.get(&id) else {
+            return Ok(());
+        };
+        if self.readable(c) {
+            // A slot freed: read what waits in the socket (level
+            // triggered epoll would also tell us).
+            self.read_conn(id, false)?;
+        }
+        self.update_interest(id);
+        Ok(())
     }
 
     /// Writes the connection's replies, as far as its socket takes them.

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io;
 
 use super::stream::TWRITE_HEAD;
-use crate::protocol::HEADER_SIZE;
+use crate::protocol::{Header, HEADER_SIZE};
 use crate::sys::read_some;
 
 /// Why a connection ends.
@@ -70,6 +70,16 @@ impl Input {
         Input::Header {
             hdr: [0; HEADER_SIZE],
             have: 0,
+        }
+    }
+
+    /// The fixed part of a large Twrite whose header `hdr` was read.
+    pub(super) fn twrite_head(hdr: [u8; HEADER_SIZE]) -> Input {
+        let mut head = [0u8; TWRITE_HEAD];
+        head[..HEADER_SIZE].copy_from_slice(&hdr);
+        Input::TwriteHead {
+            head,
+            have: HEADER_SIZE,
         }
     }
 
@@ -136,6 +146,21 @@ impl Input {
             Input::Streaming => Ok(Arrived::Nothing),
         }
     }
+}
+
+/// The size of the frame that `h` starts, if the connection can take it:
+/// at least a header, at most `limit` (a Tversion may announce any msize,
+/// but the frame itself is tiny). Otherwise the stream cannot be
+/// resynchronised and the connection ends.
+pub(super) fn frame_size(h: &Header, limit: u32) -> io::Result<usize> {
+    let size = h.size as usize;
+    if size < HEADER_SIZE || h.size > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame size {size} outside 7..={limit}"),
+        ));
+    }
+    Ok(size)
 }
 
 /// Reads into `buf`: the bytes read, `None` when the socket has none now,

@@ -32,6 +32,13 @@ pub(super) struct Handoff {
     pub(super) spliced: Cell<Option<Filled>>,
 }
 
+/// What a request runs on its coroutine: it serves the request, hands
+/// its buffers back through `back` and returns the reply's length (0:
+/// no reply).
+pub(super) trait Job {
+    fn run(self, exec: EngineExec, back: &Handoff, cancel: &Cancel) -> u32;
+}
+
 /// A request read whole into `frame[..size]`, with its reply buffer.
 pub(super) struct Buffered<F: Filesystem> {
     pub(super) server: Arc<Server<F>>,
@@ -45,10 +52,8 @@ pub(super) struct Buffered<F: Filesystem> {
     pub(super) splicer: Option<Splicer>,
 }
 
-impl<F: Filesystem> Buffered<F> {
-    /// Serves the request on its coroutine; returns the reply's length
-    /// (0: no reply) and hands its buffers back through `back`.
-    pub(super) fn run(self, exec: EngineExec, back: &Handoff, cancel: &Cancel) -> u32 {
+impl<F: Filesystem> Job for Buffered<F> {
+    fn run(self, exec: EngineExec, back: &Handoff, cancel: &Cancel) -> u32 {
         let Buffered {
             server,
             session,
@@ -88,9 +93,8 @@ pub(super) struct Streamed<F: Filesystem> {
     pub(super) reply: Vec<u8>,
 }
 
-impl<F: Filesystem> Streamed<F> {
-    /// Serves the Twrite on its coroutine, as [`Buffered::run`].
-    pub(super) fn run(self, exec: EngineExec, back: &Handoff, cancel: &Cancel) -> u32 {
+impl<F: Filesystem> Job for Streamed<F> {
+    fn run(self, exec: EngineExec, back: &Handoff, cancel: &Cancel) -> u32 {
         let Streamed {
             server,
             session,
