@@ -12,23 +12,23 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use coro_pool::{PoolConfig, StackPool};
 use log::{debug, error, info, warn};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::admission::{worker_bound, Admission, Admit, Slots};
-use super::buffers::{trim_heap, BufPool, KEEP_BUFFER, SMALL_BUFFER};
+use super::buffers::{trim_heap, BufPool, BufferBudget, KEEP_BUFFER, SMALL_BUFFER};
 use super::framing::{frame_size, Arrived, Close, Input};
-use super::hub::{Shared, ThreadCtx};
-use super::limits::{too_slow_error, RateFloor, DUPLICATE_TAG_ERRNO};
+use super::limits::{too_slow_error, RateFloor, SocketLimits, DUPLICATE_TAG_ERRNO};
 use super::output::{Out, Output};
 use super::requests::{Buffered, Handoff, Job, Req, Requests, Streamed};
 use super::splice::{self, PipePool, SharedPipes, SigpipeBlocked, Splicer};
 use super::stream::{StreamState, STREAM_CHUNK, TWRITE_HEAD};
-use crate::engine::{Engine, EngineConfig, EngineExec};
+use crate::engine::{Engine, EngineConfig, EngineExec, Executor, ThreadPool, DEFAULT_STACK_SIZE};
 use crate::fs::Filesystem;
 use crate::protocol::{Header, HEADER_SIZE, TREAD, TVERSION, TWRITE};
-use crate::server::{Cancel, Session};
+use crate::server::{Cancel, Server, Session};
 
 /// Epoll data of the thread's own fds; connections use their id.
 const EV_NEW: u64 = 0;
@@ -100,6 +100,59 @@ struct Loop<F: Filesystem> {
 
 /// How often a socket thread checks the rate of frames being read.
 const STALL_CHECK: Duration = Duration::from_millis(250);
+
+/// What every socket thread of a listener shares.
+pub(super) struct Shared<F> {
+    pub(super) server: Arc<Server<F>>,
+    pub(super) budget: Arc<BufferBudget>,
+    pub(super) limits: SocketLimits,
+    pub(super) executor: Option<Arc<dyn Executor>>,
+    pub(super) pool: Arc<StackPool>,
+}
+
+impl<F> Clone for Shared<F> {
+    fn clone(&self) -> Self {
+        Shared {
+            server: Arc::clone(&self.server),
+            budget: Arc::clone(&self.budget),
+            limits: self.limits.clone(),
+            executor: self.executor.clone(),
+            pool: Arc::clone(&self.pool),
+        }
+    }
+}
+
+impl<F: Filesystem + 'static> Shared<F> {
+    /// What the threads of a listener within `limits` share: the worker
+    /// pool, the coroutine stacks and the buffer budget.
+    pub(super) fn new(server: Arc<Server<F>>, limits: &SocketLimits) -> io::Result<Self> {
+        let executor: Option<Arc<dyn Executor>> = if limits.workers > 0 {
+            Some(Arc::new(ThreadPool::new(limits.workers, None)?))
+        } else {
+            None
+        };
+        let pool = StackPool::new(PoolConfig::default().stack_size(DEFAULT_STACK_SIZE))
+            .map_err(io::Error::other)?;
+        Ok(Shared {
+            server,
+            budget: BufferBudget::new(limits.buffer_bytes),
+            limits: limits.clone(),
+            executor,
+            pool: Arc::new(pool),
+        })
+    }
+}
+
+/// What one socket thread is given: the shared part, the channel its
+/// connections come on (with the eventfd that announces them), and the
+/// connection counts it lowers as they close.
+pub(super) struct ThreadCtx<F> {
+    pub(super) shared: Shared<F>,
+    pub(super) rx: mpsc::Receiver<OwnedFd>,
+    pub(super) wake: EventFd,
+    pub(super) conns: Arc<AtomicUsize>,
+    pub(super) active: Arc<AtomicUsize>,
+}
 
 /// Runs one socket thread's loop ("Threads" in the module docs): until
 /// its channel closes, or with `single` until its one connection ends.

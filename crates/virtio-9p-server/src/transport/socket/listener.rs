@@ -7,7 +7,6 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -144,7 +143,7 @@ impl Listener {
                     continue;
                 }
             };
-            if hub.active.load(Ordering::Acquire) >= limits.max_connections {
+            if hub.active() >= limits.max_connections {
                 if log.log_limit().admit() {
                     warn!(
                         "9p: refusing connection: {} clients already connected",
