@@ -22,8 +22,9 @@ use super::buffers::{trim_heap, BufPool, BufferBudget, KEEP_BUFFER, SMALL_BUFFER
 use super::framing::{frame_size, Arrived, Close, Input};
 use super::limits::{too_slow_error, RateFloor, SocketLimits, DUPLICATE_TAG_ERRNO};
 use super::output::{Out, Output};
+use super::pipes::{self, PipePool, SharedPipes};
 use super::requests::{Buffered, Handoff, Job, Req, Requests, Streamed};
-use super::splice::{self, PipePool, SharedPipes, SigpipeBlocked, Splicer};
+use super::splice::{SigpipeBlocked, Splicer};
 use super::stream::{StreamState, STREAM_CHUNK, TWRITE_HEAD};
 use crate::engine::{Engine, EngineConfig, EngineExec, Executor, ThreadPool, DEFAULT_STACK_SIZE};
 use crate::fs::Filesystem;
@@ -190,7 +191,7 @@ pub(super) fn run_thread<F: Filesystem + 'static>(
             free: Vec::new(),
             budget: Arc::clone(&ctx.shared.budget),
         },
-        pipes: Arc::new(Mutex::new(PipePool::new(splice::MAX_PIPES))),
+        pipes: Arc::new(Mutex::new(PipePool::new(pipes::MAX_PIPES))),
         shared: ctx.shared,
         epoll,
         engine,
@@ -220,7 +221,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         let mut events = vec![EpollEvent::default(); 64];
         let mut served_one = false;
         loop {
-            let pipes = splice::lock(&self.pipes).next_expiry();
+            let pipes = pipes::lock(&self.pipes).next_expiry();
             let stalls = self.stall_watch.then(|| {
                 self.next_stall_check
                     .saturating_duration_since(Instant::now())
@@ -847,7 +848,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         }
         // Buffers unused for IDLE_RELEASE go back to the kernel, whether
         // or not other connections of the thread are busy.
-        splice::lock(&self.pipes).expire();
+        pipes::lock(&self.pipes).expire();
         if self.bufs.expire() {
             trim_heap();
             if self.adm.live() == 0 {

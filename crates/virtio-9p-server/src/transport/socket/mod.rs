@@ -222,6 +222,7 @@
 //! - `writer.rs`: the reply writer of every request, with splicing as its
 //!   strategy for file ranges.
 //! - `splice.rs`: the zero-copy Rread: filling a pipe, sending it.
+//! - `pipes.rs`: the pipes of a socket thread.
 //! - `buffers.rs`: the request and reply buffers and their budget
 //!   ("Memory").
 //! - `limits.rs`: [`SocketLimits`] with its defaults, and the
@@ -235,6 +236,7 @@ mod hub;
 mod limits;
 mod listener;
 mod output;
+mod pipes;
 mod requests;
 mod splice;
 mod stream;

@@ -8,7 +8,8 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::BorrowedFd;
 
-use super::splice::{self, rread_tail, set_rread_count, Filled, SharedPipes, Tail};
+use super::pipes::{self, SharedPipes};
+use super::splice::{self, rread_tail, set_rread_count, Filled, Tail};
 use crate::protocol::Rmessage;
 use crate::sys::send_fd;
 
@@ -140,7 +141,7 @@ impl Output {
             if let Some(mut o) = self.queue.pop_front() {
                 if let Some((pipe, empty)) = o.tail.take().and_then(Tail::into_pipe) {
                     // Sent in full: empty, unless the reply was cut.
-                    splice::lock(pipes).put(pipe, empty);
+                    pipes::lock(pipes).put(pipe, empty);
                 }
                 sent(o);
             }

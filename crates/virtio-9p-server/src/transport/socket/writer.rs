@@ -128,7 +128,7 @@ mod tests {
 
     use super::*;
     use crate::exec::Inline;
-    use crate::transport::socket::splice::{PipePool, SharedPipes};
+    use crate::transport::socket::pipes::{PipePool, SharedPipes};
 
     fn pool() -> SharedPipes {
         Arc::new(Mutex::new(PipePool::new(4)))
