@@ -47,6 +47,7 @@ enum Gate {
     New(Admit),
 }
 
+/// One connection of a socket thread.
 struct Conn<F: Filesystem> {
     sock: Arc<File>,
     session: Arc<Session<F>>,
@@ -70,6 +71,7 @@ struct Conn<F: Filesystem> {
     held: Option<(Vec<u8>, usize)>,
 }
 
+/// One socket thread: its epoll loop, engine and connections.
 struct Loop<F: Filesystem> {
     shared: Shared<F>,
     epoll: Epoll,
@@ -221,38 +223,14 @@ impl<F: Filesystem + 'static> Loop<F> {
         let mut events = vec![EpollEvent::default(); 64];
         let mut served_one = false;
         loop {
-            let pipes = pipes::lock(&self.pipes).next_expiry();
-            let stalls = self.stall_watch.then(|| {
-                self.next_stall_check
-                    .saturating_duration_since(Instant::now())
-            });
-            let pending = !self.dirty.is_empty() || self.adm.turns_to_give();
-            let timeout = match self
-                .bufs
-                .next_expiry()
-                .into_iter()
-                .chain(pipes)
-                .chain(stalls)
-                .min()
-            {
-                _ if pending => 0,
-                Some(left) => left.as_millis().clamp(1, i32::MAX as u128) as i32,
-                None => -1,
-            };
-            let n = match self.epoll.wait(timeout, &mut events) {
+            let n = match self.epoll.wait(self.wait_timeout(), &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
             for ev in &events[..n] {
                 match ev.data() {
-                    EV_NEW => {
-                        let _ = self.ctx_wake.read();
-                        while let Ok(fd) = self.ctx_rx.try_recv() {
-                            served_one = true;
-                            self.open(fd);
-                        }
-                    }
+                    EV_NEW => served_one |= self.open_new(),
                     EV_ENGINE => self.engine.poll(),
                     id => self.on_conn_event(id as u32, ev.event_set()),
                 }
@@ -261,19 +239,59 @@ impl<F: Filesystem + 'static> Loop<F> {
             self.settle();
             self.check_stalls();
             if single && served_one && self.conns.is_empty() {
-                // Let the requests of the closed connection return.
-                while self.adm.live() > 0 {
-                    self.engine.poll();
-                    self.collect();
-                    if self.adm.live() > 0 {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }
+                self.drain();
                 return self.last_error.take().map_or(Ok(()), Err);
             }
         }
     }
 
+    /// How long the epoll wait may sleep (ms, -1: no limit): not at all
+    /// with work pending, else until the next buffer or pipe expires or
+    /// the next rate check is due.
+    fn wait_timeout(&self) -> i32 {
+        let pipes = pipes::lock(&self.pipes).next_expiry();
+        let stalls = self.stall_watch.then(|| {
+            self.next_stall_check
+                .saturating_duration_since(Instant::now())
+        });
+        let pending = !self.dirty.is_empty() || self.adm.turns_to_give();
+        match self
+            .bufs
+            .next_expiry()
+            .into_iter()
+            .chain(pipes)
+            .chain(stalls)
+            .min()
+        {
+            _ if pending => 0,
+            Some(left) => left.as_millis().clamp(1, i32::MAX as u128) as i32,
+            None => -1,
+        }
+    }
+
+    /// Opens the connections the hub sent; whether there were any.
+    fn open_new(&mut self) -> bool {
+        let _ = self.ctx_wake.read();
+        let mut any = false;
+        while let Ok(fd) = self.ctx_rx.try_recv() {
+            any = true;
+            self.open(fd);
+        }
+        any
+    }
+
+    /// Lets the requests of closed connections return.
+    fn drain(&mut self) {
+        while self.adm.live() > 0 {
+            self.engine.poll();
+            self.collect();
+            if self.adm.live() > 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Starts serving the connection `fd`, with a session of its own.
     fn open(&mut self, fd: OwnedFd) {
         let id = self.next_conn;
         self.next_conn = self.next_conn.checked_add(1).unwrap_or(FIRST_CONN);
@@ -309,6 +327,8 @@ impl<F: Filesystem + 'static> Loop<F> {
         );
     }
 
+    /// Ends the connection: its socket is closed at once and its requests
+    /// cancelled ("Hang-up" in the module docs).
     fn close(&mut self, id: u32, why: Close) {
         let Some(conn) = self.conns.remove(&id) else {
             return;
@@ -349,6 +369,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         self.active.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// The connection's socket is ready to be read or written.
     fn on_conn_event(&mut self, id: u32, ev: EventSet) {
         if ev.contains(EventSet::OUT) {
             self.dirty.push(id);
