@@ -27,7 +27,7 @@ pub(crate) const SMALL_BUFFER: usize = 8 << 10;
 /// The reply room a request can use: Tread and Treaddir ask for `count`
 /// bytes of data (both carry `fid[4] offset[8] count[4]`); any other reply
 /// is small. `frame` starts with the 7-byte header.
-pub(super) fn reply_room(frame: &[u8], limit: u32) -> usize {
+fn reply_room(frame: &[u8], limit: u32) -> usize {
     let ty = frame.get(4).and_then(|&t| MsgType::try_from(t).ok());
     let need = match (ty, frame.get(HEADER_SIZE + 12..HEADER_SIZE + 16)) {
         (Some(TREAD | TREADDIR), Some(c)) => {
@@ -94,6 +94,19 @@ impl BufPool {
         }
         // calloc: pages are only touched as the request uses them.
         Some(vec![0u8; n])
+    }
+
+    /// The reply buffer for the request `frame` and the bytes of it the
+    /// reply may use: what [`reply_room`] asks, or a shorter Rread or
+    /// Rreaddir when that is over the budget (as POSIX allows); `None`
+    /// when not even that fits.
+    pub(super) fn take_reply(&mut self, frame: &[u8], limit: u32) -> Option<(Vec<u8>, usize)> {
+        let room = reply_room(frame, limit);
+        if let Some(r) = self.take(room) {
+            return Some((r, room));
+        }
+        let room = KEEP_BUFFER.min(limit as usize);
+        self.take(room).map(|r| (r, room))
     }
 
     /// Returns `buf`, keeping at most `keep` free buffers.

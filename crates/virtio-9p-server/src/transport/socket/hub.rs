@@ -7,28 +7,28 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
-use coro_pool::{PoolConfig, StackPool};
 use log::error;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::buffers::BufferBudget;
-use super::connection::run_thread;
-use super::listener::SocketLimits;
-use crate::engine::{Executor, ThreadPool, DEFAULT_STACK_SIZE};
+use super::connection::{run_thread, Shared, ThreadCtx};
+use super::limits::SocketLimits;
 use crate::fs::Filesystem;
 use crate::server::Server;
 use crate::sys::set_nonblocking;
 
 /// The socket threads of one listener.
 pub(super) struct Hub {
-    pub(super) threads: Vec<ThreadHandle>,
-    pub(super) active: Arc<AtomicUsize>,
+    threads: Vec<ThreadHandle>,
+    /// Connections served, on all threads.
+    active: Arc<AtomicUsize>,
 }
 
-pub(super) struct ThreadHandle {
-    pub(super) tx: mpsc::Sender<OwnedFd>,
-    pub(super) wake: EventFd,
-    pub(super) conns: Arc<AtomicUsize>,
+/// The hub's end of one socket thread: where to send it a connection,
+/// and how many it serves.
+struct ThreadHandle {
+    tx: mpsc::Sender<OwnedFd>,
+    wake: EventFd,
+    conns: Arc<AtomicUsize>,
 }
 
 impl Hub {
@@ -62,6 +62,11 @@ impl Hub {
         Ok(Hub { threads, active })
     }
 
+    /// Connections served now.
+    pub(super) fn active(&self) -> usize {
+        self.active.load(Ordering::Acquire)
+    }
+
     /// Hands `fd` to the socket thread with the fewest connections.
     pub(super) fn add(&self, fd: OwnedFd) -> io::Result<()> {
         let t = self
@@ -79,54 +84,6 @@ impl Hub {
         }
         t.wake.write(1)
     }
-}
-
-/// What every socket thread of a listener shares.
-pub(super) struct Shared<F> {
-    pub(super) server: Arc<Server<F>>,
-    pub(super) budget: Arc<BufferBudget>,
-    pub(super) limits: SocketLimits,
-    pub(super) executor: Option<Arc<dyn Executor>>,
-    pub(super) pool: Arc<StackPool>,
-}
-
-impl<F> Clone for Shared<F> {
-    fn clone(&self) -> Self {
-        Shared {
-            server: Arc::clone(&self.server),
-            budget: Arc::clone(&self.budget),
-            limits: self.limits.clone(),
-            executor: self.executor.clone(),
-            pool: Arc::clone(&self.pool),
-        }
-    }
-}
-
-impl<F: Filesystem + 'static> Shared<F> {
-    pub(super) fn new(server: Arc<Server<F>>, limits: &SocketLimits) -> io::Result<Self> {
-        let executor: Option<Arc<dyn Executor>> = if limits.workers > 0 {
-            Some(Arc::new(ThreadPool::new(limits.workers, None)?))
-        } else {
-            None
-        };
-        let pool = StackPool::new(PoolConfig::default().stack_size(DEFAULT_STACK_SIZE))
-            .map_err(io::Error::other)?;
-        Ok(Shared {
-            server,
-            budget: BufferBudget::new(limits.buffer_bytes),
-            limits: limits.clone(),
-            executor,
-            pool: Arc::new(pool),
-        })
-    }
-}
-
-pub(super) struct ThreadCtx<F> {
-    pub(super) shared: Shared<F>,
-    pub(super) rx: mpsc::Receiver<OwnedFd>,
-    pub(super) wake: EventFd,
-    pub(super) conns: Arc<AtomicUsize>,
-    pub(super) active: Arc<AtomicUsize>,
 }
 
 /// Serves one client on `stream` on the calling thread, on an engine of

@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The listening socket, its accept loop, and the limits of its
-//! connections.
+//! The listening socket and its accept loop.
 
 use std::io;
 use std::net::{TcpListener, ToSocketAddrs};
@@ -8,21 +7,16 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use log::{error, warn};
 
 use super::hub::Hub;
-use crate::engine::DEFAULT_WORKERS;
+use super::limits::SocketLimits;
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::server::Server;
-
-/// Most client connections served at once; further ones are closed at
-/// accept.
-pub const MAX_CONNECTIONS: usize = 256;
 
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,7 +143,7 @@ impl Listener {
                     continue;
                 }
             };
-            if hub.active.load(Ordering::Acquire) >= limits.max_connections {
+            if hub.active() >= limits.max_connections {
                 if log.log_limit().admit() {
                     warn!(
                         "9p: refusing connection: {} clients already connected",
@@ -165,7 +159,7 @@ impl Listener {
     }
 }
 
-pub(super) fn accept_failed(e: &io::Error) {
+fn accept_failed(e: &io::Error) {
     error!("9p: accept failed: {e}");
     // EMFILE and friends: back off instead of spinning.
     std::thread::sleep(Duration::from_millis(50));
@@ -175,89 +169,6 @@ pub(super) fn accept_failed(e: &io::Error) {
 pub trait Stream: io::Read + io::Write + Send + AsFd {}
 impl<T: io::Read + io::Write + Send + AsFd> Stream for T {}
 
-/// Default of [`SocketLimits::max_in_flight`].
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
-
-/// Default of [`SocketLimits::max_requests`]: as many as one vhost-user
-/// queue of 1024 entries.
-pub const DEFAULT_MAX_REQUESTS: usize = 1024;
-
-/// The errno of the Rlerror a request gets when its tag is in flight on
-/// its connection.
-pub const DUPLICATE_TAG_ERRNO: i32 = libc::EBUSY;
-
-/// Default of [`SocketLimits::min_request_rate`]: 16 KiB/s.
-pub(crate) const DEFAULT_MIN_REQUEST_RATE: usize = 16 << 10;
-
-/// Default of [`SocketLimits::request_grace`]: 10 s.
-pub(crate) const DEFAULT_REQUEST_GRACE: Duration = Duration::from_secs(10);
-
-/// Default [`SocketLimits::buffer_bytes`]: 512 MiB.
-pub const DEFAULT_BUFFER_BYTES: usize = 512 << 20;
-
-/// Limits shared by every connection of one [`Listener`].
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct SocketLimits {
-    /// Most clients served at once; further connections are closed at
-    /// accept.
-    pub max_connections: usize,
-    /// Bytes all connections together may hold in request and reply
-    /// buffers above `KEEP_BUFFER` (streamed Twrite data never counts).
-    /// A request frame that does not fit is read and dropped and answered
-    /// with `ENOMEM`; a Tread or Treaddir whose reply does not fit gets a
-    /// shorter reply (as POSIX allows).
-    pub buffer_bytes: usize,
-    /// Requests one connection may have in flight (started, or with a
-    /// reply not yet written); further ones wait in the socket.
-    pub max_in_flight: usize,
-    /// Requests all connections together may have in flight (split evenly
-    /// between the socket threads); at the limit a socket thread reads
-    /// none of its sockets until a request finishes. It bounds the
-    /// coroutine stacks and small buffers as a queue size does for a
-    /// vhost-user device.
-    pub max_requests: usize,
-    /// Socket threads, each serving its share of the connections on one
-    /// engine (at least 1).
-    pub threads: usize,
-    /// Worker threads for blocking filesystem calls, shared by every
-    /// socket thread (`--thread-pool-size`); 0 runs every call inline.
-    pub workers: usize,
-    /// Send Rread data spliced from the file (default), not copied
-    /// through the reply buffer (see "Zero-copy Rread" in the module
-    /// docs). `false` copies every Rread: for measurements, or a kernel
-    /// whose splice into sockets misbehaves.
-    pub splice_reads: bool,
-    /// Bytes a second a request must keep arriving at once
-    /// [`request_grace`](SocketLimits::request_grace) has passed since its
-    /// first byte; a connection whose request falls behind is closed (see
-    /// "Slow senders" in the module docs). 0 turns the check off.
-    /// Default: 16 KiB/s.
-    pub min_request_rate: usize,
-    /// How long a request may take to arrive before
-    /// [`min_request_rate`](SocketLimits::min_request_rate) applies.
-    /// Default: 10 s.
-    pub request_grace: Duration,
-}
-
-impl Default for SocketLimits {
-    fn default() -> Self {
-        SocketLimits {
-            max_connections: MAX_CONNECTIONS,
-            buffer_bytes: DEFAULT_BUFFER_BYTES,
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
-            max_requests: DEFAULT_MAX_REQUESTS,
-            threads: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-                .min(4),
-            workers: DEFAULT_WORKERS,
-            splice_reads: true,
-            min_request_rate: DEFAULT_MIN_REQUEST_RATE,
-            request_grace: DEFAULT_REQUEST_GRACE,
-        }
-    }
-}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -203,27 +203,49 @@
 //!
 //! # Files
 //!
-//! - `listener.rs`: the address, the bound listener and the accept loop,
-//!   and [`SocketLimits`] with its defaults.
-//! - `hub.rs`: the socket threads of a listener and what they share.
+//! From the listener down to its parts; each file imports only from the
+//! files below it.
+//!
+//! - `listener.rs`: the address, the bound listener and its accept loop.
+//! - `hub.rs`: the socket threads of a listener, and which one serves a
+//!   new connection.
 //! - `connection.rs`: one socket thread's epoll loop over its
-//!   connections: framing, starting requests, writing replies.
-//! - `fairness.rs`: the slots and worker turns a connection may take.
-//! - `buffers.rs`: the request and reply buffers and their budget.
-//! - `stream.rs`: the streamed Twrite.
-//! - `splice.rs`: the zero-copy Rread.
+//!   connections: reading frames, starting requests, routing replies.
+//! - `admission.rs`: the slots and worker turns a connection may take
+//!   ("Fairness").
+//! - `framing.rs`: a connection's input state, and one read of its socket.
+//! - `output.rs`: a connection's replies waiting to be written, and the
+//!   writing of them.
+//! - `requests.rs`: what a request runs on the engine, what it hands
+//!   back, and the table of those in flight.
+//! - `stream.rs`: the streamed Twrite's reader ("Slow senders").
+//! - `writer.rs`: the reply writer of every request, with splicing as its
+//!   strategy for file ranges.
+//! - `splice.rs`: the zero-copy Rread: filling a pipe, sending it.
+//! - `pipes.rs`: the pipes of a socket thread.
+//! - `buffers.rs`: the request and reply buffers and their budget
+//!   ("Memory").
+//! - `limits.rs`: [`SocketLimits`] with its defaults, and the
+//!   minimum-rate check.
 
+mod admission;
 mod buffers;
 mod connection;
-mod fairness;
+mod framing;
 mod hub;
+mod limits;
 mod listener;
+mod output;
+mod pipes;
+mod requests;
 mod splice;
 mod stream;
+mod writer;
 
 pub(crate) use buffers::KEEP_BUFFER;
 pub use hub::serve_connection;
-pub use listener::{
-    ListenAddr, Listener, SocketLimits, Stream, DEFAULT_BUFFER_BYTES, DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_MAX_REQUESTS, DUPLICATE_TAG_ERRNO, MAX_CONNECTIONS,
+pub use limits::{
+    SocketLimits, DEFAULT_BUFFER_BYTES, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_REQUESTS,
+    DUPLICATE_TAG_ERRNO, MAX_CONNECTIONS,
 };
+pub use listener::{ListenAddr, Listener, Stream};

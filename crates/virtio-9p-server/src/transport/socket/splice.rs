@@ -5,12 +5,13 @@
 //!
 //! The split, request by request:
 //!
-//! 1. **Fill, on the request's coroutine.** [`SockWriter`] is the reply
-//!    writer of a socket request. When the filesystem asks it for a file
-//!    range ([`ReplyWriter::write_from_file_at`]) and that range is the
-//!    whole data of the reply, it takes a pipe from its socket thread's
-//!    [`PipePool`] and splices the range into it (file -> pipe: page
-//!    references, no copy). Where that runs is the executor's decision,
+//! 1. **Fill, on the request's coroutine.** The reply writer of a socket
+//!    request (`SockWriter`, writer.rs) carries a [`Splicer`] as its
+//!    strategy for file ranges. When the filesystem asks it for a file
+//!    range ([`ReplyWriter::write_from_file_at`](crate::io::ReplyWriter::write_from_file_at)) and that range is the
+//!    whole data of the reply, [`Splicer::splice_range`] takes a pipe from
+//!    its socket thread's [`PipePool`](super::pipes::PipePool) and splices the range into it
+//!    (file -> pipe: page references, no copy). Where that runs is the executor's decision,
 //!    as for every Tread read ([`Blocking::read_at`]): inline when the range is
 //!    in the page cache (`cachestat(2)`) and the file's filesystem
 //!    promises non-blocking reads (a 1-byte `preadv2(RWF_NOWAIT)`
@@ -27,17 +28,19 @@
 //!    the rest still in the pipe. No file is touched here, so the send
 //!    never waits on a disk or an export.
 //!
-//! The server and the filesystem see a plain [`ReplyWriter`]; only the
+//! The server and the filesystem see a plain
+//! [`ReplyWriter`](crate::io::ReplyWriter); only the
 //! transport knows about pipes. The file need not stay open after the
 //! fill: the pipe holds the pages.
 //!
-//! Everything else takes the copy path of [`SliceWriter`]: a filesystem
-//! that is not fd-backed (it never calls `write_from_file_at`), Treaddir,
-//! xattr reads, ranges below [`SPLICE_MIN`] or above [`MAX_PIPE`], files
-//! that are not regular, a writer that has other bytes before or after
-//! the range (a spliced range is then read back into the buffer), and a
-//! pool without a pipe to give (at [`MAX_PIPES`], or `pipe2`/
-//! `F_SETPIPE_SZ` failing, e.g. `EMFILE`).
+//! Everything else takes the copy path of
+//! [`SliceWriter`](crate::io::SliceWriter): a filesystem that is not
+//! fd-backed (it never calls `write_from_file_at`), Treaddir, xattr
+//! reads, ranges below [`SPLICE_MIN`] or above [`MAX_PIPE`], files that
+//! are not regular, a writer that has other bytes before or after the
+//! range (a spliced range is then read back into the buffer,
+//! [`Splicer::read_back`]), and a pool without a pipe to give (at
+//! [`MAX_PIPES`](super::pipes::MAX_PIPES), or `pipe2`/`F_SETPIPE_SZ` failing, e.g. `EMFILE`).
 //!
 //! No invented bytes. A file can shrink between the fill and the send.
 //! The reply keeps a duplicate of the file's fd, and just before its
@@ -54,14 +57,12 @@
 
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard};
 
 use log::{debug, error};
 
+use super::pipes::{lock, Pipe, SharedPipes, MAX_PIPE};
 use crate::exec::Blocking;
-use crate::io::{ReplyWriter, SliceWriter};
 use crate::protocol::{MsgType, Rmessage, HEADER_SIZE};
 use crate::sys::{pread_nowait, range_cached};
 
@@ -70,184 +71,6 @@ use crate::sys::{pread_nowait, range_cached};
 /// splice); below 16 KiB (four pages) they are taken to cost more than
 /// the copy they save. Chosen, not measured: the suite measures 64 KiB.
 pub(crate) const SPLICE_MIN: usize = 16 << 10;
-
-/// Largest range spliced (and largest pipe, the default
-/// `/proc/sys/fs/pipe-max-size`); larger Rreads are copied. The Linux
-/// client's msize is at most 512000.
-pub(crate) const MAX_PIPE: usize = 1 << 20;
-
-/// Most pipes one socket thread holds, in use or free (two fds each):
-/// further spliceable Rreads take the copy path until one is returned.
-pub(crate) const MAX_PIPES: usize = 16;
-
-/// How long a free pipe stays in the pool before it is closed.
-pub(crate) const PIPE_IDLE_RELEASE: Duration = super::buffers::IDLE_RELEASE;
-
-const PAGE: usize = 4096;
-
-/// Bytes a pipe needs for a range of `len` bytes: one slot per page the
-/// range touches (a range that does not start on a page boundary touches
-/// one more), rounded by the kernel to a power of two of pages.
-fn pipe_bytes(len: usize) -> usize {
-    (len.div_ceil(PAGE) + 1) * PAGE
-}
-
-/// One pipe: its two ends, its capacity in bytes, and the count of pipes
-/// open in its pool (decremented when it is closed, wherever that is).
-pub(crate) struct Pipe {
-    r: OwnedFd,
-    w: OwnedFd,
-    cap: usize,
-    open: Arc<AtomicUsize>,
-}
-
-impl Drop for Pipe {
-    fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl std::fmt::Debug for Pipe {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pipe")
-            .field("r", &self.r.as_raw_fd())
-            .field("w", &self.w.as_raw_fd())
-            .field("cap", &self.cap)
-            .finish()
-    }
-}
-
-fn set_pipe_size(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<usize> {
-    let want =
-        libc::c_int::try_from(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: F_SETPIPE_SZ takes an int and touches no memory of ours.
-    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, want) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(r as usize)
-}
-
-/// The pipes of one socket thread.
-#[derive(Debug)]
-pub(crate) struct PipePool {
-    /// Free (empty) pipes and when each was put back.
-    free: Vec<(Pipe, Instant)>,
-    /// Pipes open, free or in use.
-    open: Arc<AtomicUsize>,
-    max: usize,
-}
-
-impl PipePool {
-    /// A pool of at most `max` pipes.
-    pub(crate) fn new(max: usize) -> Self {
-        PipePool {
-            free: Vec::new(),
-            open: Arc::new(AtomicUsize::new(0)),
-            max,
-        }
-    }
-
-    /// Pipes open now (each is two fds).
-    pub(crate) fn open(&self) -> usize {
-        self.open.load(Ordering::Acquire)
-    }
-
-    /// An empty pipe that holds `len` bytes of file pages, or `None`
-    /// (the caller copies instead).
-    pub(crate) fn take(&mut self, len: usize) -> Option<Pipe> {
-        let need = pipe_bytes(len);
-        if need > MAX_PIPE + PAGE {
-            return None;
-        }
-        let fit = self
-            .free
-            .iter()
-            .enumerate()
-            .filter(|(_, (p, _))| p.cap >= need)
-            .min_by_key(|(_, (p, _))| p.cap)
-            .map(|(i, _)| i);
-        let mut pipe = match fit {
-            Some(i) => return Some(self.free.swap_remove(i).0),
-            // Grow the largest free one.
-            None if !self.free.is_empty() => {
-                let i = (0..self.free.len()).max_by_key(|&i| self.free[i].0.cap)?;
-                self.free.swap_remove(i).0
-            }
-            None => self.create()?,
-        };
-        match set_pipe_size(pipe.w.as_fd(), need) {
-            Ok(cap) if cap >= need => {
-                pipe.cap = cap;
-                Some(pipe)
-            }
-            Ok(_) => None,
-            Err(e) => {
-                debug!("9p: cannot size a pipe to {need} bytes: {e}; copying instead");
-                None
-            }
-        }
-    }
-
-    fn create(&mut self) -> Option<Pipe> {
-        if self.open() >= self.max {
-            return None;
-        }
-        let mut fds = [0 as libc::c_int; 2];
-        // SAFETY: pipe2 writes two fds into `fds`, valid for the call.
-        let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) };
-        if r != 0 {
-            debug!(
-                "9p: cannot create a pipe: {}; copying instead",
-                io::Error::last_os_error()
-            );
-            return None;
-        }
-        self.open.fetch_add(1, Ordering::AcqRel);
-        // SAFETY: pipe2 succeeded: both fds are open and owned by nobody else.
-        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        Some(Pipe {
-            r,
-            w,
-            // The kernel default; F_SETPIPE_SZ follows.
-            cap: 16 * PAGE,
-            open: Arc::clone(&self.open),
-        })
-    }
-
-    /// Returns a pipe. Only an empty pipe is kept (and only below the
-    /// cap); one that may hold data is closed.
-    pub(crate) fn put(&mut self, pipe: Pipe, empty: bool) {
-        if empty && self.free.len() < self.max {
-            self.free.push((pipe, Instant::now()));
-        }
-    }
-
-    /// Closes the free pipes unused for [`PIPE_IDLE_RELEASE`]; true if any.
-    pub(crate) fn expire(&mut self) -> bool {
-        let before = self.free.len();
-        self.free
-            .retain(|(_, since)| since.elapsed() < PIPE_IDLE_RELEASE);
-        self.free.len() < before
-    }
-
-    /// How long until the oldest free pipe expires.
-    pub(crate) fn next_expiry(&self) -> Option<Duration> {
-        self.free
-            .iter()
-            .map(|(_, since)| PIPE_IDLE_RELEASE.saturating_sub(since.elapsed()))
-            .min()
-    }
-}
-
-/// A pool shared by a socket thread and its requests' writers (which may
-/// run on a worker).
-pub(crate) type SharedPipes = Arc<Mutex<PipePool>>;
-
-/// Locks the pool, whatever a panicking holder left.
-pub(crate) fn lock(p: &SharedPipes) -> MutexGuard<'_, PipePool> {
-    p.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A range spliced into a pipe: the reply's data, and where it came
 /// from (a duplicate of the file's fd, which outlives the fid).
@@ -284,46 +107,66 @@ impl Splicer {
     pub(crate) fn take(&self) -> Option<Filled> {
         self.slot().take()
     }
-}
 
-/// The [`ReplyWriter`] of a socket request: a [`SliceWriter`] over the
-/// reply buffer whose split-off data part may defer a file range to a
-/// pipe (see the module docs).
-#[derive(Debug)]
-pub(crate) struct SockWriter<'a, B> {
-    buf: SliceWriter<'a, B>,
-    splicer: Option<&'a Splicer>,
-    /// Split off the head: its bytes follow the head's.
-    tail: bool,
-    /// Bytes of this writer that sit in the splicer's pipe (they come
-    /// before anything in `buf`, which is then empty).
-    spliced: usize,
-}
-
-impl<'a, B: Blocking + Clone> SockWriter<'a, B> {
-    /// A writer over `buf` for a request run on `exec`, which places its
-    /// file reads; with a `splicer`, file ranges may be spliced.
-    pub(crate) fn new(buf: &'a mut [u8], splicer: Option<&'a Splicer>, exec: B) -> Self {
-        SockWriter {
-            buf: SliceWriter::with_exec(buf, exec),
-            splicer,
-            tail: false,
-            spliced: 0,
+    /// Splices `[off, off + count)` of `file` into a pipe, the fill run
+    /// where `exec` places file reads; returns the bytes now in the pipe,
+    /// or `None` when the range is not for splicing (the caller copies).
+    pub(crate) fn splice_range<B: Blocking>(
+        &self,
+        exec: &B,
+        file: BorrowedFd<'_>,
+        count: usize,
+        off: u64,
+    ) -> Option<io::Result<usize>> {
+        if count < SPLICE_MIN {
+            return None;
+        }
+        let size = regular_size(file)?;
+        let len = (count as u64).min(size.checked_sub(off)?) as usize;
+        if !(SPLICE_MIN..=MAX_PIPE).contains(&len) {
+            return None;
+        }
+        if self.slot().is_some() {
+            return None;
+        }
+        // The reply keeps the file for the check before it is sent (the
+        // fid may be clunked meanwhile); no fd to spare means a copy.
+        let dup = dup_fd(file)?;
+        let pipe = lock(&self.pipes).take(len)?;
+        let r = exec.read_at(
+            || range_cached(file, len, off) && nowait_reads(file, off),
+            || fill(&pipe, file, off, len),
+        );
+        match r {
+            Ok(n) if n > 0 => {
+                *self.slot() = Some(Filled {
+                    pipe,
+                    len: n,
+                    file: dup,
+                    off,
+                });
+                Some(Ok(n))
+            }
+            Ok(_) => {
+                lock(&self.pipes).put(pipe, true);
+                Some(Ok(0))
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                lock(&self.pipes).put(pipe, true);
+                Some(Err(e))
+            }
+            Err(e) => {
+                // A filesystem without splice support, for one: copy.
+                debug!("9p: splice of a file failed: {e}; copying instead");
+                lock(&self.pipes).put(pipe, true);
+                None
+            }
         }
     }
 
-    /// Moves a spliced range back into the buffer (another write follows
-    /// it), so that the bytes stay in order.
-    fn materialize(&mut self) -> io::Result<()> {
-        if self.spliced == 0 {
-            return Ok(());
-        }
-        let Some(sp) = self.splicer else {
-            return Ok(());
-        };
-        let Some(filled) = sp.take() else {
-            return Err(io::Error::other("spliced range lost"));
-        };
+    /// Reads the range `filled` (taken from this splicer) out of its pipe
+    /// into `out`, so that a write after it keeps the bytes in order.
+    pub(crate) fn read_back(&self, filled: Filled, out: &mut impl Write) -> io::Result<()> {
         let mut chunk = vec![0u8; filled.len.min(64 << 10)];
         let mut left = filled.len;
         while left > 0 {
@@ -341,72 +184,14 @@ impl<'a, B: Blocking + Clone> SockWriter<'a, B> {
                     // Pages gone from the pipe (truncated): the count the
                     // caller was given cannot be kept with real bytes.
                     error!("9p: a spliced range lost {left} bytes; failing the read");
-                    self.spliced = 0;
                     return Err(io::Error::from_raw_os_error(libc::EIO));
                 }
             };
-            self.buf.write_all(&chunk[..got])?;
+            out.write_all(&chunk[..got])?;
             left -= got;
         }
-        self.spliced = 0;
-        lock(&sp.pipes).put(filled.pipe, true);
+        lock(&self.pipes).put(filled.pipe, true);
         Ok(())
-    }
-
-    /// Splices `[off, off + count)` of `file` into a pipe when this writer
-    /// may defer it; `None` to copy instead.
-    fn try_splice(
-        &mut self,
-        file: BorrowedFd<'_>,
-        count: usize,
-        off: u64,
-    ) -> Option<io::Result<usize>> {
-        let sp = self.splicer?;
-        if !self.tail || self.spliced > 0 || self.buf.bytes_written() > 0 || count < SPLICE_MIN {
-            return None;
-        }
-        let size = regular_size(file)?;
-        let len = (count as u64).min(size.checked_sub(off)?) as usize;
-        if !(SPLICE_MIN..=MAX_PIPE).contains(&len) {
-            return None;
-        }
-        if sp.slot().is_some() {
-            return None;
-        }
-        // The reply keeps the file for the check before it is sent (the
-        // fid may be clunked meanwhile); no fd to spare means a copy.
-        let dup = dup_fd(file)?;
-        let pipe = lock(&sp.pipes).take(len)?;
-        let r = self.buf.exec().read_at(
-            || range_cached(file, len, off) && nowait_reads(file, off),
-            || fill(&pipe, file, off, len),
-        );
-        match r {
-            Ok(n) if n > 0 => {
-                *sp.slot() = Some(Filled {
-                    pipe,
-                    len: n,
-                    file: dup,
-                    off,
-                });
-                self.spliced = n;
-                Some(Ok(n))
-            }
-            Ok(_) => {
-                lock(&sp.pipes).put(pipe, true);
-                Some(Ok(0))
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                lock(&sp.pipes).put(pipe, true);
-                Some(Err(e))
-            }
-            Err(e) => {
-                // A filesystem without splice support, for one: copy.
-                debug!("9p: splice of a file failed: {e}; copying instead");
-                lock(&sp.pipes).put(pipe, true);
-                None
-            }
-        }
     }
 }
 
@@ -483,52 +268,6 @@ fn fill(pipe: &Pipe, file: BorrowedFd<'_>, off: u64, len: usize) -> io::Result<u
             )
         }
     })
-}
-
-impl<B: Blocking + Clone> Write for SockWriter<'_, B> {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.materialize()?;
-        self.buf.write(data)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<B: Blocking + Clone> ReplyWriter for SockWriter<'_, B> {
-    fn available_bytes(&self) -> usize {
-        self.buf.available_bytes().saturating_sub(self.spliced)
-    }
-
-    fn bytes_written(&self) -> usize {
-        self.buf.bytes_written() + self.spliced
-    }
-
-    fn split_at(&mut self, offset: usize) -> io::Result<Self> {
-        self.materialize()?;
-        let buf = self.buf.split_at(offset)?;
-        Ok(SockWriter {
-            buf,
-            splicer: self.splicer,
-            tail: true,
-            spliced: 0,
-        })
-    }
-
-    fn write_from_file_at(
-        &mut self,
-        file: BorrowedFd<'_>,
-        count: usize,
-        off: u64,
-    ) -> io::Result<usize> {
-        let count = count.min(self.available_bytes());
-        if let Some(r) = self.try_splice(file, count, off) {
-            return r;
-        }
-        self.materialize()?;
-        self.buf.write_from_file_at(file, count, off)
-    }
 }
 
 /// Blocks `SIGPIPE` on the calling thread while it lives (the mask it
@@ -787,31 +526,10 @@ pub(super) fn set_rread_count(buf: &mut [u8], len: usize) {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
     use super::*;
-    use crate::exec::Inline;
-    use std::io::{Read, Seek};
-
-    fn pool() -> SharedPipes {
-        Arc::new(Mutex::new(PipePool::new(4)))
-    }
-
-    #[test]
-    fn test_pipe_pool_caps_and_reuses() {
-        let mut p = PipePool::new(2);
-        let a = p.take(64 << 10).unwrap();
-        assert!(a.cap >= pipe_bytes(64 << 10));
-        let b = p.take(20 << 10).unwrap();
-        assert_eq!(p.open(), 2);
-        assert!(p.take(4096).is_none(), "over the cap");
-        p.put(a, true);
-        p.put(b, false);
-        assert_eq!(p.open(), 1, "a pipe that may hold data is closed");
-        let c = p.take(16 << 10).unwrap();
-        assert_eq!(p.open(), 1, "reused");
-        drop(c);
-        assert_eq!(p.open(), 0);
-        assert!(p.take(MAX_PIPE * 2).is_none());
-    }
+    use crate::transport::socket::pipes::PipePool;
 
     /// A tail whose pipe holds only the first 10 of its bytes, for a
     /// file of `file_len` bytes.
@@ -875,50 +593,5 @@ mod tests {
         let (mut tail, _) = short_tail(100);
         assert_eq!(tail.recount(), None);
         assert!(tail.into_pipe().unwrap().1);
-    }
-
-    #[test]
-    fn test_writer_splices_only_a_whole_tail() {
-        let mut f = tempfile::tempfile().unwrap();
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
-        f.write_all(&data).unwrap();
-        let sp = Splicer::new(pool());
-        let mut buf = vec![0u8; 11 + 70_000];
-        let mut head = SockWriter::new(&mut buf, Some(&sp), Inline);
-        // The head itself never splices.
-        let mut tail = head.split_at(11).unwrap();
-        let n = tail.write_from_file_at(f.as_fd(), 70_000, 40_000).unwrap();
-        assert_eq!(n, 60_000, "clamped to the file");
-        assert_eq!(tail.bytes_written(), 60_000);
-        let filled = sp.take().unwrap();
-        assert_eq!(filled.len, 60_000);
-        let mut got = vec![0u8; 60_000];
-        let mut r = std::fs::File::from(filled.pipe.r.try_clone().unwrap());
-        r.read_exact(&mut got).unwrap();
-        assert_eq!(got, data[40_000..]);
-        assert!(buf[11..].iter().all(|&b| b == 0), "nothing copied");
-
-        // A write after the range moves it back into the buffer.
-        let mut buf = vec![0u8; 11 + 70_000];
-        let mut head = SockWriter::new(&mut buf, Some(&sp), Inline);
-        let mut tail = head.split_at(11).unwrap();
-        assert_eq!(
-            tail.write_from_file_at(f.as_fd(), 32_768, 0).unwrap(),
-            32_768
-        );
-        tail.write_all(b"xyz").unwrap();
-        assert_eq!(tail.bytes_written(), 32_771);
-        assert!(sp.take().is_none());
-        assert_eq!(&buf[11..11 + 32_768], &data[..32_768]);
-        assert_eq!(&buf[11 + 32_768..11 + 32_771], b"xyz");
-
-        // Small ranges and ranges past the end are copied.
-        let mut buf = vec![0u8; 11 + 70_000];
-        let mut head = SockWriter::new(&mut buf, Some(&sp), Inline);
-        let mut tail = head.split_at(11).unwrap();
-        assert_eq!(tail.write_from_file_at(f.as_fd(), 1000, 5).unwrap(), 1000);
-        assert!(sp.take().is_none());
-        assert_eq!(&buf[11..1011], &data[5..1005]);
-        f.rewind().unwrap();
     }
 }

@@ -5,120 +5,58 @@
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::BorrowedFd;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use log::warn;
-
-use super::buffers::{KEEP_BUFFER, SMALL_BUFFER};
-use super::connection::{reply_len, too_slow, too_slow_error, Handoff, Input, Loop, TWRITE_HEAD};
-use super::listener::DUPLICATE_TAG_ERRNO;
-use super::splice::SockWriter;
-use crate::engine::{self};
-use crate::fs::Filesystem;
+use super::buffers::KEEP_BUFFER;
+use super::limits::{too_slow_error, RateFloor};
+use crate::engine;
 use crate::io::RequestReader;
-use crate::protocol::{Header, HEADER_SIZE};
+use crate::protocol::HEADER_SIZE;
 use crate::server::Cancel;
 use crate::sys::read_some;
 
-impl<F: Filesystem + 'static> Loop<F> {
-    /// Runs a large Twrite whose data the request reads from the socket
-    /// itself, chunk by chunk, as it arrives ("Slow senders").
-    pub(super) fn start_stream(&mut self, id: u32, head: [u8; TWRITE_HEAD]) {
-        let Some(c) = self.conns.get(&id) else {
-            return;
-        };
-        let h = Header::from_bytes(head[..HEADER_SIZE].try_into().unwrap_or(&[0; HEADER_SIZE]));
-        let frame_start = c.frame_start.unwrap_or_else(Instant::now);
-        if self.engine.has_tag(id, h.tag) {
-            if self.shared.server.log_limit().admit() {
-                warn!("9p: connection {id}: tag {} is already in flight", h.tag);
-            }
-            self.unreserve(id);
-            // Skip its data, then answer.
-            if let Some(c) = self.conns.get_mut(&id) {
-                c.input = Input::Skip {
-                    left: (h.size as usize - TWRITE_HEAD) as u64,
-                    answer: Some((h.tag, DUPLICATE_TAG_ERRNO as u32)),
-                };
-            }
-            return;
-        }
-        // Small buffers are never refused.
-        let reply = self
-            .bufs
-            .take(SMALL_BUFFER)
-            .unwrap_or_else(|| vec![0u8; SMALL_BUFFER]);
-        let chunk = self
-            .bufs
-            .take(STREAM_CHUNK)
-            .or_else(|| self.bufs.take(KEEP_BUFFER))
-            .unwrap_or_else(|| vec![0u8; KEEP_BUFFER]);
-        let Some(c) = self.conns.get(&id) else {
-            return;
-        };
-        let server = Arc::clone(&self.shared.server);
-        let session = Arc::clone(&c.session);
-        let sock = Arc::clone(&c.sock);
-        let exec = self.exec;
-        let handoff = Rc::new(Handoff::default());
-        let back = Rc::clone(&handoff);
-        let state = Arc::new(StreamState {
-            unread: AtomicUsize::new(h.size as usize - TWRITE_HEAD),
-            too_slow: AtomicBool::new(false),
-        });
-        let size = h.size as usize;
-        let stream_state = Arc::clone(&state);
-        let limits = (
-            self.shared.limits.min_request_rate,
-            self.shared.limits.request_grace,
-        );
-        let task = move |cancel: Cancel| {
-            let mut reply = reply;
-            let mut req = StreamRequest {
-                head,
-                pos: 0,
-                chunk,
-                start: 0,
-                end: 0,
-                sock,
-                size,
-                state: stream_state,
-                frame_start,
-                limits,
-                cancel: cancel.clone(),
-            };
-            let r = server.handle(
-                &session,
-                &mut req,
-                &mut SockWriter::new(&mut reply[..SMALL_BUFFER], None, exec),
-                &exec,
-                &cancel,
-            );
-            back.request.set(Some(req.chunk));
-            back.reply.set(Some(reply));
-            reply_len(r, &cancel)
-        };
-        self.spawn(id, h.tag, handoff, Some((state, size)), false, task);
-    }
-}
+/// Header plus `fid[4] offset[8] count[4]` of a Twrite: what the socket
+/// thread reads before the request streams the rest.
+pub(super) const TWRITE_HEAD: usize = HEADER_SIZE + 16;
 
 /// What a streamed Twrite shares with its socket thread.
 pub(super) struct StreamState {
+    /// The frame's size.
+    size: usize,
     /// Bytes of the frame still in the socket (the thread skips them if
     /// the request ends early).
-    pub(super) unread: AtomicUsize,
+    unread: AtomicUsize,
     /// The data arrived below the minimum rate: the thread closes the
     /// connection.
-    pub(super) too_slow: AtomicBool,
+    too_slow: AtomicBool,
 }
 
 impl StreamState {
-    /// Bytes of the frame of `size` received so far.
-    pub(super) fn got(&self, size: usize) -> usize {
-        size - self.unread.load(Ordering::Acquire)
+    /// The state of a streamed Twrite of `size` bytes whose head
+    /// ([`TWRITE_HEAD`]) was read.
+    pub(super) fn new(size: usize) -> Arc<Self> {
+        Arc::new(StreamState {
+            size,
+            unread: AtomicUsize::new(size - TWRITE_HEAD),
+            too_slow: AtomicBool::new(false),
+        })
+    }
+
+    /// Bytes of the frame received so far.
+    pub(super) fn got(&self) -> usize {
+        self.size - self.unread()
+    }
+
+    /// Bytes of the frame still in the socket.
+    pub(super) fn unread(&self) -> usize {
+        self.unread.load(Ordering::Acquire)
+    }
+
+    /// Whether the request gave up on data arriving below the minimum rate.
+    pub(super) fn too_slow(&self) -> bool {
+        self.too_slow.load(Ordering::Acquire)
     }
 }
 
@@ -141,39 +79,65 @@ pub(super) const STREAM_PAUSE_MAX: Duration = Duration::from_millis(10);
 /// frame must keep up the minimum rate
 /// ([`SocketLimits::min_request_rate`](super::SocketLimits::min_request_rate)) once its grace has passed.
 pub(super) struct StreamRequest {
-    pub(super) head: [u8; TWRITE_HEAD],
-    pub(super) pos: usize,
+    head: [u8; TWRITE_HEAD],
+    pos: usize,
     /// Received bytes `chunk[start..end]` not consumed yet.
-    pub(super) chunk: Vec<u8>,
-    pub(super) start: usize,
-    pub(super) end: usize,
-    pub(super) sock: Arc<File>,
-    /// The frame's size.
-    pub(super) size: usize,
-    pub(super) state: Arc<StreamState>,
+    chunk: Vec<u8>,
+    start: usize,
+    end: usize,
+    sock: Arc<File>,
+    state: Arc<StreamState>,
     /// When the frame's first byte arrived.
-    pub(super) frame_start: Instant,
-    /// `(min_request_rate, request_grace)`.
-    pub(super) limits: (usize, Duration),
-    pub(super) cancel: Cancel,
+    frame_start: Instant,
+    floor: RateFloor,
+    cancel: Cancel,
 }
 
 impl StreamRequest {
-    pub(super) fn unread(&self) -> usize {
-        self.state.unread.load(Ordering::Acquire)
+    /// The request of the Twrite whose `head` was read, its rest still
+    /// in `sock`; `chunk` is its buffer for the data.
+    pub(super) fn new(
+        head: [u8; TWRITE_HEAD],
+        chunk: Vec<u8>,
+        sock: Arc<File>,
+        state: Arc<StreamState>,
+        frame_start: Instant,
+        floor: RateFloor,
+        cancel: Cancel,
+    ) -> Self {
+        StreamRequest {
+            head,
+            pos: 0,
+            chunk,
+            start: 0,
+            end: 0,
+            sock,
+            state,
+            frame_start,
+            floor,
+            cancel,
+        }
+    }
+
+    /// The chunk buffer, once the request is done.
+    pub(super) fn into_chunk(self) -> Vec<u8> {
+        self.chunk
+    }
+
+    fn unread(&self) -> usize {
+        self.state.unread()
     }
 
     /// Whether the frame so far arrived below the minimum rate.
-    pub(super) fn too_slow(&self) -> bool {
-        let (rate, grace) = self.limits;
-        let got = self.size - self.unread();
-        too_slow(rate, grace, self.frame_start, got, Instant::now())
+    fn too_slow(&self) -> bool {
+        self.floor
+            .too_slow(self.frame_start, self.state.got(), Instant::now())
     }
 
     /// Fills the empty chunk with the next bytes of the frame: all of the
     /// chunk (or of the frame's rest), or at least `KEEP_BUFFER` when the
     /// socket runs dry.
-    pub(super) fn fill(&mut self) -> io::Result<()> {
+    fn fill(&mut self) -> io::Result<()> {
         self.start = 0;
         self.end = 0;
         let goal = self.chunk.len().min(self.unread());
