@@ -8,10 +8,7 @@
 use std::time::Duration;
 
 use crate::exec::{Blocking, Cancel, Interrupted};
-use crate::protocol::{
-    MsgType, RLERROR, TCLUNK, TGETATTR, TLOCK, TREAD, TREADLINK, TSTATFS, TVERSION, TWALK,
-    TXATTRWALK,
-};
+use crate::protocol::MsgType;
 
 use super::coroutine::{flush, offload, offload_in, on_coroutine, sleep};
 
@@ -43,7 +40,7 @@ pub enum OffloadPolicy {
 /// set). A request that completed keeps its reply, which may record a
 /// change; QEMU does the same.
 pub(crate) fn flushed_silently(reply_type: u8, cancel: &Cancel) -> bool {
-    cancel.is_cancelled() && reply_type == RLERROR
+    cancel.is_cancelled() && reply_type == MsgType::Rlerror
 }
 
 /// The requests whose filesystem calls run inline on the engine's thread
@@ -56,8 +53,14 @@ pub(crate) fn flushed_silently(reply_type: u8, cancel: &Cancel) -> bool {
 /// that changes the tree, Tlock, Tgetlock, Tfsync, Tlopen and Tattach.
 ///
 /// [`Filesystem::metadata_is_local`]: crate::fs::Filesystem::metadata_is_local
-pub(super) const INLINE_IF_LOCAL: [MsgType; 6] =
-    [TGETATTR, TWALK, TCLUNK, TSTATFS, TREADLINK, TXATTRWALK];
+pub(super) const INLINE_IF_LOCAL: [MsgType; 6] = [
+    MsgType::Tgetattr,
+    MsgType::Twalk,
+    MsgType::Tclunk,
+    MsgType::Tstatfs,
+    MsgType::Treadlink,
+    MsgType::Txattrwalk,
+];
 
 /// The [`Blocking`] executor the engine hands to the server.
 #[derive(Debug, Clone, Copy)]
@@ -77,8 +80,8 @@ impl Blocking for EngineExec {
         match self.policy {
             OffloadPolicy::Never => f(),
             OffloadPolicy::Always => offload(f),
-            OffloadPolicy::Auto if op == TVERSION => f(),
-            OffloadPolicy::Auto if op == TLOCK => offload_in(true, f),
+            OffloadPolicy::Auto if op == MsgType::Tversion => f(),
+            OffloadPolicy::Auto if op == MsgType::Tlock => offload_in(true, f),
             OffloadPolicy::Auto => offload(f),
         }
     }
@@ -91,7 +94,7 @@ impl Blocking for EngineExec {
     ) -> R {
         let inline = match op {
             // The reply writer places each range (`read_at`).
-            TREAD => on_coroutine(),
+            MsgType::Tread => on_coroutine(),
             // A short metadata call on a local filesystem: cheaper than the
             // thread hop, and it cannot hang on a peer.
             _ => INLINE_IF_LOCAL.contains(&op),

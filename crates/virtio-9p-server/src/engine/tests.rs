@@ -9,9 +9,7 @@ use coro_pool::StackPool;
 
 use crate::error::Error;
 use crate::exec::{Blocking, Cancel};
-use crate::protocol::{
-    MsgType, TCLUNK, TGETATTR, TLOCK, TREAD, TREADLINK, TSTATFS, TWALK, TXATTRWALK,
-};
+use crate::protocol::MsgType;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -439,7 +437,7 @@ fn test_offload_outside_a_coroutine_runs_inline() {
     assert_eq!(offload(|| Ok::<_, u32>(5)), Ok(5));
     assert_eq!(
         EngineExec::new(OffloadPolicy::Always)
-            .run(TREAD, || Ok::<_, u32>(6))
+            .run(MsgType::Tread, || Ok::<_, u32>(6))
             .unwrap(),
         6
     );
@@ -453,20 +451,20 @@ fn test_offload_outside_a_coroutine_runs_inline() {
 fn test_auto_runs_short_metadata_calls_inline_only_for_a_local_filesystem() {
     // (op, the filesystem's hint, whether the call must hop).
     let cases = [
-        (TGETATTR, true, false),
-        (TWALK, true, false),
-        (TCLUNK, true, false),
-        (TSTATFS, true, false),
-        (TREADLINK, true, false),
-        (TXATTRWALK, true, false),
-        (TGETATTR, false, true),
-        (TWALK, false, true),
-        (TCLUNK, false, true),
+        (MsgType::Tgetattr, true, false),
+        (MsgType::Twalk, true, false),
+        (MsgType::Tclunk, true, false),
+        (MsgType::Tstatfs, true, false),
+        (MsgType::Treadlink, true, false),
+        (MsgType::Txattrwalk, true, false),
+        (MsgType::Tgetattr, false, true),
+        (MsgType::Twalk, false, true),
+        (MsgType::Tclunk, false, true),
         (MsgType::Tsetattr, true, true),
         (MsgType::Treaddir, true, true),
         (MsgType::Tfsync, true, true),
         (MsgType::Tlcreate, true, true),
-        (TLOCK, true, true),
+        (MsgType::Tlock, true, true),
     ];
     let mut e = engine(2);
     let me = std::thread::current().id();
@@ -488,7 +486,7 @@ fn test_auto_runs_short_metadata_calls_inline_only_for_a_local_filesystem() {
         let before = e.stats().offloaded;
         e.spawn(99, None, Cancel::new(), move || {
             let exec = EngineExec::new(policy);
-            len_of(exec.run_hinted(TGETATTR, true, move || {
+            len_of(exec.run_hinted(MsgType::Tgetattr, true, move || {
                 Ok(u32::from(std::thread::current().id() != me))
             }))
         })

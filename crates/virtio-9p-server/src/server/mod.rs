@@ -369,7 +369,7 @@ impl<F: Filesystem> Server<F> {
         let msize = session.msize();
         let frame_limit = if msize == 0 { MIN_MSIZE } else { msize };
         let fail = |reply: &mut W, e: DecodeError| self.malformed(reply, &h, e, frame_limit);
-        let limit = if h.ty == TVERSION {
+        let limit = if h.ty == MsgType::Tversion {
             self.config.msize_max
         } else {
             frame_limit
@@ -387,13 +387,13 @@ impl<F: Filesystem> Server<F> {
                 },
             );
         }
-        if msize == 0 && h.ty != TVERSION {
+        if msize == 0 && h.ty != MsgType::Tversion {
             if self.log.admit() {
                 warn!("9p: request type {} before Tversion", h.ty);
             }
             return self.send(reply, &h, Err(errno::EPROTO), MIN_MSIZE);
         }
-        if h.ty == TWRITE {
+        if h.ty == MsgType::Twrite {
             return self.write(session, &h, req, reply, exec, msize);
         }
         // Most bodies are small: read them onto the stack.
@@ -588,7 +588,7 @@ impl<F: Filesystem> Server<F> {
         op: MsgType,
         f: impl FnOnce() -> R + Send,
     ) -> R {
-        let hint = if op == TREAD {
+        let hint = if op == MsgType::Tread {
             self.fs.reads_through_writer()
         } else {
             self.fs.metadata_is_local()

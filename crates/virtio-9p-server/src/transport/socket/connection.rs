@@ -30,7 +30,7 @@ use crate::engine::{self, Engine, EngineConfig, EngineExec};
 use crate::error::Result;
 use crate::fs::Filesystem;
 use crate::io::SliceReader;
-use crate::protocol::{Header, Rmessage, HEADER_SIZE, TREAD, TVERSION, TWRITE};
+use crate::protocol::{Header, MsgType, Rmessage, HEADER_SIZE};
 use crate::server::{Cancel, Session};
 use crate::sys::{read_some, send_fd};
 
@@ -685,7 +685,7 @@ impl<F: Filesystem + 'static> Loop<F> {
                 format!("frame size {size} outside 7..={limit}"),
             )));
         }
-        if h.ty == TWRITE && size > KEEP_BUFFER {
+        if h.ty == MsgType::Twrite && size > KEEP_BUFFER {
             let mut head = [0u8; TWRITE_HEAD];
             head[..HEADER_SIZE].copy_from_slice(&hdr);
             c.input = Input::TwriteHead {
@@ -762,7 +762,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             return;
         };
         let h = Header::from_bytes(buf[..HEADER_SIZE].try_into().unwrap_or(&[0; HEADER_SIZE]));
-        if h.ty == TVERSION && c.slots > 1 {
+        if h.ty == MsgType::Tversion && c.slots > 1 {
             // Tversion aborts the connection's requests in flight: they
             // are cancelled, and it runs once the last has returned, so
             // no reply of theirs follows the Rversion.
@@ -818,7 +818,7 @@ impl<F: Filesystem + 'static> Loop<F> {
         let handoff = Rc::new(Handoff::default());
         let back = Rc::clone(&handoff);
         // An Rread may go out as its header plus a spliced file range.
-        let splicer = (h.ty == TREAD && self.shared.limits.splice_reads)
+        let splicer = (h.ty == MsgType::Tread && self.shared.limits.splice_reads)
             .then(|| Splicer::new(Arc::clone(&self.pipes)));
         let task = move |cancel: Cancel| {
             let mut reply = reply;

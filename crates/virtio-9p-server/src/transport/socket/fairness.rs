@@ -8,10 +8,7 @@ use std::time::Instant;
 use super::connection::{Admit, Conn, Input, Loop, OUT_HIGH_WATER};
 use super::listener::SocketLimits;
 use crate::fs::Filesystem;
-use crate::protocol::{
-    TATTACH, TFSYNC, TLCREATE, TLINK, TLOPEN, TMKDIR, TMKNOD, TREADDIR, TREMOVE, TRENAME,
-    TRENAMEAT, TSETATTR, TSYMLINK, TUNLINKAT, TWRITE,
-};
+use crate::protocol::MsgType;
 
 /// (see "Fairness" in the module docs).
 pub(super) fn thread_slots(limits: &SocketLimits) -> (usize, usize, usize) {
@@ -36,8 +33,21 @@ pub(super) fn worker_turns(limits: &SocketLimits) -> usize {
 /// Twrite comes here only buffered; a streamed one is never held.
 pub(super) fn worker_bound(ty: u8) -> bool {
     [
-        TATTACH, TLOPEN, TLCREATE, TREADDIR, TWRITE, TMKDIR, TSYMLINK, TMKNOD, TRENAME, TRENAMEAT,
-        TUNLINKAT, TREMOVE, TSETATTR, TFSYNC, TLINK,
+        MsgType::Tattach,
+        MsgType::Tlopen,
+        MsgType::Tlcreate,
+        MsgType::Treaddir,
+        MsgType::Twrite,
+        MsgType::Tmkdir,
+        MsgType::Tsymlink,
+        MsgType::Tmknod,
+        MsgType::Trename,
+        MsgType::Trenameat,
+        MsgType::Tunlinkat,
+        MsgType::Tremove,
+        MsgType::Tsetattr,
+        MsgType::Tfsync,
+        MsgType::Tlink,
     ]
     .iter()
     .any(|&t| ty == t)
