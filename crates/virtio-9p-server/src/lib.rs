@@ -129,7 +129,7 @@ pub mod vhost_user;
 pub mod client;
 
 pub use error::{Error, Result};
-pub use exec::{Blocking, Cancel, Inline, Interrupted};
+pub use exec::{Blocking, CallHint, Cancel, Inline, Interrupted};
 pub use fs::passthrough::{MigrationMode, PassthroughConfig, PassthroughFs, SecurityModel};
 pub use io::{ReplyWriter, RequestReader};
 pub use server::{

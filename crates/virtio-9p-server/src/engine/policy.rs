@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::exec::{Blocking, Cancel, Interrupted};
+use crate::exec::{Blocking, CallHint, Cancel, Interrupted};
 use crate::protocol::MsgType;
 
 use super::coroutine::{flush, offload, offload_in, on_coroutine, sleep};
@@ -89,17 +89,18 @@ impl Blocking for EngineExec {
     fn run_hinted<R: Interrupted + Send>(
         &self,
         op: MsgType,
-        hint: bool,
+        hint: CallHint,
         f: impl FnOnce() -> R + Send,
     ) -> R {
-        let inline = match op {
+        let inline = match hint {
+            CallHint::MayBlock => false,
             // The reply writer places each range (`read_at`).
-            MsgType::Tread => on_coroutine(),
+            CallHint::ReadsThroughWriter => on_coroutine(),
             // A short metadata call on a local filesystem: cheaper than the
             // thread hop, and it cannot hang on a peer.
-            _ => INLINE_IF_LOCAL.contains(&op),
+            CallHint::LocalMetadata => INLINE_IF_LOCAL.contains(&op),
         };
-        if self.policy == OffloadPolicy::Auto && hint && inline {
+        if self.policy == OffloadPolicy::Auto && inline {
             f()
         } else {
             self.run(op, f)

@@ -60,6 +60,7 @@ use std::time::Duration;
 use log::{debug, warn};
 
 use crate::error::{Error, Result};
+use crate::exec::CallHint;
 use crate::fs::{validate_name, Filesystem};
 use crate::io::{ReplyWriter, RequestReader};
 use crate::protocol::*;
@@ -588,10 +589,11 @@ impl<F: Filesystem> Server<F> {
         op: MsgType,
         f: impl FnOnce() -> R + Send,
     ) -> R {
-        let hint = if op == MsgType::Tread {
-            self.fs.reads_through_writer()
-        } else {
-            self.fs.metadata_is_local()
+        let hint = match op {
+            MsgType::Tread if self.fs.reads_through_writer() => CallHint::ReadsThroughWriter,
+            MsgType::Tread => CallHint::MayBlock,
+            _ if self.fs.metadata_is_local() => CallHint::LocalMetadata,
+            _ => CallHint::MayBlock,
         };
         exec.run_hinted(op, hint, f)
     }
