@@ -73,12 +73,11 @@ impl Driver {
     fn used(&mut self) -> Vec<(u32, u32)> {
         match self {
             Driver::Split(d) => d.take_used(),
-            Driver::Packed(d) => d
-                .take_used()
-                .into_iter()
-                .map(|(id, len)| (u32::from(id), len))
-                .collect(),
+            Driver::Packed(d) => d.take_used(),
         }
+        .into_iter()
+        .map(|u| (u.id, u.len))
+        .collect()
     }
 
     fn writable(&self, chain: &ChainLayout) -> Vec<u8> {

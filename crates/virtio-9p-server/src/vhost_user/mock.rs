@@ -764,7 +764,7 @@ impl FakeVmm {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let event_idx = self.features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
         let ring = self.driver.ring_mut();
-        let used = ring.take_used_entries();
+        let used = ring.take_used();
         if event_idx {
             // used_event: notify me at the next used entry.
             ring.notify_at_next_used()?;
