@@ -30,7 +30,7 @@ use virtio_9p_server::protocol::*;
 use virtio_9p_server::virtio::RequestQueue;
 use virtio_9p_server::{PassthroughFs, Server, Session};
 use virtio_queue::QueueT;
-use virtqueue_large::mock::{guest_memory, Buf, ChainLayout, Layout, MockDriver};
+use virtqueue_large::mock::{guest_memory, Buf, ChainLayout, Layout, MockDriver, UsedEntry};
 use vm_memory::GuestMemoryMmap;
 use vmm_fuzz_common::device::{DeviceInput, DeviceStep};
 use vmm_fuzz_common::p9::SERVER_MSIZE;
@@ -148,7 +148,7 @@ impl Run<'_> {
     fn collect(&mut self, rq: &mut RequestQueue<PassthroughFs>) {
         rq.poll();
         rq.complete(&mut self.queue, &*self.mem).expect("used ring");
-        for (id, len) in self.driver.take_used() {
+        for UsedEntry { id, len } in self.driver.take_used() {
             let head = u16::try_from(id).expect("used id fits a head");
             let p = self
                 .published

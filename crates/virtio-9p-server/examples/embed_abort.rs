@@ -45,7 +45,7 @@ use virtio_9p_server::engine::{EngineConfig, OffloadPolicy, DEFAULT_STACK_SIZE};
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::virtio::RequestQueue;
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server, Session};
-use virtqueue_large::mock::{guest_memory, Buf, ChainLayout, Layout, MockDriver};
+use virtqueue_large::mock::{guest_memory, Buf, ChainLayout, Layout, MockDriver, UsedEntry};
 use vm_memory::{Bytes, GuestMemoryMmap};
 
 const ROUNDS: usize = 100;
@@ -128,7 +128,7 @@ impl<'a> Guest<'a> {
             if let Err(e) = rq.complete(&mut self.queue, &*self.mem) {
                 fail(format!("used ring: {e}"));
             }
-            for (id, len) in self.driver.take_used() {
+            for UsedEntry { id, len } in self.driver.take_used() {
                 let Some((chain, ty, tag)) = self.published.remove(&(id as u16)) else {
                     fail(format!("used entry {id} for no published chain"));
                 };

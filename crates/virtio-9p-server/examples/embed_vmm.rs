@@ -31,7 +31,7 @@ impl Transport for Guest<'_> {
         loop {
             // The kick, then the engine's fds: blocking calls run on workers.
             dev.process_queue().map_err(Error::other)?;
-            if let Some(used) = ring.take_used_entries().first() {
+            if let Some(used) = ring.take_used().first() {
                 let reply = ring.read_writable(&chain).map_err(Error::other)?;
                 return Ok(reply[..used.len as usize].to_vec());
             }

@@ -29,20 +29,16 @@ pub trait Blocking {
     /// EINTR and finishes normally; nothing is unwound).
     fn run<R: Interrupted + Send>(&self, op: MsgType, f: impl FnOnce() -> R + Send) -> R;
 
-    /// [`Blocking::run`] with the filesystem's hint for `op`: for Tread
-    /// its [`Filesystem::reads_through_writer`](crate::fs::Filesystem::reads_through_writer)
-    /// (its reads go through the reply writer, which places each range
-    /// with [`Blocking::read_at`]), for every other call its
-    /// [`Filesystem::metadata_is_local`](crate::fs::Filesystem::metadata_is_local)
-    /// (its metadata calls never block for long). The server runs every
-    /// filesystem call through this method; the executor decides what the
-    /// hint changes (the coroutine engine runs such a Tread and the short
-    /// metadata calls inline, see [`crate::engine`], "What runs where").
-    /// The default ignores the hint.
+    /// [`Blocking::run`] with what the filesystem says about the call
+    /// ([`CallHint`]). The server runs every filesystem call through this
+    /// method; the executor decides what the hint changes (the coroutine
+    /// engine runs a [`CallHint::ReadsThroughWriter`] Tread and the short
+    /// [`CallHint::LocalMetadata`] calls inline, see [`crate::engine`],
+    /// "What runs where"). The default ignores the hint.
     fn run_hinted<R: Interrupted + Send>(
         &self,
         op: MsgType,
-        hint: bool,
+        hint: CallHint,
         f: impl FnOnce() -> R + Send,
     ) -> R {
         let _ = hint;
@@ -82,6 +78,25 @@ pub trait Blocking {
     fn flush(&self, oldtag: u16) {
         let _ = oldtag;
     }
+}
+
+/// What the filesystem says about one call, passed to
+/// [`Blocking::run_hinted`]: whether the call may run on a thread that
+/// must not block for long. The executor decides where it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallHint {
+    /// Nothing is known: the call may block for long (a filesystem on a
+    /// peer, or a Tread that reads the file itself).
+    MayBlock,
+    /// A Tread whose reads go through the reply writer
+    /// ([`Filesystem::reads_through_writer`](crate::fs::Filesystem::reads_through_writer)):
+    /// the writer places each range with [`Blocking::read_at`], so the
+    /// Tread itself need not leave the calling thread.
+    ReadsThroughWriter,
+    /// A call on a filesystem whose metadata calls never block for long
+    /// ([`Filesystem::metadata_is_local`](crate::fs::Filesystem::metadata_is_local)).
+    LocalMetadata,
 }
 
 /// The result of a call that was cancelled before it ran (Tflush, reset):

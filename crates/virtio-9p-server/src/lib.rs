@@ -113,6 +113,7 @@ pub mod transport;
 
 // The virtio transport and the coroutine engine.
 pub mod engine;
+pub mod virtio;
 
 // Behind a feature (see "Features" in the README): the
 // vhost-user backend needs vhost and vhost-user-backend. The sandbox is the
@@ -121,18 +122,14 @@ pub mod engine;
 // is no public item of this crate even with `daemon`.
 #[cfg(feature = "vhost-user")]
 #[cfg_attr(docsrs, doc(cfg(feature = "vhost-user")))]
-pub use transport::vhost_user;
-// The device core and the vhost-user backend live under `transport/` with
-// the socket transport (each is a way requests reach the server); they keep
-// their paths at the crate root, where an embedder looks for them.
-pub use transport::virtio;
+pub mod vhost_user;
 
 #[cfg(any(test, feature = "test-utils"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod client;
 
 pub use error::{Error, Result};
-pub use exec::{Blocking, Cancel, Inline, Interrupted};
+pub use exec::{Blocking, CallHint, Cancel, Inline, Interrupted};
 pub use fs::passthrough::{MigrationMode, PassthroughConfig, PassthroughFs, SecurityModel};
 pub use io::{ReplyWriter, RequestReader};
 pub use server::{

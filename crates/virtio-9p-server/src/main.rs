@@ -283,7 +283,7 @@ fn exit_on_signals() {
 fn socket_perms(cli: &Cli) -> Result<unix::SocketPerms> {
     let mut perms = unix::SocketPerms::default();
     if let Some(g) = &cli.socket_group {
-        perms.group = Some(unix::group_id(g).map_err(|source| Error::SocketGroup {
+        perms.group = Some(cli::group_id(g).map_err(|source| Error::SocketGroup {
             group: g.clone(),
             source,
         })?);

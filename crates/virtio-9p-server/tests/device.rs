@@ -21,7 +21,9 @@ use virtio_9p_server::protocol::*;
 use virtio_9p_server::virtio::{Device, DEVICE_FEATURES};
 use virtio_9p_server::{Config, Error, PassthroughConfig, PassthroughFs, Server};
 use virtio_queue::{Queue, QueueT};
-use virtqueue_large::mock::{guest_memory, ChainLayout, Layout, MockDriver, MockPackedDriver};
+use virtqueue_large::mock::{
+    guest_memory, ChainLayout, Layout, MockDriver, MockPackedDriver, MockRing, UsedEntry,
+};
 use vm_memory::{GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
 type Mem = GuestMemoryMmap<()>;
@@ -30,76 +32,51 @@ const SIZE: u16 = 64;
 const MSIZE: u32 = 8192;
 const PACKED: u64 = 1 << 34;
 
-/// A driver of either layout on the device's memory.
-enum Driver {
-    Split(MockDriver<'static, Mem>),
-    Packed(MockPackedDriver<'static, Mem>),
+/// A split-ring driver on the device's memory.
+fn split(mem: &Mem) -> MockDriver<'static, Mem> {
+    MockDriver::new_owned(mem.clone(), SIZE)
 }
 
-impl Driver {
-    fn new(packed: bool, mem: &Mem) -> Self {
-        if packed {
-            Driver::Packed(MockPackedDriver::new_owned(mem.clone(), SIZE))
-        } else {
-            Driver::Split(MockDriver::new_owned(mem.clone(), SIZE))
-        }
-    }
+/// A packed-ring driver on the device's memory.
+fn packed(mem: &Mem) -> MockPackedDriver<'static, Mem> {
+    MockPackedDriver::new_owned(mem.clone(), SIZE)
+}
 
+/// What these tests do with a driver of either layout, on top of
+/// virtqueue-large's [`MockRing`].
+trait Driver: MockRing<Memory = Mem> {
     /// The features the driver acks: all offered, packed only on a packed ring.
     fn features(&self) -> u64 {
-        match self {
-            Driver::Split(_) => DEVICE_FEATURES & !PACKED,
-            Driver::Packed(_) => DEVICE_FEATURES,
-        }
-    }
-
-    /// The ring configuration as the VMM's transport holds it.
-    fn queue(&self) -> Queue {
-        match self {
-            Driver::Split(d) => d.create_queue(),
-            Driver::Packed(d) => queue_at(d.create_queue().addresses()),
+        if self.is_packed() {
+            DEVICE_FEATURES
+        } else {
+            DEVICE_FEATURES & !PACKED
         }
     }
 
     fn add(&mut self, msg: Tmessage, tag: u16) -> ChainLayout {
         let frame = msg.encode_frame(tag);
-        match self {
-            Driver::Split(d) => d.add_chain_with_data(Layout::Direct, &[&frame], &[MSIZE]),
-            Driver::Packed(d) => d.add_chain_with_data(Layout::Direct, &[&frame], &[MSIZE]),
-        }
-        .unwrap()
-    }
-
-    fn used(&mut self) -> Vec<(u32, u32)> {
-        match self {
-            Driver::Split(d) => d.take_used(),
-            Driver::Packed(d) => d
-                .take_used()
-                .into_iter()
-                .map(|(id, len)| (u32::from(id), len))
-                .collect(),
-        }
+        self.add_chain_with_data(Layout::Direct, &[&frame], &[MSIZE])
+            .unwrap()
     }
 
     fn writable(&self, chain: &ChainLayout) -> Vec<u8> {
-        match self {
-            Driver::Split(d) => d.read_writable(chain),
-            Driver::Packed(d) => d.read_writable(chain),
-        }
-        .unwrap()
+        self.read_writable(chain).unwrap()
     }
 
     /// The reply to `chain`, which must be the only used entry.
     fn reply(&mut self, chain: &ChainLayout) -> Rmessage {
-        let used = self.used();
+        let used = self.take_used();
         assert_eq!(used.len(), 1, "used entries {used:?}");
-        assert_eq!(used[0].0, u32::from(chain.head));
+        assert_eq!(used[0].id, u32::from(chain.head));
         let bytes = self.writable(chain);
-        Rmessage::decode_frame(&bytes[..used[0].1 as usize], MSIZE)
+        Rmessage::decode_frame(&bytes[..used[0].len as usize], MSIZE)
             .unwrap()
             .1
     }
 }
+
+impl<R: MockRing<Memory = Mem>> Driver for R {}
 
 /// A ready split `Queue` whose three addresses are `(d, a, u)`.
 fn queue_at((d, a, u): (GuestAddress, GuestAddress, GuestAddress)) -> Queue {
@@ -154,15 +131,15 @@ fn getattr(fid: u32) -> Tmessage {
 /// Sends `msg`, kicks and returns the reply.
 fn call<F: Filesystem + 'static>(
     dev: &mut Device<F, Mem>,
-    d: &mut Driver,
+    d: &mut impl Driver,
     msg: Tmessage,
 ) -> Rmessage {
     let chain = d.add(msg, 1);
     for _ in 0..1000 {
         dev.process_queue().unwrap();
-        match d.used().as_slice() {
+        match d.take_used().as_slice() {
             [] => std::thread::sleep(Duration::from_millis(2)),
-            [(head, len)] => {
+            [UsedEntry { id: head, len }] => {
                 assert_eq!(*head, u32::from(chain.head));
                 let bytes = d.writable(&chain);
                 return Rmessage::decode_frame(&bytes[..*len as usize], MSIZE)
@@ -182,7 +159,7 @@ fn is_state(r: Result<(), Error>, what: &str) {
     }
 }
 
-fn lifecycle(packed: bool) {
+fn lifecycle<R: Driver>(new_driver: fn(&Mem) -> R) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("f"), b"data").unwrap();
     let server = Arc::new(
@@ -193,7 +170,7 @@ fn lifecycle(packed: bool) {
         .unwrap(),
     );
     let mem = guest_memory(4 << 20);
-    let mut d = Driver::new(packed, &mem);
+    let mut d = new_driver(&mem);
     let mut dev: Device<_, Mem> = Device::new(Arc::clone(&server), "share", &engine()).unwrap();
     let irqs = Arc::new(AtomicUsize::new(0));
 
@@ -211,19 +188,19 @@ fn lifecycle(packed: bool) {
     // A kick before activation is ignored; the chain waits on the ring.
     let early = d.add(version(), 7);
     assert!(!dev.process_queue().unwrap());
-    assert!(d.used().is_empty());
+    assert!(d.take_used().is_empty());
 
     // Activation before features, acks twice, activation with a ring that
     // is not set up.
     let m = GuestMemoryAtomic::new(mem.clone());
     is_state(
-        dev.activate(m.clone(), d.queue(), interrupt(&irqs)),
+        dev.activate(m.clone(), d.config_queue(), interrupt(&irqs)),
         "before the driver acked",
     );
     dev.ack_features(d.features() | (1 << 50)).unwrap();
     assert_eq!(dev.acked_features(), Some(d.features()));
     is_state(dev.ack_features(d.features()), "acked twice");
-    let mut not_ready = d.queue();
+    let mut not_ready = d.config_queue();
     not_ready.set_ready(false);
     is_state(
         dev.activate(m.clone(), not_ready, interrupt(&irqs)),
@@ -239,14 +216,14 @@ fn lifecycle(packed: bool) {
     is_state(dev.pause(), "before activation");
 
     // Activation serves the chain made available before it.
-    dev.activate(m.clone(), d.queue(), interrupt(&irqs))
+    dev.activate(m.clone(), d.config_queue(), interrupt(&irqs))
         .unwrap();
     assert!(dev.is_active());
     assert!(matches!(d.reply(&early), Rmessage::Version(_)));
     assert_eq!(irqs.load(Ordering::Relaxed), 1);
     is_state(dev.ack_features(d.features()), "after activation");
     is_state(
-        dev.activate(m.clone(), d.queue(), interrupt(&irqs)),
+        dev.activate(m.clone(), d.config_queue(), interrupt(&irqs)),
         "twice",
     );
 
@@ -268,7 +245,7 @@ fn lifecycle(packed: bool) {
     assert!(dev.is_paused());
     let waiting = d.add(getattr(1), 9);
     assert!(!dev.process_queue().unwrap());
-    assert!(d.used().is_empty());
+    assert!(d.take_used().is_empty());
     dev.resume().unwrap();
     match d.reply(&waiting) {
         Rmessage::Getattr(a) => assert_eq!(a.size, 4),
@@ -293,7 +270,7 @@ fn lifecycle(packed: bool) {
     assert_eq!(dev.acked_features(), Some(d.features()));
     // The transport's queue configuration is written again by the driver;
     // the ring position comes from the snapshot.
-    dev.activate(m.clone(), d.queue(), interrupt(&irqs))
+    dev.activate(m.clone(), d.config_queue(), interrupt(&irqs))
         .unwrap();
     is_state(dev.restore(&snap), "activated");
     match call(&mut dev, &mut d, getattr(1)) {
@@ -307,7 +284,8 @@ fn lifecycle(packed: bool) {
     let snap = dev.snapshot().unwrap();
     drop(dev);
     dev2.restore(&snap).unwrap();
-    dev2.activate(m, d.queue(), interrupt(&irqs)).unwrap();
+    dev2.activate(m, d.config_queue(), interrupt(&irqs))
+        .unwrap();
     match call(&mut dev2, &mut d, getattr(1)) {
         Rmessage::Getattr(a) => assert_eq!(a.size, 4),
         r => panic!("{r:?}"),
@@ -316,11 +294,11 @@ fn lifecycle(packed: bool) {
     // A reset forgets the session: the fid is gone after a new activation.
     dev2.reset();
     assert!(!dev2.process_queue().unwrap());
-    let mut d = Driver::new(packed, &mem);
+    let mut d = new_driver(&mem);
     dev2.ack_features(d.features()).unwrap();
     dev2.activate(
         GuestMemoryAtomic::new(mem.clone()),
-        d.queue(),
+        d.config_queue(),
         interrupt(&irqs),
     )
     .unwrap();
@@ -336,12 +314,12 @@ fn lifecycle(packed: bool) {
 
 #[test]
 fn test_device_lifecycle_split() {
-    lifecycle(false);
+    lifecycle(split);
 }
 
 #[test]
 fn test_device_lifecycle_packed() {
-    lifecycle(true);
+    lifecycle(packed);
 }
 
 /// One directory whose Tgetattr blocks until the gate opens.
@@ -366,17 +344,17 @@ impl Filesystem for StuckFs {
 /// A reset while a request runs: the request is given up on, and nothing
 /// reaches the ring or the reply buffer afterwards, even when the call
 /// returns later.
-fn reset_mid_request(packed: bool) {
+fn reset_mid_request<R: Driver>(new_driver: fn(&Mem) -> R) {
     let gate = Arc::new(Gate::default());
     let server = Arc::new(Server::new(StuckFs(Arc::clone(&gate)), Config::default()).unwrap());
     let mem = guest_memory(4 << 20);
-    let mut d = Driver::new(packed, &mem);
+    let mut d = new_driver(&mem);
     let mut dev: Device<_, Mem> = Device::new(server, "share", &engine()).unwrap();
     let irqs = Arc::new(AtomicUsize::new(0));
     dev.ack_features(d.features()).unwrap();
     dev.activate(
         GuestMemoryAtomic::new(mem.clone()),
-        d.queue(),
+        d.config_queue(),
         interrupt(&irqs),
     )
     .unwrap();
@@ -400,7 +378,7 @@ fn reset_mid_request(packed: bool) {
     // Kicks after the reset do nothing either.
     assert!(!dev.process_queue().unwrap());
     assert!(
-        d.used().is_empty(),
+        d.take_used().is_empty(),
         "the reset request reached the used ring"
     );
     assert_eq!(
@@ -411,18 +389,18 @@ fn reset_mid_request(packed: bool) {
     assert_eq!(irqs.load(Ordering::Relaxed), irqs_before);
     // Nor after the driver starts the device again on a fresh ring at the
     // same place: the engine runs again, the old request stays dead.
-    let mut d2 = Driver::new(packed, &mem);
+    let mut d2 = new_driver(&mem);
     dev.ack_features(d2.features()).unwrap();
     dev.activate(
         GuestMemoryAtomic::new(mem.clone()),
-        d2.queue(),
+        d2.config_queue(),
         interrupt(&irqs),
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(50));
     dev.process_queue().unwrap();
     assert!(
-        d2.used().is_empty(),
+        d2.take_used().is_empty(),
         "the reset request reached the new ring"
     );
     assert_eq!(
@@ -438,12 +416,12 @@ fn reset_mid_request(packed: bool) {
 
 #[test]
 fn test_device_reset_mid_request_split() {
-    reset_mid_request(false);
+    reset_mid_request(split);
 }
 
 #[test]
 fn test_device_reset_mid_request_packed() {
-    reset_mid_request(true);
+    reset_mid_request(packed);
 }
 
 #[test]
@@ -466,14 +444,14 @@ fn test_device_refuses_bad_construction() {
 
 /// A thread handed over to [`Device::run`]: the device serves kicks until
 /// the stop eventfd fires, then pauses and snapshots on its thread.
-fn run_on_thread(packed: bool) {
+fn run_on_thread<R: Driver>(new_driver: fn(&Mem) -> R) {
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
     let dir = tempfile::tempdir().unwrap();
     let mem = guest_memory(4 << 20);
-    let mut d = Driver::new(packed, &mem);
+    let mut d = new_driver(&mem);
     // Without event-idx every used round raises the interrupt (with it,
     // the split mock would have to move its used event along).
-    let (features, queue) = (d.features() & !(1 << 29), d.queue());
+    let (features, queue) = (d.features() & !(1 << 29), d.config_queue());
     let kick = EventFd::new(EFD_NONBLOCK).unwrap();
     let stop = EventFd::new(EFD_NONBLOCK).unwrap();
     let irq = EventFd::new(EFD_NONBLOCK).unwrap();
@@ -509,7 +487,7 @@ fn run_on_thread(packed: bool) {
             let ready = unsafe { libc::poll(&mut pfd, 1, 10_000) };
             assert_eq!(ready, 1, "no interrupt");
             let _ = irq.read();
-            if let Some(&(_, len)) = d.used().first() {
+            if let Some(&UsedEntry { len, .. }) = d.take_used().first() {
                 let bytes = d.writable(&chain);
                 break Rmessage::decode_frame(&bytes[..len as usize], MSIZE)
                     .unwrap()
@@ -525,10 +503,10 @@ fn run_on_thread(packed: bool) {
 
 #[test]
 fn test_device_run_on_a_handed_over_thread_split() {
-    run_on_thread(false);
+    run_on_thread(split);
 }
 
 #[test]
 fn test_device_run_on_a_handed_over_thread_packed() {
-    run_on_thread(true);
+    run_on_thread(packed);
 }

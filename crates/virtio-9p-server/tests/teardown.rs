@@ -21,7 +21,7 @@ use virtio_9p_server::fs::{Cred, Filesystem};
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::virtio::RequestQueue;
 use virtio_9p_server::{Config, Server, Session};
-use virtqueue_large::mock::{guest_memory, Buf, ChainLayout, Layout, MockDriver};
+use virtqueue_large::mock::{guest_memory, Buf, ChainLayout, Layout, MockDriver, UsedEntry};
 use vm_memory::{Bytes, GuestMemoryMmap};
 
 /// How long the tests let a reset wait for a running call.
@@ -142,7 +142,7 @@ impl<F: Filesystem + 'static> Device<F> {
     }
 
     /// Polls until `n` used entries arrived (10 s at most).
-    fn used(&mut self, d: &mut MockDriver<'_, GuestMemoryMmap<()>>, n: usize) -> Vec<(u32, u32)> {
+    fn used(&mut self, d: &mut MockDriver<'_, GuestMemoryMmap<()>>, n: usize) -> Vec<UsedEntry> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut out = Vec::new();
         while out.len() < n && Instant::now() < deadline {
@@ -234,8 +234,8 @@ fn test_reset_with_a_stuck_filesystem_call_is_bounded_and_counted() {
     // Both chains go back empty: the queued one was cancelled (EINTR, no
     // reply), the stuck one given up.
     let mut used = dev.used(&mut d, 2);
-    used.sort_unstable();
-    assert_eq!(used.iter().map(|u| u.1).collect::<Vec<_>>(), vec![0, 0]);
+    used.sort_unstable_by_key(|u| (u.id, u.len));
+    assert_eq!(used.iter().map(|u| u.len).collect::<Vec<_>>(), vec![0, 0]);
 
     // The call returns late: its completion is ignored, and the device
     // keeps serving on the freed worker.
@@ -243,7 +243,7 @@ fn test_reset_with_a_stuck_filesystem_call_is_bounded_and_counted() {
     let c = dev.send(&mut d, 3, &getattr());
     let used = dev.used(&mut d, 1);
     assert_eq!(used.len(), 1);
-    assert!(used[0].1 > 0);
+    assert!(used[0].len > 0);
     assert_eq!(dev.reply_type(&c), MsgType::Rgetattr);
     assert_eq!(dev.rq.engine_stats().leaked, 1);
 }

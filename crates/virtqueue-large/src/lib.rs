@@ -47,7 +47,7 @@
 //! ```
 //! use std::io::{Read, Write};
 //! use virtio_queue::QueueT;
-//! use virtqueue_large::mock::{guest_memory, Layout, MockDriver};
+//! use virtqueue_large::mock::{guest_memory, Layout, MockDriver, UsedEntry};
 //! use virtqueue_large::{ChainLimits, ChainWalker};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -82,7 +82,7 @@
 //!         break;
 //!     }
 //! }
-//! assert_eq!(driver.take_used(), vec![(0, 4)]);
+//! assert_eq!(driver.take_used(), vec![UsedEntry { id: 0, len: 4 }]);
 //! # Ok(())
 //! # }
 //! ```
@@ -91,7 +91,7 @@
 //!
 //! ```
 //! use std::io::Write;
-//! use virtqueue_large::mock::{guest_memory, Layout, MockPackedDriver};
+//! use virtqueue_large::mock::{guest_memory, Layout, MockPackedDriver, UsedEntry};
 //! use virtqueue_large::{ChainLimits, ChainWalker, DeviceRing};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -105,7 +105,7 @@
 //!     writer.write_all(b"pong")?;
 //!     queue.push_used(&mem, chain.head_index(), writer.bytes_written() as u32)?;
 //! }
-//! assert_eq!(driver.take_used(), vec![(0, 4)]);
+//! assert_eq!(driver.take_used(), vec![UsedEntry { id: 0, len: 4 }]);
 //! # Ok(())
 //! # }
 //! ```

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use virtio_queue::{Queue, QueueT};
-use virtqueue_large::mock::{guest_memory, Buf, Layout, MockDriver};
+use virtqueue_large::mock::{guest_memory, Buf, Layout, MockDriver, UsedEntry};
 use virtqueue_large::{ChainLimits, ChainWalker, Error, ErrorKind, MAX_POOLED_SEGMENTS};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -43,7 +43,13 @@ fn test_direct_chain_reader_and_writer() {
     queue
         .add_used(&mem, chain.head_index(), w.bytes_written() as u32)
         .unwrap();
-    assert_eq!(driver.take_used(), vec![(u32::from(layout.head), 8)]);
+    assert_eq!(
+        driver.take_used(),
+        vec![UsedEntry {
+            id: u32::from(layout.head),
+            len: 8
+        }]
+    );
     assert!(walker.pop(&mut queue, &mem).unwrap().is_none());
 }
 
@@ -261,7 +267,16 @@ fn test_chain_outlives_queue_borrow_and_moves_to_another_thread() {
     assert_eq!(&driver.read_writable(&a).unwrap()[..5], b"FIRST");
     assert_eq!(
         driver.take_used(),
-        vec![(u32::from(b.head), 1), (u32::from(a.head), 5)]
+        vec![
+            UsedEntry {
+                id: u32::from(b.head),
+                len: 1
+            },
+            UsedEntry {
+                id: u32::from(a.head),
+                len: 5
+            },
+        ]
     );
 }
 

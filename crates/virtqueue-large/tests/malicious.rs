@@ -6,7 +6,7 @@ use std::io::Read;
 
 use virtio_queue::{Queue, QueueT};
 use virtqueue_large::mock::{
-    desc, guest_memory, Layout, Malicious, MockDriver, F_INDIRECT, F_NEXT, F_WRITE,
+    desc, guest_memory, Layout, Malicious, MockDriver, UsedEntry, F_INDIRECT, F_NEXT, F_WRITE,
 };
 use virtqueue_large::{ChainLimits, ChainWalker, Error, ErrorKind, LOG_BURST};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -65,7 +65,14 @@ fn test_every_malicious_pattern_is_refused_and_queue_keeps_serving() {
         if *pattern == Malicious::HeadOutOfRange {
             assert!(used.is_empty(), "an out-of-range head cannot be returned");
         } else {
-            assert_eq!(used, vec![(u32::from(head.unwrap()), 0)], "{pattern:?}");
+            assert_eq!(
+                used,
+                vec![UsedEntry {
+                    id: u32::from(head.unwrap()),
+                    len: 0
+                }],
+                "{pattern:?}"
+            );
         }
         assert_next_valid_served(&mut walker, &mut driver, &mut queue, &mem);
         assert_eq!(walker.stats().faults, 1);

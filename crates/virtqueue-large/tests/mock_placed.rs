@@ -3,7 +3,9 @@
 //! placing chains at addresses the caller owns, with the indirect table
 //! where the caller says, on both ring layouts.
 
-use virtqueue_large::mock::{guest_memory, Buf, Layout, MockDriver, MockError, MockPackedDriver};
+use virtqueue_large::mock::{
+    guest_memory, Buf, Layout, MockDriver, MockError, MockPackedDriver, UsedEntry,
+};
 use virtqueue_large::{AnyRing, ChainLimits, ChainWalker, DeviceRing, Segment};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
@@ -61,7 +63,13 @@ fn test_split_chain_placed_with_table_where_asked() {
         }
         let head = pop_and_return(&mut AnyRing::Split(&mut queue), &mem);
         assert_eq!(head, chain.head);
-        assert_eq!(driver.take_used(), vec![(u32::from(head), 11)]);
+        assert_eq!(
+            driver.take_used(),
+            vec![UsedEntry {
+                id: u32::from(head),
+                len: 11
+            }]
+        );
         assert_eq!(driver.used_seen(), driver.used_idx());
     }
     assert_eq!(driver.used_seen(), 3);
@@ -91,7 +99,13 @@ fn test_packed_chain_placed_with_table_where_asked() {
             &mem,
         );
         assert_eq!(head, chain.head);
-        assert_eq!(driver.take_used(), vec![(head, 11)]);
+        assert_eq!(
+            driver.take_used(),
+            vec![UsedEntry {
+                id: u32::from(head),
+                len: 11
+            }]
+        );
     }
     assert_eq!(driver.used_position(), (1, false));
 }

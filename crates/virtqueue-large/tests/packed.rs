@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use virtio_queue::{Queue, QueueT};
 use virtqueue_large::mock::{
     avail_bits, guest_memory, pdesc, Buf, Layout, MockDriver, MockPackedDriver, PackedMalicious,
-    F_NEXT,
+    UsedEntry, F_NEXT,
 };
 use virtqueue_large::packed::{EventMode, EventSuppression, EVENT_FLAG_DISABLE, EVENT_FLAG_ENABLE};
 use virtqueue_large::{
@@ -45,7 +45,13 @@ fn round_trip(
     queue
         .add_used(mem, chain.head_index(), w.bytes_written() as u32)
         .unwrap();
-    assert_eq!(driver.take_used(), vec![(laid.head, 5)]);
+    assert_eq!(
+        driver.take_used(),
+        vec![UsedEntry {
+            id: u32::from(laid.head),
+            len: 5
+        }]
+    );
     assert_eq!(&driver.read_writable(&laid).unwrap()[..5], b"pong!");
     laid.head
 }
@@ -110,7 +116,23 @@ fn test_used_out_of_order_and_ids_reused_out_of_order() {
             queue.add_used(&mem, c.head_index(), k as u32).unwrap();
         }
         let used = driver.take_used();
-        assert_eq!(used, vec![(ids[2], 2), (ids[1], 1), (ids[0], 0)]);
+        assert_eq!(
+            used,
+            vec![
+                UsedEntry {
+                    id: u32::from(ids[2]),
+                    len: 2
+                },
+                UsedEntry {
+                    id: u32::from(ids[1]),
+                    len: 1
+                },
+                UsedEntry {
+                    id: u32::from(ids[0]),
+                    len: 0
+                },
+            ]
+        );
         assert_eq!(driver.free_slots(), 8);
     }
     assert_eq!(queue.next_used(), queue.next_avail());
@@ -245,7 +267,13 @@ fn test_chain_crossing_the_ring_end_into_a_stale_slot() {
         let laid = driver.add_chain(Layout::Direct, &[Buf::r(8)]).unwrap();
         let c = walker.pop_packed(&mut queue, &mem).unwrap().unwrap();
         queue.add_used(&mem, c.head_index(), 0).unwrap();
-        assert_eq!(driver.take_used(), vec![(laid.head, 0)]);
+        assert_eq!(
+            driver.take_used(),
+            vec![UsedEntry {
+                id: u32::from(laid.head),
+                len: 0
+            }]
+        );
     }
     assert_eq!(queue.next_avail(), (3, true));
     // Slot 0 keeps the used descriptor (AVAIL = USED = 1) of the first lap.
@@ -534,7 +562,14 @@ fn test_one_request_path_serves_split_and_packed() {
         ),
         3
     );
-    assert_eq!(packed_driver.take_used(), vec![(0, 3), (1, 3), (2, 3)]);
+    assert_eq!(
+        packed_driver.take_used(),
+        vec![
+            UsedEntry { id: 0, len: 3 },
+            UsedEntry { id: 1, len: 3 },
+            UsedEntry { id: 2, len: 3 },
+        ]
+    );
     assert_eq!(
         AnyRing::<Queue>::Packed(&mut packed).ring_base(),
         packed.ring_base()
@@ -617,7 +652,13 @@ fn test_a_restarted_device_skips_what_was_used_and_serves_a_recorded_chain() {
     let mut w = chain.writer();
     w.write_all(b"late").unwrap();
     fresh.add_used(&mem, chain.head_index(), 4).unwrap();
-    assert_eq!(driver.take_used(), vec![(laid[0].head, 4)]);
+    assert_eq!(
+        driver.take_used(),
+        vec![UsedEntry {
+            id: u32::from(laid[0].head),
+            len: 4
+        }]
+    );
     assert_eq!(&driver.read_writable(&laid[0]).unwrap()[..4], b"late");
     // A recorded descriptor that continues in the next slot is refused.
     let mut next = recorded;

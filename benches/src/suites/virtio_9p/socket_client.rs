@@ -20,10 +20,6 @@ type Res<T> = Result<T, Box<dyn Error>>;
 
 pub(super) const GIB: f64 = (1u64 << 30) as f64;
 pub(super) const KIB: u32 = 1024;
-/// 9P message types the lean loop checks by number.
-pub(super) const RGETATTR: u8 = MsgType::Rgetattr as u8;
-pub(super) const RLOCK: u8 = MsgType::Rlock as u8;
-pub(super) const RREAD: u8 = MsgType::Rread as u8;
 
 pub(super) const ROOT: u32 = 0;
 pub(super) const BIG: u32 = 1;
@@ -175,7 +171,7 @@ impl Session {
         for _ in 0..n {
             let (tag, ty, size) = self.recv()?;
             let got = u32::from_le_bytes(self.reply[7..11].try_into()?);
-            if ty != RREAD || u64::from(got) != count || size != 11 + count as usize {
+            if ty != MsgType::Rread || u64::from(got) != count || size != 11 + count as usize {
                 return Err(format!("Tread of {count}: reply type {ty}, {got} bytes").into());
             }
             done += u64::from(got);
@@ -209,7 +205,7 @@ impl Session {
         }
         for _ in 0..iters {
             let (tag, ty, _) = self.recv()?;
-            if ty != RGETATTR {
+            if ty != MsgType::Rgetattr {
                 return Err(format!("Tgetattr: reply type {ty}").into());
             }
             if sent < iters {
@@ -256,14 +252,14 @@ impl Session {
             self.send(&getattr)?;
             loop {
                 let (tag, ty, _) = self.recv()?;
-                if tag == SLOW_TAG && ty == RLOCK {
+                if tag == SLOW_TAG && ty == MsgType::Rlock {
                     // BLOCKED after the server's lock wait: ask again.
                     if let Some(t) = &tlock {
                         self.send(t)?;
                     }
                     continue;
                 }
-                if ty != RGETATTR {
+                if ty != MsgType::Rgetattr {
                     return Err(format!("Tgetattr: reply type {ty}").into());
                 }
                 break;
@@ -312,7 +308,7 @@ pub(super) fn trivial_session(msize: u32, file_len: u64) -> Res<Session> {
     let count = msize - IOHDRSZ;
     let mut canned = Vec::with_capacity(11 + count as usize);
     canned.extend_from_slice(&(11 + count).to_le_bytes());
-    canned.push(RREAD);
+    canned.push(MsgType::Rread.into());
     canned.extend_from_slice(&[0, 0]);
     canned.extend_from_slice(&count.to_le_bytes());
     canned.resize(11 + count as usize, 0);
@@ -328,7 +324,7 @@ pub(super) fn trivial_session(msize: u32, file_len: u64) -> Res<Session> {
                 {
                     break;
                 }
-                if frame[4] == MsgType::Tread as u8 {
+                if frame[4] == MsgType::Tread {
                     canned[5..7].copy_from_slice(&frame[5..7]);
                     if theirs.write_all(&canned).is_err() {
                         break;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Command-line options of the `virtio-9p-server` binary.
 
+use std::io;
 use std::path::PathBuf;
 
 use clap::Parser;
@@ -161,6 +162,44 @@ fn parse_nofile(s: &str) -> Result<u64> {
     match s.parse::<u64>() {
         Ok(n) if n == 0 || n >= 64 => Ok(n),
         _ => Err(Error::RlimitNofile(s.to_owned())),
+    }
+}
+
+/// The gid of a group given by name or number (`--socket-group`).
+pub fn group_id(name: &str) -> io::Result<libc::gid_t> {
+    if let Ok(n) = name.parse::<libc::gid_t>() {
+        return Ok(n);
+    }
+    let c = std::ffi::CString::new(name)?;
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: zeroed group and null result pointer are valid out values.
+        let mut grp: libc::group = unsafe { std::mem::zeroed() };
+        let mut result: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: valid C string, out pointers and a buffer of buf.len() bytes.
+        let r = unsafe {
+            libc::getgrnam_r(
+                c.as_ptr(),
+                &mut grp,
+                buf.as_mut_ptr().cast::<libc::c_char>(),
+                buf.len(),
+                &mut result,
+            )
+        };
+        if r == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 2, 0);
+            continue;
+        }
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        if result.is_null() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no group named {name:?}"),
+            ));
+        }
+        return Ok(grp.gr_gid);
     }
 }
 
@@ -433,5 +472,13 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn test_group_id_by_name_or_number() {
+        assert_eq!(group_id("0").unwrap(), 0);
+        assert_eq!(group_id("root").unwrap(), 0);
+        let e = group_id("no-such-group-9p").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
     }
 }

@@ -7,11 +7,8 @@
 
 use std::time::Duration;
 
-use crate::exec::{Blocking, Cancel, Interrupted};
-use crate::protocol::{
-    MsgType, RLERROR, TCLUNK, TGETATTR, TLOCK, TREAD, TREADLINK, TSTATFS, TVERSION, TWALK,
-    TXATTRWALK,
-};
+use crate::exec::{Blocking, CallHint, Cancel, Interrupted};
+use crate::protocol::MsgType;
 
 use super::coroutine::{flush, offload, offload_in, on_coroutine, sleep};
 
@@ -43,7 +40,7 @@ pub enum OffloadPolicy {
 /// set). A request that completed keeps its reply, which may record a
 /// change; QEMU does the same.
 pub(crate) fn flushed_silently(reply_type: u8, cancel: &Cancel) -> bool {
-    cancel.is_cancelled() && reply_type == RLERROR
+    cancel.is_cancelled() && reply_type == MsgType::Rlerror
 }
 
 /// The requests whose filesystem calls run inline on the engine's thread
@@ -56,8 +53,14 @@ pub(crate) fn flushed_silently(reply_type: u8, cancel: &Cancel) -> bool {
 /// that changes the tree, Tlock, Tgetlock, Tfsync, Tlopen and Tattach.
 ///
 /// [`Filesystem::metadata_is_local`]: crate::fs::Filesystem::metadata_is_local
-pub(super) const INLINE_IF_LOCAL: [MsgType; 6] =
-    [TGETATTR, TWALK, TCLUNK, TSTATFS, TREADLINK, TXATTRWALK];
+pub(super) const INLINE_IF_LOCAL: [MsgType; 6] = [
+    MsgType::Tgetattr,
+    MsgType::Twalk,
+    MsgType::Tclunk,
+    MsgType::Tstatfs,
+    MsgType::Treadlink,
+    MsgType::Txattrwalk,
+];
 
 /// The [`Blocking`] executor the engine hands to the server.
 #[derive(Debug, Clone, Copy)]
@@ -77,8 +80,8 @@ impl Blocking for EngineExec {
         match self.policy {
             OffloadPolicy::Never => f(),
             OffloadPolicy::Always => offload(f),
-            OffloadPolicy::Auto if op == TVERSION => f(),
-            OffloadPolicy::Auto if op == TLOCK => offload_in(true, f),
+            OffloadPolicy::Auto if op == MsgType::Tversion => f(),
+            OffloadPolicy::Auto if op == MsgType::Tlock => offload_in(true, f),
             OffloadPolicy::Auto => offload(f),
         }
     }
@@ -86,17 +89,18 @@ impl Blocking for EngineExec {
     fn run_hinted<R: Interrupted + Send>(
         &self,
         op: MsgType,
-        hint: bool,
+        hint: CallHint,
         f: impl FnOnce() -> R + Send,
     ) -> R {
-        let inline = match op {
+        let inline = match hint {
+            CallHint::MayBlock => false,
             // The reply writer places each range (`read_at`).
-            TREAD => on_coroutine(),
+            CallHint::ReadsThroughWriter => on_coroutine(),
             // A short metadata call on a local filesystem: cheaper than the
             // thread hop, and it cannot hang on a peer.
-            _ => INLINE_IF_LOCAL.contains(&op),
+            CallHint::LocalMetadata => INLINE_IF_LOCAL.contains(&op),
         };
-        if self.policy == OffloadPolicy::Auto && hint && inline {
+        if self.policy == OffloadPolicy::Auto && inline {
             f()
         } else {
             self.run(op, f)

@@ -8,10 +8,8 @@ use std::time::{Duration, Instant};
 use coro_pool::StackPool;
 
 use crate::error::Error;
-use crate::exec::{Blocking, Cancel};
-use crate::protocol::{
-    MsgType, TCLUNK, TGETATTR, TLOCK, TREAD, TREADLINK, TSTATFS, TWALK, TXATTRWALK,
-};
+use crate::exec::{Blocking, CallHint, Cancel};
+use crate::protocol::MsgType;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -439,7 +437,7 @@ fn test_offload_outside_a_coroutine_runs_inline() {
     assert_eq!(offload(|| Ok::<_, u32>(5)), Ok(5));
     assert_eq!(
         EngineExec::new(OffloadPolicy::Always)
-            .run(TREAD, || Ok::<_, u32>(6))
+            .run(MsgType::Tread, || Ok::<_, u32>(6))
             .unwrap(),
         6
     );
@@ -453,29 +451,29 @@ fn test_offload_outside_a_coroutine_runs_inline() {
 fn test_auto_runs_short_metadata_calls_inline_only_for_a_local_filesystem() {
     // (op, the filesystem's hint, whether the call must hop).
     let cases = [
-        (TGETATTR, true, false),
-        (TWALK, true, false),
-        (TCLUNK, true, false),
-        (TSTATFS, true, false),
-        (TREADLINK, true, false),
-        (TXATTRWALK, true, false),
-        (TGETATTR, false, true),
-        (TWALK, false, true),
-        (TCLUNK, false, true),
-        (MsgType::Tsetattr, true, true),
-        (MsgType::Treaddir, true, true),
-        (MsgType::Tfsync, true, true),
-        (MsgType::Tlcreate, true, true),
-        (TLOCK, true, true),
+        (MsgType::Tgetattr, CallHint::LocalMetadata, false),
+        (MsgType::Twalk, CallHint::LocalMetadata, false),
+        (MsgType::Tclunk, CallHint::LocalMetadata, false),
+        (MsgType::Tstatfs, CallHint::LocalMetadata, false),
+        (MsgType::Treadlink, CallHint::LocalMetadata, false),
+        (MsgType::Txattrwalk, CallHint::LocalMetadata, false),
+        (MsgType::Tgetattr, CallHint::MayBlock, true),
+        (MsgType::Twalk, CallHint::MayBlock, true),
+        (MsgType::Tclunk, CallHint::MayBlock, true),
+        (MsgType::Tsetattr, CallHint::LocalMetadata, true),
+        (MsgType::Treaddir, CallHint::LocalMetadata, true),
+        (MsgType::Tfsync, CallHint::LocalMetadata, true),
+        (MsgType::Tlcreate, CallHint::LocalMetadata, true),
+        (MsgType::Tlock, CallHint::LocalMetadata, true),
     ];
     let mut e = engine(2);
     let me = std::thread::current().id();
-    for (i, (op, local, hops)) in cases.into_iter().enumerate() {
+    for (i, (op, hint, hops)) in cases.into_iter().enumerate() {
         let before = e.stats().offloaded;
         let token = i as u16;
         e.spawn(token, Some(token), Cancel::new(), move || {
             let exec = EngineExec::new(OffloadPolicy::Auto);
-            len_of(exec.run_hinted(op, local, move || {
+            len_of(exec.run_hinted(op, hint, move || {
                 Ok(u32::from(std::thread::current().id() != me))
             }))
         })
@@ -488,9 +486,11 @@ fn test_auto_runs_short_metadata_calls_inline_only_for_a_local_filesystem() {
         let before = e.stats().offloaded;
         e.spawn(99, None, Cancel::new(), move || {
             let exec = EngineExec::new(policy);
-            len_of(exec.run_hinted(TGETATTR, true, move || {
-                Ok(u32::from(std::thread::current().id() != me))
-            }))
+            len_of(
+                exec.run_hinted(MsgType::Tgetattr, CallHint::LocalMetadata, move || {
+                    Ok(u32::from(std::thread::current().id() != me))
+                }),
+            )
         })
         .unwrap();
         assert_eq!(drive(&mut e, 1), vec![(99, hops)], "{policy:?}");

@@ -716,9 +716,6 @@ impl DirEntry {
 /// [`DecodeError::NotDotL`].
 const NOT_DOT_L: [u8; 5] = [106, 112, 114, 124, 126];
 
-/// Type byte of Rlerror, the only reply without a request.
-const RLERROR: u8 = 7;
-
 /// Appends the body of an Rgetattr carrying `a`: the bytes
 /// `Rmessage::Getattr` encodes, without boxing the attributes first (the
 /// server's Tgetattr path, see `Server::handle_recorded`).
@@ -746,8 +743,8 @@ macro_rules! messages {
         #[repr(u8)]
         #[non_exhaustive]
         pub enum MsgType {
-            /// Rlerror: a Linux errno.
-            Rlerror = RLERROR,
+            /// Rlerror: a Linux errno (the only reply without a request).
+            Rlerror = 7,
             $(
                 #[doc = concat!(stringify!($tname), ".")]
                 $tname = $n,
@@ -784,7 +781,7 @@ macro_rules! messages {
                 let reply = v & 1 == 1;
                 match v & !1 {
                     $($n => Ok(if reply { MsgType::$rname } else { MsgType::$tname }),)*
-                    _ if v == RLERROR => Ok(MsgType::Rlerror),
+                    _ if v == MsgType::Rlerror => Ok(MsgType::Rlerror),
                     _ if NOT_DOT_L.contains(&v) => Err(DecodeError::NotDotL(v)),
                     _ => Err(DecodeError::UnknownType(v)),
                 }

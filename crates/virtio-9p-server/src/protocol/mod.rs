@@ -22,20 +22,6 @@ pub mod wire;
 
 pub use messages::*;
 
-// Crate-internal shorthand for the types the server, engine and transports
-// name (the former `u8` constants of the same names), kept so those call
-// sites read as before.
-#[allow(unused_imports)]
-pub(crate) use MsgType::{
-    Rlerror as RLERROR, Tattach as TATTACH, Tclunk as TCLUNK, Tflush as TFLUSH, Tfsync as TFSYNC,
-    Tgetattr as TGETATTR, Tgetlock as TGETLOCK, Tlcreate as TLCREATE, Tlink as TLINK,
-    Tlock as TLOCK, Tlopen as TLOPEN, Tmkdir as TMKDIR, Tmknod as TMKNOD, Tread as TREAD,
-    Treaddir as TREADDIR, Treadlink as TREADLINK, Tremove as TREMOVE, Trename as TRENAME,
-    Trenameat as TRENAMEAT, Tsetattr as TSETATTR, Tstatfs as TSTATFS, Tsymlink as TSYMLINK,
-    Tunlinkat as TUNLINKAT, Tversion as TVERSION, Twalk as TWALK, Twrite as TWRITE,
-    Txattrcreate as TXATTRCREATE, Txattrwalk as TXATTRWALK,
-};
-
 use thiserror::Error;
 
 /// Size of the common header: `size[4] type[1] tag[2]`.

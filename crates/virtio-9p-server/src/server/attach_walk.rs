@@ -52,7 +52,7 @@ impl<F: Filesystem> Server<F> {
             m.n_uname
         };
         let (inode, qid) = self
-            .call(exec, TATTACH, || {
+            .call(exec, MsgType::Tattach, || {
                 self.fs.attach(&m.aname, Cred { uid, gid: uid })
             })
             .map_err(|e| errno::from_io(&e))?;
@@ -78,7 +78,7 @@ impl<F: Filesystem> Server<F> {
             // stays open).
             return Ok(Rmessage::Walk(Vec::new()));
         }
-        let (inode, qids) = self.call(exec, TWALK, || {
+        let (inode, qids) = self.call(exec, MsgType::Twalk, || {
             let mut inode = fid.inode.clone();
             let mut qids = Vec::with_capacity(m.wnames.len());
             for name in &m.wnames {
@@ -118,7 +118,7 @@ impl<F: Filesystem> Server<F> {
         // The fid's last reference closes its files (`close` may flush to
         // a network server), so the drop is a filesystem call too; an
         // executor that cancels it before it ran drops the fid here.
-        let _ = self.call(exec, TCLUNK, move || {
+        let _ = self.call(exec, MsgType::Tclunk, move || {
             drop(fid);
             Ok::<(), u32>(())
         });

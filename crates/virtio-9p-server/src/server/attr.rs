@@ -17,7 +17,7 @@ impl<F: Filesystem> Server<F> {
     ) -> std::result::Result<Rgetattr, u32> {
         let iounit = session.msize().saturating_sub(IOHDRSZ);
         let fid = session.get(m.fid)?;
-        self.call(exec, TGETATTR, || {
+        self.call(exec, MsgType::Tgetattr, || {
             self.fs.getattr(&fid.inode, m.request_mask)
         })
         .map(|mut a| {
@@ -33,7 +33,7 @@ impl<F: Filesystem> Server<F> {
         m: &Tsetattr,
         exec: &B,
     ) -> OpResult {
-        self.with_inode(session, m.fid, exec, TSETATTR, |fs, f| {
+        self.with_inode(session, m.fid, exec, MsgType::Tsetattr, |fs, f| {
             let file = match &f.kind {
                 FidKind::Open { file, .. } => Some(file),
                 _ => None,
@@ -44,7 +44,7 @@ impl<F: Filesystem> Server<F> {
 
     pub(super) fn statfs<B: Blocking>(&self, session: &Session<F>, fid: u32, exec: &B) -> OpResult {
         let iounit = session.msize().saturating_sub(IOHDRSZ);
-        self.with_inode(session, fid, exec, TSTATFS, |fs, f| {
+        self.with_inode(session, fid, exec, MsgType::Tstatfs, |fs, f| {
             fs.statfs(&f.inode)
                 .map(|st| Rmessage::Statfs(statfs_in_iounits(st, iounit)))
         })
@@ -56,7 +56,7 @@ impl<F: Filesystem> Server<F> {
         fid: u32,
         exec: &B,
     ) -> OpResult {
-        self.with_inode(session, fid, exec, TREADLINK, |fs, f| {
+        self.with_inode(session, fid, exec, MsgType::Treadlink, |fs, f| {
             fs.readlink(&f.inode).map(Rmessage::Readlink)
         })
     }

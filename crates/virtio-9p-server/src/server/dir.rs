@@ -19,7 +19,7 @@ impl<F: Filesystem> Server<F> {
         let max = (m.count as usize)
             .min(msize as usize - RHDR_COUNT)
             .min(room.saturating_sub(RHDR_COUNT));
-        self.with_file(session, m.fid, exec, TREADDIR, |fs, file| {
+        self.with_file(session, m.fid, exec, MsgType::Treaddir, |fs, file| {
             let mut data = Vec::with_capacity(max.min(64 << 10));
             fs.readdir(file, m.offset, &mut |entry| {
                 if data.len() + entry.size() > max {

@@ -10,7 +10,7 @@ impl<F: Filesystem> Server<F> {
         validate_name(&m.name).map_err(|e| errno::from_io(&e))?;
         let dir = session.get(m.dfid)?;
         let target = session.get(m.fid)?;
-        self.call(exec, TLINK, || {
+        self.call(exec, MsgType::Tlink, || {
             self.fs.link(&target.inode, &dir.inode, &m.name)
         })
         .map_err(|e| errno::from_io(&e))?;
@@ -26,7 +26,7 @@ impl<F: Filesystem> Server<F> {
         validate_name(&m.name).map_err(|e| errno::from_io(&e))?;
         let fid = session.get(m.fid)?;
         let dir = session.get(m.dfid)?;
-        self.call(exec, TRENAME, || {
+        self.call(exec, MsgType::Trename, || {
             self.fs.rename(&fid.inode, &dir.inode, &m.name)
         })
         .map_err(|e| errno::from_io(&e))?;
@@ -43,7 +43,7 @@ impl<F: Filesystem> Server<F> {
         validate_name(&m.newname).map_err(|e| errno::from_io(&e))?;
         let old = session.get(m.olddirfid)?;
         let new = session.get(m.newdirfid)?;
-        self.call(exec, TRENAMEAT, || {
+        self.call(exec, MsgType::Trenameat, || {
             self.fs
                 .renameat(&old.inode, &m.oldname, &new.inode, &m.newname)
         })
@@ -57,13 +57,20 @@ impl<F: Filesystem> Server<F> {
         m: &Tunlinkat,
         exec: &B,
     ) -> OpResult {
-        self.create_entry(session, m.dirfid, &m.name, exec, TUNLINKAT, |fs, f| {
-            if !(m.flags - UnlinkFlags::REMOVEDIR).is_empty() {
-                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-            }
-            fs.unlinkat(&f.inode, &m.name, m.flags)
-                .map(|_| Rmessage::Unlinkat)
-        })
+        self.create_entry(
+            session,
+            m.dirfid,
+            &m.name,
+            exec,
+            MsgType::Tunlinkat,
+            |fs, f| {
+                if !(m.flags - UnlinkFlags::REMOVEDIR).is_empty() {
+                    return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+                }
+                fs.unlinkat(&f.inode, &m.name, m.flags)
+                    .map(|_| Rmessage::Unlinkat)
+            },
+        )
     }
 
     /// Tremove clunks the fid even when the removal fails. The file goes
@@ -74,7 +81,7 @@ impl<F: Filesystem> Server<F> {
     /// request releases it.
     pub(super) fn remove<B: Blocking>(&self, session: &Session<F>, fid: u32, exec: &B) -> OpResult {
         let entry = session.claim_removal(fid)?;
-        let res = self.call(exec, TREMOVE, || self.fs.remove(&entry.inode));
+        let res = self.call(exec, MsgType::Tremove, || self.fs.remove(&entry.inode));
         session.release_claimed(fid);
         res.map_err(|e| errno::from_io(&e))?;
         Ok(Rmessage::Remove)

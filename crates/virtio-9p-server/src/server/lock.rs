@@ -79,7 +79,7 @@ impl<F: Filesystem> Server<F> {
             // One attempt per call: between attempts the request waits in
             // `exec.sleep`, which holds no worker on a coroutine engine.
             let status = self
-                .call(exec, TLOCK, || self.fs.try_lock(file, m))
+                .call(exec, MsgType::Tlock, || self.fs.try_lock(file, m))
                 .map_err(|e| errno::from_io(&e))?;
             if status == LockStatus::Success {
                 // Kept for a restart, which takes the same locks again;
@@ -116,7 +116,7 @@ impl<F: Filesystem> Server<F> {
         m: &Tgetlock,
         exec: &B,
     ) -> OpResult {
-        self.with_file(session, m.fid, exec, TGETLOCK, |fs, file| {
+        self.with_file(session, m.fid, exec, MsgType::Tgetlock, |fs, file| {
             fs.getlock(file, m).map(Rmessage::Getlock)
         })
     }

@@ -60,6 +60,7 @@ use std::time::Duration;
 use log::{debug, warn};
 
 use crate::error::{Error, Result};
+use crate::exec::CallHint;
 use crate::fs::{validate_name, Filesystem};
 use crate::io::{ReplyWriter, RequestReader};
 use crate::protocol::*;
@@ -369,7 +370,7 @@ impl<F: Filesystem> Server<F> {
         let msize = session.msize();
         let frame_limit = if msize == 0 { MIN_MSIZE } else { msize };
         let fail = |reply: &mut W, e: DecodeError| self.malformed(reply, &h, e, frame_limit);
-        let limit = if h.ty == TVERSION {
+        let limit = if h.ty == MsgType::Tversion {
             self.config.msize_max
         } else {
             frame_limit
@@ -387,13 +388,13 @@ impl<F: Filesystem> Server<F> {
                 },
             );
         }
-        if msize == 0 && h.ty != TVERSION {
+        if msize == 0 && h.ty != MsgType::Tversion {
             if self.log.admit() {
                 warn!("9p: request type {} before Tversion", h.ty);
             }
             return self.send(reply, &h, Err(errno::EPROTO), MIN_MSIZE);
         }
-        if h.ty == TWRITE {
+        if h.ty == MsgType::Twrite {
             return self.write(session, &h, req, reply, exec, msize);
         }
         // Most bodies are small: read them onto the stack.
@@ -588,10 +589,11 @@ impl<F: Filesystem> Server<F> {
         op: MsgType,
         f: impl FnOnce() -> R + Send,
     ) -> R {
-        let hint = if op == TREAD {
-            self.fs.reads_through_writer()
-        } else {
-            self.fs.metadata_is_local()
+        let hint = match op {
+            MsgType::Tread if self.fs.reads_through_writer() => CallHint::ReadsThroughWriter,
+            MsgType::Tread => CallHint::MayBlock,
+            _ if self.fs.metadata_is_local() => CallHint::LocalMetadata,
+            _ => CallHint::MayBlock,
         };
         exec.run_hinted(op, hint, f)
     }

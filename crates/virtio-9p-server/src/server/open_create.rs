@@ -19,7 +19,7 @@ impl<F: Filesystem> Server<F> {
         }
         let charge = session.charge_open(&self.limits(), false)?;
         let (file, qid) = self
-            .call(exec, TLOPEN, || self.fs.open(&fid.inode, m.flags))
+            .call(exec, MsgType::Tlopen, || self.fs.open(&fid.inode, m.flags))
             .map_err(|e| errno::from_io(&e))?;
         let entry = Fid {
             inode: fid.inode.clone(),
@@ -49,7 +49,7 @@ impl<F: Filesystem> Server<F> {
         let cred = fid.cred(m.gid);
         let charge = session.charge_open(&self.limits(), false)?;
         let (inode, file, qid) = self
-            .call(exec, TLCREATE, || {
+            .call(exec, MsgType::Tlcreate, || {
                 self.fs.create(&fid.inode, &m.name, m.flags, m.mode, cred)
             })
             .map_err(|e| errno::from_io(&e))?;
@@ -73,7 +73,7 @@ impl<F: Filesystem> Server<F> {
         m: &Tmkdir,
         exec: &B,
     ) -> OpResult {
-        self.create_entry(session, m.dfid, &m.name, exec, TMKDIR, |fs, f| {
+        self.create_entry(session, m.dfid, &m.name, exec, MsgType::Tmkdir, |fs, f| {
             let cred = f.cred(m.gid);
             fs.mkdir(&f.inode, &m.name, m.mode, cred)
                 .map(Rmessage::Mkdir)
@@ -86,7 +86,7 @@ impl<F: Filesystem> Server<F> {
         m: &Tsymlink,
         exec: &B,
     ) -> OpResult {
-        self.create_entry(session, m.fid, &m.name, exec, TSYMLINK, |fs, f| {
+        self.create_entry(session, m.fid, &m.name, exec, MsgType::Tsymlink, |fs, f| {
             let cred = f.cred(m.gid);
             fs.symlink(&f.inode, &m.name, &m.symtgt, cred)
                 .map(Rmessage::Symlink)
@@ -99,7 +99,7 @@ impl<F: Filesystem> Server<F> {
         m: &Tmknod,
         exec: &B,
     ) -> OpResult {
-        self.create_entry(session, m.dfid, &m.name, exec, TMKNOD, |fs, f| {
+        self.create_entry(session, m.dfid, &m.name, exec, MsgType::Tmknod, |fs, f| {
             let cred = f.cred(m.gid);
             let rdev = libc::makedev(m.major, m.minor);
             fs.mknod(&f.inode, &m.name, m.mode, rdev, cred)

@@ -31,7 +31,7 @@ impl<F: Filesystem> Server<F> {
         let result = match &fid.kind {
             FidKind::Open { file, .. } => {
                 let mut data = reply.split_at(RHDR_COUNT).map_err(Error::Transport)?;
-                self.call(exec, TREAD, || {
+                self.call(exec, MsgType::Tread, || {
                     self.fs.read(file, &mut data, count, m.offset)
                 })
                 .map_err(|e| errno::from_io(&e))
@@ -146,7 +146,7 @@ impl<F: Filesystem> Server<F> {
                 return Err(Error::Transport(std::io::ErrorKind::UnexpectedEof.into()));
             }
             let at = offset + done as u64;
-            match self.call(exec, TWRITE, || self.fs.write(file, req, n, at)) {
+            match self.call(exec, MsgType::Twrite, || self.fs.write(file, req, n, at)) {
                 Ok(w) => {
                     done += w;
                     if w < n {
@@ -166,7 +166,7 @@ impl<F: Filesystem> Server<F> {
         m: &Tfsync,
         exec: &B,
     ) -> OpResult {
-        self.with_file(session, m.fid, exec, TFSYNC, |fs, file| {
+        self.with_file(session, m.fid, exec, MsgType::Tfsync, |fs, file| {
             fs.fsync(file, m.datasync != 0).map(|_| Rmessage::Fsync)
         })
     }

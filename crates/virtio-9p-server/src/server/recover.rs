@@ -68,22 +68,22 @@ pub(crate) trait RequestRecord {
 /// Whether the reply of a request of type `ty` is recorded.
 pub(crate) fn records_reply(ty: u8) -> bool {
     [
-        TWALK,
-        TATTACH,
-        TXATTRWALK,
-        TLOPEN,
-        TLCREATE,
-        TXATTRCREATE,
-        TCLUNK,
-        TREMOVE,
-        TMKDIR,
-        TSYMLINK,
-        TMKNOD,
-        TLINK,
-        TUNLINKAT,
-        TRENAMEAT,
-        TRENAME,
-        TSETATTR,
+        MsgType::Twalk,
+        MsgType::Tattach,
+        MsgType::Txattrwalk,
+        MsgType::Tlopen,
+        MsgType::Tlcreate,
+        MsgType::Txattrcreate,
+        MsgType::Tclunk,
+        MsgType::Tremove,
+        MsgType::Tmkdir,
+        MsgType::Tsymlink,
+        MsgType::Tmknod,
+        MsgType::Tlink,
+        MsgType::Tunlinkat,
+        MsgType::Trenameat,
+        MsgType::Trename,
+        MsgType::Tsetattr,
     ]
     .iter()
     .any(|t| u8::from(*t) == ty)
@@ -712,6 +712,8 @@ mod tests {
         ));
         assert!(s.recover(&session, &open, &Left::default()).is_none());
         assert!(matches!(call(&s, &session, open), Rmessage::Lopen(..)));
-        assert!(records_reply(u8::from(TWALK)) && !records_reply(u8::from(TREAD)));
+        assert!(
+            records_reply(u8::from(MsgType::Twalk)) && !records_reply(u8::from(MsgType::Tread))
+        );
     }
 }

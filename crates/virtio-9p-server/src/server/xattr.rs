@@ -29,7 +29,7 @@ impl<F: Filesystem> Server<F> {
         // cannot overshoot the limits; keep only what the value needs.
         let mut charge = session.charge_xattr(max, &self.limits())?;
         let value = self
-            .call(exec, TXATTRWALK, || {
+            .call(exec, MsgType::Txattrwalk, || {
                 if m.name.is_empty() {
                     self.fs.listxattr(&fid.inode, max)
                 } else {
@@ -97,7 +97,7 @@ impl<F: Filesystem> Server<F> {
         if w.data.len() != w.size {
             return Err(errno::EINVAL);
         }
-        self.call(exec, TXATTRCREATE, || {
+        self.call(exec, MsgType::Txattrcreate, || {
             if w.size == 0 && w.flags == libc::XATTR_REPLACE as u32 {
                 self.fs.removexattr(&fid.inode, &w.name)
             } else {

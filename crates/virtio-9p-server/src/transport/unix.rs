@@ -170,44 +170,6 @@ pub fn bind(path: &Path, perms: SocketPerms) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// The gid of a group given by name or number (`--socket-group`).
-pub fn group_id(name: &str) -> io::Result<libc::gid_t> {
-    if let Ok(n) = name.parse::<libc::gid_t>() {
-        return Ok(n);
-    }
-    let c = std::ffi::CString::new(name)?;
-    let mut buf = vec![0u8; 1024];
-    loop {
-        // SAFETY: zeroed group and null result pointer are valid out values.
-        let mut grp: libc::group = unsafe { std::mem::zeroed() };
-        let mut result: *mut libc::group = std::ptr::null_mut();
-        // SAFETY: valid C string, out pointers and a buffer of buf.len() bytes.
-        let r = unsafe {
-            libc::getgrnam_r(
-                c.as_ptr(),
-                &mut grp,
-                buf.as_mut_ptr().cast::<libc::c_char>(),
-                buf.len(),
-                &mut result,
-            )
-        };
-        if r == libc::ERANGE && buf.len() < 1 << 20 {
-            buf.resize(buf.len() * 2, 0);
-            continue;
-        }
-        if r != 0 {
-            return Err(io::Error::from_raw_os_error(r));
-        }
-        if result.is_null() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("no group named {name:?}"),
-            ));
-        }
-        return Ok(grp.gr_gid);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,9 +240,5 @@ mod tests {
         let long = d.path().join("x".repeat(200));
         let e = bind(&long, SocketPerms::default()).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        assert_eq!(group_id("0").unwrap(), 0);
-        assert_eq!(group_id("root").unwrap(), 0);
-        let e = group_id("no-such-group-9p").unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::NotFound);
     }
 }

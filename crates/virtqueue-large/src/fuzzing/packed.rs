@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use vm_memory::GuestMemoryMmap;
 
 use super::{check_chain, serve, Budget, Input};
-use crate::mock::{guest_memory, pdesc, Buf, Layout, MockPackedDriver, PackedMalicious};
+use crate::mock::{guest_memory, pdesc, Buf, Layout, MockPackedDriver, PackedMalicious, UsedEntry};
 use crate::packed::{
     EventMode, EventSuppression, PackedQueue, EVENT_FLAG_DESC, EVENT_FLAG_DISABLE,
     EVENT_FLAG_ENABLE, F_AVAIL, F_USED, WRAP_BIT,
@@ -387,7 +387,8 @@ impl<'m> Run<'m> {
         if self.desynced {
             return;
         }
-        for (id, len) in used {
+        for UsedEntry { id, len } in used {
+            let id = u16::try_from(id).expect("a packed buffer id has 16 bits");
             let lens = self.returned.get_mut(&id);
             let pos = lens.as_ref().and_then(|l| l.iter().position(|&x| x == len));
             match (lens, pos) {

@@ -718,10 +718,10 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
             .unwrap_or(0)
     }
 
-    /// Returns the used entries (id, len) added since the last call, and
-    /// reclaims their ring descriptors. Once nothing is outstanding the data
-    /// area is reused from its start.
-    pub fn take_used(&mut self) -> Vec<(u32, u32)> {
+    /// Returns the used entries added since the last call, and reclaims
+    /// their ring descriptors. Once nothing is outstanding the data area is
+    /// reused from its start.
+    pub fn take_used(&mut self) -> Vec<UsedEntry> {
         let used_idx = self.used_idx();
         let mut out = Vec::new();
         while self.used_seen != used_idx {
@@ -737,7 +737,7 @@ impl<'a, M: GuestMemoryBackend> MockDriver<'a, M> {
                 .read_obj::<u32>(addr.unchecked_add(4))
                 .map(u32::from_le)
                 .unwrap_or(0);
-            out.push((id, len));
+            out.push(UsedEntry { id, len });
             if let Ok(head) = u16::try_from(id) {
                 if let Some(ring) = self.outstanding.remove(&head) {
                     self.free.extend(ring.into_iter().rev());

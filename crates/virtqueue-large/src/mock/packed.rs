@@ -18,7 +18,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::{
     bump_alloc, check_placed, fill_readable, read_bytes, read_writable, write_bytes, Buf,
-    ChainLayout, Layout, MemRef, MockError, F_INDIRECT, F_NEXT, F_WRITE,
+    ChainLayout, Layout, MemRef, MockError, UsedEntry, F_INDIRECT, F_NEXT, F_WRITE,
 };
 use crate::limits::{ChainLimits, LARGE_MAX_BYTES, LARGE_MAX_DESCRIPTORS};
 use crate::packed::{EventSuppression, PackedQueue, EVENT_FLAG_DESC, F_AVAIL, F_USED, WRAP_BIT};
@@ -568,13 +568,12 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
         read_writable(&*self.mem, chain)
     }
 
-    /// Returns the used descriptors (id, len) the device wrote since the
-    /// last call, following the driver's used wrap counter and advancing
+    /// Returns the used descriptors the device wrote since the last call, following the driver's used wrap counter and advancing
     /// by the slots of each returned id (of its oldest outstanding chain),
     /// and frees their ids and slots. A used descriptor naming an id that
     /// is not outstanding stops the scan (the driver cannot know how far to
     /// advance) and is returned last, again at every call.
-    pub fn take_used(&mut self) -> Vec<(u16, u32)> {
+    pub fn take_used(&mut self) -> Vec<UsedEntry> {
         let mut out = Vec::new();
         while let Ok(d) = self.read_slot(self.used_pos) {
             let flags = d.flags();
@@ -583,7 +582,10 @@ impl<'a, M: GuestMemoryBackend> MockPackedDriver<'a, M> {
             if !(used && avail) {
                 break;
             }
-            out.push((d.id(), d.len()));
+            out.push(UsedEntry {
+                id: u32::from(d.id()),
+                len: d.len(),
+            });
             let Some(chains) = self.outstanding.get_mut(&d.id()) else {
                 break;
             };

@@ -6,10 +6,7 @@
 use std::collections::VecDeque;
 
 use super::limits::SocketLimits;
-use crate::protocol::{
-    TATTACH, TFSYNC, TLCREATE, TLINK, TLOPEN, TMKDIR, TMKNOD, TREADDIR, TREMOVE, TRENAME,
-    TRENAMEAT, TSETATTR, TSYMLINK, TUNLINKAT, TWRITE,
-};
+use crate::protocol::MsgType;
 
 /// A socket thread's slots: most requests at once, the first slots kept
 /// for connections with nothing running, and the most one connection
@@ -36,8 +33,21 @@ fn worker_turns(limits: &SocketLimits) -> usize {
 /// Twrite comes here only buffered; a streamed one is never held.
 pub(super) fn worker_bound(ty: u8) -> bool {
     [
-        TATTACH, TLOPEN, TLCREATE, TREADDIR, TWRITE, TMKDIR, TSYMLINK, TMKNOD, TRENAME, TRENAMEAT,
-        TUNLINKAT, TREMOVE, TSETATTR, TFSYNC, TLINK,
+        MsgType::Tattach,
+        MsgType::Tlopen,
+        MsgType::Tlcreate,
+        MsgType::Treaddir,
+        MsgType::Twrite,
+        MsgType::Tmkdir,
+        MsgType::Tsymlink,
+        MsgType::Tmknod,
+        MsgType::Trename,
+        MsgType::Trenameat,
+        MsgType::Tunlinkat,
+        MsgType::Tremove,
+        MsgType::Tsetattr,
+        MsgType::Tfsync,
+        MsgType::Tlink,
     ]
     .iter()
     .any(|&t| ty == t)

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::protocol::{MsgType, HEADER_SIZE, TREAD, TREADDIR};
+use crate::protocol::{MsgType, HEADER_SIZE};
 
 /// Twrite frames larger than this are streamed from the socket to the file
 /// instead of being buffered, and buffers up to this size are not charged
@@ -30,7 +30,7 @@ pub(crate) const SMALL_BUFFER: usize = 8 << 10;
 fn reply_room(frame: &[u8], limit: u32) -> usize {
     let ty = frame.get(4).and_then(|&t| MsgType::try_from(t).ok());
     let need = match (ty, frame.get(HEADER_SIZE + 12..HEADER_SIZE + 16)) {
-        (Some(TREAD | TREADDIR), Some(c)) => {
+        (Some(MsgType::Tread | MsgType::Treaddir), Some(c)) => {
             // size[4] type[1] tag[2] count[4] before the data.
             HEADER_SIZE + 4 + u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize
         }

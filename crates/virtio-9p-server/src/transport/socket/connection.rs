@@ -28,7 +28,7 @@ use super::splice::{SigpipeBlocked, Splicer};
 use super::stream::{StreamState, STREAM_CHUNK, TWRITE_HEAD};
 use crate::engine::{Engine, EngineConfig, EngineExec, Executor, ThreadPool, DEFAULT_STACK_SIZE};
 use crate::fs::Filesystem;
-use crate::protocol::{Header, HEADER_SIZE, TREAD, TVERSION, TWRITE};
+use crate::protocol::{Header, MsgType, HEADER_SIZE};
 use crate::server::{Cancel, Server, Session};
 
 /// Epoll data of the thread's own fds; connections use their id.
@@ -537,7 +537,7 @@ impl<F: Filesystem + 'static> Loop<F> {
                 return Err(Close::Failed(e));
             }
         };
-        if h.ty == TWRITE && size > KEEP_BUFFER {
+        if h.ty == MsgType::Twrite && size > KEEP_BUFFER {
             c.input = Input::twrite_head(hdr);
             return Ok(());
         }
@@ -590,7 +590,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             return;
         };
         let h = Header::from_bytes(buf[..HEADER_SIZE].try_into().unwrap_or(&[0; HEADER_SIZE]));
-        if h.ty == TVERSION && c.slots.held() > 1 {
+        if h.ty == MsgType::Tversion && c.slots.held() > 1 {
             // Tversion aborts the connection's requests in flight: they
             // are cancelled, and it runs once the last has returned, so
             // no reply of theirs follows the Rversion.
@@ -623,7 +623,7 @@ impl<F: Filesystem + 'static> Loop<F> {
             return;
         };
         // An Rread may go out as its header plus a spliced file range.
-        let splicer = (h.ty == TREAD && self.shared.limits.splice_reads)
+        let splicer = (h.ty == MsgType::Tread && self.shared.limits.splice_reads)
             .then(|| Splicer::new(Arc::clone(&self.pipes)));
         let job = Buffered {
             server: Arc::clone(&self.shared.server),

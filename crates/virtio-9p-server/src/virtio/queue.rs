@@ -18,7 +18,7 @@ use super::io::{ChainReader, ChainWriter};
 use crate::engine::{self, Engine, EngineConfig, EngineExec, EngineStats};
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
-use crate::protocol::{Header, HEADER_SIZE};
+use crate::protocol::{Header, MsgType, HEADER_SIZE};
 use crate::server::recover::{Left, RequestRecord};
 use crate::server::{Cancel, Server, Session};
 use crate::state::inflight::{request_digest, InflightTable, RingRecord, Slot, INTENT, USED};
@@ -907,7 +907,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                 }
                 // A new 9P session: nothing recorded applies after it (a
                 // reset guest repeats its first requests byte for byte).
-                _ if header.is_some_and(|h| h.ty == TVERSION) => {
+                _ if header.is_some_and(|h| h.ty == MsgType::Tversion) => {
                     b.discard_old("the guest began a new 9P session (Tversion)");
                     None
                 }
@@ -976,9 +976,6 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         }
     }
 }
-
-/// The message type of Tversion.
-const TVERSION: u8 = 100;
 
 /// The 9P header of the request `reader` holds, if complete, and the
 /// digest of its first bytes ([`request_digest`]): read from a copy.

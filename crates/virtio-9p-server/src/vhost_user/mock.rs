@@ -9,6 +9,7 @@
 //! implementation of the workspace; the fake VMM adds
 //! the vhost-user control path, its own buffer allocation and 9P calls.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -46,30 +47,14 @@ const DATA_START: u64 = 0x20_0000;
 
 type Mem = GuestMemoryMmap<()>;
 
-/// The driver side of the ring, in either layout: virtqueue-large's mocks,
-/// owning the guest memory. Everything goes through their common
-/// [`MockRing`]; the concrete mock is kept for the layout-specific
-/// patterns of [`FakeVmm::split_driver`] and [`FakeVmm::packed_driver`].
-enum Driver {
-    Split(MockDriver<'static, Mem>),
-    Packed(MockPackedDriver<'static, Mem>),
-}
+/// The driver side of the ring: virtqueue-large's `MockDriver` or
+/// `MockPackedDriver` ([`VmmOptions::packed`]), owning the guest memory.
+/// The fake VMM uses it only through [`MockRing`]; `Any` lets
+/// [`FakeVmm::split_driver`] and [`FakeVmm::packed_driver`] hand out the
+/// concrete mock for layout-specific patterns.
+trait Driver: MockRing<Memory = Mem> + Any + Send {}
 
-impl Driver {
-    fn ring(&self) -> &dyn MockRing<Memory = Mem> {
-        match self {
-            Driver::Split(d) => d,
-            Driver::Packed(d) => d,
-        }
-    }
-
-    fn ring_mut(&mut self) -> &mut dyn MockRing<Memory = Mem> {
-        match self {
-            Driver::Split(d) => d,
-            Driver::Packed(d) => d,
-        }
-    }
-}
+impl<T: MockRing<Memory = Mem> + Any + Send> Driver for T {}
 
 /// Settings of a [`FakeVmm`]. Build one from [`VmmOptions::default`] and
 /// set the fields that differ: the struct is `#[non_exhaustive]`.
@@ -152,7 +137,7 @@ pub type MockResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 /// The fake VMM. See the module docs.
 pub struct FakeVmm {
     frontend: Frontend,
-    driver: Driver,
+    driver: Box<dyn Driver>,
     opts: VmmOptions,
     features: u64,
     kick: EventFd,
@@ -282,7 +267,7 @@ impl FakeVmm {
     /// available index (split), or its next available slot and wrap
     /// counter (packed).
     pub fn driver_ring_base(&self) -> u32 {
-        u32::from(self.driver.ring().avail_base())
+        u32::from(self.driver.avail_base())
     }
 
     /// Sets the queue size the next [`FakeVmm::restart_ring`] sends
@@ -328,7 +313,7 @@ impl FakeVmm {
         self.frontend.set_features(self.features)?;
         self.kick = EventFd::new(EFD_NONBLOCK)?;
         self.call = EventFd::new(EFD_NONBLOCK)?;
-        let addrs = self.driver.ring().ring_addresses();
+        let addrs = self.driver.ring_addresses();
         program_ring(
             &mut self.frontend,
             self.opts.queue_size,
@@ -350,7 +335,7 @@ impl FakeVmm {
     /// old backend took but never answered are offered again. Retries the
     /// connection for up to 10 s.
     pub fn reconnect(&mut self, path: &Path) -> MockResult<()> {
-        let base = self.driver.ring().used_base();
+        let base = self.driver.used_base();
         self.reconnect_at(path, base)
     }
 
@@ -363,11 +348,10 @@ impl FakeVmm {
     /// stale: the device looks for chains where the driver made none
     /// available and writes used elements where the driver does not look.
     pub fn reconnect_like_qemu(&mut self, path: &Path) -> MockResult<()> {
-        let ring = self.driver.ring();
-        let base = if ring.is_packed() {
+        let base = if self.driver.is_packed() {
             self.known_base
         } else {
-            ring.used_base()
+            self.driver.used_base()
         };
         self.reconnect_at(path, base)
     }
@@ -389,7 +373,7 @@ impl FakeVmm {
         self.frontend = frontend;
         self.kick = EventFd::new(EFD_NONBLOCK)?;
         self.call = EventFd::new(EFD_NONBLOCK)?;
-        let addrs = self.driver.ring().ring_addresses();
+        let addrs = self.driver.ring_addresses();
         program_ring(
             &mut self.frontend,
             self.opts.queue_size,
@@ -456,7 +440,7 @@ impl FakeVmm {
     /// (packed).
     pub fn ring_write_areas(&self) -> Vec<(u64, u64)> {
         let q = u64::from(self.opts.queue_size);
-        let (desc, _driver, device) = self.driver.ring().ring_addresses();
+        let (desc, _driver, device) = self.driver.ring_addresses();
         if self.is_packed() {
             vec![(desc.0, 16 * q), (device.0, 4)]
         } else {
@@ -528,25 +512,21 @@ impl FakeVmm {
 
     /// Whether the ring is packed ([`VmmOptions::packed`]).
     pub fn is_packed(&self) -> bool {
-        self.driver.ring().is_packed()
+        self.driver.is_packed()
     }
 
     /// The split ring's driver (`None` for a packed ring), for chains
     /// laid out by hand or [`Malicious`](ring_mock::Malicious) patterns.
     pub fn split_driver(&mut self) -> Option<&mut MockDriver<'static, Mem>> {
-        match &mut self.driver {
-            Driver::Split(d) => Some(d),
-            Driver::Packed(_) => None,
-        }
+        let driver: &mut dyn Any = &mut *self.driver;
+        driver.downcast_mut()
     }
 
     /// The packed ring's driver (`None` for a split ring), for
     /// [`PackedMalicious`](ring_mock::PackedMalicious) patterns.
     pub fn packed_driver(&mut self) -> Option<&mut MockPackedDriver<'static, Mem>> {
-        match &mut self.driver {
-            Driver::Packed(d) => Some(d),
-            Driver::Split(_) => None,
-        }
+        let driver: &mut dyn Any = &mut *self.driver;
+        driver.downcast_mut()
     }
 
     fn split_only(&mut self) -> MockResult<&mut MockDriver<'static, Mem>> {
@@ -561,7 +541,7 @@ impl FakeVmm {
 
     /// The guest memory.
     pub fn memory(&self) -> &GuestMemoryMmap<()> {
-        self.driver.ring().memory()
+        self.driver.memory()
     }
 
     /// The frontend connection (for raw control messages).
@@ -724,7 +704,6 @@ impl FakeVmm {
         let table = Some(GuestAddress(table));
         let chain = self
             .driver
-            .ring_mut()
             .add_chain_placed(ring_layout, &bufs, &addrs, table)?;
         let sub = Submitted {
             head: chain.head,
@@ -763,11 +742,10 @@ impl FakeVmm {
     pub fn collect_used(&mut self) -> MockResult<Vec<(u16, u32)>> {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let event_idx = self.features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
-        let ring = self.driver.ring_mut();
-        let used = ring.take_used_entries();
+        let used = self.driver.take_used();
         if event_idx {
             // used_event: notify me at the next used entry.
-            ring.notify_at_next_used()?;
+            self.driver.notify_at_next_used()?;
         }
         let out: Vec<(u16, u32)> = used.into_iter().map(|u| (u.id as u16, u.len)).collect();
         for (head, _) in &out {
@@ -869,17 +847,17 @@ fn start_ring(
     kick: &EventFd,
     call: &EventFd,
     base: Option<u16>,
-) -> MockResult<(Driver, u16)> {
+) -> MockResult<(Box<dyn Driver>, u16)> {
     let q = opts.queue_size;
-    let driver = if opts.packed {
-        Driver::Packed(MockPackedDriver::new_owned(mem, q))
+    let driver: Box<dyn Driver> = if opts.packed {
+        Box::new(MockPackedDriver::new_owned(mem, q))
     } else {
-        Driver::Split(MockDriver::new_owned(mem, q))
+        Box::new(MockDriver::new_owned(mem, q))
     };
     // A fresh ring's base: index 0 (split), or slot 0 with the wrap
     // counter (bit 15) set (packed).
-    let (desc, avail, used) = driver.ring().ring_addresses();
-    let fresh_base = driver.ring().avail_base();
+    let (desc, avail, used) = driver.ring_addresses();
+    let fresh_base = driver.avail_base();
     if used.0 + 8 * u64::from(q) + 6 > DATA_START {
         return Err(format!("queue size {q} does not fit below the data area").into());
     }
