@@ -24,7 +24,8 @@
 //! table, `log_limit` the
 //! per-server limit on guest-triggered log lines
 //! ([`Config::guest_log_lines_per_sec`]). The executor hook and cancel
-//! token the server runs with are in `exec.rs`.
+//! token the server runs with are in `exec.rs`; saving, journaling and
+//! recovering a session are in `crate::persist`.
 //!
 //! # Engines, concurrency and Tflush
 //!
@@ -41,17 +42,14 @@
 mod attach_walk;
 mod attr;
 mod dir;
-mod errno;
-mod journal;
+pub(crate) mod errno;
 mod keeper;
 mod link_rename;
 mod lock;
 mod log_limit;
 mod open_create;
-mod persist;
 mod read_write;
-pub(crate) mod recover;
-mod session;
+pub(crate) mod session;
 mod xattr;
 
 use std::sync::atomic::Ordering;
@@ -62,6 +60,7 @@ use log::{debug, warn};
 use crate::error::{Error, Result};
 use crate::fs::{validate_name, Filesystem};
 use crate::io::{ReplyWriter, RequestReader};
+use crate::persist::exactly_once::{records_reply, RequestRecord};
 use crate::protocol::*;
 
 pub use crate::exec::{Blocking, Cancel, Interrupted};
@@ -252,14 +251,15 @@ pub struct Reply {
 /// A 9P2000.L server over a [`Filesystem`].
 #[derive(Debug)]
 pub struct Server<F> {
-    fs: F,
-    config: Config,
+    // Read by the restart code in `crate::persist` too.
+    pub(crate) fs: F,
+    pub(crate) config: Config,
     usage: Usage,
     /// The limit on guest-triggered log lines.
     log: LogLimit,
 }
 
-type OpResult = std::result::Result<Rmessage, u32>;
+pub(crate) type OpResult = std::result::Result<Rmessage, u32>;
 
 impl<F: Filesystem> Server<F> {
     /// A server for `fs`. Fails if `config.msize_max` is out of range.
@@ -286,7 +286,7 @@ impl<F: Filesystem> Server<F> {
         self.usage.xattr_bytes.load(Ordering::Acquire)
     }
 
-    fn limits(&self) -> Limits<'_> {
+    pub(crate) fn limits(&self) -> Limits<'_> {
         Limits {
             usage: &self.usage,
             max_fids: self.config.max_fids,
@@ -338,7 +338,7 @@ impl<F: Filesystem> Server<F> {
     /// [`Server::handle`], telling `rec` (the device's in-flight record of
     /// this request) the intent of a call that is not idempotent before
     /// it runs, and the reply of every request that changes fids or the
-    /// export before it goes out (see `recover`).
+    /// export before it goes out (see `persist::exactly_once`).
     pub(crate) fn handle_recorded<R, W, B>(
         &self,
         session: &Session<F>,
@@ -346,7 +346,7 @@ impl<F: Filesystem> Server<F> {
         reply: &mut W,
         exec: &B,
         cancel: &Cancel,
-        rec: Option<&dyn recover::RequestRecord>,
+        rec: Option<&dyn RequestRecord>,
     ) -> Result<Reply>
     where
         R: RequestReader + Send,
@@ -482,7 +482,7 @@ impl<F: Filesystem> Server<F> {
             Tmessage::Renameat(m) => self.renameat(session, &m, exec),
             Tmessage::Unlinkat(m) => self.unlinkat(session, &m, exec),
         };
-        let rec = rec.filter(|_| recover::records_reply(h.ty));
+        let rec = rec.filter(|_| records_reply(h.ty));
         self.send_recorded(reply, &h, result, msize, rec)
     }
 
@@ -499,13 +499,13 @@ impl<F: Filesystem> Server<F> {
     }
 
     /// [`Server::send`], recording the encoded reply in `rec` first.
-    fn send_recorded<W: ReplyWriter>(
+    pub(crate) fn send_recorded<W: ReplyWriter>(
         &self,
         reply: &mut W,
         h: &Header,
         result: OpResult,
         msize: u32,
-        rec: Option<&dyn recover::RequestRecord>,
+        rec: Option<&dyn RequestRecord>,
     ) -> Result<Reply> {
         let msg = match result {
             Ok(m) => m,
@@ -527,7 +527,7 @@ impl<F: Filesystem> Server<F> {
         reply: &mut W,
         h: &Header,
         msize: u32,
-        rec: Option<&dyn recover::RequestRecord>,
+        rec: Option<&dyn RequestRecord>,
         ty: MsgType,
         body: impl FnOnce(&mut Vec<u8>),
     ) -> Result<Reply> {

@@ -30,7 +30,7 @@
 mod mapped;
 pub(crate) mod qid;
 mod reclaim;
-mod restore;
+mod saved_inode;
 pub(crate) mod sys;
 
 use std::ffi::CString;

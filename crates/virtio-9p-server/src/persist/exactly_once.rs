@@ -4,7 +4,7 @@
 //! and did not answer.
 //!
 //! While a request runs, the device's in-flight record
-//! ([`RequestRecord`], a slot of `crate::state::inflight`) gets:
+//! ([`RequestRecord`], a slot of `crate::persist::inflight_table`) gets:
 //!
 //! - before a call that is not idempotent (Tlcreate, Tmkdir, Tsymlink,
 //!   Tmknod, Tlink, Tunlinkat, Trenameat, Trename) an **intent**: the
@@ -45,12 +45,12 @@
 //! apart is a host process doing the very same thing to the same name
 //! while the daemon was down.
 
-use super::session::{Fid, FidKind};
-use super::{errno, Blocking, Cancel, OpResult, Reply, Server, Session};
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::io::{ReplyWriter, RequestReader, SliceReader};
 use crate::protocol::*;
+use crate::server::session::{Fid, FidKind};
+use crate::server::{errno, Blocking, Cancel, OpResult, Reply, Server, Session};
 
 /// Largest request a new daemon decodes to look for what a killed one
 /// left done (the requests that change fids or the export are small).
@@ -115,7 +115,7 @@ pub(crate) struct Left {
 
 impl<F: Filesystem> Server<F> {
     /// Records the intent of `msg` if it is a call that is not idempotent.
-    pub(super) fn record_intent(
+    pub(crate) fn record_intent(
         &self,
         session: &Session<F>,
         msg: &Tmessage,
