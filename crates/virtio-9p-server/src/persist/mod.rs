@@ -17,14 +17,16 @@
 //! |---|---|
 //! | `session_format.rs` | the byte format of a saved session (fids, msize, the filesystem's state) |
 //! | `snapshot_journal.rs` | the files of a crash-safe session: `session.snap`, the mapped `session.journal`, their replay |
-//! | `inflight_table.rs` | `session.inflight`: one slot per ring position for the chains the device took |
+//! | `inflight_table.rs` | `session.inflight`: one slot per ring position for the chains the device took, and what the server records in a slot and reads back (`RequestRecord`, `Left`) |
 //! | `save_restore.rs` | `Server::save_session`, `restore_session`, `restore_migrated_session` and the migration lock calls |
 //! | `crash_log.rs` | the journal writer of one session (`CrashLog`), `Server::journal_session` and `recover_session` |
 //! | `exactly_once.rs` | what the server records while a request runs, and `Server::recover` for a request left unanswered |
 //!
 //! The first three are formats and files: they use nothing of the server,
 //! so the server, the virtio queue and the vhost-user backend build on
-//! them. The last three are `impl Server` blocks over the fid table.
+//! them. The last three are `impl Server` blocks over the fid table; they
+//! define no type the server names (`CrashLog` aside, which holds the
+//! server it journals for), so the server does not import them back.
 //!
 //! Two parts live elsewhere on purpose. A filesystem names its own inodes
 //! ([`Filesystem::save_inode`](crate::fs::Filesystem::save_inode)); the

@@ -60,7 +60,7 @@ use log::{debug, warn};
 use crate::error::{Error, Result};
 use crate::fs::{validate_name, Filesystem};
 use crate::io::{ReplyWriter, RequestReader};
-use crate::persist::exactly_once::{records_reply, RequestRecord};
+use crate::persist::inflight_table::RequestRecord;
 use crate::protocol::*;
 
 pub use crate::exec::{Blocking, Cancel, Interrupted};
@@ -482,7 +482,7 @@ impl<F: Filesystem> Server<F> {
             Tmessage::Renameat(m) => self.renameat(session, &m, exec),
             Tmessage::Unlinkat(m) => self.unlinkat(session, &m, exec),
         };
-        let rec = rec.filter(|_| records_reply(h.ty));
+        let rec = rec.filter(|_| crate::persist::exactly_once::records_reply(h.ty));
         self.send_recorded(reply, &h, result, msize, rec)
     }
 

@@ -18,9 +18,8 @@ use super::io::{ChainReader, ChainWriter};
 use crate::engine::{self, Engine, EngineConfig, EngineExec, EngineStats};
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
-use crate::persist::exactly_once::{Left, RequestRecord};
 use crate::persist::inflight_table::{
-    request_digest, InflightTable, RingRecord, Slot, INTENT, USED,
+    request_digest, InflightTable, Left, RequestRecord, RingRecord, Slot, INTENT, USED,
 };
 use crate::protocol::{Header, HEADER_SIZE};
 use crate::server::{Cancel, Server, Session};
