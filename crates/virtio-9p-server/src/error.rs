@@ -2,7 +2,7 @@
 //! The crate's error type: one enum for the server, the filesystem, the
 //! engine, the virtio device and the vhost-user backend, which wraps the
 //! errors of the layers that keep their own: the id options'
-//! ([`IdError`](crate::fs::ids::IdError), [`Error::Id`]), saved state's
+//! ([`IdError`], [`Error::Id`]), saved state's
 //! ([`StateProblem`], [`Error::State`]), the coroutine stack pool's, the
 //! descriptor chain walker's and vhost's. The 9P codec's
 //! [`DecodeError`](crate::protocol::DecodeError) stays apart: it never
