@@ -31,10 +31,11 @@
 //! Two parts live elsewhere on purpose. A filesystem names its own inodes
 //! ([`Filesystem::save_inode`](crate::fs::Filesystem::save_inode)); the
 //! passthrough's naming works on its private inode table, in
-//! `fs/passthrough/saved_inode.rs`. The daemon's `--state-dir` (the checks
-//! that a directory is safe to hold the state, its lock, the handover file
-//! `session.state`) is policy of the binary, in `src/daemon/state_dir.rs`:
-//! the library only takes the directory as an fd.
+//! `fs/passthrough/inode_naming.rs` (the bytes in `saved_inode.rs`). The
+//! daemon's `--state-dir` (the checks that a directory is safe to hold the
+//! state, its lock, the handover file `session.state`) is policy of the
+//! binary, in `src/daemon/state_dir.rs`: the library only takes the
+//! directory as an fd.
 //!
 //! [`Server::save_session`]: crate::Server::save_session
 //! [`Server::restore_session`]: crate::Server::restore_session

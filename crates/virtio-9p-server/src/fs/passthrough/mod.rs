@@ -27,6 +27,7 @@
 //! - Creation, link, rename and unlink take a parent directory fd and one
 //!   validated name, so they cannot reach outside either.
 
+mod inode_naming;
 mod mapped;
 pub(crate) mod qid;
 mod reclaim;
