@@ -161,7 +161,10 @@ fn install_stack_budget(max_map_count: u64, maps: std::io::Result<coro_pool::Map
 fn id_translation(cli: &Cli) -> Result<IdTranslation> {
     let h = &cli.hardening;
     let rules = |flag, list: &[_]| {
-        IdRules::new(list.to_vec()).map_err(|source| Error::Translation { flag, source })
+        IdRules::new(list.to_vec()).map_err(|source| Error::Translation {
+            flag,
+            source: source.into(),
+        })
     };
     let mut ids = IdTranslation::default();
     ids.uid = rules("--translate-uid", &h.translate_uid)?;

@@ -3,9 +3,12 @@
 //! session, and where the next one finds it. The directory is opened
 //! before the sandbox, which would hide it, and used through that fd.
 //!
-//! The library keeps the session crash-safe there too (`session.snap`
-//! and `session.journal`, see the library's design notes): a daemon
-//! killed with SIGKILL leaves what its successor needs to go on.
+//! The library keeps the session crash-safe there too (`session.snap`,
+//! `session.journal` and `session.inflight`, all in the library's
+//! `src/persist/`): a daemon killed with SIGKILL leaves what its
+//! successor needs to go on. These checks stay in the binary: a safe
+//! directory, its lock and the handover file are the daemon's policy,
+//! and the library only takes the directory as an fd.
 //!
 //! The handover state is one file, `session.state`, written as `session.state.tmp`,
 //! synced and renamed over it, so a crash while saving leaves either the

@@ -143,4 +143,4 @@ pub use scheduler::{
     Engine, EngineConfig, EngineStats, DEFAULT_STACK_SIZE, DEFAULT_WORKERS, QUIESCE_TIMEOUT,
 };
 pub(crate) use workers::ThreadPool;
-pub use workers::{Executor, Job, StartHook, MAX_WORKERS, WORKER_JOIN_TIMEOUT};
+pub use workers::{Executor, Job, MAX_WORKERS, WORKER_JOIN_TIMEOUT};

@@ -25,7 +25,7 @@ use crate::sys::{set_nonblocking, wait_readable};
 use super::coroutine::{Context, CurrentGuard, Resume, Suspend, CURRENT};
 use super::policy::OffloadPolicy;
 use super::workers::{Completions, Done, JobCell, JobFn, JobId, Outcome, ThreadPool};
-use super::workers::{Executor, Job, StartHook, WORKER_JOIN_TIMEOUT};
+use super::workers::{Executor, Job, WORKER_JOIN_TIMEOUT};
 
 /// Worker threads per pool of the daemon (`--thread-pool-size`) and of
 /// [`EngineConfig::sized_to_process`]; there are two pools, so 16 threads.
@@ -62,7 +62,7 @@ pub struct EngineConfig {
     pub executor: Option<Arc<dyn Executor>>,
     /// Called on each of the engine's own worker threads as it starts,
     /// before it runs any call (the daemon installs its seccomp filter).
-    pub on_worker_start: Option<StartHook>,
+    pub on_worker_start: Option<Arc<dyn Fn() + Send + Sync>>,
     /// How long [`Engine::reset`] and [`Engine::shutdown`] wait for calls
     /// running on workers before they leak those requests.
     pub quiesce_timeout: Duration,

@@ -32,9 +32,9 @@ pub const MAX_WORKERS: usize = 1024;
 /// detached, never joined.
 pub const WORKER_JOIN_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A hook the embedder runs on each worker thread as it starts (the daemon
-/// installs its per-thread seccomp filter with it).
-pub type StartHook = Arc<dyn Fn() + Send + Sync>;
+/// A hook the embedder runs on each worker thread as it starts
+/// ([`EngineConfig::on_worker_start`](super::EngineConfig::on_worker_start)).
+pub(crate) type StartHook = Arc<dyn Fn() + Send + Sync>;
 
 /// Runs the engine's blocking jobs on threads the embedder owns.
 ///

@@ -11,9 +11,44 @@ use std::fmt;
 use std::io;
 use std::str::FromStr;
 
-use crate::error::Error;
 use crate::fs::Cred;
 use crate::protocol::{Rgetattr, SetattrMask, Tsetattr};
+
+/// Why an id map, a translation rule or a set of rules was refused. The
+/// id options' own error, so that this module and the crate's
+/// [`Error`](crate::Error), which wraps it ([`Error::Id`](crate::Error::Id)),
+/// do not import each other.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdError {
+    /// A malformed user-namespace id map ([`IdMap`]).
+    #[error("bad id map {input:?}: {reason}")]
+    IdMap {
+        /// The text given.
+        input: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A malformed id translation rule ([`IdRule`]).
+    #[error("bad id translation {input:?}: {reason}")]
+    IdRule {
+        /// The text given.
+        input: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Two id translation rules translate the same ids in the same
+    /// direction ([`IdRules::new`]).
+    #[error("id translations {first} and {second} overlap on {side} ids")]
+    IdOverlap {
+        /// The earlier rule.
+        first: IdRule,
+        /// The later rule.
+        second: IdRule,
+        /// `guest` or `host`.
+        side: &'static str,
+    },
+}
 
 /// One line of a user-namespace id map: `:inside:outside:count:`
 /// (virtiofsd's syntax) or `inside:outside:count`.
@@ -28,10 +63,10 @@ pub struct IdMap {
 }
 
 impl FromStr for IdMap {
-    type Err = Error;
+    type Err = IdError;
     /// virtiofsd's `:inside:outside:count:`, or our older `inside:outside:count`.
-    fn from_str(s: &str) -> Result<Self, Error> {
-        let bad_map = |reason| Error::IdMap {
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        let bad_map = |reason| IdError::IdMap {
             input: s.to_owned(),
             reason,
         };
@@ -151,9 +186,9 @@ const ALL_IDS: IdRange = IdRange {
 };
 
 impl FromStr for IdRule {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        let bad_rule = |reason| Error::IdRule {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        let bad_rule = |reason| IdError::IdRule {
             input: s.to_owned(),
             reason,
         };
@@ -168,7 +203,7 @@ impl FromStr for IdRule {
         let kind = parts.next().ok_or_else(bad)?;
         let nums = parts
             .map(|p| p.parse::<u32>().map_err(|_| bad()))
-            .collect::<Result<Vec<u32>, Error>>()?;
+            .collect::<Result<Vec<u32>, IdError>>()?;
         let range = |first: u32, count: u32| {
             IdRange::new(first, count)
                 .ok_or_else(|| bad_rule("the range is empty or passes 4294967295"))
@@ -288,19 +323,19 @@ pub struct IdRules(Vec<IdRule>);
 impl IdRules {
     /// Checks that no two rules translate the same id in the same
     /// direction: which of two rules would apply would depend on their order.
-    pub fn new(rules: Vec<IdRule>) -> Result<IdRules, Error> {
+    pub fn new(rules: Vec<IdRule>) -> Result<IdRules, IdError> {
         for (i, a) in rules.iter().enumerate() {
             for b in &rules[..i] {
                 let clash = |x: Option<IdRange>, y: Option<IdRange>| matches!((x, y), (Some(x), Some(y)) if x.overlaps(&y));
                 if clash(a.guest_range(), b.guest_range()) {
-                    return Err(Error::IdOverlap {
+                    return Err(IdError::IdOverlap {
                         first: *b,
                         second: *a,
                         side: "guest",
                     });
                 }
                 if clash(a.host_range(), b.host_range()) {
-                    return Err(Error::IdOverlap {
+                    return Err(IdError::IdOverlap {
                         first: *b,
                         second: *a,
                         side: "host",

@@ -24,7 +24,8 @@
 //! table, `log_limit` the
 //! per-server limit on guest-triggered log lines
 //! ([`Config::guest_log_lines_per_sec`]). The executor hook and cancel
-//! token the server runs with are in `exec.rs`.
+//! token the server runs with are in `exec.rs`; saving, journaling and
+//! recovering a session are in `crate::persist`.
 //!
 //! # Engines, concurrency and Tflush
 //!
@@ -41,17 +42,14 @@
 mod attach_walk;
 mod attr;
 mod dir;
-mod errno;
-mod journal;
+pub(crate) mod errno;
 mod keeper;
 mod link_rename;
 mod lock;
 mod log_limit;
 mod open_create;
-mod persist;
 mod read_write;
-pub(crate) mod recover;
-mod session;
+pub(crate) mod session;
 mod xattr;
 
 use std::sync::atomic::Ordering;
@@ -63,6 +61,7 @@ use crate::error::{Error, Result};
 use crate::exec::CallHint;
 use crate::fs::{validate_name, Filesystem};
 use crate::io::{ReplyWriter, RequestReader};
+use crate::persist::inflight_table::RequestRecord;
 use crate::protocol::*;
 
 pub use crate::exec::{Blocking, Cancel, Interrupted};
@@ -253,14 +252,15 @@ pub struct Reply {
 /// A 9P2000.L server over a [`Filesystem`].
 #[derive(Debug)]
 pub struct Server<F> {
-    fs: F,
-    config: Config,
+    // Read by the restart code in `crate::persist` too.
+    pub(crate) fs: F,
+    pub(crate) config: Config,
     usage: Usage,
     /// The limit on guest-triggered log lines.
     log: LogLimit,
 }
 
-type OpResult = std::result::Result<Rmessage, u32>;
+pub(crate) type OpResult = std::result::Result<Rmessage, u32>;
 
 impl<F: Filesystem> Server<F> {
     /// A server for `fs`. Fails if `config.msize_max` is out of range.
@@ -287,7 +287,7 @@ impl<F: Filesystem> Server<F> {
         self.usage.xattr_bytes.load(Ordering::Acquire)
     }
 
-    fn limits(&self) -> Limits<'_> {
+    pub(crate) fn limits(&self) -> Limits<'_> {
         Limits {
             usage: &self.usage,
             max_fids: self.config.max_fids,
@@ -339,7 +339,7 @@ impl<F: Filesystem> Server<F> {
     /// [`Server::handle`], telling `rec` (the device's in-flight record of
     /// this request) the intent of a call that is not idempotent before
     /// it runs, and the reply of every request that changes fids or the
-    /// export before it goes out (see `recover`).
+    /// export before it goes out (see `persist::exactly_once`).
     pub(crate) fn handle_recorded<R, W, B>(
         &self,
         session: &Session<F>,
@@ -347,7 +347,7 @@ impl<F: Filesystem> Server<F> {
         reply: &mut W,
         exec: &B,
         cancel: &Cancel,
-        rec: Option<&dyn recover::RequestRecord>,
+        rec: Option<&dyn RequestRecord>,
     ) -> Result<Reply>
     where
         R: RequestReader + Send,
@@ -483,7 +483,7 @@ impl<F: Filesystem> Server<F> {
             Tmessage::Renameat(m) => self.renameat(session, &m, exec),
             Tmessage::Unlinkat(m) => self.unlinkat(session, &m, exec),
         };
-        let rec = rec.filter(|_| recover::records_reply(h.ty));
+        let rec = rec.filter(|_| crate::persist::exactly_once::records_reply(h.ty));
         self.send_recorded(reply, &h, result, msize, rec)
     }
 
@@ -500,13 +500,13 @@ impl<F: Filesystem> Server<F> {
     }
 
     /// [`Server::send`], recording the encoded reply in `rec` first.
-    fn send_recorded<W: ReplyWriter>(
+    pub(crate) fn send_recorded<W: ReplyWriter>(
         &self,
         reply: &mut W,
         h: &Header,
         result: OpResult,
         msize: u32,
-        rec: Option<&dyn recover::RequestRecord>,
+        rec: Option<&dyn RequestRecord>,
     ) -> Result<Reply> {
         let msg = match result {
             Ok(m) => m,
@@ -528,7 +528,7 @@ impl<F: Filesystem> Server<F> {
         reply: &mut W,
         h: &Header,
         msize: u32,
-        rec: Option<&dyn recover::RequestRecord>,
+        rec: Option<&dyn RequestRecord>,
         ty: MsgType,
         body: impl FnOnce(&mut Vec<u8>),
     ) -> Result<Reply> {

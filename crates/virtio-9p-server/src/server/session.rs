@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::fs::{Cred, Filesystem};
+use crate::persist::session_format::MAX_LOCKS_PER_FID;
 use crate::protocol::{LockType, OpenFlags, Tlock, MIN_MSIZE};
-use crate::state::MAX_LOCKS_PER_FID;
 
 use super::errno;
 
@@ -439,7 +439,11 @@ impl<F: Filesystem> Session<F> {
         self.uncount(old.len());
         self.msize.store(msize, Ordering::Release);
         if let Some(log) = self.log.get() {
-            log.append(&crate::state::journal::reset_record(msize), msize, &t);
+            log.append(
+                &crate::persist::snapshot_journal::reset_record(msize),
+                msize,
+                &t,
+            );
         }
         drop(t);
         self.settle();
@@ -623,7 +627,11 @@ impl<F: Filesystem> Session<F> {
     ) -> Result<Arc<Fid<F>>, u32> {
         let out = t.remove(&fid).ok_or(errno::EBADF)?;
         if let Some(log) = self.log.get() {
-            log.append(&crate::state::journal::remove_record(fid), self.msize(), &t);
+            log.append(
+                &crate::persist::snapshot_journal::remove_record(fid),
+                self.msize(),
+                &t,
+            );
         }
         drop(t);
         self.settle();

@@ -29,8 +29,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::DirtyLog;
 use crate::engine::{EngineConfig, DRAIN_LOG_EVERY, WORKER_JOIN_TIMEOUT};
 use crate::fs::Filesystem;
+use crate::persist::inflight_table::{InflightTable, USED};
 use crate::server::{Server, Session};
-use crate::state::inflight::{InflightTable, USED};
 use crate::virtio::{
     indirect_descriptors, packed_ring, DeviceConfig, RequestQueue, DEVICE_FEATURES,
 };

@@ -7,7 +7,7 @@
 //! restores the session before the ring starts.
 //!
 //! The bytes are [`Server::save_session`](crate::Server::save_session)'s:
-//! versioned, checksummed, naming the export (see [`crate::state`]).
+//! versioned, checksummed, naming the export (see `persist::session_format`).
 
 use std::fs::File;
 use std::io::{self, Read, Write};

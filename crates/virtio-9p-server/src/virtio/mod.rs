@@ -181,4 +181,18 @@ mod tests {
         assert!(validate_queue_size(1000).is_err());
         assert!(validate_queue_size(65536).is_err());
     }
+
+    #[test]
+    fn test_limit_errors_name_this_modules_limits() {
+        // error.rs spells the limits out, so that it imports nothing from
+        // the transports: these keep the two in step.
+        assert_eq!(
+            Error::TagLength(0).to_string(),
+            format!("mount tag must be 1 to {MAX_TAG_LEN} bytes, got 0")
+        );
+        assert_eq!(
+            Error::QueueSize(3).to_string(),
+            format!("queue size 3 must be a power of two from 1 to {MAX_QUEUE_SIZE}")
+        );
+    }
 }

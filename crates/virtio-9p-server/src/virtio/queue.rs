@@ -18,10 +18,11 @@ use super::io::{ChainReader, ChainWriter};
 use crate::engine::{self, Engine, EngineConfig, EngineExec, EngineStats};
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
+use crate::persist::inflight_table::{
+    request_digest, InflightTable, Left, RequestRecord, RingRecord, Slot, INTENT, USED,
+};
 use crate::protocol::{Header, MsgType, HEADER_SIZE};
-use crate::server::recover::{Left, RequestRecord};
 use crate::server::{Cancel, Server, Session};
-use crate::state::inflight::{request_digest, InflightTable, RingRecord, Slot, INTENT, USED};
 
 /// Descriptors one [`RequestQueue::process`] call walks at most (a chain
 /// fault counts as [`MAX_CHAIN_DESCRIPTORS`](super::MAX_CHAIN_DESCRIPTORS)).
@@ -365,7 +366,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
     /// the chains `old` lists, which a killed instance took and did not
     /// answer, exactly once: a chain whose used element the driver has
     /// is passed over when offered again; one whose reply was recorded
-    /// gets that reply; the others run (see `server::recover`). Call it
+    /// gets that reply; the others run (see `persist::exactly_once`). Call it
     /// before the first [`RequestQueue::process_ring`], with the ring
     /// configuration: `packed` layout, `size` entries, descriptors at
     /// guest address `desc_area`.

@@ -27,10 +27,11 @@
 //! - Creation, link, rename and unlink take a parent directory fd and one
 //!   validated name, so they cannot reach outside either.
 
+mod inode_naming;
 mod mapped;
 pub(crate) mod qid;
 mod reclaim;
-mod restore;
+mod saved_inode;
 pub(crate) mod sys;
 
 use std::ffi::CString;

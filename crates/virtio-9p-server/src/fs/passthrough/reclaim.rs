@@ -38,7 +38,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError, Weak};
 
-use super::restore::{file_handle, open_handle};
+use super::saved_inode::{file_handle, open_handle};
 use super::{err, sys, Inode, InodeData, PassthroughFs};
 
 /// What a reclaim pass closes down to: half the limit, so passes are rare.

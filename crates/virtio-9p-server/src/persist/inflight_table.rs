@@ -52,6 +52,29 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// The server's view of one slot while its request runs (see
+/// `exactly_once`): what it records there.
+pub(crate) trait RequestRecord {
+    /// Before a call that is not idempotent: the time and the qid path
+    /// of what it moves or removes (0 if none).
+    fn intent(&self, time: u64, qid: u64);
+    /// The encoded reply, before it goes out.
+    fn commit(&self, reply: &[u8]);
+}
+
+/// What a slot says of a request a killed daemon took and did not
+/// answer, for `Server::recover`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Left {
+    /// An intent was recorded.
+    pub intent: bool,
+    /// Its time (for a reader of the table; no decision uses it).
+    pub time: u64,
+    /// The qid path it recorded: the file moved or removed, or what the
+    /// name to create held already (0: nothing).
+    pub qid: u64,
+}
+
 /// The table file in the state directory.
 pub(crate) const INFLIGHT: &std::ffi::CStr = c"session.inflight";
 const MAGIC: &[u8; 8] = b"V9PINFLT";

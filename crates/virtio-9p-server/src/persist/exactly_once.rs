@@ -4,7 +4,7 @@
 //! and did not answer.
 //!
 //! While a request runs, the device's in-flight record
-//! ([`RequestRecord`], a slot of `crate::state::inflight`) gets:
+//! (`RequestRecord`, a slot of `inflight_table`) gets:
 //!
 //! - before a call that is not idempotent (Tlcreate, Tmkdir, Tsymlink,
 //!   Tmknod, Tlink, Tunlinkat, Trenameat, Trename) an **intent**: the
@@ -45,25 +45,17 @@
 //! apart is a host process doing the very same thing to the same name
 //! while the daemon was down.
 
-use super::session::{Fid, FidKind};
-use super::{errno, Blocking, Cancel, OpResult, Reply, Server, Session};
+use super::inflight_table::{Left, RequestRecord};
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::io::{ReplyWriter, RequestReader, SliceReader};
 use crate::protocol::*;
+use crate::server::session::{Fid, FidKind};
+use crate::server::{errno, Blocking, Cancel, OpResult, Reply, Server, Session};
 
 /// Largest request a new daemon decodes to look for what a killed one
 /// left done (the requests that change fids or the export are small).
 const MAX_LEFT_FRAME: usize = 64 << 10;
-
-/// The device's in-flight record of one request.
-pub(crate) trait RequestRecord {
-    /// Before a call that is not idempotent: the time and the qid path
-    /// of what it moves or removes (0 if none).
-    fn intent(&self, time: u64, qid: u64);
-    /// The encoded reply, before it goes out.
-    fn commit(&self, reply: &[u8]);
-}
 
 /// Whether the reply of a request of type `ty` is recorded.
 pub(crate) fn records_reply(ty: u8) -> bool {
@@ -101,21 +93,9 @@ pub(crate) fn coarse_now() -> u64 {
     (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
 
-/// What a killed daemon left about a request it took and did not answer.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Left {
-    /// An intent was recorded.
-    pub intent: bool,
-    /// Its time (for a reader of the table; no decision uses it).
-    pub time: u64,
-    /// The qid path it recorded: the file moved or removed, or what the
-    /// name to create held already (0: nothing).
-    pub qid: u64,
-}
-
 impl<F: Filesystem> Server<F> {
     /// Records the intent of `msg` if it is a call that is not idempotent.
-    pub(super) fn record_intent(
+    pub(crate) fn record_intent(
         &self,
         session: &Session<F>,
         msg: &Tmessage,

@@ -1,18 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A session that outlives its process: saved to bytes, restored in a new
 //! process over the same export (a daemon restarted or upgraded under a
-//! running guest). The format is in [`crate::state`].
+//! running guest). The format is in [`session_format`](super::session_format).
 
 use std::sync::Mutex;
 
 use log::{error, warn};
 
-use super::session::{Fid, FidKind, LockLog, XattrWrite};
-use super::{Server, Session};
+use super::session_format::{SavedFid, SavedKind, SavedSession, MAX_INODE_ID};
 use crate::error::{Error, Result, StateProblem};
 use crate::fs::Filesystem;
 use crate::protocol::{LockStatus, LockType, OpenFlags, Tlock, Tmessage};
-use crate::state::{SavedFid, SavedKind, SavedSession, MAX_INODE_ID};
+use crate::server::session::{Fid, FidKind, LockLog, XattrWrite};
+use crate::server::{Server, Session};
 
 impl<F: Filesystem> Server<F> {
     /// The state of `session` as bytes: its msize, every fid (by

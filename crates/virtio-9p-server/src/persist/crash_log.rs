@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A session kept crash-safe in a state directory, for a daemon killed
 //! under a running guest: every fid change goes to the journal of
-//! [`crate::state::journal`] as it is made, and a successor rebuilds the
+//! [`snapshot_journal`](super::snapshot_journal) as it is made, and a successor rebuilds the
 //! session from the last snapshot and the journal.
 
 use std::collections::BTreeMap;
@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 
 use log::{error, warn};
 
-use super::session::{Fid, FidLog, FidTable};
-use super::{Server, Session};
+use super::session_format::{SavedFid, SavedSession};
+use super::snapshot_journal::{self as journal, JournalMap, Replay, JOURNAL_CAPACITY};
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
-use crate::state::journal::{self, JournalMap, Replay, JOURNAL_CAPACITY};
-use crate::state::{SavedFid, SavedSession};
+use crate::server::session::{Fid, FidLog, FidTable};
+use crate::server::{Server, Session};
 
 /// The journal of one session (see the module docs).
 struct CrashLog<F: Filesystem> {
@@ -610,7 +610,7 @@ mod tests {
     }
 
     /// Where the names of a saved passthrough inode end: its handle's
-    /// type, length and bytes follow (restore.rs's layout).
+    /// type, length and bytes follow (saved_inode.rs's layout).
     fn names_end(saved: &[u8]) -> usize {
         let n = u16::from_le_bytes([saved[22], saved[23]]);
         let mut at = 24;

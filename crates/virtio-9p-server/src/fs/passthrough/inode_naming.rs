@@ -3,10 +3,11 @@
 //! ([`Filesystem::save_inode`](crate::fs::Filesystem::save_inode) and
 //! `restore_inode`).
 //!
-//! A saved inode is its path below the export (the names the guest walked,
-//! kept in each inode's link to its parent), its `(dev, ino)`, its file
-//! type (the `S_IFMT` bits of its mode), and a file handle
-//! (`name_to_handle_at`) when the export's filesystem gives one.
+//! A saved inode (its bytes: `saved_inode.rs`) is its path below the
+//! export (the names the guest walked, kept in each inode's link to its
+//! parent), its `(dev, ino)`, its file type (the `S_IFMT` bits of its
+//! mode), and a file handle (`name_to_handle_at`) when the export's
+//! filesystem gives one.
 //!
 //! A restored inode must be the object the session recorded, reached the
 //! way a guest's walk reaches it: never "an inode with that number".
@@ -31,17 +32,11 @@
 //!   left out.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsFd;
 
+use super::saved_inode::{file_handle, open_handle, SavedInode, MAX_DEPTH, VERSION};
 use super::{err, sys, Inode, MigrationMode, PassthroughFs};
 use crate::protocol::Qid;
-
-/// Format version of a saved inode (2: with the file type).
-const VERSION: u8 = 2;
-/// Largest file handle asked for (Linux's `MAX_HANDLE_SZ`).
-const MAX_HANDLE: usize = 128;
-/// Deepest saved path.
-const MAX_DEPTH: usize = 255;
 
 impl PassthroughFs {
     pub(super) fn saved_inode(&self, inode: &Inode) -> io::Result<Vec<u8>> {
@@ -211,140 +206,6 @@ fn proc_readlink(p: &sys::FdPath) -> io::Result<Vec<u8>> {
     }
     buf.truncate(n as usize);
     Ok(buf)
-}
-
-struct SavedInode<'a> {
-    dev: u64,
-    ino: u64,
-    ty: u32,
-    has_path: bool,
-    names: Vec<&'a [u8]>,
-    handle_type: i32,
-    handle: &'a [u8],
-}
-
-impl<'a> SavedInode<'a> {
-    fn parse(b: &'a [u8]) -> Option<SavedInode<'a>> {
-        let mut r = b;
-        let mut take = |n: usize| -> Option<&'a [u8]> {
-            if r.len() < n {
-                return None;
-            }
-            let (h, t) = r.split_at(n);
-            r = t;
-            Some(h)
-        };
-        if take(1)?[0] != VERSION {
-            return None;
-        }
-        let dev = u64::from_le_bytes(take(8)?.try_into().ok()?);
-        let ino = u64::from_le_bytes(take(8)?.try_into().ok()?);
-        let ty = u32::from_le_bytes(take(4)?.try_into().ok()?);
-        if ty & !libc::S_IFMT != 0 || ty == 0 {
-            return None;
-        }
-        let has_path = take(1)?[0] != 0;
-        let n = usize::from(u16::from_le_bytes(take(2)?.try_into().ok()?));
-        if n > MAX_DEPTH {
-            return None;
-        }
-        let mut names = Vec::with_capacity(n);
-        for _ in 0..n {
-            let len = usize::from(u16::from_le_bytes(take(2)?.try_into().ok()?));
-            names.push(take(len)?);
-        }
-        let handle_type = i32::from_le_bytes(take(4)?.try_into().ok()?);
-        let len = usize::from(u16::from_le_bytes(take(2)?.try_into().ok()?));
-        if len > MAX_HANDLE {
-            return None;
-        }
-        let handle = take(len)?;
-        if !r.is_empty() {
-            return None;
-        }
-        Some(SavedInode {
-            dev,
-            ino,
-            ty,
-            has_path,
-            names,
-            handle_type,
-            handle,
-        })
-    }
-}
-
-/// The file handle of the file `fd` names (`name_to_handle_at`), if its filesystem
-/// has them.
-pub(super) fn file_handle(fd: std::os::fd::BorrowedFd<'_>) -> Option<(i32, Vec<u8>)> {
-    // file_handle: u32 handle_bytes, i32 handle_type, then the bytes; a
-    // u32 buffer keeps it aligned.
-    let mut buf = [0u32; 2 + MAX_HANDLE / 4];
-    buf[0] = MAX_HANDLE as u32;
-    let mut mount_id: libc::c_int = 0;
-    // SAFETY: `buf` is a file_handle header with room for MAX_HANDLE
-    // bytes as handle_bytes says; the path is an empty C string used with
-    // AT_EMPTY_PATH on a valid fd; the kernel writes only within them.
-    let r = unsafe {
-        libc::name_to_handle_at(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            buf.as_mut_ptr().cast(),
-            &mut mount_id,
-            libc::AT_EMPTY_PATH,
-        )
-    };
-    if r != 0 {
-        return None;
-    }
-    let len = (buf[0] as usize).min(MAX_HANDLE);
-    let ty = buf[1] as i32;
-    let bytes: Vec<u8> = buf[2..].iter().flat_map(|w| w.to_ne_bytes()).collect();
-    Some((ty, bytes[..len].to_vec()))
-}
-
-/// Opens a saved file handle as `O_PATH` (needs `CAP_DAC_READ_SEARCH`).
-pub(super) fn open_handle(
-    mount: std::os::fd::BorrowedFd<'_>,
-    ty: i32,
-    handle: &[u8],
-) -> io::Result<OwnedFd> {
-    let mut buf = [0u32; 2 + MAX_HANDLE / 4];
-    buf[0] = handle.len() as u32;
-    buf[1] = ty as u32;
-    let mut bytes = [0u8; MAX_HANDLE];
-    bytes[..handle.len()].copy_from_slice(handle);
-    for (i, w) in buf[2..].iter_mut().enumerate() {
-        *w = u32::from_ne_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap_or_default());
-    }
-    // The mount fd cannot be an O_PATH fd: open the directory for real.
-    // SAFETY: a valid dirfd and C string; the fd returned is checked.
-    let dir = unsafe {
-        libc::openat(
-            mount.as_raw_fd(),
-            c".".as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if dir < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new fd we own.
-    let dir = unsafe { OwnedFd::from_raw_fd(dir) };
-    // SAFETY: `buf` is a file_handle of `handle.len()` (<= MAX_HANDLE)
-    // bytes; the kernel only reads it. The mount fd is valid.
-    let fd = unsafe {
-        libc::open_by_handle_at(
-            dir.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            libc::O_PATH | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new fd we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 #[cfg(test)]

@@ -22,9 +22,6 @@
 
 use crate::error::StateProblem;
 
-pub(crate) mod inflight;
-pub(crate) mod journal;
-
 /// The magic bytes a state starts with.
 const MAGIC: &[u8; 8] = b"V9PSTATE";
 /// The format version this build writes and reads (2: saved inodes carry

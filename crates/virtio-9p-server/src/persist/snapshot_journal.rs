@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! session.snap     magic "V9PCRASH" | version u32 | epoch u64
-//!                  | session length u32 | session (crate::state format)
+//!                  | session length u32 | session (crate::persist::session_format)
 //!                  | crc32 u32 (of everything before it)
 //! session.journal  two segments, each half the file: a header (48
 //!                  bytes): magic "V9PJOURN" | version u32 | capacity u32
@@ -17,7 +17,7 @@
 //!                  | crc32 u32 (length counts kind and payload; the crc
 //!                  covers the segment's epoch, length, seq, kind and
 //!                  payload)
-//! kinds:           1 set: a fid (crate::state's fid encoding)
+//! kinds:           1 set: a fid (session_format's fid encoding)
 //!                  2 remove: fid u32       3 reset (Tversion): msize u32
 //! ```
 //!
@@ -48,7 +48,7 @@ use std::ffi::CStr;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-use super::{Reader, SavedFid, SavedSession};
+use super::session_format::{Reader, SavedFid, SavedSession};
 use crate::error::StateProblem;
 
 /// The snapshot file in the state directory.
@@ -594,7 +594,7 @@ impl SnapshotWriter {
         Ok(SnapshotWriter {
             file: std::fs::File::from(fd),
             epoch,
-            prefix: super::body_prefix(export_id, msize, fs_state),
+            prefix: super::session_format::body_prefix(export_id, msize, fs_state),
             count: 0,
             buf: Vec::new(),
             fids: crc32fast::Hasher::new(),
@@ -638,7 +638,7 @@ impl SnapshotWriter {
         use std::os::unix::fs::FileExt;
         self.flush()?;
         let body_len = self.prefix.len() + 4 + self.fids_len;
-        let session_header = super::session_header(body_len);
+        let session_header = super::session_format::session_header(body_len);
         let count = self.count.to_le_bytes();
         let mut inner = crc32fast::Hasher::new();
         inner.update(&session_header);
@@ -691,7 +691,7 @@ fn unlink(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
 pub(crate) fn remove_state(dir: BorrowedFd<'_>) -> io::Result<()> {
     unlink(dir, SNAPSHOT)?;
     unlink(dir, JOURNAL)?;
-    unlink(dir, super::inflight::INFLIGHT)
+    unlink(dir, super::inflight_table::INFLIGHT)
 }
 
 /// Moves refused crash state aside (`*.refused`).
@@ -699,7 +699,7 @@ pub(crate) fn set_aside(dir: BorrowedFd<'_>) -> io::Result<()> {
     for (from, to) in [
         (SNAPSHOT, SNAPSHOT_REFUSED),
         (JOURNAL, JOURNAL_REFUSED),
-        (super::inflight::INFLIGHT, INFLIGHT_REFUSED),
+        (super::inflight_table::INFLIGHT, INFLIGHT_REFUSED),
     ] {
         match rename(dir, from, to) {
             Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
@@ -726,7 +726,7 @@ pub(crate) fn load(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::SavedKind;
+    use crate::persist::session_format::SavedKind;
 
     fn fid(n: u32, path: &str) -> SavedFid {
         SavedFid {
