@@ -18,10 +18,12 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::{
     bump_alloc, check_placed, fill_readable, read_bytes, read_writable, write_bytes, Buf,
-    ChainLayout, Layout, MemRef, MockError, UsedEntry, F_INDIRECT, F_NEXT, F_WRITE,
+    ChainLayout, Layout, MemRef, MockError, MockRing, UsedEntry, F_INDIRECT, F_NEXT, F_WRITE,
 };
 use crate::limits::{ChainLimits, LARGE_MAX_BYTES, LARGE_MAX_DESCRIPTORS};
-use crate::packed::{EventSuppression, PackedQueue, EVENT_FLAG_DESC, F_AVAIL, F_USED, WRAP_BIT};
+use crate::packed::{
+    encode_position, EventSuppression, PackedQueue, EVENT_FLAG_DESC, F_AVAIL, F_USED, WRAP_BIT,
+};
 use crate::ErrorKind;
 
 /// A packed descriptor.
@@ -759,4 +761,71 @@ fn descriptor_bytes(descs: &[Descriptor]) -> &[u8] {
     // padding (`ByteValued`), so the slice is `16 * len` initialized bytes,
     // borrowed as long as `descs`.
     unsafe { std::slice::from_raw_parts(descs.as_ptr().cast::<u8>(), std::mem::size_of_val(descs)) }
+}
+
+// The packed layout's side of the one driver API (ring.rs).
+impl<M: GuestMemoryBackend> MockRing for MockPackedDriver<'_, M> {
+    type Memory = M;
+
+    fn memory(&self) -> &M {
+        MockPackedDriver::memory(self)
+    }
+
+    fn queue_size(&self) -> u16 {
+        MockPackedDriver::queue_size(self)
+    }
+
+    fn is_packed(&self) -> bool {
+        true
+    }
+
+    fn ring_addresses(&self) -> (GuestAddress, GuestAddress, GuestAddress) {
+        self.create_queue().addresses()
+    }
+
+    fn avail_base(&self) -> u16 {
+        let (slot, wrap) = self.avail_position();
+        encode_position(slot, wrap)
+    }
+
+    fn used_base(&self) -> u16 {
+        let (slot, wrap) = self.used_position();
+        encode_position(slot, wrap)
+    }
+
+    fn add_chain_placed(
+        &mut self,
+        layout: Layout,
+        bufs: &[Buf],
+        addrs: &[GuestAddress],
+        table: Option<GuestAddress>,
+    ) -> Result<ChainLayout, MockError> {
+        MockPackedDriver::add_chain_placed(self, layout, bufs, addrs, table)
+    }
+
+    fn take_used(&mut self) -> Vec<UsedEntry> {
+        MockPackedDriver::take_used(self)
+    }
+
+    fn notify_at_next_used(&mut self) -> Result<(), MockError> {
+        let (slot, wrap) = self.used_position();
+        self.set_used_event(slot, wrap)
+    }
+
+    fn add_chain_with_data(
+        &mut self,
+        layout: Layout,
+        readable: &[&[u8]],
+        writable: &[u32],
+    ) -> Result<ChainLayout, MockError> {
+        MockPackedDriver::add_chain_with_data(self, layout, readable, writable)
+    }
+
+    fn read_writable(&self, chain: &ChainLayout) -> Result<Vec<u8>, MockError> {
+        MockPackedDriver::read_writable(self, chain)
+    }
+
+    fn config_queue(&self) -> virtio_queue::Queue {
+        self.create_config_queue()
+    }
 }

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! [`MockRing`]: what a driver of either ring layout does, so that a test
+//! [`MockRing`]: what a driver of either ring layout does (each layout
+//! implements it beside its driver; the split one below), so that a test
 //! harness (a fake VMM, a bench) drives [`MockDriver`] and
 //! [`MockPackedDriver`] through one API and reads used entries back as one
 //! type ([`UsedEntry`]).
 
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
-use super::{Buf, ChainLayout, Layout, MockDriver, MockError, MockPackedDriver};
-use crate::packed::encode_position;
+use super::{Buf, ChainLayout, Layout, MockDriver, MockError};
 
 /// One used entry as the driver reads it back: the chain's id (the head
 /// index of a split ring, the buffer id of a packed ring) and the bytes
@@ -149,76 +149,10 @@ impl<M: GuestMemoryBackend> MockRing for MockDriver<'_, M> {
     }
 }
 
-impl<M: GuestMemoryBackend> MockRing for MockPackedDriver<'_, M> {
-    type Memory = M;
-
-    fn memory(&self) -> &M {
-        MockPackedDriver::memory(self)
-    }
-
-    fn queue_size(&self) -> u16 {
-        MockPackedDriver::queue_size(self)
-    }
-
-    fn is_packed(&self) -> bool {
-        true
-    }
-
-    fn ring_addresses(&self) -> (GuestAddress, GuestAddress, GuestAddress) {
-        self.create_queue().addresses()
-    }
-
-    fn avail_base(&self) -> u16 {
-        let (slot, wrap) = self.avail_position();
-        encode_position(slot, wrap)
-    }
-
-    fn used_base(&self) -> u16 {
-        let (slot, wrap) = self.used_position();
-        encode_position(slot, wrap)
-    }
-
-    fn add_chain_placed(
-        &mut self,
-        layout: Layout,
-        bufs: &[Buf],
-        addrs: &[GuestAddress],
-        table: Option<GuestAddress>,
-    ) -> Result<ChainLayout, MockError> {
-        MockPackedDriver::add_chain_placed(self, layout, bufs, addrs, table)
-    }
-
-    fn take_used(&mut self) -> Vec<UsedEntry> {
-        MockPackedDriver::take_used(self)
-    }
-
-    fn notify_at_next_used(&mut self) -> Result<(), MockError> {
-        let (slot, wrap) = self.used_position();
-        self.set_used_event(slot, wrap)
-    }
-
-    fn add_chain_with_data(
-        &mut self,
-        layout: Layout,
-        readable: &[&[u8]],
-        writable: &[u32],
-    ) -> Result<ChainLayout, MockError> {
-        MockPackedDriver::add_chain_with_data(self, layout, readable, writable)
-    }
-
-    fn read_writable(&self, chain: &ChainLayout) -> Result<Vec<u8>, MockError> {
-        MockPackedDriver::read_writable(self, chain)
-    }
-
-    fn config_queue(&self) -> virtio_queue::Queue {
-        self.create_config_queue()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mock::guest_memory;
+    use crate::mock::{guest_memory, MockPackedDriver};
     use vm_memory::Address;
 
     /// One chain through each layout, read back as the same entry type.
