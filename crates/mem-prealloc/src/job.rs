@@ -723,7 +723,7 @@ pub fn start_regions(regions: &[Region], options: &PreallocOptions) -> Result<Pr
         .collect::<Result<Vec<_>>>()?;
     if let Some(numa) = &options.numa {
         for state in states.iter().filter(|s| s.len > 0) {
-            sys::mbind(state.addr, state.len, numa.policy, &numa.nodes).map_err(|source| {
+            sys::mbind(state.addr, state.len, numa.mode(), &numa.nodes).map_err(|source| {
                 Error::NumaBind {
                     addr: state.addr as u64,
                     len: state.len as u64,

@@ -61,6 +61,18 @@ pub(crate) struct Numa {
     pub(crate) nodes: Vec<usize>,
 }
 
+impl Numa {
+    /// The `mbind(2)` mode of this placement.
+    pub(crate) fn mode(&self) -> libc::c_int {
+        match self.policy {
+            NumaPolicy::Bind => sys::MPOL_BIND,
+            NumaPolicy::Preferred if self.nodes.len() > 1 => sys::MPOL_PREFERRED_MANY,
+            NumaPolicy::Preferred => sys::MPOL_PREFERRED,
+            NumaPolicy::Interleave => sys::MPOL_INTERLEAVE,
+        }
+    }
+}
+
 /// How pages are faulted in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -182,10 +182,10 @@ pub(crate) fn pin_current_thread(cpu: usize) -> io::Result<()> {
 }
 
 // Linux uapi <linux/mempolicy.h>.
-const MPOL_PREFERRED: libc::c_int = 1;
-const MPOL_BIND: libc::c_int = 2;
-const MPOL_INTERLEAVE: libc::c_int = 3;
-const MPOL_PREFERRED_MANY: libc::c_int = 5;
+pub(crate) const MPOL_PREFERRED: libc::c_int = 1;
+pub(crate) const MPOL_BIND: libc::c_int = 2;
+pub(crate) const MPOL_INTERLEAVE: libc::c_int = 3;
+pub(crate) const MPOL_PREFERRED_MANY: libc::c_int = 5;
 const MPOL_MF_STRICT: libc::c_uint = 1;
 const MPOL_MF_MOVE: libc::c_uint = 1 << 1;
 
@@ -240,25 +240,15 @@ pub(crate) fn allowed_cpus() -> Option<Vec<usize>> {
     )
 }
 
-/// `mbind(addr, len, policy, nodes, MPOL_MF_STRICT | MPOL_MF_MOVE)`.
-pub(crate) fn mbind(
-    addr: usize,
-    len: usize,
-    policy: crate::NumaPolicy,
-    nodes: &[usize],
-) -> io::Result<()> {
+/// `mbind(addr, len, mode, nodes, MPOL_MF_STRICT | MPOL_MF_MOVE)`, `mode`
+/// one of the `MPOL_*` above.
+pub(crate) fn mbind(addr: usize, len: usize, mode: libc::c_int, nodes: &[usize]) -> io::Result<()> {
     let bits = libc::c_ulong::BITS as usize;
     let max = nodes.iter().copied().max().unwrap_or(0);
     let mut mask = vec![0 as libc::c_ulong; max / bits + 1];
     for &node in nodes {
         mask[node / bits] |= 1 << (node % bits);
     }
-    let mode = match policy {
-        crate::NumaPolicy::Bind => MPOL_BIND,
-        crate::NumaPolicy::Preferred if nodes.len() > 1 => MPOL_PREFERRED_MANY,
-        crate::NumaPolicy::Preferred => MPOL_PREFERRED,
-        crate::NumaPolicy::Interleave => MPOL_INTERLEAVE,
-    };
     // The kernel reads maxnode - 1 bits (a historical off-by-one that
     // glibc's numa_* wrappers and QEMU compensate for the same way).
     let maxnode = (mask.len() * bits + 1) as libc::c_ulong;

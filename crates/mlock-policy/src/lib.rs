@@ -106,6 +106,7 @@ mod readme_doctest {}
 
 mod policy;
 mod preflight;
+mod process;
 mod region;
 mod status;
 mod sys;

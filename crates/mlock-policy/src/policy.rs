@@ -1,16 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The policy value, its parsing, and process-wide locking.
+//! The policy value and its parsing.
 
 use std::fmt;
-use std::io;
 use std::str::FromStr;
 
-use log::{debug, info};
-
-use crate::preflight::{page_round_up, LockBudget};
-use crate::status::LockStatus;
-use crate::unlock::TemporaryUnlock;
-use crate::{sys, Error, Result};
+use crate::{Error, Result};
 
 /// How a VMM locks guest memory, as in QEMU's `-overcommit mem-lock=`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -64,105 +58,12 @@ impl MlockPolicy {
     }
 
     /// The `mlockall` flags of this policy; `None` for `off`.
-    fn mlockall_flags(self) -> Option<libc::c_int> {
+    pub(crate) fn mlockall_flags(self) -> Option<libc::c_int> {
         match self {
             MlockPolicy::Off => None,
             MlockPolicy::On => Some(libc::MCL_CURRENT | libc::MCL_FUTURE),
             MlockPolicy::OnFault => Some(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT),
         }
-    }
-
-    /// Applies the policy to the whole process with `mlockall`: every
-    /// current and future mapping is locked (`on`: and faulted in now;
-    /// `on-fault`: as pages are touched). `off` does nothing.
-    ///
-    /// Call it early, before serving: with `MCL_FUTURE` every later mapping
-    /// is charged to `RLIMIT_MEMLOCK` too, so see [`preflight`] for guest RAM
-    /// that arrives later. A kernel without `MCL_ONFAULT` (before 4.4) gives
-    /// [`Error::OnFaultUnsupported`]; a limit that is too low gives
-    /// [`Error::Insufficient`], which names the amount and the remedies.
-    /// On success the call does not allocate.
-    ///
-    /// [`preflight`]: MlockPolicy::preflight
-    pub fn apply_process(self) -> Result<()> {
-        let Some(flags) = self.mlockall_flags() else {
-            return Ok(());
-        };
-        match sys::mlockall(flags) {
-            Ok(()) => {
-                debug!("mlockall applied for mem-lock={self}");
-                Ok(())
-            }
-            Err(e) => Err(self.diagnose_mlockall(e)),
-        }
-    }
-
-    /// Turns an `mlockall` failure into the most useful error.
-    fn diagnose_mlockall(self, e: io::Error) -> Error {
-        const OP: &str = "mlockall";
-        match e.raw_os_error() {
-            Some(libc::EINVAL) if self.is_on_fault() => Error::OnFaultUnsupported {
-                op: "mlockall(MCL_ONFAULT)",
-                source: e,
-            },
-            Some(libc::ENOMEM | libc::EPERM | libc::EAGAIN) => {
-                match (LockBudget::current(), LockStatus::current()) {
-                    (Ok(budget), Ok(status)) => {
-                        let needed = page_round_up(status.vm_size());
-                        if budget.allows(needed) && e.raw_os_error() != Some(libc::EPERM) {
-                            Error::Lock { op: OP, source: e }
-                        } else {
-                            budget.shortfall(self, OP, needed, Some(e))
-                        }
-                    }
-                    _ => Error::Lock { op: OP, source: e },
-                }
-            }
-            _ => Error::Lock { op: OP, source: e },
-        }
-    }
-
-    /// Unlocks the whole process (`munlockall`) until the returned guard is
-    /// released, for postcopy-like flows that need unlocked memory for a
-    /// while. [`TemporaryUnlock::relock`] re-applies the policy and reports
-    /// a failure; dropping the guard re-applies it too and logs a failure.
-    /// For `off` the guard does nothing. Meant for a process that applied
-    /// the policy: the re-lock applies it whether or not it was applied
-    /// before.
-    ///
-    /// `munlockall` also clears the locks of any [`RegionLock`] in the
-    /// process.
-    ///
-    /// [`RegionLock`]: crate::RegionLock
-    pub fn unlock_temporarily(self) -> Result<TemporaryUnlock<'static>> {
-        TemporaryUnlock::process(self)
-    }
-
-    /// Runs `f` with the process unlocked and re-applies the policy after.
-    /// A failed re-lock is [`Error::Relock`] (the value of `f` is then
-    /// dropped: use [`unlock_temporarily`] to keep it). If `f` panics, the
-    /// policy is re-applied while unwinding.
-    ///
-    /// [`unlock_temporarily`]: MlockPolicy::unlock_temporarily
-    pub fn with_unlocked<T>(self, f: impl FnOnce() -> T) -> Result<T> {
-        let guard = self.unlock_temporarily()?;
-        let value = f();
-        guard.relock()?;
-        Ok(value)
-    }
-
-    /// Undoes [`apply_process`](MlockPolicy::apply_process) for good
-    /// (`munlockall`); for `off` it does nothing.
-    pub fn release_process(self) -> Result<()> {
-        if !self.locks_memory() {
-            return Ok(());
-        }
-        sys::munlockall().map_err(|source| Error::Lock {
-            op: "munlockall",
-            source,
-        })?;
-        info!("memory unlocked (mem-lock={self} released)");
-        Ok(())
     }
 }
 
@@ -271,29 +172,6 @@ mod tests {
         assert!(!MlockPolicy::On.allows_discard());
         assert!(!MlockPolicy::OnFault.allows_discard());
         assert_eq!(MlockPolicy::default(), MlockPolicy::Off);
-    }
-
-    #[test]
-    fn test_off_is_a_no_op() {
-        MlockPolicy::Off.apply_process().unwrap();
-        MlockPolicy::Off.release_process().unwrap();
-        assert_eq!(MlockPolicy::Off.with_unlocked(|| 7).unwrap(), 7);
-    }
-
-    #[test]
-    fn test_mlockall_einval_under_on_fault_is_unsupported() {
-        let err =
-            MlockPolicy::OnFault.diagnose_mlockall(io::Error::from_raw_os_error(libc::EINVAL));
-        assert!(matches!(err, Error::OnFaultUnsupported { .. }));
-        assert!(
-            err.to_string().starts_with(
-                "mem-lock=on-fault needs lock-on-fault support (Linux 4.4 or later), \
-                 which this kernel lacks: mlockall(MCL_ONFAULT) failed: "
-            ),
-            "{err}"
-        );
-        let err = MlockPolicy::On.diagnose_mlockall(io::Error::from_raw_os_error(libc::EINVAL));
-        assert!(matches!(err, Error::Lock { op: "mlockall", .. }), "{err}");
     }
 
     #[test]

@@ -6,10 +6,10 @@ use std::io;
 
 use log::{debug, error};
 
-use crate::preflight::LockBudget;
+use crate::policy::MlockPolicy;
+use crate::preflight::{page_round_up, LockBudget};
 use crate::status::LockStatus;
-use crate::unlock::TemporaryUnlock;
-use crate::{sys, Error, MlockPolicy, Result};
+use crate::{sys, Error, Result};
 
 /// The state of one region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,7 +19,8 @@ enum State {
     /// Locked by us.
     Locked,
     /// Locked under the policy, but unlocked for now by a
-    /// [`TemporaryUnlock`] (or left unlocked by a failed re-lock).
+    /// [`TemporaryUnlock`](crate::TemporaryUnlock) (or left unlocked by a
+    /// failed re-lock).
     Suspended,
 }
 
@@ -31,8 +32,9 @@ enum State {
 ///
 /// Linux does not count locks: if two guards cover the same pages, dropping
 /// either unlocks them, and `munlockall` (a process-wide
-/// [`TemporaryUnlock`]) unlocks every region. Keep one guard per guest
-/// region and lock either per region or process-wide, not both.
+/// [`TemporaryUnlock`](crate::TemporaryUnlock)) unlocks every region. Keep
+/// one guard per guest region and lock either per region or process-wide,
+/// not both.
 #[derive(Debug)]
 pub struct RegionLock {
     addr: usize,
@@ -128,23 +130,6 @@ impl RegionLock {
         self.state == State::Locked
     }
 
-    /// Unlocks the range until the returned guard re-locks it (explicitly
-    /// with [`TemporaryUnlock::relock`], which reports failure, or on drop,
-    /// which logs it).
-    pub fn unlock_temporarily(&mut self) -> Result<TemporaryUnlock<'_>> {
-        TemporaryUnlock::regions(std::slice::from_mut(self))
-    }
-
-    /// Runs `f` with the range unlocked and locks it again after; a failed
-    /// re-lock is [`Error::Relock`]. If `f` panics, the range is re-locked
-    /// while unwinding.
-    pub fn with_unlocked<T>(&mut self, f: impl FnOnce() -> T) -> Result<T> {
-        let guard = self.unlock_temporarily()?;
-        let value = f();
-        guard.relock()?;
-        Ok(value)
-    }
-
     /// Locks a suspended region; no-op otherwise.
     pub(crate) fn lock(&mut self) -> Result<()> {
         if self.state != State::Suspended {
@@ -211,9 +196,7 @@ impl RegionLock {
             Some(errno @ (libc::ENOMEM | libc::EPERM)) => {
                 match (LockBudget::current(), LockStatus::current()) {
                     (Ok(budget), Ok(status)) => {
-                        let needed = crate::preflight::page_round_up(
-                            status.vm_lck().saturating_add(self.len as u64),
-                        );
+                        let needed = page_round_up(status.vm_lck().saturating_add(self.len as u64));
                         // ENOMEM with room to spare means an unmapped hole.
                         if errno == libc::ENOMEM && budget.allows(needed) {
                             region_error(e)
@@ -247,7 +230,6 @@ mod guest_memory {
     use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
     use super::RegionLock;
-    use crate::unlock::TemporaryUnlock;
     use crate::{Error, MlockPolicy, Result};
 
     /// The locks of every region of a guest memory map, unlocked on drop.
@@ -255,7 +237,7 @@ mod guest_memory {
     #[derive(Debug)]
     #[cfg_attr(docsrs, doc(cfg(feature = "vm-memory")))]
     pub struct GuestMemoryLock {
-        regions: Vec<RegionLock>,
+        pub(crate) regions: Vec<RegionLock>,
     }
 
     impl MlockPolicy {
@@ -309,20 +291,6 @@ mod guest_memory {
         /// Total bytes covered.
         pub fn total_len(&self) -> u64 {
             self.regions.iter().map(|r| r.len() as u64).sum()
-        }
-
-        /// Unlocks every region until the guard re-locks them.
-        pub fn unlock_temporarily(&mut self) -> Result<TemporaryUnlock<'_>> {
-            TemporaryUnlock::regions(&mut self.regions)
-        }
-
-        /// Runs `f` with every region unlocked and locks them again after;
-        /// a failed re-lock is [`Error::Relock`].
-        pub fn with_unlocked<T>(&mut self, f: impl FnOnce() -> T) -> Result<T> {
-            let guard = self.unlock_temporarily()?;
-            let value = f();
-            guard.relock()?;
-            Ok(value)
         }
     }
 }

@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Temporary unlocks for postcopy-like flows.
+//! Temporary unlocks for postcopy-like flows: the guard, and the
+//! `unlock_temporarily`/`with_unlocked` of the process policy and of the
+//! region locks. It sits above process.rs and region.rs, which lock and
+//! never import it.
 
 use log::{error, info};
 
+use crate::policy::MlockPolicy;
+#[cfg(feature = "vm-memory")]
+use crate::region::GuestMemoryLock;
 use crate::region::RegionLock;
-use crate::{sys, Error, MlockPolicy, Result};
+use crate::{sys, Error, Result};
 
 /// What a [`TemporaryUnlock`] unlocked.
 #[derive(Debug)]
@@ -119,5 +125,82 @@ impl Drop for TemporaryUnlock<'_> {
                 error!("{e}");
             }
         }
+    }
+}
+
+impl MlockPolicy {
+    /// Unlocks the whole process (`munlockall`) until the returned guard is
+    /// released, for postcopy-like flows that need unlocked memory for a
+    /// while. [`TemporaryUnlock::relock`] re-applies the policy and reports
+    /// a failure; dropping the guard re-applies it too and logs a failure.
+    /// For `off` the guard does nothing. Meant for a process that applied
+    /// the policy: the re-lock applies it whether or not it was applied
+    /// before.
+    ///
+    /// `munlockall` also clears the locks of any [`RegionLock`] in the
+    /// process.
+    pub fn unlock_temporarily(self) -> Result<TemporaryUnlock<'static>> {
+        TemporaryUnlock::process(self)
+    }
+
+    /// Runs `f` with the process unlocked and re-applies the policy after.
+    /// A failed re-lock is [`Error::Relock`] (the value of `f` is then
+    /// dropped: use [`unlock_temporarily`] to keep it). If `f` panics, the
+    /// policy is re-applied while unwinding.
+    ///
+    /// [`unlock_temporarily`]: MlockPolicy::unlock_temporarily
+    pub fn with_unlocked<T>(self, f: impl FnOnce() -> T) -> Result<T> {
+        let guard = self.unlock_temporarily()?;
+        let value = f();
+        guard.relock()?;
+        Ok(value)
+    }
+}
+
+impl RegionLock {
+    /// Unlocks the range until the returned guard re-locks it (explicitly
+    /// with [`TemporaryUnlock::relock`], which reports failure, or on drop,
+    /// which logs it).
+    pub fn unlock_temporarily(&mut self) -> Result<TemporaryUnlock<'_>> {
+        TemporaryUnlock::regions(std::slice::from_mut(self))
+    }
+
+    /// Runs `f` with the range unlocked and locks it again after; a failed
+    /// re-lock is [`Error::Relock`]. If `f` panics, the range is re-locked
+    /// while unwinding.
+    pub fn with_unlocked<T>(&mut self, f: impl FnOnce() -> T) -> Result<T> {
+        let guard = self.unlock_temporarily()?;
+        let value = f();
+        guard.relock()?;
+        Ok(value)
+    }
+}
+
+#[cfg(feature = "vm-memory")]
+impl GuestMemoryLock {
+    /// Unlocks every region until the guard re-locks them.
+    pub fn unlock_temporarily(&mut self) -> Result<TemporaryUnlock<'_>> {
+        TemporaryUnlock::regions(&mut self.regions)
+    }
+
+    /// Runs `f` with every region unlocked and locks them again after;
+    /// a failed re-lock is [`Error::Relock`].
+    pub fn with_unlocked<T>(&mut self, f: impl FnOnce() -> T) -> Result<T> {
+        let guard = self.unlock_temporarily()?;
+        let value = f();
+        guard.relock()?;
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_off_is_a_no_op() {
+        MlockPolicy::Off.apply_process().unwrap();
+        MlockPolicy::Off.release_process().unwrap();
+        assert_eq!(MlockPolicy::Off.with_unlocked(|| 7).unwrap(), 7);
     }
 }

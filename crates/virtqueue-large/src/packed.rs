@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Packed virtqueues (`VIRTIO_F_RING_PACKED`, virtio 1.1 section 2.8):
-//! the device side of the ring, its validating walk, used write-back and
-//! event suppression.
+//! the device side of the ring, used write-back and event suppression.
+//! Chains are popped and validated by the walk (`walk/packed.rs`), which
+//! drives this ring.
 //!
 //! A packed ring is one array of 16-byte descriptors
 //! ([`virtio_queue::desc::packed::Descriptor`]) that the driver and the
@@ -15,19 +16,17 @@
 //! order, each advancing the used position by the number of slots its
 //! chain occupied.
 
-use std::ops::Deref;
 use std::sync::atomic::{fence, Ordering};
 
 use virtio_bindings::bindings::virtio_ring::{
-    VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_PACKED_DESC_F_AVAIL,
-    VRING_PACKED_DESC_F_USED, VRING_PACKED_EVENT_FLAG_DESC, VRING_PACKED_EVENT_FLAG_DISABLE,
-    VRING_PACKED_EVENT_FLAG_ENABLE, VRING_PACKED_EVENT_F_WRAP_CTR,
+    VRING_DESC_F_WRITE, VRING_PACKED_DESC_F_AVAIL, VRING_PACKED_DESC_F_USED,
+    VRING_PACKED_EVENT_FLAG_DESC, VRING_PACKED_EVENT_FLAG_DISABLE, VRING_PACKED_EVENT_FLAG_ENABLE,
+    VRING_PACKED_EVENT_F_WRAP_CTR,
 };
 use virtio_queue::QueueT;
 use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, Le16};
 
-use crate::walk::{indirect_entries, open_table, Acc, RawDesc, Table, DESC_SIZE};
-use crate::{Chain, ChainWalker, Error, Result};
+use crate::{Error, Result};
 
 /// The largest packed queue (virtio 1.1, 2.8.10: the queue size is at most 2^15).
 pub const PACKED_MAX_SIZE: u16 = 1 << 15;
@@ -36,9 +35,7 @@ pub const PACKED_MAX_SIZE: u16 = 1 << 15;
 pub const F_AVAIL: u16 = 1 << VRING_PACKED_DESC_F_AVAIL;
 /// `VIRTQ_DESC_F_USED` as the descriptor flag bit.
 pub const F_USED: u16 = 1 << VRING_PACKED_DESC_F_USED;
-const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
 const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
-const F_INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
 /// The wrap counter bit of `off_wrap` and of the vhost-user ring base halves.
 pub const WRAP_BIT: u16 = 1 << VRING_PACKED_EVENT_F_WRAP_CTR;
 /// Event suppression flags: notifications enabled.
@@ -49,9 +46,8 @@ pub const EVENT_FLAG_DISABLE: u16 = VRING_PACKED_EVENT_FLAG_DISABLE as u16;
 /// (needs `VIRTIO_F_EVENT_IDX`).
 pub const EVENT_FLAG_DESC: u16 = VRING_PACKED_EVENT_FLAG_DESC as u16;
 
-// The walk reads packed descriptors with the split walk's 16-byte table reads.
-const _: () =
-    assert!(std::mem::size_of::<virtio_queue::desc::packed::Descriptor>() as u64 == DESC_SIZE);
+/// Size of a packed descriptor, one ring slot.
+const DESC_SIZE: u64 = std::mem::size_of::<virtio_queue::desc::packed::Descriptor>() as u64;
 
 /// Offset of `flags` in a packed descriptor.
 const FLAGS_OFFSET: u64 = 14;
@@ -140,7 +136,7 @@ pub fn encode_position(pos: u16, wrap: bool) -> u16 {
 /// Whether a descriptor with `flags` is available to the device in lap
 /// `wrap`: AVAIL equal to the wrap counter and USED not.
 #[inline]
-fn is_avail(flags: u16, wrap: bool) -> bool {
+pub(crate) fn is_avail(flags: u16, wrap: bool) -> bool {
     let want = if wrap { F_AVAIL } else { F_USED };
     flags & (F_AVAIL | F_USED) == want
 }
@@ -154,6 +150,7 @@ fn is_avail(flags: u16, wrap: bool) -> bool {
 /// through [`ChainWalker::pop_packed`], under the same [`ChainLimits`]
 /// as split chains.
 ///
+/// [`ChainWalker::pop_packed`]: crate::ChainWalker::pop_packed
 /// [`ChainLimits`]: crate::ChainLimits
 #[derive(Debug, Clone)]
 pub struct PackedQueue {
@@ -240,16 +237,19 @@ impl PackedQueue {
     }
 
     /// The queue size.
+    #[inline]
     pub fn size(&self) -> u16 {
         self.size
     }
 
     /// Guest addresses of the descriptor ring, driver area and device area.
+    #[inline]
     pub fn addresses(&self) -> (GuestAddress, GuestAddress, GuestAddress) {
         (self.desc_ring, self.driver_area, self.device_area)
     }
 
     /// Whether the queue is ready.
+    #[inline]
     pub fn ready(&self) -> bool {
         self.ready
     }
@@ -270,6 +270,7 @@ impl PackedQueue {
     }
 
     /// The next slot the device reads and its wrap counter.
+    #[inline]
     pub fn next_avail(&self) -> (u16, bool) {
         (self.next_avail, self.avail_wrap)
     }
@@ -435,6 +436,18 @@ impl PackedQueue {
         Ok(())
     }
 
+    /// Takes the chain just walked at the next available slot: the
+    /// position moves on by its `slots` whatever happens (the chain is
+    /// consumed), then buffer `id` goes in flight as with
+    /// [`adopt`](Self::adopt).
+    #[inline]
+    pub(crate) fn consume(&mut self, id: u16, slots: u16) -> Result<()> {
+        let (pos, wrap) = advance(self.next_avail, self.avail_wrap, slots, self.size);
+        self.next_avail = pos;
+        self.avail_wrap = wrap;
+        self.adopt(id, slots)
+    }
+
     /// Reads and validates the driver event suppression structure.
     pub fn driver_event<G: GuestMemoryBackend>(&self, mem: &G) -> Result<EventMode> {
         let ev = mem
@@ -515,301 +528,11 @@ impl PackedQueue {
 
 /// `pos` advanced by `n` slots on a ring of `size`, with its wrap counter.
 #[inline]
-fn advance(pos: u16, wrap: bool, n: u16, size: u16) -> (u16, bool) {
+pub(crate) fn advance(pos: u16, wrap: bool, n: u16, size: u16) -> (u16, bool) {
     let next = u32::from(pos) + u32::from(n);
     if next >= u32::from(size) {
         ((next - u32::from(size)) as u16, !wrap)
     } else {
         (next as u16, wrap)
-    }
-}
-
-/// How a packed chain sits in the ring: slots occupied and the buffer id
-/// of its last descriptor.
-#[derive(Debug, Clone, Copy)]
-struct Extent {
-    slots: u16,
-    id: u16,
-}
-
-#[cold]
-fn not_available(slot: u16, position: u32, wrap: bool) -> Error {
-    Error::DescriptorNotAvailable {
-        slot,
-        position,
-        wrap,
-    }
-}
-
-/// The outcome of a content fault: the fault with the chain's extent, or
-/// the structure error that hides the extent.
-#[cold]
-#[inline(never)]
-fn with_extent<G, B>(
-    e: Error,
-    mem: &G,
-    ring: &Table<'_, B>,
-    q: &PackedQueue,
-) -> (Error, Option<Extent>)
-where
-    G: GuestMemoryBackend,
-    B: vm_memory::bitmap::BitmapSlice,
-{
-    match chain_extent(mem, ring, q) {
-        Ok(extent) => (e, Some(extent)),
-        Err(structure) => (structure, None),
-    }
-}
-
-/// Follows the NEXT flags from the head to find where a chain ends,
-/// checking only availability: where a faulty chain must be skipped to.
-fn chain_extent<G, B>(mem: &G, ring: &Table<'_, B>, q: &PackedQueue) -> Result<Extent>
-where
-    G: GuestMemoryBackend,
-    B: vm_memory::bitmap::BitmapSlice,
-{
-    let (mut slot, mut wrap) = (q.next_avail, q.avail_wrap);
-    for position in 0..u32::from(q.size) {
-        let desc = ring.read(mem, slot)?;
-        let flags = desc.word14;
-        if position > 0 && !is_avail(flags, wrap) {
-            return Err(Error::DescriptorNotAvailable {
-                slot,
-                position,
-                wrap,
-            });
-        }
-        if flags & F_NEXT == 0 {
-            return Ok(Extent {
-                slots: position as u16 + 1,
-                id: desc.word12,
-            });
-        }
-        (slot, wrap) = advance(slot, wrap, 1, q.size);
-    }
-    Err(Error::ChainUnterminated { queue_size: q.size })
-}
-
-/// The validating walk of the packed chain at the queue's next available
-/// slot. `Err((e, None))`: the ring structure is broken (nothing to
-/// consume); `Err((e, Some(extent)))`: the chain is faulty, skip `extent`.
-fn walk_packed<G, B>(
-    mem: &G,
-    limits: &crate::ChainLimits,
-    ring: &Table<'_, B>,
-    q: &PackedQueue,
-    out: &mut Vec<crate::Segment>,
-) -> std::result::Result<(Extent, crate::walk::Summary), (Error, Option<Extent>)>
-where
-    G: GuestMemoryBackend,
-    B: vm_memory::bitmap::BitmapSlice,
-{
-    out.clear();
-    let mut acc = Acc::new(limits, q.size);
-    let size = q.size;
-    let (mut slot, mut wrap) = (q.next_avail, q.avail_wrap);
-    // Content errors need the chain's extent; structure errors end the walk.
-    let content = |e: Error| with_extent(e, mem, ring, q);
-    for position in 0..u32::from(size) {
-        // Packed layout: id at byte 12, flags at byte 14.
-        let desc = match ring.read(mem, slot) {
-            Ok(d) => d,
-            Err(e) => return Err((e, None)),
-        };
-        let flags = desc.word14;
-        if position > 0 && !is_avail(flags, wrap) {
-            return Err((not_available(slot, position, wrap), None));
-        }
-        slot += 1;
-        if slot == size {
-            slot = 0;
-            wrap = !wrap;
-        }
-        // At most `size` (<= 32768) slots, so this fits.
-        let slots = position as u16 + 1;
-
-        if flags & F_INDIRECT != 0 {
-            if flags & F_NEXT != 0 {
-                return Err(content(Error::IndirectWithNext));
-            }
-            let extent = Extent {
-                slots,
-                id: desc.word12,
-            };
-            let fault = |e| (e, Some(extent));
-            if !limits.indirect {
-                return Err(fault(Error::IndirectNotNegotiated));
-            }
-            walk_packed_table(mem, &mut acc, desc, out).map_err(fault)?;
-            return Ok((extent, acc.finish(out.len())));
-        }
-        if let Err(e) = acc.buffer(mem, desc.addr, desc.len, flags & F_WRITE != 0, out) {
-            return Err(content(e));
-        }
-        if flags & F_NEXT == 0 {
-            let extent = Extent {
-                slots,
-                id: desc.word12,
-            };
-            return Ok((extent, acc.finish(out.len())));
-        }
-    }
-    Err((Error::ChainUnterminated { queue_size: size }, None))
-}
-
-/// Walks a packed indirect table: every entry in order, WRITE the only
-/// flag that counts (NEXT and the buffer id are ignored, as the
-/// specification says), INDIRECT refused.
-fn walk_packed_table<G: GuestMemoryBackend>(
-    mem: &G,
-    acc: &mut Acc<'_>,
-    desc: RawDesc,
-    out: &mut Vec<crate::Segment>,
-) -> Result<()> {
-    let entries = indirect_entries(desc.len)?;
-    let table = open_table(mem, GuestAddress(desc.addr), entries)?;
-    for i in 0..entries {
-        let d = table.read(mem, i as u16)?;
-        let flags = d.word14;
-        if flags & F_INDIRECT != 0 {
-            return Err(Error::NestedIndirect);
-        }
-        acc.buffer(mem, d.addr, d.len, flags & F_WRITE != 0, out)?;
-    }
-    Ok(())
-}
-
-impl ChainWalker {
-    /// Validates the packed chain that starts with the 16-byte descriptor
-    /// `desc` (as it was in the ring when popped), for a queue of
-    /// `queue_size` entries: an indirect descriptor's table is walked from
-    /// guest memory (it stays the device's until the chain is used); a
-    /// descriptor without `NEXT` is a one-buffer chain. [`Chain::head_index`]
-    /// is the buffer id in `desc`. Nothing is read from the ring and
-    /// nothing is written: for a device that recorded a chain it popped
-    /// and must serve again after a crash, when the ring slot may hold a
-    /// used descriptor by now. A descriptor with `NEXT` (a chain spread
-    /// over several slots) is refused: only its slots described it.
-    pub fn walk_packed_descriptor<M>(
-        &mut self,
-        mem: M,
-        desc: [u8; 16],
-        queue_size: u16,
-    ) -> Result<Chain<M>>
-    where
-        M: Deref,
-        M::Target: GuestMemoryBackend + Sized,
-    {
-        let raw = RawDesc::from_bytes(desc);
-        let flags = raw.word14;
-        if flags & F_NEXT != 0 {
-            return Err(Error::InvalidQueueConfig(
-                "a recorded packed chain must fit one slot",
-            ));
-        }
-        let mut segs = self.take_buffer();
-        let summary = {
-            let out = &mut segs.get_mut().segs;
-            out.clear();
-            let limits = *self.limits();
-            let mut acc = Acc::new(&limits, queue_size);
-            if flags & F_INDIRECT != 0 {
-                if !limits.indirect {
-                    return Err(Error::IndirectNotNegotiated);
-                }
-                walk_packed_table(mem.deref(), &mut acc, raw, out)?;
-            } else {
-                acc.buffer(mem.deref(), raw.addr, raw.len, flags & F_WRITE != 0, out)?;
-            }
-            acc.finish(out.len())
-        };
-        Ok(Chain::from_walk(mem, raw.word12, segs, summary))
-    }
-
-    /// Pops the next available chain of a packed queue and validates it,
-    /// with the same outcomes as [`pop`](Self::pop):
-    ///
-    /// - `Ok(Some(chain))`: a valid chain; [`Chain::head_index`] is its
-    ///   buffer id, for [`PackedQueue::add_used`].
-    /// - `Ok(None)`: the next slot is not available (for this wrap counter).
-    /// - `Err(e)` with [`Error::is_chain_fault`]: the chain was invalid,
-    ///   logged (rate-limited) and its slots consumed. With a valid buffer
-    ///   id it was returned with length 0; with an id out of range or
-    ///   already in flight it cannot be returned (that would free another
-    ///   chain) and is only skipped.
-    /// - `Err(e)` otherwise: the ring is broken (a chain running into
-    ///   descriptors that are not available, or never ending, or the ring
-    ///   outside guest memory). Where the chain ends is unknown, so
-    ///   nothing was consumed; stop using the queue until it is reset.
-    pub fn pop_packed<M>(&mut self, queue: &mut PackedQueue, mem: M) -> Result<Option<Chain<M>>>
-    where
-        M: Deref + Clone,
-        M::Target: GuestMemoryBackend + Sized,
-    {
-        let res = self.pop_packed_inner(queue, mem);
-        self.account(res)
-    }
-
-    fn pop_packed_inner<M>(
-        &mut self,
-        q: &mut PackedQueue,
-        mem: M,
-    ) -> std::result::Result<Option<Chain<M>>, (Error, Option<u16>)>
-    where
-        M: Deref + Clone,
-        M::Target: GuestMemoryBackend + Sized,
-    {
-        if !q.ready {
-            return Err((Error::QueueNotReady, None));
-        }
-        let mut segs = self.take_buffer();
-        let (extent, outcome) = {
-            let g = mem.deref();
-            let head_flags = q.load_flags(g, q.next_avail).map_err(|e| (e, None))?;
-            if !is_avail(head_flags, q.avail_wrap) {
-                return Ok(None);
-            }
-            let len = u64::from(q.size) * DESC_SIZE;
-            let ring = open_table(g, q.desc_ring, u32::from(q.size)).map_err(|_| {
-                (
-                    Error::RingOutsideMemory {
-                        addr: q.desc_ring,
-                        len,
-                    },
-                    None,
-                )
-            })?;
-            match walk_packed(g, self.limits(), &ring, q, &mut segs.get_mut().segs) {
-                Ok((extent, summary)) => (extent, Ok(summary)),
-                Err((e, Some(extent))) => (extent, Err(e)),
-                Err((e, None)) => return Err((e, None)),
-            }
-        };
-        let (pos, wrap) = advance(q.next_avail, q.avail_wrap, extent.slots, q.size);
-        q.next_avail = pos;
-        q.avail_wrap = wrap;
-        let id = extent.id;
-        if id >= q.size {
-            return Err((
-                Error::BufferIdOutOfRange {
-                    id,
-                    queue_size: q.size,
-                },
-                Some(id),
-            ));
-        }
-        if q.in_flight[usize::from(id)] != 0 {
-            return Err((Error::BufferIdInFlight { id }, Some(id)));
-        }
-        q.in_flight[usize::from(id)] = extent.slots;
-        q.in_flight_count += 1;
-        match outcome {
-            Ok(summary) => Ok(Some(Chain::from_walk(mem, id, segs, summary))),
-            Err(e) => {
-                q.add_used(mem.deref(), id, 0)
-                    .map_err(|re| (re, Some(id)))?;
-                Err((e, Some(id)))
-            }
-        }
     }
 }

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The validating chain walk and the pop that drives it.
+//! The validating chain walk and the pop that drives it; packed chains
+//! in the child module `packed`.
 
 use std::mem::size_of;
 use std::ops::Deref;
@@ -23,6 +24,8 @@ use crate::io::{Reader, Writer};
 use crate::limits::{ChainLimits, MAX_TABLE_ENTRIES};
 use crate::segments::{Pool, SegBuf, Segment, Shared};
 use crate::{Error, Result};
+
+mod packed;
 
 pub(crate) const DESC_SIZE: u64 = size_of::<Descriptor>() as u64;
 const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;

@@ -1,9 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The state every handle, local pool and stack of one pool shares: the
 //! global pool of batches behind one lock, its counters, the mapping
-//! budget, stack creation, freeing and trimming.
+//! budget, stack creation, freeing and trimming. The bottom of the pool:
+//! it imports none of the other files.
 
-use super::*;
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::budget::{MapBudget, ProcessBudget};
+use crate::config::{IdlePages, Policy};
+use crate::stack::{self, GuardKind, GuardOutcome, Layout, StackList};
+use crate::{Error, Result};
+
+/// Locks `m`, recovering the data if the lock is poisoned.
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // No code panics while holding these locks; recover the data if a
+    // foreign panic ever poisons one.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Counters of one thread's local pool, and its batch capacity. Only the
 /// owning thread writes the counters (a relaxed load and a relaxed store,

@@ -2,7 +2,15 @@
 //! The per-thread local pools (at most two batches each) and each
 //! thread's registry of them.
 
-use super::*;
+use std::cell::{Cell, RefCell, UnsafeCell};
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::global::{lock, Shared, ThreadStats};
+use crate::config::Policy;
+use crate::stack::StackList;
+use crate::Result;
 
 /// A thread's idle stacks: the current batch (`hot` and `cur` together,
 /// at most one batch) and a full spare batch.
@@ -33,7 +41,7 @@ impl LocalState {
 /// One thread's cache of a pool's stacks.
 ///
 /// It lives on the heap and is reached through raw pointers from its
-/// thread only: the thread's registry and the [`PooledStack`]s taken from it
+/// thread only: the thread's registry and the [`PooledStack`](super::PooledStack)s taken from it
 /// (which are `!Send`), so its state is touched by one thread only. Its
 /// lifetime, without a reference count on the fast path: it is freed when
 /// the registry has let go of it (`registered` is false) and every stack
@@ -142,7 +150,7 @@ impl LocalPool {
     ///
     /// `ptr` must be a live local pool of the calling thread.
     #[inline(always)]
-    pub(super) unsafe fn take(ptr: NonNull<LocalPool>) -> Result<PooledStack> {
+    pub(super) unsafe fn take(ptr: NonNull<LocalPool>) -> Result<NonNull<u8>> {
         // SAFETY: live per the caller's contract.
         let local = unsafe { ptr.as_ref() };
         let top = match local.with_state(|st| st.hot.take().or_else(|| st.cur.pop())) {
@@ -152,7 +160,7 @@ impl LocalPool {
         // From here the stack counts as out: the local pool stays alive at
         // least until it comes back.
         ThreadStats::bump(&local.stats.takes);
-        Ok(PooledStack { top, local: ptr })
+        Ok(top)
     }
 
     /// The current batch is empty: switch to the spare batch, refill from
@@ -387,22 +395,26 @@ pub(super) fn unregister(pred: impl Fn(&LocalPool) -> bool) {
 
 /// Takes a stack from this thread's local pool for `shared`, registering
 /// one on first use. During thread teardown (registry gone) a retired one
-/// is made for the stack; it is freed when the stack comes back.
+/// is made for the stack; it is freed when the stack comes back. Returns
+/// the local pool and the stack's top, which the pool pairs into a
+/// `PooledStack` (this file sits below that type and does not name it).
 #[inline(always)]
-pub(super) fn take_local(shared: &Arc<Shared>) -> Result<PooledStack> {
+pub(super) fn take_local(shared: &Arc<Shared>) -> Result<(NonNull<LocalPool>, NonNull<u8>)> {
     // A live Shared is never at address 0, so a null cache never matches.
     if LAST_SHARED.with(Cell::get) == Arc::as_ptr(shared) {
         let last = LAST_LOCAL.with(Cell::get);
         // SAFETY: per the cache's invariant, LAST_LOCAL is a live local pool
         // of this thread (owned by its registry), not null.
-        return unsafe { LocalPool::take(NonNull::new_unchecked(last)) };
+        let last = unsafe { NonNull::new_unchecked(last) };
+        // SAFETY: live, per the same invariant.
+        return unsafe { LocalPool::take(last) }.map(|top| (last, top));
     }
     take_registering(shared)
 }
 
 #[cold]
 #[inline(never)]
-pub(super) fn take_registering(shared: &Arc<Shared>) -> Result<PooledStack> {
+pub(super) fn take_registering(shared: &Arc<Shared>) -> Result<(NonNull<LocalPool>, NonNull<u8>)> {
     unregister(|l| l.shared.closed.load(Ordering::Relaxed));
     let found = REGISTRY.try_with(|reg| {
         let mut reg = reg.try_borrow_mut().ok()?;
@@ -420,7 +432,7 @@ pub(super) fn take_registering(shared: &Arc<Shared>) -> Result<PooledStack> {
     });
     if let Ok(Some(local)) = found {
         // SAFETY: a live local pool the registry owns.
-        return unsafe { LocalPool::take(local) };
+        return unsafe { LocalPool::take(local) }.map(|top| (local, top));
     }
     // Thread teardown: a retired local pool that lives as long as its stack.
     let local = LocalPool::alloc(shared, false);
@@ -430,5 +442,5 @@ pub(super) fn take_registering(shared: &Arc<Shared>) -> Result<PooledStack> {
         // SAFETY: allocated above, unregistered, and no stack is out.
         drop(unsafe { Box::from_raw(local.as_ptr()) });
     }
-    taken
+    taken.map(|top| (local, top))
 }

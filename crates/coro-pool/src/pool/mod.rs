@@ -3,27 +3,17 @@
 //! pool of batches behind one lock, demand reservations, the mapping budget,
 //! trimming and statistics.
 
-use std::cell::{Cell, RefCell, UnsafeCell};
-use std::collections::VecDeque;
-use std::num::NonZeroUsize;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::budget::{BudgetStats, MapBudget, ProcessBudget};
 use crate::config::{
-    GuardMode, IdlePages, Policy, PoolConfig, MAX_BATCH_SIZE, MAX_GUARD_PAGES, MAX_STACK_SIZE,
+    GuardMode, Policy, PoolConfig, MAX_BATCH_SIZE, MAX_GUARD_PAGES, MAX_STACK_SIZE,
 };
-use crate::stack::{self, GuardKind, GuardOutcome, Layout, StackList};
+use crate::stack::{self, GuardKind, Layout};
 use crate::{Error, Result};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // No code panics while holding these locks; recover the data if a
-    // foreign panic ever poisons one.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 mod global;
 mod local;
@@ -31,8 +21,8 @@ mod pooled_stack;
 mod reservation;
 
 pub(crate) use global::Shared;
-use global::*;
-use local::*;
+use global::{lock, Global, Hot};
+use local::{take_local, unregister, REGISTRY};
 pub(crate) use pooled_stack::StackBounds;
 pub use pooled_stack::{PooledStack, StackId};
 pub use reservation::Reservation;
@@ -246,7 +236,8 @@ impl StackPool {
     /// exhausted or `mmap`/the guard setup fails; never aborts.
     #[inline]
     pub fn take_stack(&self) -> Result<PooledStack> {
-        take_local(&self.shared)
+        let (local, top) = take_local(&self.shared)?;
+        Ok(PooledStack { top, local })
     }
 
     /// Raises the global pool's maximum by `stacks` until the returned

@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A stack taken from a pool, and its bounds.
 
-use super::*;
+use std::num::NonZeroUsize;
+use std::ptr::NonNull;
+
+use super::local::LocalPool;
+use crate::stack::Layout;
 
 /// The identity of a stack (its top address), for checking reuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -13,6 +17,8 @@ pub struct StackId(pub usize);
 /// It implements [`corosensei::stack::Stack`], so it can also back a
 /// `corosensei::Coroutine` directly. It is neither `Send` nor `Sync`: it
 /// belongs to the thread's local pool.
+///
+/// [`StackPool`]: crate::StackPool
 pub struct PooledStack {
     pub(super) top: NonNull<u8>,
     /// The local pool it was taken from, kept alive while the stack is out.

@@ -2,7 +2,10 @@
 //! Demand reservations: the pool's global maximum is raised while one
 //! lives.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::global::Shared;
 
 /// A demand reservation: while it lives, the pool's global maximum is
 /// raised by its size (within the mapping budget). Dropping it lowers the
@@ -11,6 +14,8 @@ use super::*;
 /// first), so the memory and VMAs of a burst go back as soon as its demand
 /// ends, without waiting for [`StackPool::trim`]. Stacks in use and
 /// thread-local pools are not touched.
+///
+/// [`StackPool::trim`]: crate::StackPool::trim
 #[must_use = "the reservation ends when the handle is dropped"]
 #[derive(Debug)]
 pub struct Reservation {
