@@ -48,6 +48,8 @@
 set -uo pipefail
 {
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
 repo=$(cd "$here/../.." && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
@@ -78,7 +80,6 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-log() { echo "large-msize: $*" >&2; }
 has_test() { case ",$tests," in *",$1,"*) return 0 ;; esac; return 1; }
 
 bash "$here/prepare.sh" --kernel 6.12 --no-vhost-qemu >&2 || { log "preparation failed"; exit 1; }
@@ -189,8 +190,6 @@ watch_marks() { # console qemu-pid-file server-pid-file output
     done
 }
 
-wait_for_socket() { local i=0; while [ ! -S "$1" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; [ -S "$1" ]; }
-
 run_row() {
     local name=$1 dir=$out/$1
     local share=$dir/share sock=$dir/9p.sock qemu=$QEMU mode=virtio ms=$msizes
@@ -229,7 +228,7 @@ run_row() {
         ;;
     *) echo "not available: unknown row" >"$dir/status"; return ;;
     esac
-    if [ -n "$spid" ] && ! wait_for_socket "$sock"; then
+    if [ -n "$spid" ] && ! wait_for_socket "$sock" "$spid"; then
         echo "server failed (see $dir/server.log)" >"$dir/status"
         kill "$spid" 2>/dev/null
         return

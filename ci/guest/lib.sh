@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-# Shared helpers of the ci/guest scripts; source it, don't run it.
-# Today migrate.sh uses it; the other scripts still carry their own copies
-# (a later sweep moves them here).
+# Shared helpers of the ci/guest host scripts; source it, don't run it.
+# Every host script sources it except build-qemu.sh and tooldisk.sh, whose
+# own text is part of their cache key (editing them rebuilds the cache).
+# The guest-side scripts (*-guest.sh) run under busybox in the guest.
 # shellcheck shell=bash
+# shellcheck disable=SC2034 # its variables are for the scripts that source it
 
 GUEST_CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 GUEST_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -11,6 +13,18 @@ GUEST_REPO=$(cd "$GUEST_DIR/../.." && pwd)
 # ci/guest/qemu-patches applied.
 GUEST_QEMU_STOCK=$GUEST_CACHE/qemu-stock/bin/qemu-system-x86_64
 GUEST_QEMU_PATCHED=$GUEST_CACHE/qemu-patched/bin/qemu-system-x86_64
+
+# log MESSAGE...: "NAME: MESSAGE" on stderr. NAME is GUEST_LOG_NAME (by
+# default the script's name); GUEST_LOG_CLOCK=1 adds the UTC time.
+GUEST_LOG_NAME=$(basename "$0" .sh)
+GUEST_LOG_CLOCK=0
+log() {
+    if [ "$GUEST_LOG_CLOCK" = 1 ]; then
+        echo "$GUEST_LOG_NAME: $(date -u +%H:%M:%S) $*" >&2
+    else
+        echo "$GUEST_LOG_NAME: $*" >&2
+    fi
+}
 
 # The kernel command line every TCG guest gets. On a loaded host a TCG
 # guest calibrates its TSC wrongly (its clock ran 3x fast, crypto
@@ -52,11 +66,12 @@ guest_daemon_bin() {
     echo "$tdir/release/virtio-9p-server"
 }
 
-# wait_socket PATH PID: until PATH is a socket (10 s), while PID lives.
-wait_socket() {
+# wait_for_socket PATH [PID]: until PATH is a socket (10 s), while PID
+# (if given) lives.
+wait_for_socket() {
     local i=0
     while [ ! -S "$1" ] && [ $i -lt 100 ]; do
-        kill -0 "$2" 2>/dev/null || return 1
+        [ -z "${2:-}" ] || kill -0 "$2" 2>/dev/null || return 1
         sleep 0.1
         i=$((i + 1))
     done

@@ -36,8 +36,10 @@ set -euo pipefail
 # One compound command: bash parses all of it before it runs any of it.
 {
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
+repo=$GUEST_REPO
+CACHE=$GUEST_CACHE
 export VIRTIO_9P_CI_CACHE=$CACHE
 servers=qemu,ours-vhost,ours-vhost-packed,ours-vhost-mapped
 scenarios=pause,rebind,reset
@@ -79,7 +81,7 @@ for c in "${scenario_list[@]}"; do
     case $c in pause|rebind|reset) ;;
         *) echo "lifecycle.sh: unknown scenario '$c'" >&2; exit 2 ;; esac
 done
-log() { echo "guest-lifecycle: $*" >&2; }
+GUEST_LOG_NAME=guest-lifecycle
 
 # ------------------------------------------------------------ host helpers
 # A QMP client that stays connected for the whole scenario (a coprocess,
@@ -169,7 +171,7 @@ fi
 eval "$(bash "$here/fetch-kernel.sh" "$kernel")" # KERNEL=, INITRAMFS=
 # Stock QEMU >= 10.2 (ci/guest/build-qemu.sh) for every row, QEMU built-in
 # included; Debian's firmware (-L).
-QEMU=$CACHE/qemu-stock/bin/qemu-system-x86_64
+QEMU=$GUEST_QEMU_STOCK
 QEMU_FW=(-L /usr/share/qemu -L /usr/share/seabios)
 [ -x "$QEMU" ] || { log "no stock QEMU at $QEMU (ci/guest/build-qemu.sh)"; exit 1; }
 tools=$CACHE/tools/current
@@ -236,16 +238,6 @@ echo "$cycles" >"$out/cycles"
 date -u +%Y-%m-%dT%H:%MZ >"$out/date"
 
 # ------------------------------------------------------------ one scenario
-wait_for_socket() { # path pid
-    local i=0
-    while [ ! -S "$1" ] && [ $i -lt 100 ]; do
-        kill -0 "$2" 2>/dev/null || return 1
-        sleep 0.1
-        i=$((i + 1))
-    done
-    [ -S "$1" ]
-}
-
 # Globals of the running scenario (set by run_scenario and the drivers).
 dir='' con='' qpid='' share='' end_by=''
 declare -A holder=()
@@ -264,7 +256,8 @@ wait_console() {
     done
 }
 
-# qmp_open / qmp COMMAND... / qmp_close: the QMP coprocess of the scenario.
+# qmp_open / qmp COMMAND... / qmp_close: the QMP coprocess of the scenario
+# (this qmp replaces lib.sh's one-shot one).
 qmp_open() {
     local line=''
     coproc python3 -u -c "$QMP_PY" "$dir/qmp.sock" 2>&1

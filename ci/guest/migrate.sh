@@ -99,7 +99,7 @@ for r in "${row_list[@]}"; do
     case $r in ours-vhost|ours-vhost-packed|virtiofsd) ;;
         *) echo "migrate.sh: unknown row '$r'" >&2; exit 2 ;; esac
 done
-log() { echo "guest-migration: $(date -u +%H:%M:%S) $*" >&2; }
+GUEST_LOG_NAME=guest-migration GUEST_LOG_CLOCK=1
 
 if [ "$report_only" -eq 1 ]; then
     if [ -z "$out" ] || [ ! -d "$out" ]; then echo "migrate.sh: --report-only needs --out DIR" >&2; exit 2; fi
@@ -200,7 +200,7 @@ start_server() {
     RUST_LOG=debug setsid "${args[@]}" >"$dir/$side/server.log" 2>&1 &
     server_pid=$!
     groups+=("$server_pid")
-    wait_socket "$sock" "$server_pid"
+    wait_for_socket "$sock" "$server_pid"
 }
 
 # start_qemu ROW SIDE: the row's QEMU for SIDE (dst: -incoming); sets qemu_pid.

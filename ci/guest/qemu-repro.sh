@@ -54,6 +54,8 @@
 set -uo pipefail
 {
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
 repo=$(cd "$here/../.." && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
@@ -75,7 +77,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ ${#scenarios[@]} -gt 0 ] || scenarios=(query early rebind start restart migrate refused realize blockers)
-log() { echo "qemu-repro: $(date -u +%H:%M:%S) $*" >&2; }
+GUEST_LOG_CLOCK=1
 
 eval "$(bash "$here/fetch-kernel.sh" 6.12)" || { log "fetch-kernel.sh failed"; exit 1; }
 if [ -z "$qemu" ]; then

@@ -66,7 +66,9 @@
 set -uo pipefail
 {
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
+repo=$GUEST_REPO
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
 kills=3
@@ -113,7 +115,7 @@ done
 [ -n "$seed" ] || seed=$(( $(date +%s) % 32768 ))
 [ "$handover" -eq 1 ] && state=1
 RANDOM=$seed
-log() { echo "restart: $(date -u +%H:%M:%S) $*" >&2; }
+GUEST_LOG_CLOCK=1
 now_ms() { date +%s%3N; }
 
 # ---------------------------------------------------------------- preparation

@@ -31,8 +31,10 @@ set -uo pipefail
 # before running it (editing the file during a long run is then harmless).
 {
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
+repo=$GUEST_REPO
+CACHE=$GUEST_CACHE
 export VIRTIO_9P_CI_CACHE=$CACHE
 servers=qemu,diod,ours-socket,ours-vhost,ours-vhost-mapped,ours-vhost-packed,virtiofsd
 kernel=6.12
@@ -60,7 +62,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 case $mib in ''|*[!0-9]*) echo "run.sh: --mib needs a number" >&2; exit 2 ;; esac
-log() { echo "guest-run: $*" >&2; }
+GUEST_LOG_NAME=guest-run
 
 IFS=, read -r -a server_list <<<"$servers"
 if [ "$report_only" -eq 1 ]; then
@@ -85,7 +87,7 @@ esac
 # Stock QEMU >= 10.2 (ci/guest/build-qemu.sh): the frontend of every row,
 # QEMU built-in and virtiofsd included, so the peers share one QEMU. Its
 # firmware is Debian's (-L).
-QEMU=$CACHE/qemu-stock/bin/qemu-system-x86_64
+QEMU=$GUEST_QEMU_STOCK
 QEMU_FW=(-L /usr/share/qemu -L /usr/share/seabios)
 [ -x "$QEMU" ] || { log "no stock QEMU at $QEMU (ci/guest/build-qemu.sh)"; exit 1; }
 tools=$CACHE/tools/current
@@ -203,16 +205,6 @@ big_sha=$(sha256sum "$big" | cut -d' ' -f1)
 zero_sha=$(head -c $((mib * 1048576)) /dev/zero | sha256sum | cut -d' ' -f1)
 
 # ---------------------------------------------------------- one guest
-wait_for_socket() { # path pid
-    local i=0
-    while [ ! -S "$1" ] && [ $i -lt 100 ]; do
-        kill -0 "$2" 2>/dev/null || return 1
-        sleep 0.1
-        i=$((i + 1))
-    done
-    [ -S "$1" ]
-}
-
 # run_row NAME -> writes $out/NAME/{console.log,server.log,status}
 run_row() {
     local name=$1 dir=$out/$1

@@ -33,6 +33,8 @@
 set -uo pipefail
 {
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
 repo=$(cd "$here/../.." && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
@@ -84,7 +86,7 @@ else
     timeout_s=${timeout_s:-7200}
 fi
 IFS=, read -r -a server_list <<<"$servers"
-log() { echo "suite-$suite: $*" >&2; }
+GUEST_LOG_NAME=suite-$suite
 
 if [ "$report_only" -eq 1 ]; then
     [ -n "$out" ] && [ -d "$out" ] || { echo "suite.sh: --report-only needs --out DIR" >&2; exit 2; }
@@ -98,7 +100,7 @@ eval "$(bash "$here/fetch-kernel.sh" "$kernel")" # KERNEL=, INITRAMFS=
 eval "$(bash "$here/tooldisk.sh" "$kernel" | tail -1)" # TOOLDISK=
 # Stock QEMU >= 10.2 (ci/guest/build-qemu.sh) for every row, QEMU built-in
 # and virtiofsd included; Debian's firmware (-L).
-QEMU=$CACHE/qemu-stock/bin/qemu-system-x86_64
+QEMU=$GUEST_QEMU_STOCK
 QEMU_FW=(-L /usr/share/qemu -L /usr/share/seabios)
 [ -x "$QEMU" ] || { log "no stock QEMU at $QEMU (ci/guest/build-qemu.sh)"; exit 1; }
 virtiofsd_bin=
@@ -235,16 +237,6 @@ cpu_poll() { # dir qemu-pid server-pid...
         echo "$(date +%s.%N) $(grep -c '^CI-WL ' "$dir/console.log" 2>/dev/null) $(tree_ticks "$q") $( [ $# -gt 0 ] && tree_ticks "$@" || echo 0) $hz"
         sleep 2
     done >>"$dir/cpu.log"
-}
-
-wait_for_socket() { # path pid
-    local i=0
-    while [ ! -S "$1" ] && [ $i -lt 100 ]; do
-        kill -0 "$2" 2>/dev/null || return 1
-        sleep 0.1
-        i=$((i + 1))
-    done
-    [ -S "$1" ]
 }
 
 # run_row NAME -> $out/NAME/{console.log,server-*.log,status,results/}
