@@ -32,16 +32,65 @@ log() {
 # ACPI PM timer, no crypto self-tests, no timer check.
 GUEST_APPEND="console=ttyS0 loglevel=4 panic=-1 clocksource=acpi_pm cryptomgr.notests=1 no_timer_check"
 
+# ------------------------------------------------ the vhost-user QEMU line
+# A vhost-user guest's RAM is shared memfd memory of MEM (the back-end maps
+# it): guest_vhost_ram sets GUEST_VHOST_RAM to its -object and the machine
+# takes it with -machine GUEST_VHOST_MACHINE.
+GUEST_VHOST_MACHINE=q35,memory-backend=mem
+guest_vhost_ram() {
+    GUEST_VHOST_RAM=(-object "memory-backend-memfd,id=mem,size=$1,share=on")
+}
+
 # guest_qemu_args MEM: sets the array GUEST_QEMU_ARGS to the options every
-# vhost-user guest shares: TCG, q35 with shared memfd RAM of MEM (vhost-user
-# needs it), one vCPU, no display, no reboot, Debian's firmware (-L).
+# vhost-user guest shares: TCG, q35 with shared memfd RAM of MEM, one vCPU,
+# no display, no reboot, Debian's firmware (-L). Stock and patched QEMU
+# (GUEST_QEMU_STOCK, GUEST_QEMU_PATCHED) take the same line.
 guest_qemu_args() {
+    guest_vhost_ram "$1"
     GUEST_QEMU_ARGS=(-nodefaults -no-user-config -accel tcg
-        -machine q35,memory-backend=mem -cpu max -m "$1" -smp 1 -display none -no-reboot
-        -object "memory-backend-memfd,id=mem,size=$1,share=on"
+        -machine "$GUEST_VHOST_MACHINE" -cpu max -m "$1" -smp 1 -display none -no-reboot
+        "${GUEST_VHOST_RAM[@]}"
         -L /usr/share/qemu -L /usr/share/seabios)
 }
 
+# vhost_9p_args [--id ID] [--tag TAG] [--chardev-opts ,K=V] [--props ,K=V] SOCK:
+# sets the array VHOST_9P_ARGS to the -chardev and -device of one 9p device
+# on the vhost-user socket SOCK: QEMU >= 10.2's generic
+# vhost-user-test-device-pci as virtio device 9 with one 1024-entry queue
+# and a config space of 2 + the tag's length (the tag's own length field).
+# ID defaults to vu and TAG to share (the daemon's --tag); --chardev-opts
+# goes on the socket (,reconnect-ms=500), --props on the device
+# (,migratable=on: the patched QEMU's, see qemu-patches/0007). The same for
+# the split, packed and mapped rows: they differ in the daemon's options
+# (vhost_9p_daemon_flags).
+vhost_9p_args() {
+    local id=vu tag=share chardev_opts='' props=''
+    while [ $# -gt 1 ]; do
+        case $1 in
+            --id) id=$2 ;;
+            --tag) tag=$2 ;;
+            --chardev-opts) chardev_opts=$2 ;;
+            --props) props=$2 ;;
+            *) echo "vhost_9p_args: unknown option $1" >&2; return 2 ;;
+        esac
+        shift 2
+    done
+    VHOST_9P_ARGS=(-chardev "socket,id=$id,path=$1$chardev_opts"
+        -device "vhost-user-test-device-pci,chardev=$id,virtio-id=9,num_vqs=1,config_size=$((2 + ${#tag})),vq_size=1024$props")
+}
+
+# vhost_9p_daemon_flags ROW: sets the array VHOST_9P_DAEMON_FLAGS to our
+# daemon's options for a vhost-user row: ours-vhost-packed offers packed
+# rings, every other row declines them (--no-packed-ring: QEMU's generic
+# device passes the offer through, so the guest would pick packed);
+# ours-vhost-mapped keeps owners and modes in xattrs (mapped-xattr).
+vhost_9p_daemon_flags() {
+    VHOST_9P_DAEMON_FLAGS=()
+    [ "$1" = ours-vhost-packed ] || VHOST_9P_DAEMON_FLAGS+=(--no-packed-ring)
+    [ "$1" != ours-vhost-mapped ] || VHOST_9P_DAEMON_FLAGS+=(--security-model mapped-xattr)
+}
+
+# ------------------------------------------------------------ the guest
 # guest_initrd INITRAMFS PAYLOAD_DIR OUT: the cached base initramfs with the
 # payload directory appended (the kernel unpacks concatenated archives in
 # order, so /ci/run and /ci/bin/* come in beside ci/guest/init).

@@ -388,12 +388,9 @@ run_scenario() {
             echo "not available: virtio-9p-server has no --socket-path (vhost-user mode) yet" >"$dir/status"
             return
         fi
-        local args=(--socket-path "$sock" --shared-dir "$share" --tag share --log-level debug)
-        case $row in
-        ours-vhost-packed) ;;
-        *) args+=(--no-packed-ring) ;;
-        esac
-        [ "$row" != ours-vhost-mapped ] || args+=(--security-model mapped-xattr)
+        vhost_9p_daemon_flags "$row"
+        local args=(--socket-path "$sock" --shared-dir "$share" --tag share --log-level debug
+            "${VHOST_9P_DAEMON_FLAGS[@]}")
         hlog "daemon: $ours_bin ${args[*]}"
         RUST_LOG=debug "$ours_bin" "${args[@]}" >"$dir/server.log" 2>&1 &
         server_pid=$!
@@ -403,10 +400,10 @@ run_scenario() {
             cleanup
             return
         fi
-        machine=q35,memory-backend=mem
-        extra=(-object "memory-backend-memfd,id=mem,size=512M,share=on"
-            -chardev "socket,id=vu,path=$sock"
-            -device "vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024")
+        machine=$GUEST_VHOST_MACHINE
+        guest_vhost_ram 512M
+        vhost_9p_args "$sock"
+        extra=("${GUEST_VHOST_RAM[@]}" "${VHOST_9P_ARGS[@]}")
         ;;
     esac
     holder=()
@@ -431,13 +428,8 @@ run_scenario() {
     # scenario runs without it (the guest powers off at the end).
     local noreboot=(-no-reboot)
     [ "$sc" != reset ] || noreboot=()
-    # A TCG guest on a loaded host (load average 16 here) calibrates its TSC
-    # wrongly: its clock ran 3x fast, crypto self-tests timed out (with slab
-    # WARNINGs after them) and the IO-APIC timer check panicked. So: time
-    # from the ACPI PM timer (QEMU's clock; the minimal QEMU build has no
-    # HPET), no crypto self-tests, no timer check.
-    local append="console=ttyS0 loglevel=4 panic=-1 clocksource=acpi_pm cryptomgr.notests=1 no_timer_check"
-    append="$append CI_SCENARIO=$sc CI_SRC=share"
+    # GUEST_APPEND: lib.sh says why a TCG guest needs its clock options.
+    local append="$GUEST_APPEND CI_SCENARIO=$sc CI_SRC=share"
     append="$append CI_OPTS=msize=512000,cache=mmap,access=client"
     log "$row/$sc: booting guest ($(basename "$KERNEL"), bound ${timeout_s}s)"
     local t0

@@ -193,7 +193,8 @@ start_server() {
     *)
         args=("$ours_bin" --socket-path "$sock" --shared-dir "$shared" --tag share
             --export-name ci-migrate --migration-mode find-paths --log-level debug)
-        [ "$row" = ours-vhost-packed ] || args+=(--no-packed-ring)
+        vhost_9p_daemon_flags "$row"
+        args+=("${VHOST_9P_DAEMON_FLAGS[@]}")
         ;;
     esac
     hlog "$side server: ${args[*]}"
@@ -206,15 +207,16 @@ start_server() {
 # start_qemu ROW SIDE: the row's QEMU for SIDE (dst: -incoming); sets qemu_pid.
 qemu_pid=
 start_qemu() {
-    local row=$1 side=$2 qemu=$qemu_patched device incoming=()
+    local row=$1 side=$2 qemu=$qemu_patched device=() incoming=()
     local sock=$dir/$side/vu.sock
     case $row in
     virtiofsd)
         qemu=$qemu_stock
-        device="vhost-user-fs-pci,chardev=vu,tag=share,queue-size=1024"
+        device=(-chardev "socket,id=vu,path=$sock" -device "vhost-user-fs-pci,chardev=vu,tag=share,queue-size=1024")
         ;;
     *)
-        device="vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024$device_props"
+        vhost_9p_args --props "$device_props" "$sock"
+        device=("${VHOST_9P_ARGS[@]}")
         ;;
     esac
     # The destination waits paused for migrate-incoming (after its
@@ -223,11 +225,11 @@ start_qemu() {
     local mode=9p
     [ "$row" != virtiofsd ] || mode=virtiofs
     guest_qemu_args 512M
-    hlog "$side qemu: $qemu ... -device $device ${incoming[*]}"
+    hlog "$side qemu: $qemu ... ${device[*]:2} ${incoming[*]}"
     timeout --kill-after=10 "$timeout_s" nice -n 5 "$qemu" "${GUEST_QEMU_ARGS[@]}" \
         -serial "file:$dir/$side/console.log" -monitor none \
         -qmp "unix:$dir/$side/qmp.sock,server=on,wait=off" \
-        -chardev "socket,id=vu,path=$sock" -device "$device" \
+        "${device[@]}" \
         -kernel "$KERNEL" -initrd "$out/initrd.img" \
         -append "$GUEST_APPEND CI_MODE=$mode CI_SRC=share CI_AFTER=$after_s" \
         "${incoming[@]}" >"$dir/$side/qemu.log" 2>&1 &

@@ -280,7 +280,9 @@ run() { # scenario
     case $sc in migrate|refused) dargs=("$dir/vu.sock" "$dir/share" --export-name share --migration-mode find-paths) ;; esac
     daemon "$dir" 1 "${dargs[@]}" || { RESULT[$sc]="FAIL: daemon did not start"; return; }
     local chr="socket,id=vu,path=$dir/vu.sock"
-    local dev="vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024"
+    # The -device value of lib.sh's line (migrate() reuses it on the destination).
+    vhost_9p_args "$dir/vu.sock"
+    local dev=${VHOST_9P_ARGS[3]}
     # 0006's property; stock QEMU has none (and blocks migration).
     case $sc in migrate|refused) [ -z "$MIGRATABLE" ] || dev="$dev,$MIGRATABLE" ;; esac
     local extra=(-chardev "$chr" -device "$dev") paused=()

@@ -403,15 +403,14 @@ start_daemon 1 || { log "daemon 1 did not start (see $out/server-1.log)"; exit 1
 # no_timer_check: under TCG on a loaded host the IO-APIC timer check can
 # fail and panic the kernel ("IO-APIC + timer doesn't work").
 append="console=ttyS0 loglevel=4 panic=-1 no_timer_check CI_SRC=share CI_SECONDS=$timeout_s CI_STATE=$state"
+# reconnect-ms: QEMU reconnects to the next daemon on the same socket.
+guest_qemu_args 512M
+vhost_9p_args --chardev-opts ,reconnect-ms=500 "$sock"
 # vhost-user trace events (message numbers in the order QEMU sends them)
 # and the vhost device's start/stop/cleanup go to qemu-trace.log.
-nice -n 5 "$qemu" -nodefaults -no-user-config -accel tcg \
-    -machine q35,memory-backend=mem -cpu max -m 512M -smp 1 -display none -no-reboot \
+nice -n 5 "$qemu" "${GUEST_QEMU_ARGS[@]}" \
     -serial "file:$con" -monitor none -qmp "unix:$qmp,server=on,wait=off" \
-    -object memory-backend-memfd,id=mem,size=512M,share=on \
-    -chardev "socket,id=vu,path=$sock,reconnect-ms=500" \
-    -device "vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024" \
-    -L /usr/share/qemu -L /usr/share/seabios \
+    "${VHOST_9P_ARGS[@]}" \
     -trace 'vhost_user_read' -trace 'vhost_user_write' -trace 'vhost_dev_st*' -trace 'vhost_dev_cleanup' \
     -D "$out/qemu-trace.log" \
     -kernel "$KERNEL" -initrd "$out/initrd.img" -append "$append" >"$out/qemu.log" 2>&1 &

@@ -255,34 +255,24 @@ run_row() {
             return
         fi
         # ours-vhost-mapped: the same, in the model for untrusted guests
-        # (ownership, modes, devices and ACLs in user.virtfs.* xattrs).
-        local model=()
-        if [ "$name" = ours-vhost-mapped ]; then
-            if ! grep -q -- '--security-model' <<<"$ours_help"; then
-                echo "not available: virtio-9p-server has no --security-model yet" >"$dir/status"
+        # (ownership, modes, devices and ACLs in user.virtfs.* xattrs);
+        # ours-vhost-packed: packed rings, the others split. A row whose
+        # options the daemon lacks is skipped.
+        vhost_9p_daemon_flags "$name"
+        local flag
+        for flag in --no-packed-ring "${VHOST_9P_DAEMON_FLAGS[@]}"; do
+            case $flag in --*) ;; *) continue ;; esac
+            if ! grep -q -- "$flag" <<<"$ours_help"; then
+                echo "not available: virtio-9p-server has no $flag yet" >"$dir/status"
                 return
             fi
-            model=(--security-model mapped-xattr)
-        fi
-        # The daemon offers packed rings and QEMU's generic vhost-user
-        # device passes that through, so the guest picks packed unless the
-        # daemon declines: ours-vhost-packed is the packed row, the others
-        # stay split (a daemon without the option has split rings only).
-        local ring=()
-        if [ "$name" = ours-vhost-packed ]; then
-            if ! grep -q -- '--no-packed-ring' <<<"$ours_help"; then
-                echo "not available: virtio-9p-server has no --no-packed-ring (packed rings) yet" >"$dir/status"
-                return
-            fi
-        elif grep -q -- '--no-packed-ring' <<<"$ours_help"; then
-            ring=(--no-packed-ring)
-        fi
+        done
         RUST_LOG=${RUST_LOG:-debug} "$ours_bin" --socket-path "$sock" --shared-dir "$share" --tag share \
-            "${model[@]}" "${ring[@]}" "${ours_log[@]}" >"$dir/server.log" 2>&1 &
+            "${VHOST_9P_DAEMON_FLAGS[@]}" "${ours_log[@]}" >"$dir/server.log" 2>&1 &
         server_pid=$!
-        extra=(-object memory-backend-memfd,id=mem,size=512M,share=on
-            -chardev "socket,id=vu,path=$sock"
-            -device "vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024")
+        guest_vhost_ram 512M
+        vhost_9p_args "$sock"
+        extra=("${GUEST_VHOST_RAM[@]}" "${VHOST_9P_ARGS[@]}")
         ;;
     virtiofsd)
         # virtio-fs, the other way to share a folder: stock QEMU's
@@ -298,8 +288,8 @@ run_row() {
         server_pid=$!
         mode=virtiofs
         opts=
-        extra=(-object memory-backend-memfd,id=mem,size=512M,share=on
-            -chardev "socket,id=vfs,path=$sock"
+        guest_vhost_ram 512M
+        extra=("${GUEST_VHOST_RAM[@]}" -chardev "socket,id=vfs,path=$sock"
             -device "vhost-user-fs-pci,chardev=vfs,tag=share,queue-size=1024")
         ;;
     *)
@@ -316,7 +306,7 @@ run_row() {
         fi
     fi
     local machine=q35
-    case $name in ours-vhost|ours-vhost-mapped|ours-vhost-packed|virtiofsd) machine=q35,memory-backend=mem ;; esac
+    case $name in ours-vhost|ours-vhost-mapped|ours-vhost-packed|virtiofsd) machine=$GUEST_VHOST_MACHINE ;; esac
     local append="console=ttyS0 loglevel=4 panic=-1 CI_MODE=$mode CI_SRC=$src CI_OPTS=$opts CI_TESTS=$tests CI_DD_MIB=$mib"
     log "$name: booting guest ($(basename "$KERNEL"), timeout ${timeout_s}s)"
     local t0 rc

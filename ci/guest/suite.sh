@@ -266,7 +266,7 @@ run_row() {
         cp -a "$tmpl/repo" "$dir/share-work/wl/repo"
         ln "$tmpl/fio.dat" "$dir/share-work/wl/fio.dat"
     fi
-    local vhost_mem=(-object "memory-backend-memfd,id=mem,size=${SUITE_MEM:-1G},share=on")
+    guest_vhost_ram "${SUITE_MEM:-1G}"
     local serial=(-device virtio-serial-pci -chardev "socket,id=p9c,path=$dir/9p.sock"
         -device virtserialport,chardev=p9c,name=ninep)
     local i pid sock tag
@@ -296,26 +296,24 @@ run_row() {
         ;;
     ours-vhost|ours-vhost-packed|ours-vhost-mapped)
         [ -n "$ours_bin" ] || { echo "not available: $ours_err" >"$dir/status"; return; }
-        machine=q35,memory-backend=mem
-        local flags=()
-        [ "$name" = ours-vhost-packed ] || flags+=(--no-packed-ring)
-        [ "$name" = ours-vhost-mapped ] && flags+=(--security-model mapped-xattr)
-        extra=("${vhost_mem[@]}")
+        machine=$GUEST_VHOST_MACHINE
+        vhost_9p_daemon_flags "$name"
+        extra=("${GUEST_VHOST_RAM[@]}")
         for i in "${!shares[@]}"; do
             sock=$dir/vu-$i.sock tag=${tags[$i]}
             RUST_LOG=${RUST_LOG:-info} "$ours_bin" --socket-path "$sock" --shared-dir "$dir/share-${shares[$i]}" \
-                --tag "$tag" "${flags[@]}" >"$dir/server-${shares[$i]}.log" 2>&1 &
+                --tag "$tag" "${VHOST_9P_DAEMON_FLAGS[@]}" >"$dir/server-${shares[$i]}.log" 2>&1 &
             pid=$!; pids+=("$pid")
             wait_for_socket "$sock" "$pid" || { echo "server failed: virtio-9p-server for $tag" >"$dir/status"; cleanup; return; }
-            extra+=(-chardev "socket,id=vu$i,path=$sock"
-                -device "vhost-user-test-device-pci,chardev=vu$i,virtio-id=9,num_vqs=1,config_size=$((2 + ${#tag})),vq_size=1024")
+            vhost_9p_args --id "vu$i" --tag "$tag" "$sock"
+            extra+=("${VHOST_9P_ARGS[@]}")
         done
         ;;
     virtiofsd)
         [ -n "$virtiofsd_bin" ] || { echo "not available: virtiofsd did not install" >"$dir/status"; return; }
-        machine=q35,memory-backend=mem
+        machine=$GUEST_VHOST_MACHINE
         mode=virtiofs; opts=
-        extra=("${vhost_mem[@]}")
+        extra=("${GUEST_VHOST_RAM[@]}")
         # Strict: cache=never (--allow-mmap: shared mmap as 9p's
         # cache=mmap allows); cached: cache=auto. Two daemons on one
         # directory for the workloads, one per tag.
