@@ -151,50 +151,18 @@ qmp() {
 qmp_get() {
     local sock=$1 cmd=$2
     shift 2
-    qmp "$sock" "{\"execute\":\"$cmd\"}" 2>&1 | python3 -c '
-import json, sys
-text = sys.stdin.read()
-try:
-    r = json.loads(text)
-except ValueError:
-    print("error: " + " ".join(text.split())[:200]); sys.exit()
-if "error" in r:
-    print("error: " + r["error"].get("desc", "?")); sys.exit()
-r = r["return"]
-print(" ".join(str(r.get(k, "-")).replace(" ", "_") for k in sys.argv[1:]))
-' "$@"
+    qmp "$sock" "{\"execute\":\"$cmd\"}" 2>&1 | python3 "$GUEST_DIR/qmp-keys.py" "$@"
 }
 
 # host_lock FILE: whether a host process can take a POSIX write lock on
 # FILE now: "free", "held" or "no file (why)".
 host_lock() {
-    python3 - "$1" <<'PY'
-import fcntl, sys
-try:
-    f = open(sys.argv[1], "r+")
-except OSError as e:
-    print("no file (%s)" % e.strerror); sys.exit()
-try:
-    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    print("free")
-except OSError:
-    print("held")
-PY
+    python3 "$GUEST_DIR/host-lock.py" "$1"
 }
 
 # fnv1a64 FILE: the FNV-1a 64 of FILE in hex (as ci/guest/src/migrate.c).
 fnv1a64() {
-    python3 - "$1" <<'PY'
-import sys
-h = 0xcbf29ce484222325
-try:
-    data = open(sys.argv[1], "rb").read()
-except OSError as e:
-    print("unreadable (%s)" % e.strerror); sys.exit()
-for b in data:
-    h = ((h ^ b) * 0x100000001b3) & 0xffffffffffffffff
-print("%016x" % h)
-PY
+    python3 "$GUEST_DIR/fnv1a64.py" "$1"
 }
 
 # stop_pid PID [SECONDS]: TERM, then KILL after SECONDS (default 10).
