@@ -83,78 +83,6 @@ for c in "${scenario_list[@]}"; do
 done
 GUEST_LOG_NAME=guest-lifecycle
 
-# ------------------------------------------------------------ host helpers
-# A QMP client that stays connected for the whole scenario (a coprocess,
-# so a command costs no interpreter start): connects (retrying while QEMU
-# starts), negotiates capabilities, prints "ready", then reads command
-# names from stdin and prints "<command> <milliseconds>ms [status]" for
-# each. On an error reply, a closed connection or no answer within
-# QMP_TIMEOUT it prints "qmp: <why>" and exits.
-QMP_PY='
-import json, os, socket, sys, time
-path = sys.argv[1]
-limit = float(os.environ.get("QMP_TIMEOUT", "30"))
-def fail(why):
-    print("qmp: " + why, flush=True)
-    sys.exit(1)
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-for _ in range(300):
-    try:
-        s.connect(path)
-        break
-    except (FileNotFoundError, ConnectionRefusedError):
-        time.sleep(0.1)
-else:
-    fail("cannot connect to " + path)
-s.settimeout(limit)
-f = s.makefile("rw")
-def recv(name):
-    while True:
-        try:
-            line = f.readline()
-        except socket.timeout:
-            fail("%s: no answer within %.0f s" % (name, limit))
-        if not line:
-            fail("%s: QEMU closed the connection" % name)
-        msg = json.loads(line)
-        if "event" not in msg:
-            return msg
-def run(name):
-    f.write(json.dumps({"execute": name}) + "\n")
-    f.flush()
-    r = recv(name)
-    if "error" in r:
-        fail("%s: %s" % (name, r["error"]))
-    return r["return"]
-recv("greeting")
-run("qmp_capabilities")
-print("ready", flush=True)
-for line in sys.stdin:
-    for name in line.split():
-        t = time.monotonic()
-        r = run(name)
-        ms = (time.monotonic() - t) * 1000
-        status = r.get("status", "") if isinstance(r, dict) else ""
-        print(("%s %.1fms %s" % (name, ms, status)).strip(), flush=True)
-'
-# A host process holding a POSIX write lock (fcntl F_SETLK, through
-# lockf) on argv[1] until SIGUSR1; then it unlocks, creates the marker
-# argv[2] at once and exits.
-LOCK_PY='
-import fcntl, os, signal, sys, time
-path, marker = sys.argv[1], sys.argv[2]
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
-fd = os.open(path, os.O_RDWR)
-fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-print("locked %.3f" % time.time(), flush=True)
-if signal.sigwait({signal.SIGUSR1, signal.SIGTERM}) != signal.SIGUSR1:
-    sys.exit(0)
-fcntl.lockf(fd, fcntl.LOCK_UN)
-t = time.time()
-os.close(os.open(marker, os.O_CREAT | os.O_WRONLY, 0o644))
-print("released %.3f marker %.3f" % (t, time.time()), flush=True)
-'
-
 if [ "$report_only" -eq 1 ]; then
     if [ -z "$out" ] || [ ! -d "$out" ]; then echo "lifecycle.sh: --report-only needs --out DIR" >&2; exit 2; fi
     out=$(cd "$out" && pwd)
@@ -256,11 +184,12 @@ wait_console() {
     done
 }
 
-# qmp_open / qmp COMMAND... / qmp_close: the QMP coprocess of the scenario
-# (this qmp replaces lib.sh's one-shot one).
+# qmp_open / qmp COMMAND... / qmp_close: the QMP client of the scenario,
+# ci/guest/qmp-session.py, a coprocess that stays connected (this qmp
+# replaces lib.sh's one-shot one).
 qmp_open() {
     local line=''
-    coproc python3 -u -c "$QMP_PY" "$dir/qmp.sock" 2>&1
+    coproc python3 -u "$here/qmp-session.py" "$dir/qmp.sock" 2>&1
     pids+=("$COPROC_PID")
     IFS= read -r -t 40 line <&"${COPROC[0]}" || true
     hlog "qmp ${line:-no answer}"
@@ -412,7 +341,7 @@ run_scenario() {
         for l in plain pause; do
             : >"$share/lc/lock-$l"
             chmod 0666 "$share/lc/lock-$l"
-            python3 -c "$LOCK_PY" "$share/lc/lock-$l" "$share/lc/released-$l" >"$dir/holder-$l.log" 2>&1 &
+            python3 "$here/lock-holder.py" "$share/lc/lock-$l" "$share/lc/released-$l" >"$dir/holder-$l.log" 2>&1 &
             holder[$l]=$!
             pids+=("${holder[$l]}")
             i=0
