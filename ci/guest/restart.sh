@@ -209,100 +209,10 @@ start_daemon() { # instance number
     # Under strace, signals go to the daemon, not to strace.
     [ ${#wrap[@]} -eq 0 ] || sig_pid=$(pgrep -o -P "$daemon_pid") || return 1
 }
-# QMP: one command, the answer as JSON on stdout.
-qmp_cmd() { # json-command
-    python3 "$here/qmp.py" "$qmp" "$1"
-}
-vq_path=
-# QEMU's view of queue 0. Only while the vhost device is stopped: with the
-# device started, x-query-virtio-queue-status asks the backend for the ring
-# base (GET_VRING_BASE, which stops the ring) and, without the get_vhost
-# hook of ci/guest/qemu-patches/0001-*, crashes QEMU (a NULL vdc->get_vhost).
-vq_status() { # -> "last_avail=N used=N; guest avail.idx=N used.idx=N"
-    [ -n "$vq_path" ] || vq_path=$(qmp_cmd '{"execute":"x-query-virtio"}' \
-        | python3 -c 'import json,sys; r=json.load(sys.stdin)["return"]; print(r[0]["path"] if r else "")')
-    [ -n "$vq_path" ] || { echo "no virtio device over QMP"; return; }
-    local st el
-    st=$(qmp_cmd "{\"execute\":\"x-query-virtio-queue-status\",\"arguments\":{\"path\":\"$vq_path\",\"queue\":0}}" \
-        | python3 -c 'import json,sys; r=json.load(sys.stdin).get("return",{}); print("last_avail=%s used=%s" % (r.get("last-avail-idx"), r.get("used-idx")))')
-    # The guest's own indices, read from the rings (split rings only).
-    el=$(qmp_cmd "{\"execute\":\"x-query-virtio-queue-element\",\"arguments\":{\"path\":\"$vq_path\",\"queue\":0}}" \
-        | python3 -c 'import json,sys
-r = json.load(sys.stdin)
-if "return" in r:
-    e = r["return"]; print("guest avail.idx=%s used.idx=%s" % (e["avail"]["idx"], e["used"]["idx"]))
-else:
-    print("guest indices: %s" % r["error"]["desc"])')
-    echo "$st; $el"
-}
-
-# Decodes the vhost-user messages a daemon received (strace -xx of its
-# recvmsg calls): one line each, in order, with the fields that matter at a
-# reconnect.
-decode_vhost_msgs() { # strace file
-    python3 - "$1" <<'PY'
-import re, struct, sys
-names = {1: "GET_FEATURES", 2: "SET_FEATURES", 3: "SET_OWNER", 4: "RESET_OWNER",
-         5: "SET_MEM_TABLE", 8: "SET_VRING_NUM", 9: "SET_VRING_ADDR",
-         10: "SET_VRING_BASE", 11: "GET_VRING_BASE", 12: "SET_VRING_KICK",
-         13: "SET_VRING_CALL", 14: "SET_VRING_ERR", 15: "GET_PROTOCOL_FEATURES",
-         16: "SET_PROTOCOL_FEATURES", 17: "GET_QUEUE_NUM", 18: "SET_VRING_ENABLE",
-         21: "SET_BACKEND_REQ_FD", 24: "GET_CONFIG", 25: "SET_CONFIG",
-         31: "GET_INFLIGHT_FD", 32: "SET_INFLIGHT_FD", 34: "RESET_DEVICE",
-         36: "GET_MAX_MEM_SLOTS", 37: "ADD_MEM_REG", 38: "REM_MEM_REG",
-         39: "SET_STATUS", 40: "GET_STATUS"}
-rx = re.compile(r'recvmsg\((\d+), \{.*?iov_base="([^"]*)".*?\}, \d+\) = (\d+)')
-pending = None
-for line in open(sys.argv[1]):
-    m = rx.search(line)
-    if not m:
-        continue
-    data = bytes.fromhex(m.group(2).replace("\\x", ""))[: int(m.group(3))]
-    fds = len(re.findall(r"SCM_RIGHTS", line))
-    if pending is None:
-        if len(data) < 12:
-            continue
-        req, flags, size = struct.unpack_from("<III", data)
-        body = data[12:]
-        if size > len(body):
-            pending = (req, flags, size, body, fds)
-            continue
-    else:
-        req, flags, size, body, f0 = pending
-        body += data
-        fds += f0
-        if size > len(body):
-            pending = (req, flags, size, body, fds)
-            continue
-        pending = None
-    n = names.get(req, "REQ_%d" % req)
-    d = ""
-    if req in (2, 16, 39) and len(body) >= 8:
-        d = "0x%x" % struct.unpack_from("<Q", body)[0]
-    elif req in (8, 10, 11, 18) and len(body) >= 8:
-        i, num = struct.unpack_from("<II", body)
-        d = "index=%d num=%d" % (i, num)
-        if req == 10 and num > 0xffff:
-            # Packed ring: last avail and used index, each with its wrap
-            # counter in bit 15 (QEMU's virtio_queue_get_last_avail_idx).
-            d += " (packed: avail=%d wrap=%d used=%d wrap=%d)" % (
-                num & 0x7fff, (num >> 15) & 1, (num >> 16) & 0x7fff, num >> 31)
-    elif req == 9 and len(body) >= 40:
-        i, fl, desc, used, avail, logaddr = struct.unpack_from("<IIQQQQ", body)
-        d = "index=%d desc=0x%x used=0x%x avail=0x%x" % (i, desc, used, avail)
-    elif req in (12, 13, 14) and len(body) >= 8:
-        u = struct.unpack_from("<Q", body)[0]
-        d = "index=%d%s" % (u & 0xff, " (no fd)" if u & 0x100 else "")
-    elif req in (37, 38) and len(body) >= 40:
-        gpa, sz, ua, off = struct.unpack_from("<QQQQ", body, 8)
-        d = "gpa=0x%x size=0x%x" % (gpa, sz)
-    elif req == 5 and len(body) >= 8:
-        d = "regions=%d" % struct.unpack_from("<I", body)[0]
-    elif req in (24, 25) and len(body) >= 12:
-        d = "offset=%d size=%d" % struct.unpack_from("<II", body)
-    print("%s%s%s%s" % (n, " " + d if d else "", " +%d fd" % fds if fds else "",
-                        " (needs reply)" if flags & 0x8 else ""))
-PY
+# QEMU's view of queue 0 (ci/guest/virtio-queue.py), only while the vhost
+# device is stopped.
+vq_status() {
+    python3 "$here/virtio-queue.py" "$qmp"
 }
 
 qemu_pid=
@@ -334,44 +244,20 @@ nice -n 5 "$qemu" "${GUEST_QEMU_ARGS[@]}" \
     -kernel "$KERNEL" -initrd "$out/initrd.img" -append "$append" >"$out/qemu.log" 2>&1 &
 qemu_pid=$!
 
-wait_line() { # file regex seconds -> 0 when a line matches, 1 at timeout or QEMU exit
-    local t=$(( $(date +%s) + $3 ))
-    while ! grep -qE "$2" "$1" 2>/dev/null; do
-        kill -0 "$qemu_pid" 2>/dev/null || return 1
-        [ "$(date +%s)" -lt "$t" ] || return 1
-        sleep 0.2
-    done
-}
 count_lines() { grep -cE "$2" "$1" 2>/dev/null || true; }
-# Whether a host process can take a POSIX write lock on the guest's lock
-# file now: "free" or "held" (by the daemon, for the guest).
-host_lock() {
-    python3 - "$share/w/lockfile" <<'PY'
-import fcntl, sys
-try:
-    f = open(sys.argv[1], "r+")
-except OSError as e:
-    print("no file (%s)" % e.strerror); sys.exit()
-try:
-    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    print("free")
-except OSError:
-    print("held")
-PY
-}
 fail() { log "FAILED: $*"; verdict_fail=1; }
 
 verdict_fail=0
 declare -a R_KILL R_CLEAN R_ACK R_BEFORE R_GUEST R_HANDOVER R_LOCK R_FIRST
-if ! wait_line "$con" '^CI-R (MOUNTED|MOUNT-FAILED)' 300 || grep -q '^CI-R MOUNT-FAILED' "$con"; then
+if ! wait_line "$con" '^CI-R (MOUNTED|MOUNT-FAILED)' 300 "$qemu_pid" || grep -q '^CI-R MOUNT-FAILED' "$con"; then
     fail "the guest did not mount (see $con, $out/qemu.log)"
 fi
 if [ "$verdict_fail" -eq 0 ]; then
-    wait_line "$con" '^CI-R OK' 300 || fail "no good iteration before the first kill"
+    wait_line "$con" '^CI-R OK' 300 "$qemu_pid" || fail "no good iteration before the first kill"
 fi
 if [ "$verdict_fail" -eq 0 ] && [ "$state" -eq 1 ]; then
     grep -q '^CI-R LOCKED pid=' "$con" || fail "the guest's lock holder did not lock ($(grep -m1 '^CI-R LOCKED' "$con"))"
-    [ "$(host_lock)" = held ] || fail "the guest's lock is not held on the host before the first kill"
+    [ "$(host_lock "$share/w/lockfile")" = held ] || fail "the guest's lock is not held on the host before the first kill"
 fi
 k=0
 while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
@@ -428,7 +314,7 @@ while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
         fail "daemon $((k + 1)) did not start (see $out/server-$((k + 1)).log)"
         break
     fi
-    if ! wait_line "$out/server-$((k + 1)).log" 'driver acked features' 60; then
+    if ! wait_line "$out/server-$((k + 1)).log" 'driver acked features' 60 "$qemu_pid"; then
         fail "QEMU did not restart the device in daemon $((k + 1)) within 60 s"
         break
     fi
@@ -436,7 +322,7 @@ while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
     R_FIRST[$k]=$(( $(now_ms) - t0 ))
     if [ "$use_strace" -eq 1 ]; then
         sleep 1
-        decode_vhost_msgs "$out/strace-$((k + 1)).txt" >"$out/vhost-msgs-$((k + 1)).txt"
+        python3 "$here/vhost-msgs.py" "$out/strace-$((k + 1)).txt" >"$out/vhost-msgs-$((k + 1)).txt"
     fi
     log "restart $k: device restarted in daemon $((k + 1)) ${R_ACK[$k]} ms after its start"
     # The guest's next good iteration (its workload resumed).
@@ -451,16 +337,16 @@ while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
     R_GUEST[$k]=$(tail -n +"$((lines_before + 1))" "$con" | tr -d '\r' | grep -E '^CI-R (FAIL|REMOUNT|HELD FAIL)' | head -8)
     if [ "$state" -eq 1 ]; then
         # The new daemon took the guest's lock again before it served.
-        R_LOCK[$k]=$(host_lock)
+        R_LOCK[$k]=$(host_lock "$share/w/lockfile")
         [ "${R_LOCK[$k]}" = held ] || fail "after restart $k the guest's lock is ${R_LOCK[$k]} on the host"
     fi
 done
 # Stop the guest: it checks for the file at each iteration.
 touch "$share/ci-stop"
 if [ "$verdict_fail" -eq 0 ]; then
-    wait_line "$con" '^CI-DONE' 300 || fail "the guest did not finish"
+    wait_line "$con" '^CI-DONE' 300 "$qemu_pid" || fail "the guest did not finish"
 else
-    wait_line "$con" '^CI-DONE' 20
+    wait_line "$con" '^CI-DONE' 20 "$qemu_pid"
 fi
 for _ in $(seq 1 100); do kill -0 "$qemu_pid" 2>/dev/null || break; sleep 0.2; done
 if kill -0 "$qemu_pid" 2>/dev/null; then
