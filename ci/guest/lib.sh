@@ -131,9 +131,9 @@ wait_for_socket() {
 # when the time runs out or PID (if given) ends first.
 wait_line() {
     local t=$(($(date +%s) + $3))
-    until tr -d '\r' <"$1" 2>/dev/null | grep -qE -- "$2"; do
+    until tr -d '\r' 2>/dev/null <"$1" | grep -qE -- "$2"; do
         if [ -n "${4:-}" ] && ! kill -0 "$4" 2>/dev/null; then
-            tr -d '\r' <"$1" 2>/dev/null | grep -qE -- "$2"
+            tr -d '\r' 2>/dev/null <"$1" | grep -qE -- "$2"
             return
         fi
         [ "$(date +%s)" -lt "$t" ] || return 1
