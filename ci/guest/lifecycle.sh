@@ -169,8 +169,8 @@ date -u +%Y-%m-%dT%H:%MZ >"$out/date"
 # Globals of the running scenario (set by run_scenario and the drivers).
 dir='' con='' qpid='' share='' end_by=''
 declare -A holder=()
-hlog() { printf '%s %s\n' "$(date +%H:%M:%S.%3N)" "$*" >>"$dir/host.log"; }
-hfail() { hlog "HOST-FAIL $*"; }
+host_note() { printf '%s %s\n' "$(date +%H:%M:%S.%3N)" "$*" >>"$dir/host.log"; }
+hfail() { host_note "HOST-FAIL $*"; }
 
 # wait_console ERE SECONDS: until the guest console shows ERE; fails when
 # QEMU ends first or the time runs out.
@@ -192,19 +192,19 @@ qmp_open() {
     coproc python3 -u "$here/qmp-session.py" "$dir/qmp.sock" 2>&1
     pids+=("$COPROC_PID")
     IFS= read -r -t 40 line <&"${COPROC[0]}" || true
-    hlog "qmp ${line:-no answer}"
+    host_note "qmp ${line:-no answer}"
     [ "$line" = ready ]
 }
 qmp() {
     local c line
     for c in "$@"; do
-        [ -n "${COPROC[1]:-}" ] || { hlog "qmp: the client is gone"; return 1; }
+        [ -n "${COPROC[1]:-}" ] || { host_note "qmp: the client is gone"; return 1; }
         # Written from a command substitution: should the client be gone,
         # SIGPIPE ends that subshell, not this script.
         : "$(printf '%s\n' "$c" 2>/dev/null 1>&"${COPROC[1]}")"
         line=''
         IFS= read -r -t 40 line <&"${COPROC[0]}" || true
-        hlog "qmp ${line:-$c: no answer}"
+        host_note "qmp ${line:-$c: no answer}"
         case $line in "$c "*|"$c") ;; *) return 1 ;; esac
     done
 }
@@ -219,13 +219,13 @@ qmp_close() {
 release_lock() { # plain|pause
     local p=${holder[$1]} o
     if grep -q "LC-LOCK $1 ok" "$con"; then
-        hlog "lock-$1: the guest had the lock before the host released it"
+        host_note "lock-$1: the guest had the lock before the host released it"
         echo "$1" >>"$dir/early-grants"
     fi
     kill -USR1 "$p"
     wait "$p" || hfail "lock holder $1 exited with $?"
     o=$(tail -1 "$dir/holder-$1.log")
-    hlog "lock-$1 $o"
+    host_note "lock-$1 $o"
 }
 
 drive_pause() {
@@ -243,19 +243,19 @@ drive_pause() {
     gpid=$(tr -d '\r' <"$con" | sed -n 's/^LC-LOCK pause waiting pid=\([0-9]*\).*/\1/p' | head -1)
     if [ -f "$dir/server.log" ] && [ -n "$gpid" ]; then
         until grep -q "Wrlck, flags: LockFlags(BLOCK).*proc_id: $gpid," "$dir/server.log"; do
-            [ $i -lt 50 ] || { hlog "no Tlock of guest pid $gpid in the daemon log within 5 s"; break; }
+            [ $i -lt 50 ] || { host_note "no Tlock of guest pid $gpid in the daemon log within 5 s"; break; }
             sleep 0.1
             i=$((i + 1))
         done
-        hlog "the guest (pid $gpid) waits for lock-pause; its Tlock is in the daemon log"
+        host_note "the guest (pid $gpid) waits for lock-pause; its Tlock is in the daemon log"
     else
-        hlog "the guest waits for lock-pause"
+        host_note "the guest waits for lock-pause"
         sleep 0.3
     fi
     local paused
     for ((i = 1; i <= cycles; i++)); do
         paused=1.$((i % 6))
-        hlog "cycle $i: stop for ${paused} s"
+        host_note "cycle $i: stop for ${paused} s"
         qmp stop query-status || { hfail "cycle $i: QMP stop failed"; return 1; }
         sleep "$paused"
         qmp cont query-status || { hfail "cycle $i: QMP cont failed"; return 1; }
@@ -263,7 +263,7 @@ drive_pause() {
         [ $i -ne $(((cycles + 1) / 2)) ] || release_lock pause
         sleep 0.5
     done
-    hlog "cycles done: $cycles"
+    host_note "cycles done: $cycles"
     : >"$share/lc/host-done"
     # The guest allows its I/O 60 s and its lock waiter 50 s from here.
     end_by=$(($(date +%s) + 150))
@@ -273,7 +273,7 @@ drive_reset() {
     qmp_open || { hfail "no QMP connection"; return 1; }
     wait_console 'LC-STAGE busy' 180 || { hfail "the guest never got busy"; return 1; }
     sleep 2
-    hlog "system_reset"
+    host_note "system_reset"
     qmp system_reset || { hfail "QMP system_reset failed"; return 1; }
     end_by=$(($(date +%s) + 240))
 }
@@ -320,7 +320,7 @@ run_scenario() {
         vhost_9p_daemon_flags "$row"
         local args=(--socket-path "$sock" --shared-dir "$share" --tag share --log-level debug
             "${VHOST_9P_DAEMON_FLAGS[@]}")
-        hlog "daemon: $ours_bin ${args[*]}"
+        host_note "daemon: $ours_bin ${args[*]}"
         RUST_LOG=debug "$ours_bin" "${args[@]}" >"$dir/server.log" 2>&1 &
         server_pid=$!
         pids+=("$server_pid")
@@ -350,7 +350,7 @@ run_scenario() {
                 sleep 0.1
                 i=$((i + 1))
             done
-            hlog "lock-$l held by host pid ${holder[$l]}"
+            host_note "lock-$l held by host pid ${holder[$l]}"
         done
     fi
     # QMP system_reset under -no-reboot would end QEMU, so the reset
@@ -370,7 +370,7 @@ run_scenario() {
         "${QEMU_FW[@]}" "${extra[@]}" >"$dir/qemu.log" 2>&1 &
     qpid=$!
     pids+=("$qpid")
-    hlog "qemu started (pid $qpid)"
+    host_note "qemu started (pid $qpid)"
     end_by=''
     local drove=0
     case $sc in
@@ -400,7 +400,7 @@ run_scenario() {
     wait "$qpid" || rc=$?
     echo "$rc" >"$dir/qemu-rc"
     echo "$(($(date +%s) - t0))" >"$dir/seconds"
-    hlog "qemu exited with $rc after $(cat "$dir/seconds") s"
+    host_note "qemu exited with $rc after $(cat "$dir/seconds") s"
     cleanup
     echo "done" >"$dir/status"
     if mountpoint -q "$share"; then umount "$share"; fi

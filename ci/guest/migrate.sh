@@ -175,8 +175,8 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 dir=
-hlog() { printf '%s %s\n' "$(date -u +%H:%M:%S.%3N)" "$*" >>"$dir/host.log"; }
-hfail() { hlog "HOST-FAIL $*"; }
+host_note() { printf '%s %s\n' "$(date -u +%H:%M:%S.%3N)" "$*" >>"$dir/host.log"; }
+hfail() { host_note "HOST-FAIL $*"; }
 
 # start_server ROW SIDE: the row's server for SIDE (src: share, dst:
 # share-dst), in a process group of its own; sets server_pid.
@@ -197,7 +197,7 @@ start_server() {
         args+=("${VHOST_9P_DAEMON_FLAGS[@]}")
         ;;
     esac
-    hlog "$side server: ${args[*]}"
+    host_note "$side server: ${args[*]}"
     RUST_LOG=debug setsid "${args[@]}" >"$dir/$side/server.log" 2>&1 &
     server_pid=$!
     groups+=("$server_pid")
@@ -225,7 +225,7 @@ start_qemu() {
     local mode=9p
     [ "$row" != virtiofsd ] || mode=virtiofs
     guest_qemu_args 512M
-    hlog "$side qemu: $qemu ... ${device[*]:2} ${incoming[*]}"
+    host_note "$side qemu: $qemu ... ${device[*]:2} ${incoming[*]}"
     timeout --kill-after=10 "$timeout_s" nice -n 5 "$qemu" "${GUEST_QEMU_ARGS[@]}" \
         -serial "file:$dir/$side/console.log" -monitor none \
         -qmp "unix:$dir/$side/qmp.sock,server=on,wait=off" \
@@ -244,24 +244,24 @@ migrate_row() {
     local src=$dir/src dst=$dir/dst st i
     wait_line "$src/console.log" '^MG-READY' 240 "$src_qemu" \
         || { hfail "the guest never got ready: $(tr -d '\r' <"$src/console.log" | grep -E '^MG-.* FAIL|Kernel panic' | head -2)"; return 1; }
-    hlog "guest ready; lock on the host before the migration: $(host_lock "$dir/share/mg/lockfile" | tee "$dir/lock-before")"
+    host_note "guest ready; lock on the host before the migration: $(host_lock "$dir/share/mg/lockfile" | tee "$dir/lock-before")"
     sleep "$busy_s"
     # return-path on both sides: without it the source reports
     # "completed" even when the destination refused the device state
     # (and stays paused, with no guest running anywhere).
     local caps='{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"return-path","state":true}]}}'
-    hlog "destination capabilities: $(qmp "$dst/qmp.sock" "$caps" 2>&1)"
-    hlog "source capabilities: $(qmp "$src/qmp.sock" "$caps" 2>&1)"
-    hlog "migrate-incoming: $(qmp "$dst/qmp.sock" "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"unix:$dir/migrate.sock\"}}" 2>&1)"
+    host_note "destination capabilities: $(qmp "$dst/qmp.sock" "$caps" 2>&1)"
+    host_note "source capabilities: $(qmp "$src/qmp.sock" "$caps" 2>&1)"
+    host_note "migrate-incoming: $(qmp "$dst/qmp.sock" "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"unix:$dir/migrate.sock\"}}" 2>&1)"
     [ -S "$dir/migrate.sock" ] || { hfail "the destination does not listen on $dir/migrate.sock"; return 1; }
     local answer
     answer=$(qmp "$src/qmp.sock" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/migrate.sock\"}}" 2>&1)
-    hlog "migrate: $answer"
+    host_note "migrate: $answer"
     case $answer in *'"error"'*)
         # Refused at once (a migration blocker): QEMU names the reason.
         st="failed - - - $(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["error"]["desc"].replace(" ", "_"))' "$answer" 2>/dev/null || echo refused)"
         echo "$st" >"$dir/migration"
-        hlog "query-migrate: $st"
+        host_note "query-migrate: $st"
         return 0
         ;;
     esac
@@ -280,11 +280,11 @@ migrate_row() {
         sleep 0.2
     done
     echo "$st" >"$dir/migration"
-    hlog "query-migrate: $st"
+    host_note "query-migrate: $st"
     case $st in completed\ *) ;; *) return 0 ;; esac
     # The destination runs (autostart) or waits paused: cont then.
     st=$(qmp_get "$dst/qmp.sock" query-status status running)
-    hlog "destination: $st"
+    host_note "destination: $st"
     if [ "${st#* }" != True ]; then
         i=0
         # "inmigrate" until the stream is loaded: wait for it.
@@ -294,27 +294,27 @@ migrate_row() {
             i=$((i + 1))
         done
         if [ "${st#* }" != True ]; then
-            hlog "cont: $(qmp "$dst/qmp.sock" '{"execute":"cont"}')"
+            host_note "cont: $(qmp "$dst/qmp.sock" '{"execute":"cont"}')"
             st=$(qmp_get "$dst/qmp.sock" query-status status running)
-            hlog "destination after cont: $st"
+            host_note "destination after cont: $st"
         fi
     fi
     echo "$st" >"$dir/dst-status"
     [ "${st#* }" = True ] || hfail "the destination does not run: $st"
     # The source is done: quit it; its server sees the hang-up and exits.
-    hlog "source quit: $(qmp "$src/qmp.sock" '{"execute":"quit"}' 2>&1)"
+    host_note "source quit: $(qmp "$src/qmp.sock" '{"execute":"quit"}' 2>&1)"
     i=0
     while { kill -0 "$src_qemu" 2>/dev/null || kill -0 "$src_server" 2>/dev/null; } && [ $i -lt 150 ]; do
         sleep 0.1
         i=$((i + 1))
     done
-    kill -0 "$src_server" 2>/dev/null && { hlog "the source server did not exit within 15 s of the source's quit: killed"; kill -KILL -- "-$src_server" 2>/dev/null || true; }
+    kill -0 "$src_server" 2>/dev/null && { host_note "the source server did not exit within 15 s of the source's quit: killed"; kill -KILL -- "-$src_server" 2>/dev/null || true; }
     wait "$src_qemu" 2>/dev/null
     echo $? >"$src/qemu-rc"
     wait "$src_server" 2>/dev/null
     echo $? >"$src/server-rc"
     # Only the destination's server can hold the guest's lock now.
-    hlog "lock on the host after the migration: $(host_lock "$dir/share/mg/lockfile" | tee "$dir/lock-after")"
+    host_note "lock on the host after the migration: $(host_lock "$dir/share/mg/lockfile" | tee "$dir/lock-after")"
     return 0
 }
 
