@@ -334,6 +334,37 @@ mod tests {
     }
 
     #[test]
+    fn test_report_keeps_every_note() {
+        // Whatever the suites do in a run, the report links every notes
+        // file and copies the guest figures: no note lives only in
+        // BENCHMARKS.md, where the next run would erase it.
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = Ctx::new(false, 1, Some(dir.path().to_path_buf()));
+        let outcomes: Vec<(&Suite, Outcome)> =
+            SUITES.iter().map(|s| (s, Outcome::NotReady)).collect();
+        let links = Links {
+            plots: "docs/benchmarks".to_string(),
+            notes: NOTES_DIR.to_string(),
+        };
+        let started = (String::new(), String::new());
+        let report = render(&ctx, &outcomes, &started, dir.path(), &links).unwrap();
+        for entry in fs::read_dir(workspace_root().join(NOTES_DIR)).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            if name.ends_with(".md") && name != "guest.md" {
+                assert!(
+                    report.contains(&format!("({NOTES_DIR}/{name})")),
+                    "the report does not link {NOTES_DIR}/{name}"
+                );
+            }
+        }
+        let guest = fs::read_to_string(workspace_root().join(GUEST_FIGURES)).unwrap();
+        assert!(
+            report.contains(guest.trim_end()),
+            "the report does not copy {GUEST_FIGURES}"
+        );
+    }
+
+    #[test]
     fn test_every_notes_file_belongs_to_a_suite() {
         // A notes file under another name would never be linked.
         let dir = workspace_root().join(NOTES_DIR);

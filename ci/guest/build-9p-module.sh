@@ -21,9 +21,10 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 series=${1:-6.12}
-log() { echo "build-9p-module: $*" >&2; }
 
 # The guest kernel: whatever fetch-kernel.sh boots.
 bash "$here/fetch-kernel.sh" "$series" >/dev/null

@@ -12,11 +12,12 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
 repo=$(cd "$here/../.." && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 commit=63a29724
 JOBS=${JOBS:-$(nproc)}
-log() { echo "build-xfstests: $*" >&2; }
 
 tarball=${XFSTESTS_TARBALL:-}
 if [ -z "$tarball" ]; then

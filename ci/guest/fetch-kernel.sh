@@ -13,9 +13,10 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 series=${1:-6.12}
-log() { echo "fetch-kernel: $*" >&2; }
 
 debs=$CACHE/debs
 mkdir -p "$debs"

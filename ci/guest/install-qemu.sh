@@ -10,10 +10,12 @@
 # on PATH). build-qemu.sh installs its own build dependencies. Idempotent: a
 # second run only checks what is installed.
 set -euo pipefail
+# shellcheck source=ci/guest/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 need_root() {
     if [ "$(id -u)" -ne 0 ]; then
-        echo "install-qemu: must run as root (apt)" >&2
+        log "must run as root (apt)"
         exit 1
     fi
 }

@@ -9,12 +9,13 @@
 # Environment: VIRTIO_9P_CI_CACHE (default /var/cache/virtio-9p-ci),
 #              VIRTIOFSD_VERSION (default 1.14.0).
 set -euo pipefail
+# shellcheck source=ci/guest/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 version=${VIRTIOFSD_VERSION:-1.14.0}
 root=$CACHE/virtiofsd-$version
 bin=$root/bin/virtiofsd
-log() { echo "install-virtiofsd: $*" >&2; }
 
 if [ -x "$bin" ]; then
     ln -sfn "$root" "$CACHE/virtiofsd"

@@ -48,6 +48,8 @@
 set -uo pipefail
 {
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
 repo=$(cd "$here/../.." && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
@@ -78,7 +80,6 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-log() { echo "large-msize: $*" >&2; }
 has_test() { case ",$tests," in *",$1,"*) return 0 ;; esac; return 1; }
 
 bash "$here/prepare.sh" --kernel 6.12 --no-vhost-qemu >&2 || { log "preparation failed"; exit 1; }
@@ -90,7 +91,6 @@ fi
 # Every row runs on the stock QEMU >= 10.2 that build-qemu.sh made
 # (vhost-user-test-device-pci), as run.sh's rows do.
 QEMU=$(bash "$here/build-qemu.sh" --stock-only | tail -1) || { log "build-qemu.sh failed"; exit 1; }
-VQEMU=$QEMU VDEV=vhost-user-test-device-pci
 virtiofsd_bin=
 case ",$rows," in *,virtiofsd,*) virtiofsd_bin=$(bash "$here/install-virtiofsd.sh" 2>/dev/null | tail -1) ;; esac
 tools=$CACHE/tools/current
@@ -189,8 +189,6 @@ watch_marks() { # console qemu-pid-file server-pid-file output
     done
 }
 
-wait_for_socket() { local i=0; while [ ! -S "$1" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; [ -S "$1" ]; }
-
 run_row() {
     local name=$1 dir=$out/$1
     local share=$dir/share sock=$dir/9p.sock qemu=$QEMU mode=virtio ms=$msizes
@@ -199,20 +197,18 @@ run_row() {
     mkdir -p "$share/data"
     ln "$big" "$share/data/big.bin" 2>/dev/null || cp "$big" "$share/data/big.bin"
     echo "$big_sha" >"$share/data/big.sha256"
-    local mem_obj=(-object "memory-backend-memfd,id=mem,size=${mem}M,share=on")
+    guest_vhost_ram "${mem}M"
     case $name in
     ours-vhost|ours-vhost-packed)
         [ -n "$ours_bin" ] || { echo "not available: no daemon build (see $out/server-build.log)" >"$dir/status"; return; }
-        [ -n "$VQEMU" ] || { echo "not available: no vhost-user QEMU in $CACHE" >"$dir/status"; return; }
-        local ring=(--no-packed-ring)
-        [ $name = ours-vhost-packed ] && ring=()
-        "$ours_bin" --socket-path "$sock" --shared-dir "$share" --tag share "${ring[@]}" \
+        vhost_9p_daemon_flags "$name"
+        "$ours_bin" --socket-path "$sock" --shared-dir "$share" --tag share "${VHOST_9P_DAEMON_FLAGS[@]}" \
             --log-level "$server_log" >"$dir/server.log" 2>&1 &
         spid=$!
-        qemu=$VQEMU machine=q35,memory-backend=mem
+        machine=$GUEST_VHOST_MACHINE
         [ "$max_chain" -gt 0 ] && chain="CI_MAX_CHAIN=$max_chain"
-        extra=("${mem_obj[@]}" -chardev "socket,id=vu,path=$sock"
-            -device "$VDEV,chardev=vu,virtio-id=9,num_vqs=1,config_size=7,vq_size=1024")
+        vhost_9p_args "$sock"
+        extra=("${GUEST_VHOST_RAM[@]}" "${VHOST_9P_ARGS[@]}")
         ;;
     qemu)
         ms=$qemu_msize
@@ -223,13 +219,13 @@ run_row() {
         "$virtiofsd_bin" --socket-path "$sock" --shared-dir "$share" --cache never --allow-mmap \
             --xattr --allow-direct-io >"$dir/server.log" 2>&1 &
         spid=$!
-        mode=virtiofs machine=q35,memory-backend=mem
-        extra=("${mem_obj[@]}" -chardev "socket,id=vfs,path=$sock"
+        mode=virtiofs machine=$GUEST_VHOST_MACHINE
+        extra=("${GUEST_VHOST_RAM[@]}" -chardev "socket,id=vfs,path=$sock"
             -device "vhost-user-fs-pci,chardev=vfs,tag=share,queue-size=1024")
         ;;
     *) echo "not available: unknown row" >"$dir/status"; return ;;
     esac
-    if [ -n "$spid" ] && ! wait_for_socket "$sock"; then
+    if [ -n "$spid" ] && ! wait_for_socket "$sock" "$spid"; then
         echo "server failed (see $dir/server.log)" >"$dir/status"
         kill "$spid" 2>/dev/null
         return

@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-# Shared helpers of the ci/guest scripts; source it, don't run it.
-# Today migrate.sh uses it; the other scripts still carry their own copies
-# (a later sweep moves them here).
+# Shared helpers of the ci/guest host scripts; source it, don't run it.
+# Every host script sources it except build-qemu.sh and tooldisk.sh, whose
+# own text is part of their cache key (editing them rebuilds the cache).
+# The guest-side scripts (*-guest.sh) run under busybox in the guest.
 # shellcheck shell=bash
+# shellcheck disable=SC2034 # its variables are for the scripts that source it
 
 GUEST_CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 GUEST_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -12,22 +14,83 @@ GUEST_REPO=$(cd "$GUEST_DIR/../.." && pwd)
 GUEST_QEMU_STOCK=$GUEST_CACHE/qemu-stock/bin/qemu-system-x86_64
 GUEST_QEMU_PATCHED=$GUEST_CACHE/qemu-patched/bin/qemu-system-x86_64
 
+# log MESSAGE...: "NAME: MESSAGE" on stderr. NAME is GUEST_LOG_NAME (by
+# default the script's name); GUEST_LOG_CLOCK=1 adds the UTC time.
+GUEST_LOG_NAME=$(basename "$0" .sh)
+GUEST_LOG_CLOCK=0
+log() {
+    if [ "$GUEST_LOG_CLOCK" = 1 ]; then
+        echo "$GUEST_LOG_NAME: $(date -u +%H:%M:%S) $*" >&2
+    else
+        echo "$GUEST_LOG_NAME: $*" >&2
+    fi
+}
+
 # The kernel command line every TCG guest gets. On a loaded host a TCG
 # guest calibrates its TSC wrongly (its clock ran 3x fast, crypto
 # self-tests timed out, the IO-APIC timer check panicked): time from the
 # ACPI PM timer, no crypto self-tests, no timer check.
 GUEST_APPEND="console=ttyS0 loglevel=4 panic=-1 clocksource=acpi_pm cryptomgr.notests=1 no_timer_check"
 
+# ------------------------------------------------ the vhost-user QEMU line
+# A vhost-user guest's RAM is shared memfd memory of MEM (the back-end maps
+# it): guest_vhost_ram sets GUEST_VHOST_RAM to its -object and the machine
+# takes it with -machine GUEST_VHOST_MACHINE.
+GUEST_VHOST_MACHINE=q35,memory-backend=mem
+guest_vhost_ram() {
+    GUEST_VHOST_RAM=(-object "memory-backend-memfd,id=mem,size=$1,share=on")
+}
+
 # guest_qemu_args MEM: sets the array GUEST_QEMU_ARGS to the options every
-# vhost-user guest shares: TCG, q35 with shared memfd RAM of MEM (vhost-user
-# needs it), one vCPU, no display, no reboot, Debian's firmware (-L).
+# vhost-user guest shares: TCG, q35 with shared memfd RAM of MEM, one vCPU,
+# no display, no reboot, Debian's firmware (-L). Stock and patched QEMU
+# (GUEST_QEMU_STOCK, GUEST_QEMU_PATCHED) take the same line.
 guest_qemu_args() {
+    guest_vhost_ram "$1"
     GUEST_QEMU_ARGS=(-nodefaults -no-user-config -accel tcg
-        -machine q35,memory-backend=mem -cpu max -m "$1" -smp 1 -display none -no-reboot
-        -object "memory-backend-memfd,id=mem,size=$1,share=on"
+        -machine "$GUEST_VHOST_MACHINE" -cpu max -m "$1" -smp 1 -display none -no-reboot
+        "${GUEST_VHOST_RAM[@]}"
         -L /usr/share/qemu -L /usr/share/seabios)
 }
 
+# vhost_9p_args [--id ID] [--tag TAG] [--chardev-opts ,K=V] [--props ,K=V] SOCK:
+# sets the array VHOST_9P_ARGS to the -chardev and -device of one 9p device
+# on the vhost-user socket SOCK: QEMU >= 10.2's generic
+# vhost-user-test-device-pci as virtio device 9 with one 1024-entry queue
+# and a config space of 2 + the tag's length (the tag's own length field).
+# ID defaults to vu and TAG to share (the daemon's --tag); --chardev-opts
+# goes on the socket (,reconnect-ms=500), --props on the device
+# (,migratable=on: the patched QEMU's, see qemu-patches/0007). The same for
+# the split, packed and mapped rows: they differ in the daemon's options
+# (vhost_9p_daemon_flags).
+vhost_9p_args() {
+    local id=vu tag=share chardev_opts='' props=''
+    while [ $# -gt 1 ]; do
+        case $1 in
+            --id) id=$2 ;;
+            --tag) tag=$2 ;;
+            --chardev-opts) chardev_opts=$2 ;;
+            --props) props=$2 ;;
+            *) echo "vhost_9p_args: unknown option $1" >&2; return 2 ;;
+        esac
+        shift 2
+    done
+    VHOST_9P_ARGS=(-chardev "socket,id=$id,path=$1$chardev_opts"
+        -device "vhost-user-test-device-pci,chardev=$id,virtio-id=9,num_vqs=1,config_size=$((2 + ${#tag})),vq_size=1024$props")
+}
+
+# vhost_9p_daemon_flags ROW: sets the array VHOST_9P_DAEMON_FLAGS to our
+# daemon's options for a vhost-user row: ours-vhost-packed offers packed
+# rings, every other row declines them (--no-packed-ring: QEMU's generic
+# device passes the offer through, so the guest would pick packed);
+# ours-vhost-mapped keeps owners and modes in xattrs (mapped-xattr).
+vhost_9p_daemon_flags() {
+    VHOST_9P_DAEMON_FLAGS=()
+    [ "$1" = ours-vhost-packed ] || VHOST_9P_DAEMON_FLAGS+=(--no-packed-ring)
+    [ "$1" != ours-vhost-mapped ] || VHOST_9P_DAEMON_FLAGS+=(--security-model mapped-xattr)
+}
+
+# ------------------------------------------------------------ the guest
 # guest_initrd INITRAMFS PAYLOAD_DIR OUT: the cached base initramfs with the
 # payload directory appended (the kernel unpacks concatenated archives in
 # order, so /ci/run and /ci/bin/* come in beside ci/guest/init).
@@ -52,11 +115,12 @@ guest_daemon_bin() {
     echo "$tdir/release/virtio-9p-server"
 }
 
-# wait_socket PATH PID: until PATH is a socket (10 s), while PID lives.
-wait_socket() {
+# wait_for_socket PATH [PID]: until PATH is a socket (10 s), while PID
+# (if given) lives.
+wait_for_socket() {
     local i=0
     while [ ! -S "$1" ] && [ $i -lt 100 ]; do
-        kill -0 "$2" 2>/dev/null || return 1
+        [ -z "${2:-}" ] || kill -0 "$2" 2>/dev/null || return 1
         sleep 0.1
         i=$((i + 1))
     done
@@ -67,9 +131,9 @@ wait_socket() {
 # when the time runs out or PID (if given) ends first.
 wait_line() {
     local t=$(($(date +%s) + $3))
-    until tr -d '\r' <"$1" 2>/dev/null | grep -qE -- "$2"; do
+    until tr -d '\r' 2>/dev/null <"$1" | grep -qE -- "$2"; do
         if [ -n "${4:-}" ] && ! kill -0 "$4" 2>/dev/null; then
-            tr -d '\r' <"$1" 2>/dev/null | grep -qE -- "$2"
+            tr -d '\r' 2>/dev/null <"$1" | grep -qE -- "$2"
             return
         fi
         [ "$(date +%s)" -lt "$t" ] || return 1
@@ -87,50 +151,18 @@ qmp() {
 qmp_get() {
     local sock=$1 cmd=$2
     shift 2
-    qmp "$sock" "{\"execute\":\"$cmd\"}" 2>&1 | python3 -c '
-import json, sys
-text = sys.stdin.read()
-try:
-    r = json.loads(text)
-except ValueError:
-    print("error: " + " ".join(text.split())[:200]); sys.exit()
-if "error" in r:
-    print("error: " + r["error"].get("desc", "?")); sys.exit()
-r = r["return"]
-print(" ".join(str(r.get(k, "-")).replace(" ", "_") for k in sys.argv[1:]))
-' "$@"
+    qmp "$sock" "{\"execute\":\"$cmd\"}" 2>&1 | python3 "$GUEST_DIR/qmp-keys.py" "$@"
 }
 
 # host_lock FILE: whether a host process can take a POSIX write lock on
 # FILE now: "free", "held" or "no file (why)".
 host_lock() {
-    python3 - "$1" <<'PY'
-import fcntl, sys
-try:
-    f = open(sys.argv[1], "r+")
-except OSError as e:
-    print("no file (%s)" % e.strerror); sys.exit()
-try:
-    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    print("free")
-except OSError:
-    print("held")
-PY
+    python3 "$GUEST_DIR/host-lock.py" "$1"
 }
 
 # fnv1a64 FILE: the FNV-1a 64 of FILE in hex (as ci/guest/src/migrate.c).
 fnv1a64() {
-    python3 - "$1" <<'PY'
-import sys
-h = 0xcbf29ce484222325
-try:
-    data = open(sys.argv[1], "rb").read()
-except OSError as e:
-    print("unreadable (%s)" % e.strerror); sys.exit()
-for b in data:
-    h = ((h ^ b) * 0x100000001b3) & 0xffffffffffffffff
-print("%016x" % h)
-PY
+    python3 "$GUEST_DIR/fnv1a64.py" "$1"
 }
 
 # stop_pid PID [SECONDS]: TERM, then KILL after SECONDS (default 10).

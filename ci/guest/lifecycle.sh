@@ -36,8 +36,10 @@ set -euo pipefail
 # One compound command: bash parses all of it before it runs any of it.
 {
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
+repo=$GUEST_REPO
+CACHE=$GUEST_CACHE
 export VIRTIO_9P_CI_CACHE=$CACHE
 servers=qemu,ours-vhost,ours-vhost-packed,ours-vhost-mapped
 scenarios=pause,rebind,reset
@@ -79,79 +81,7 @@ for c in "${scenario_list[@]}"; do
     case $c in pause|rebind|reset) ;;
         *) echo "lifecycle.sh: unknown scenario '$c'" >&2; exit 2 ;; esac
 done
-log() { echo "guest-lifecycle: $*" >&2; }
-
-# ------------------------------------------------------------ host helpers
-# A QMP client that stays connected for the whole scenario (a coprocess,
-# so a command costs no interpreter start): connects (retrying while QEMU
-# starts), negotiates capabilities, prints "ready", then reads command
-# names from stdin and prints "<command> <milliseconds>ms [status]" for
-# each. On an error reply, a closed connection or no answer within
-# QMP_TIMEOUT it prints "qmp: <why>" and exits.
-QMP_PY='
-import json, os, socket, sys, time
-path = sys.argv[1]
-limit = float(os.environ.get("QMP_TIMEOUT", "30"))
-def fail(why):
-    print("qmp: " + why, flush=True)
-    sys.exit(1)
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-for _ in range(300):
-    try:
-        s.connect(path)
-        break
-    except (FileNotFoundError, ConnectionRefusedError):
-        time.sleep(0.1)
-else:
-    fail("cannot connect to " + path)
-s.settimeout(limit)
-f = s.makefile("rw")
-def recv(name):
-    while True:
-        try:
-            line = f.readline()
-        except socket.timeout:
-            fail("%s: no answer within %.0f s" % (name, limit))
-        if not line:
-            fail("%s: QEMU closed the connection" % name)
-        msg = json.loads(line)
-        if "event" not in msg:
-            return msg
-def run(name):
-    f.write(json.dumps({"execute": name}) + "\n")
-    f.flush()
-    r = recv(name)
-    if "error" in r:
-        fail("%s: %s" % (name, r["error"]))
-    return r["return"]
-recv("greeting")
-run("qmp_capabilities")
-print("ready", flush=True)
-for line in sys.stdin:
-    for name in line.split():
-        t = time.monotonic()
-        r = run(name)
-        ms = (time.monotonic() - t) * 1000
-        status = r.get("status", "") if isinstance(r, dict) else ""
-        print(("%s %.1fms %s" % (name, ms, status)).strip(), flush=True)
-'
-# A host process holding a POSIX write lock (fcntl F_SETLK, through
-# lockf) on argv[1] until SIGUSR1; then it unlocks, creates the marker
-# argv[2] at once and exits.
-LOCK_PY='
-import fcntl, os, signal, sys, time
-path, marker = sys.argv[1], sys.argv[2]
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
-fd = os.open(path, os.O_RDWR)
-fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-print("locked %.3f" % time.time(), flush=True)
-if signal.sigwait({signal.SIGUSR1, signal.SIGTERM}) != signal.SIGUSR1:
-    sys.exit(0)
-fcntl.lockf(fd, fcntl.LOCK_UN)
-t = time.time()
-os.close(os.open(marker, os.O_CREAT | os.O_WRONLY, 0o644))
-print("released %.3f marker %.3f" % (t, time.time()), flush=True)
-'
+GUEST_LOG_NAME=guest-lifecycle
 
 if [ "$report_only" -eq 1 ]; then
     if [ -z "$out" ] || [ ! -d "$out" ]; then echo "lifecycle.sh: --report-only needs --out DIR" >&2; exit 2; fi
@@ -169,7 +99,7 @@ fi
 eval "$(bash "$here/fetch-kernel.sh" "$kernel")" # KERNEL=, INITRAMFS=
 # Stock QEMU >= 10.2 (ci/guest/build-qemu.sh) for every row, QEMU built-in
 # included; Debian's firmware (-L).
-QEMU=$CACHE/qemu-stock/bin/qemu-system-x86_64
+QEMU=$GUEST_QEMU_STOCK
 QEMU_FW=(-L /usr/share/qemu -L /usr/share/seabios)
 [ -x "$QEMU" ] || { log "no stock QEMU at $QEMU (ci/guest/build-qemu.sh)"; exit 1; }
 tools=$CACHE/tools/current
@@ -236,21 +166,11 @@ echo "$cycles" >"$out/cycles"
 date -u +%Y-%m-%dT%H:%MZ >"$out/date"
 
 # ------------------------------------------------------------ one scenario
-wait_for_socket() { # path pid
-    local i=0
-    while [ ! -S "$1" ] && [ $i -lt 100 ]; do
-        kill -0 "$2" 2>/dev/null || return 1
-        sleep 0.1
-        i=$((i + 1))
-    done
-    [ -S "$1" ]
-}
-
 # Globals of the running scenario (set by run_scenario and the drivers).
 dir='' con='' qpid='' share='' end_by=''
 declare -A holder=()
-hlog() { printf '%s %s\n' "$(date +%H:%M:%S.%3N)" "$*" >>"$dir/host.log"; }
-hfail() { hlog "HOST-FAIL $*"; }
+host_note() { printf '%s %s\n' "$(date +%H:%M:%S.%3N)" "$*" >>"$dir/host.log"; }
+hfail() { host_note "HOST-FAIL $*"; }
 
 # wait_console ERE SECONDS: until the guest console shows ERE; fails when
 # QEMU ends first or the time runs out.
@@ -264,25 +184,27 @@ wait_console() {
     done
 }
 
-# qmp_open / qmp COMMAND... / qmp_close: the QMP coprocess of the scenario.
+# qmp_open / qmp COMMAND... / qmp_close: the QMP client of the scenario,
+# ci/guest/qmp-session.py, a coprocess that stays connected (this qmp
+# replaces lib.sh's one-shot one).
 qmp_open() {
     local line=''
-    coproc python3 -u -c "$QMP_PY" "$dir/qmp.sock" 2>&1
+    coproc python3 -u "$here/qmp-session.py" "$dir/qmp.sock" 2>&1
     pids+=("$COPROC_PID")
     IFS= read -r -t 40 line <&"${COPROC[0]}" || true
-    hlog "qmp ${line:-no answer}"
+    host_note "qmp ${line:-no answer}"
     [ "$line" = ready ]
 }
 qmp() {
     local c line
     for c in "$@"; do
-        [ -n "${COPROC[1]:-}" ] || { hlog "qmp: the client is gone"; return 1; }
+        [ -n "${COPROC[1]:-}" ] || { host_note "qmp: the client is gone"; return 1; }
         # Written from a command substitution: should the client be gone,
         # SIGPIPE ends that subshell, not this script.
         : "$(printf '%s\n' "$c" 2>/dev/null 1>&"${COPROC[1]}")"
         line=''
         IFS= read -r -t 40 line <&"${COPROC[0]}" || true
-        hlog "qmp ${line:-$c: no answer}"
+        host_note "qmp ${line:-$c: no answer}"
         case $line in "$c "*|"$c") ;; *) return 1 ;; esac
     done
 }
@@ -297,13 +219,13 @@ qmp_close() {
 release_lock() { # plain|pause
     local p=${holder[$1]} o
     if grep -q "LC-LOCK $1 ok" "$con"; then
-        hlog "lock-$1: the guest had the lock before the host released it"
+        host_note "lock-$1: the guest had the lock before the host released it"
         echo "$1" >>"$dir/early-grants"
     fi
     kill -USR1 "$p"
     wait "$p" || hfail "lock holder $1 exited with $?"
     o=$(tail -1 "$dir/holder-$1.log")
-    hlog "lock-$1 $o"
+    host_note "lock-$1 $o"
 }
 
 drive_pause() {
@@ -321,19 +243,19 @@ drive_pause() {
     gpid=$(tr -d '\r' <"$con" | sed -n 's/^LC-LOCK pause waiting pid=\([0-9]*\).*/\1/p' | head -1)
     if [ -f "$dir/server.log" ] && [ -n "$gpid" ]; then
         until grep -q "Wrlck, flags: LockFlags(BLOCK).*proc_id: $gpid," "$dir/server.log"; do
-            [ $i -lt 50 ] || { hlog "no Tlock of guest pid $gpid in the daemon log within 5 s"; break; }
+            [ $i -lt 50 ] || { host_note "no Tlock of guest pid $gpid in the daemon log within 5 s"; break; }
             sleep 0.1
             i=$((i + 1))
         done
-        hlog "the guest (pid $gpid) waits for lock-pause; its Tlock is in the daemon log"
+        host_note "the guest (pid $gpid) waits for lock-pause; its Tlock is in the daemon log"
     else
-        hlog "the guest waits for lock-pause"
+        host_note "the guest waits for lock-pause"
         sleep 0.3
     fi
     local paused
     for ((i = 1; i <= cycles; i++)); do
         paused=1.$((i % 6))
-        hlog "cycle $i: stop for ${paused} s"
+        host_note "cycle $i: stop for ${paused} s"
         qmp stop query-status || { hfail "cycle $i: QMP stop failed"; return 1; }
         sleep "$paused"
         qmp cont query-status || { hfail "cycle $i: QMP cont failed"; return 1; }
@@ -341,7 +263,7 @@ drive_pause() {
         [ $i -ne $(((cycles + 1) / 2)) ] || release_lock pause
         sleep 0.5
     done
-    hlog "cycles done: $cycles"
+    host_note "cycles done: $cycles"
     : >"$share/lc/host-done"
     # The guest allows its I/O 60 s and its lock waiter 50 s from here.
     end_by=$(($(date +%s) + 150))
@@ -351,7 +273,7 @@ drive_reset() {
     qmp_open || { hfail "no QMP connection"; return 1; }
     wait_console 'LC-STAGE busy' 180 || { hfail "the guest never got busy"; return 1; }
     sleep 2
-    hlog "system_reset"
+    host_note "system_reset"
     qmp system_reset || { hfail "QMP system_reset failed"; return 1; }
     end_by=$(($(date +%s) + 240))
 }
@@ -395,13 +317,10 @@ run_scenario() {
             echo "not available: virtio-9p-server has no --socket-path (vhost-user mode) yet" >"$dir/status"
             return
         fi
-        local args=(--socket-path "$sock" --shared-dir "$share" --tag share --log-level debug)
-        case $row in
-        ours-vhost-packed) ;;
-        *) args+=(--no-packed-ring) ;;
-        esac
-        [ "$row" != ours-vhost-mapped ] || args+=(--security-model mapped-xattr)
-        hlog "daemon: $ours_bin ${args[*]}"
+        vhost_9p_daemon_flags "$row"
+        local args=(--socket-path "$sock" --shared-dir "$share" --tag share --log-level debug
+            "${VHOST_9P_DAEMON_FLAGS[@]}")
+        host_note "daemon: $ours_bin ${args[*]}"
         RUST_LOG=debug "$ours_bin" "${args[@]}" >"$dir/server.log" 2>&1 &
         server_pid=$!
         pids+=("$server_pid")
@@ -410,10 +329,10 @@ run_scenario() {
             cleanup
             return
         fi
-        machine=q35,memory-backend=mem
-        extra=(-object "memory-backend-memfd,id=mem,size=512M,share=on"
-            -chardev "socket,id=vu,path=$sock"
-            -device "vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024")
+        machine=$GUEST_VHOST_MACHINE
+        guest_vhost_ram 512M
+        vhost_9p_args "$sock"
+        extra=("${GUEST_VHOST_RAM[@]}" "${VHOST_9P_ARGS[@]}")
         ;;
     esac
     holder=()
@@ -422,7 +341,7 @@ run_scenario() {
         for l in plain pause; do
             : >"$share/lc/lock-$l"
             chmod 0666 "$share/lc/lock-$l"
-            python3 -c "$LOCK_PY" "$share/lc/lock-$l" "$share/lc/released-$l" >"$dir/holder-$l.log" 2>&1 &
+            python3 "$here/lock-holder.py" "$share/lc/lock-$l" "$share/lc/released-$l" >"$dir/holder-$l.log" 2>&1 &
             holder[$l]=$!
             pids+=("${holder[$l]}")
             i=0
@@ -431,20 +350,15 @@ run_scenario() {
                 sleep 0.1
                 i=$((i + 1))
             done
-            hlog "lock-$l held by host pid ${holder[$l]}"
+            host_note "lock-$l held by host pid ${holder[$l]}"
         done
     fi
     # QMP system_reset under -no-reboot would end QEMU, so the reset
     # scenario runs without it (the guest powers off at the end).
     local noreboot=(-no-reboot)
     [ "$sc" != reset ] || noreboot=()
-    # A TCG guest on a loaded host (load average 16 here) calibrates its TSC
-    # wrongly: its clock ran 3x fast, crypto self-tests timed out (with slab
-    # WARNINGs after them) and the IO-APIC timer check panicked. So: time
-    # from the ACPI PM timer (QEMU's clock; the minimal QEMU build has no
-    # HPET), no crypto self-tests, no timer check.
-    local append="console=ttyS0 loglevel=4 panic=-1 clocksource=acpi_pm cryptomgr.notests=1 no_timer_check"
-    append="$append CI_SCENARIO=$sc CI_SRC=share"
+    # GUEST_APPEND: lib.sh says why a TCG guest needs its clock options.
+    local append="$GUEST_APPEND CI_SCENARIO=$sc CI_SRC=share"
     append="$append CI_OPTS=msize=512000,cache=mmap,access=client"
     log "$row/$sc: booting guest ($(basename "$KERNEL"), bound ${timeout_s}s)"
     local t0
@@ -456,7 +370,7 @@ run_scenario() {
         "${QEMU_FW[@]}" "${extra[@]}" >"$dir/qemu.log" 2>&1 &
     qpid=$!
     pids+=("$qpid")
-    hlog "qemu started (pid $qpid)"
+    host_note "qemu started (pid $qpid)"
     end_by=''
     local drove=0
     case $sc in
@@ -486,7 +400,7 @@ run_scenario() {
     wait "$qpid" || rc=$?
     echo "$rc" >"$dir/qemu-rc"
     echo "$(($(date +%s) - t0))" >"$dir/seconds"
-    hlog "qemu exited with $rc after $(cat "$dir/seconds") s"
+    host_note "qemu exited with $rc after $(cat "$dir/seconds") s"
     cleanup
     echo "done" >"$dir/status"
     if mountpoint -q "$share"; then umount "$share"; fi

@@ -99,7 +99,7 @@ for r in "${row_list[@]}"; do
     case $r in ours-vhost|ours-vhost-packed|virtiofsd) ;;
         *) echo "migrate.sh: unknown row '$r'" >&2; exit 2 ;; esac
 done
-log() { echo "guest-migration: $(date -u +%H:%M:%S) $*" >&2; }
+GUEST_LOG_NAME=guest-migration GUEST_LOG_CLOCK=1
 
 if [ "$report_only" -eq 1 ]; then
     if [ -z "$out" ] || [ ! -d "$out" ]; then echo "migrate.sh: --report-only needs --out DIR" >&2; exit 2; fi
@@ -175,8 +175,8 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 dir=
-hlog() { printf '%s %s\n' "$(date -u +%H:%M:%S.%3N)" "$*" >>"$dir/host.log"; }
-hfail() { hlog "HOST-FAIL $*"; }
+host_note() { printf '%s %s\n' "$(date -u +%H:%M:%S.%3N)" "$*" >>"$dir/host.log"; }
+hfail() { host_note "HOST-FAIL $*"; }
 
 # start_server ROW SIDE: the row's server for SIDE (src: share, dst:
 # share-dst), in a process group of its own; sets server_pid.
@@ -193,28 +193,30 @@ start_server() {
     *)
         args=("$ours_bin" --socket-path "$sock" --shared-dir "$shared" --tag share
             --export-name ci-migrate --migration-mode find-paths --log-level debug)
-        [ "$row" = ours-vhost-packed ] || args+=(--no-packed-ring)
+        vhost_9p_daemon_flags "$row"
+        args+=("${VHOST_9P_DAEMON_FLAGS[@]}")
         ;;
     esac
-    hlog "$side server: ${args[*]}"
+    host_note "$side server: ${args[*]}"
     RUST_LOG=debug setsid "${args[@]}" >"$dir/$side/server.log" 2>&1 &
     server_pid=$!
     groups+=("$server_pid")
-    wait_socket "$sock" "$server_pid"
+    wait_for_socket "$sock" "$server_pid"
 }
 
 # start_qemu ROW SIDE: the row's QEMU for SIDE (dst: -incoming); sets qemu_pid.
 qemu_pid=
 start_qemu() {
-    local row=$1 side=$2 qemu=$qemu_patched device incoming=()
+    local row=$1 side=$2 qemu=$qemu_patched device=() incoming=()
     local sock=$dir/$side/vu.sock
     case $row in
     virtiofsd)
         qemu=$qemu_stock
-        device="vhost-user-fs-pci,chardev=vu,tag=share,queue-size=1024"
+        device=(-chardev "socket,id=vu,path=$sock" -device "vhost-user-fs-pci,chardev=vu,tag=share,queue-size=1024")
         ;;
     *)
-        device="vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024$device_props"
+        vhost_9p_args --props "$device_props" "$sock"
+        device=("${VHOST_9P_ARGS[@]}")
         ;;
     esac
     # The destination waits paused for migrate-incoming (after its
@@ -223,11 +225,11 @@ start_qemu() {
     local mode=9p
     [ "$row" != virtiofsd ] || mode=virtiofs
     guest_qemu_args 512M
-    hlog "$side qemu: $qemu ... -device $device ${incoming[*]}"
+    host_note "$side qemu: $qemu ... ${device[*]:2} ${incoming[*]}"
     timeout --kill-after=10 "$timeout_s" nice -n 5 "$qemu" "${GUEST_QEMU_ARGS[@]}" \
         -serial "file:$dir/$side/console.log" -monitor none \
         -qmp "unix:$dir/$side/qmp.sock,server=on,wait=off" \
-        -chardev "socket,id=vu,path=$sock" -device "$device" \
+        "${device[@]}" \
         -kernel "$KERNEL" -initrd "$out/initrd.img" \
         -append "$GUEST_APPEND CI_MODE=$mode CI_SRC=share CI_AFTER=$after_s" \
         "${incoming[@]}" >"$dir/$side/qemu.log" 2>&1 &
@@ -242,24 +244,24 @@ migrate_row() {
     local src=$dir/src dst=$dir/dst st i
     wait_line "$src/console.log" '^MG-READY' 240 "$src_qemu" \
         || { hfail "the guest never got ready: $(tr -d '\r' <"$src/console.log" | grep -E '^MG-.* FAIL|Kernel panic' | head -2)"; return 1; }
-    hlog "guest ready; lock on the host before the migration: $(host_lock "$dir/share/mg/lockfile" | tee "$dir/lock-before")"
+    host_note "guest ready; lock on the host before the migration: $(host_lock "$dir/share/mg/lockfile" | tee "$dir/lock-before")"
     sleep "$busy_s"
     # return-path on both sides: without it the source reports
     # "completed" even when the destination refused the device state
     # (and stays paused, with no guest running anywhere).
     local caps='{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"return-path","state":true}]}}'
-    hlog "destination capabilities: $(qmp "$dst/qmp.sock" "$caps" 2>&1)"
-    hlog "source capabilities: $(qmp "$src/qmp.sock" "$caps" 2>&1)"
-    hlog "migrate-incoming: $(qmp "$dst/qmp.sock" "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"unix:$dir/migrate.sock\"}}" 2>&1)"
+    host_note "destination capabilities: $(qmp "$dst/qmp.sock" "$caps" 2>&1)"
+    host_note "source capabilities: $(qmp "$src/qmp.sock" "$caps" 2>&1)"
+    host_note "migrate-incoming: $(qmp "$dst/qmp.sock" "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"unix:$dir/migrate.sock\"}}" 2>&1)"
     [ -S "$dir/migrate.sock" ] || { hfail "the destination does not listen on $dir/migrate.sock"; return 1; }
     local answer
     answer=$(qmp "$src/qmp.sock" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/migrate.sock\"}}" 2>&1)
-    hlog "migrate: $answer"
+    host_note "migrate: $answer"
     case $answer in *'"error"'*)
         # Refused at once (a migration blocker): QEMU names the reason.
         st="failed - - - $(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["error"]["desc"].replace(" ", "_"))' "$answer" 2>/dev/null || echo refused)"
         echo "$st" >"$dir/migration"
-        hlog "query-migrate: $st"
+        host_note "query-migrate: $st"
         return 0
         ;;
     esac
@@ -278,11 +280,11 @@ migrate_row() {
         sleep 0.2
     done
     echo "$st" >"$dir/migration"
-    hlog "query-migrate: $st"
+    host_note "query-migrate: $st"
     case $st in completed\ *) ;; *) return 0 ;; esac
     # The destination runs (autostart) or waits paused: cont then.
     st=$(qmp_get "$dst/qmp.sock" query-status status running)
-    hlog "destination: $st"
+    host_note "destination: $st"
     if [ "${st#* }" != True ]; then
         i=0
         # "inmigrate" until the stream is loaded: wait for it.
@@ -292,27 +294,27 @@ migrate_row() {
             i=$((i + 1))
         done
         if [ "${st#* }" != True ]; then
-            hlog "cont: $(qmp "$dst/qmp.sock" '{"execute":"cont"}')"
+            host_note "cont: $(qmp "$dst/qmp.sock" '{"execute":"cont"}')"
             st=$(qmp_get "$dst/qmp.sock" query-status status running)
-            hlog "destination after cont: $st"
+            host_note "destination after cont: $st"
         fi
     fi
     echo "$st" >"$dir/dst-status"
     [ "${st#* }" = True ] || hfail "the destination does not run: $st"
     # The source is done: quit it; its server sees the hang-up and exits.
-    hlog "source quit: $(qmp "$src/qmp.sock" '{"execute":"quit"}' 2>&1)"
+    host_note "source quit: $(qmp "$src/qmp.sock" '{"execute":"quit"}' 2>&1)"
     i=0
     while { kill -0 "$src_qemu" 2>/dev/null || kill -0 "$src_server" 2>/dev/null; } && [ $i -lt 150 ]; do
         sleep 0.1
         i=$((i + 1))
     done
-    kill -0 "$src_server" 2>/dev/null && { hlog "the source server did not exit within 15 s of the source's quit: killed"; kill -KILL -- "-$src_server" 2>/dev/null || true; }
+    kill -0 "$src_server" 2>/dev/null && { host_note "the source server did not exit within 15 s of the source's quit: killed"; kill -KILL -- "-$src_server" 2>/dev/null || true; }
     wait "$src_qemu" 2>/dev/null
     echo $? >"$src/qemu-rc"
     wait "$src_server" 2>/dev/null
     echo $? >"$src/server-rc"
     # Only the destination's server can hold the guest's lock now.
-    hlog "lock on the host after the migration: $(host_lock "$dir/share/mg/lockfile" | tee "$dir/lock-after")"
+    host_note "lock on the host after the migration: $(host_lock "$dir/share/mg/lockfile" | tee "$dir/lock-after")"
     return 0
 }
 

@@ -17,6 +17,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
 kernels=()
@@ -29,7 +31,6 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ ${#kernels[@]} -gt 0 ] || kernels=(6.12 6.1)
-log() { echo "prepare: $*" >&2; }
 mkdir -p "$CACHE"
 
 bash "$here/install-qemu.sh" >&2

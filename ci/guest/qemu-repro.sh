@@ -54,6 +54,8 @@
 set -uo pipefail
 {
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
 repo=$(cd "$here/../.." && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
@@ -75,7 +77,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ ${#scenarios[@]} -gt 0 ] || scenarios=(query early rebind start restart migrate refused realize blockers)
-log() { echo "qemu-repro: $(date -u +%H:%M:%S) $*" >&2; }
+GUEST_LOG_CLOCK=1
 
 eval "$(bash "$here/fetch-kernel.sh" 6.12)" || { log "fetch-kernel.sh failed"; exit 1; }
 if [ -z "$qemu" ]; then
@@ -278,7 +280,9 @@ run() { # scenario
     case $sc in migrate|refused) dargs=("$dir/vu.sock" "$dir/share" --export-name share --migration-mode find-paths) ;; esac
     daemon "$dir" 1 "${dargs[@]}" || { RESULT[$sc]="FAIL: daemon did not start"; return; }
     local chr="socket,id=vu,path=$dir/vu.sock"
-    local dev="vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024"
+    # The -device value of lib.sh's line (migrate() reuses it on the destination).
+    vhost_9p_args "$dir/vu.sock"
+    local dev=${VHOST_9P_ARGS[3]}
     # 0006's property; stock QEMU has none (and blocks migration).
     case $sc in migrate|refused) [ -z "$MIGRATABLE" ] || dev="$dev,$MIGRATABLE" ;; esac
     local extra=(-chardev "$chr" -device "$dev") paused=()

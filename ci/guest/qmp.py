@@ -4,27 +4,33 @@
 
 Usage: qmp.py SOCKET JSON-COMMAND   (e.g. '{"execute": "stop"}')
 The answer ("return" or "error") is printed as one line of JSON; events
-QEMU sends meanwhile are skipped.
+QEMU sends meanwhile are skipped. Other scripts import connect().
 """
 import json
 import socket
 import sys
 
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(10)
-s.connect(sys.argv[1])
-f = s.makefile("rw")
-json.loads(f.readline())
+
+def connect(path):
+    """Connects to the QMP socket PATH, negotiates capabilities and returns
+    a function that sends one command (a dict) and returns its answer."""
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(path)
+    f = s.makefile("rw")
+    json.loads(f.readline())
+
+    def cmd(c):
+        f.write(json.dumps(c) + "\n")
+        f.flush()
+        while True:
+            r = json.loads(f.readline())
+            if "return" in r or "error" in r:
+                return r
+
+    cmd({"execute": "qmp_capabilities"})
+    return cmd
 
 
-def cmd(c):
-    f.write(json.dumps(c) + "\n")
-    f.flush()
-    while True:
-        r = json.loads(f.readline())
-        if "return" in r or "error" in r:
-            return r
-
-
-cmd({"execute": "qmp_capabilities"})
-print(json.dumps(cmd(json.loads(sys.argv[2]))))
+if __name__ == "__main__":
+    print(json.dumps(connect(sys.argv[1])(json.loads(sys.argv[2]))))

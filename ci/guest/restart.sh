@@ -66,7 +66,9 @@
 set -uo pipefail
 {
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
+repo=$GUEST_REPO
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
 kills=3
@@ -113,7 +115,7 @@ done
 [ -n "$seed" ] || seed=$(( $(date +%s) % 32768 ))
 [ "$handover" -eq 1 ] && state=1
 RANDOM=$seed
-log() { echo "restart: $(date -u +%H:%M:%S) $*" >&2; }
+GUEST_LOG_CLOCK=1
 now_ms() { date +%s%3N; }
 
 # ---------------------------------------------------------------- preparation
@@ -153,7 +155,8 @@ mkdir -p "$share"
 log "logs in $out (seed $seed)"
 
 # ---------------------------------------------------------------- the guest
-# Runs as /ci/run under ci/guest/init (busybox). Lines it prints:
+# ci/guest/restart-guest.sh runs as /ci/run under ci/guest/init. Lines it
+# prints:
 #   CI-R MOUNTED <proc/mounts line>     CI-R FEATURES <bits>
 #   CI-R OK iter=N                      CI-R FAIL iter=N step=S: <error>
 #   CI-R REMOUNT iter=N rc=R            CI-R STOP iter=N ok=N fail=N remounts=N
@@ -163,94 +166,11 @@ log "logs in $out (seed $seed)"
 #   CI-R HELDLOG lines=N ok=N in-order=yes|no
 mkdir -p "$out/payload/ci"
 if [ "$state" -eq 1 ]; then
-    gcc -static -O2 -Wall -Wextra -Werror -o "$out/payload/ci/holdlock" "$here/src/holdlock.c" \
+    guest_static_tool "$here/src/holdlock.c" "$out/payload/ci/holdlock" \
         || { log "building holdlock failed"; exit 1; }
 fi
-cat >"$out/payload/ci/run" <<'GUEST'
-#!/bin/sh
-mnt=/mnt
-opts=trans=virtio,version=9p2000.L,msize=512000,cache=mmap,access=client
-domount() { mount -t 9p -o "$opts" "$CI_SRC" "$mnt"; }
-up() { read -r u _ </proc/uptime; echo "${u%.*}"; }
-deadline=$(( $(up) + ${CI_SECONDS:-800} ))
-if ! domount; then echo "CI-R MOUNT-FAILED"; exit 1; fi
-echo "CI-R MOUNTED $(grep " $mnt 9p " /proc/mounts)"
-for d in /sys/bus/virtio/devices/*; do
-    [ "$(cat "$d/device" 2>/dev/null)" = 0x0009 ] && echo "CI-R FEATURES $(cat "$d/features")"
-done
-dd if=/dev/urandom of=/tmp/pat bs=64k count=16 2>/dev/null
-want=$(sha256sum /tmp/pat | cut -d' ' -f1)
-mkdir -p "$mnt/w"
-exec 3>>"$mnt/w/held.log"
-lockpid=
-if [ "${CI_STATE:-0}" = 1 ]; then
-    /ci/holdlock "$mnt/w/lockfile" &
-    lockpid=$!
-    n=0
-    while [ ! -s "$mnt/w/lockfile" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
-fi
-# One step: run it under a kill timer (a 9p wait is only killable), print
-# its error on failure. K is the guest-side limit per step in seconds.
-K=120
-step() { # name command...
-    name=$1; shift
-    if ! err=$(timeout -s KILL "$K" sh -c "$*" 2>&1); then
-        echo "CI-R FAIL iter=$i step=$name: $(echo "$err" | tr '\n' ' ' | cut -c1-200)"
-        return 1
-    fi
-}
-i=0 ok=0 fail=0 remounts=0
-while :; do
-    i=$((i + 1))
-    if [ "$(up)" -ge "$deadline" ]; then echo "CI-R TIMEOUT"; break; fi
-    if [ -e "$mnt/ci-stop" ]; then break; fi
-    f=$mnt/w/f$((i % 4))
-    d=$mnt/w/d$i
-    if step write "cp /tmp/pat $f" &&
-        step read "[ \"\$(sha256sum $f | cut -d' ' -f1)\" = $want ] || { echo sha256 mismatch; exit 1; }" &&
-        step meta "mkdir $d && echo x >$d/a && mv $d/a $d/b && rm $d/b && rmdir $d" &&
-        step held "echo iter $i >&3" &&
-        step list "ls $mnt/w >/dev/null" &&
-        { [ -z "$lockpid" ] || step lock "kill -USR1 $lockpid"; }; then
-        ok=$((ok + 1))
-        echo "CI-R OK iter=$i"
-    else
-        fail=$((fail + 1))
-        exec 3>&-
-        umount -l "$mnt"
-        # The channel stays in use until the old client is gone.
-        n=0
-        while :; do
-            n=$((n + 1))
-            domount && rc=0 && break
-            rc=$?
-            echo "CI-R REMOUNT-TRY iter=$i try=$n rc=$rc mounts: $(grep ' 9p ' /proc/mounts | tr '\n' ';')"
-            [ $n -lt 30 ] || break
-            sleep 1
-        done
-        remounts=$((remounts + 1))
-        echo "CI-R REMOUNT iter=$i rc=$rc tries=$n"
-        exec 3>>"$mnt/w/held.log"
-    fi
-done
-echo "CI-R STOP iter=$i ok=$ok fail=$fail remounts=$remounts"
-if [ -n "$lockpid" ]; then
-    kill -TERM "$lockpid"
-    wait "$lockpid"
-    echo "CI-R HOLDLOCK exit=$?"
-    exec 3>&-
-    # The file kept open got one line per good iteration, in order, once.
-    lines=$(grep -c '^iter ' "$mnt/w/held.log")
-    sorted=no
-    grep '^iter ' "$mnt/w/held.log" | cut -d' ' -f2 >/tmp/held
-    sort -n -u /tmp/held | cmp -s - /tmp/held && sorted=yes
-    echo "CI-R HELDLOG lines=$lines ok=$ok in-order=$sorted"
-fi
-echo "CI-DONE"
-GUEST
-chmod 0755 "$out/payload/ci/run"
-(cd "$out/payload" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$out/payload.cpio.gz"
-cat "$INITRAMFS" "$out/payload.cpio.gz" >"$out/initrd.img"
+install -m 0755 "$here/restart-guest.sh" "$out/payload/ci/run"
+guest_initrd "$INITRAMFS" "$out/payload" "$out/initrd.img"
 
 # ---------------------------------------------------------------- daemons
 ring=(--no-packed-ring)
@@ -289,100 +209,10 @@ start_daemon() { # instance number
     # Under strace, signals go to the daemon, not to strace.
     [ ${#wrap[@]} -eq 0 ] || sig_pid=$(pgrep -o -P "$daemon_pid") || return 1
 }
-# QMP: one command, the answer as JSON on stdout.
-qmp_cmd() { # json-command
-    python3 "$here/qmp.py" "$qmp" "$1"
-}
-vq_path=
-# QEMU's view of queue 0. Only while the vhost device is stopped: with the
-# device started, x-query-virtio-queue-status asks the backend for the ring
-# base (GET_VRING_BASE, which stops the ring) and, without the get_vhost
-# hook of ci/guest/qemu-patches/0001-*, crashes QEMU (a NULL vdc->get_vhost).
-vq_status() { # -> "last_avail=N used=N; guest avail.idx=N used.idx=N"
-    [ -n "$vq_path" ] || vq_path=$(qmp_cmd '{"execute":"x-query-virtio"}' \
-        | python3 -c 'import json,sys; r=json.load(sys.stdin)["return"]; print(r[0]["path"] if r else "")')
-    [ -n "$vq_path" ] || { echo "no virtio device over QMP"; return; }
-    local st el
-    st=$(qmp_cmd "{\"execute\":\"x-query-virtio-queue-status\",\"arguments\":{\"path\":\"$vq_path\",\"queue\":0}}" \
-        | python3 -c 'import json,sys; r=json.load(sys.stdin).get("return",{}); print("last_avail=%s used=%s" % (r.get("last-avail-idx"), r.get("used-idx")))')
-    # The guest's own indices, read from the rings (split rings only).
-    el=$(qmp_cmd "{\"execute\":\"x-query-virtio-queue-element\",\"arguments\":{\"path\":\"$vq_path\",\"queue\":0}}" \
-        | python3 -c 'import json,sys
-r = json.load(sys.stdin)
-if "return" in r:
-    e = r["return"]; print("guest avail.idx=%s used.idx=%s" % (e["avail"]["idx"], e["used"]["idx"]))
-else:
-    print("guest indices: %s" % r["error"]["desc"])')
-    echo "$st; $el"
-}
-
-# Decodes the vhost-user messages a daemon received (strace -xx of its
-# recvmsg calls): one line each, in order, with the fields that matter at a
-# reconnect.
-decode_vhost_msgs() { # strace file
-    python3 - "$1" <<'PY'
-import re, struct, sys
-names = {1: "GET_FEATURES", 2: "SET_FEATURES", 3: "SET_OWNER", 4: "RESET_OWNER",
-         5: "SET_MEM_TABLE", 8: "SET_VRING_NUM", 9: "SET_VRING_ADDR",
-         10: "SET_VRING_BASE", 11: "GET_VRING_BASE", 12: "SET_VRING_KICK",
-         13: "SET_VRING_CALL", 14: "SET_VRING_ERR", 15: "GET_PROTOCOL_FEATURES",
-         16: "SET_PROTOCOL_FEATURES", 17: "GET_QUEUE_NUM", 18: "SET_VRING_ENABLE",
-         21: "SET_BACKEND_REQ_FD", 24: "GET_CONFIG", 25: "SET_CONFIG",
-         31: "GET_INFLIGHT_FD", 32: "SET_INFLIGHT_FD", 34: "RESET_DEVICE",
-         36: "GET_MAX_MEM_SLOTS", 37: "ADD_MEM_REG", 38: "REM_MEM_REG",
-         39: "SET_STATUS", 40: "GET_STATUS"}
-rx = re.compile(r'recvmsg\((\d+), \{.*?iov_base="([^"]*)".*?\}, \d+\) = (\d+)')
-pending = None
-for line in open(sys.argv[1]):
-    m = rx.search(line)
-    if not m:
-        continue
-    data = bytes.fromhex(m.group(2).replace("\\x", ""))[: int(m.group(3))]
-    fds = len(re.findall(r"SCM_RIGHTS", line))
-    if pending is None:
-        if len(data) < 12:
-            continue
-        req, flags, size = struct.unpack_from("<III", data)
-        body = data[12:]
-        if size > len(body):
-            pending = (req, flags, size, body, fds)
-            continue
-    else:
-        req, flags, size, body, f0 = pending
-        body += data
-        fds += f0
-        if size > len(body):
-            pending = (req, flags, size, body, fds)
-            continue
-        pending = None
-    n = names.get(req, "REQ_%d" % req)
-    d = ""
-    if req in (2, 16, 39) and len(body) >= 8:
-        d = "0x%x" % struct.unpack_from("<Q", body)[0]
-    elif req in (8, 10, 11, 18) and len(body) >= 8:
-        i, num = struct.unpack_from("<II", body)
-        d = "index=%d num=%d" % (i, num)
-        if req == 10 and num > 0xffff:
-            # Packed ring: last avail and used index, each with its wrap
-            # counter in bit 15 (QEMU's virtio_queue_get_last_avail_idx).
-            d += " (packed: avail=%d wrap=%d used=%d wrap=%d)" % (
-                num & 0x7fff, (num >> 15) & 1, (num >> 16) & 0x7fff, num >> 31)
-    elif req == 9 and len(body) >= 40:
-        i, fl, desc, used, avail, logaddr = struct.unpack_from("<IIQQQQ", body)
-        d = "index=%d desc=0x%x used=0x%x avail=0x%x" % (i, desc, used, avail)
-    elif req in (12, 13, 14) and len(body) >= 8:
-        u = struct.unpack_from("<Q", body)[0]
-        d = "index=%d%s" % (u & 0xff, " (no fd)" if u & 0x100 else "")
-    elif req in (37, 38) and len(body) >= 40:
-        gpa, sz, ua, off = struct.unpack_from("<QQQQ", body, 8)
-        d = "gpa=0x%x size=0x%x" % (gpa, sz)
-    elif req == 5 and len(body) >= 8:
-        d = "regions=%d" % struct.unpack_from("<I", body)[0]
-    elif req in (24, 25) and len(body) >= 12:
-        d = "offset=%d size=%d" % struct.unpack_from("<II", body)
-    print("%s%s%s%s" % (n, " " + d if d else "", " +%d fd" % fds if fds else "",
-                        " (needs reply)" if flags & 0x8 else ""))
-PY
+# QEMU's view of queue 0 (ci/guest/virtio-queue.py), only while the vhost
+# device is stopped.
+vq_status() {
+    python3 "$here/virtio-queue.py" "$qmp"
 }
 
 qemu_pid=
@@ -401,58 +231,33 @@ start_daemon 1 || { log "daemon 1 did not start (see $out/server-1.log)"; exit 1
 # no_timer_check: under TCG on a loaded host the IO-APIC timer check can
 # fail and panic the kernel ("IO-APIC + timer doesn't work").
 append="console=ttyS0 loglevel=4 panic=-1 no_timer_check CI_SRC=share CI_SECONDS=$timeout_s CI_STATE=$state"
+# reconnect-ms: QEMU reconnects to the next daemon on the same socket.
+guest_qemu_args 512M
+vhost_9p_args --chardev-opts ,reconnect-ms=500 "$sock"
 # vhost-user trace events (message numbers in the order QEMU sends them)
 # and the vhost device's start/stop/cleanup go to qemu-trace.log.
-nice -n 5 "$qemu" -nodefaults -no-user-config -accel tcg \
-    -machine q35,memory-backend=mem -cpu max -m 512M -smp 1 -display none -no-reboot \
+nice -n 5 "$qemu" "${GUEST_QEMU_ARGS[@]}" \
     -serial "file:$con" -monitor none -qmp "unix:$qmp,server=on,wait=off" \
-    -object memory-backend-memfd,id=mem,size=512M,share=on \
-    -chardev "socket,id=vu,path=$sock,reconnect-ms=500" \
-    -device "vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024" \
-    -L /usr/share/qemu -L /usr/share/seabios \
+    "${VHOST_9P_ARGS[@]}" \
     -trace 'vhost_user_read' -trace 'vhost_user_write' -trace 'vhost_dev_st*' -trace 'vhost_dev_cleanup' \
     -D "$out/qemu-trace.log" \
     -kernel "$KERNEL" -initrd "$out/initrd.img" -append "$append" >"$out/qemu.log" 2>&1 &
 qemu_pid=$!
 
-wait_line() { # file regex seconds -> 0 when a line matches, 1 at timeout or QEMU exit
-    local t=$(( $(date +%s) + $3 ))
-    while ! grep -qE "$2" "$1" 2>/dev/null; do
-        kill -0 "$qemu_pid" 2>/dev/null || return 1
-        [ "$(date +%s)" -lt "$t" ] || return 1
-        sleep 0.2
-    done
-}
 count_lines() { grep -cE "$2" "$1" 2>/dev/null || true; }
-# Whether a host process can take a POSIX write lock on the guest's lock
-# file now: "free" or "held" (by the daemon, for the guest).
-host_lock() {
-    python3 - "$share/w/lockfile" <<'PY'
-import fcntl, sys
-try:
-    f = open(sys.argv[1], "r+")
-except OSError as e:
-    print("no file (%s)" % e.strerror); sys.exit()
-try:
-    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    print("free")
-except OSError:
-    print("held")
-PY
-}
 fail() { log "FAILED: $*"; verdict_fail=1; }
 
 verdict_fail=0
 declare -a R_KILL R_CLEAN R_ACK R_BEFORE R_GUEST R_HANDOVER R_LOCK R_FIRST
-if ! wait_line "$con" '^CI-R (MOUNTED|MOUNT-FAILED)' 300 || grep -q '^CI-R MOUNT-FAILED' "$con"; then
+if ! wait_line "$con" '^CI-R (MOUNTED|MOUNT-FAILED)' 300 "$qemu_pid" || grep -q '^CI-R MOUNT-FAILED' "$con"; then
     fail "the guest did not mount (see $con, $out/qemu.log)"
 fi
 if [ "$verdict_fail" -eq 0 ]; then
-    wait_line "$con" '^CI-R OK' 300 || fail "no good iteration before the first kill"
+    wait_line "$con" '^CI-R OK' 300 "$qemu_pid" || fail "no good iteration before the first kill"
 fi
 if [ "$verdict_fail" -eq 0 ] && [ "$state" -eq 1 ]; then
     grep -q '^CI-R LOCKED pid=' "$con" || fail "the guest's lock holder did not lock ($(grep -m1 '^CI-R LOCKED' "$con"))"
-    [ "$(host_lock)" = held ] || fail "the guest's lock is not held on the host before the first kill"
+    [ "$(host_lock "$share/w/lockfile")" = held ] || fail "the guest's lock is not held on the host before the first kill"
 fi
 k=0
 while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
@@ -509,7 +314,7 @@ while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
         fail "daemon $((k + 1)) did not start (see $out/server-$((k + 1)).log)"
         break
     fi
-    if ! wait_line "$out/server-$((k + 1)).log" 'driver acked features' 60; then
+    if ! wait_line "$out/server-$((k + 1)).log" 'driver acked features' 60 "$qemu_pid"; then
         fail "QEMU did not restart the device in daemon $((k + 1)) within 60 s"
         break
     fi
@@ -517,7 +322,7 @@ while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
     R_FIRST[$k]=$(( $(now_ms) - t0 ))
     if [ "$use_strace" -eq 1 ]; then
         sleep 1
-        decode_vhost_msgs "$out/strace-$((k + 1)).txt" >"$out/vhost-msgs-$((k + 1)).txt"
+        python3 "$here/vhost-msgs.py" "$out/strace-$((k + 1)).txt" >"$out/vhost-msgs-$((k + 1)).txt"
     fi
     log "restart $k: device restarted in daemon $((k + 1)) ${R_ACK[$k]} ms after its start"
     # The guest's next good iteration (its workload resumed).
@@ -532,16 +337,16 @@ while [ "$verdict_fail" -eq 0 ] && [ "$k" -lt "$kills" ]; do
     R_GUEST[$k]=$(tail -n +"$((lines_before + 1))" "$con" | tr -d '\r' | grep -E '^CI-R (FAIL|REMOUNT|HELD FAIL)' | head -8)
     if [ "$state" -eq 1 ]; then
         # The new daemon took the guest's lock again before it served.
-        R_LOCK[$k]=$(host_lock)
+        R_LOCK[$k]=$(host_lock "$share/w/lockfile")
         [ "${R_LOCK[$k]}" = held ] || fail "after restart $k the guest's lock is ${R_LOCK[$k]} on the host"
     fi
 done
 # Stop the guest: it checks for the file at each iteration.
 touch "$share/ci-stop"
 if [ "$verdict_fail" -eq 0 ]; then
-    wait_line "$con" '^CI-DONE' 300 || fail "the guest did not finish"
+    wait_line "$con" '^CI-DONE' 300 "$qemu_pid" || fail "the guest did not finish"
 else
-    wait_line "$con" '^CI-DONE' 20
+    wait_line "$con" '^CI-DONE' 20 "$qemu_pid"
 fi
 for _ in $(seq 1 100); do kill -0 "$qemu_pid" 2>/dev/null || break; sleep 0.2; done
 if kill -0 "$qemu_pid" 2>/dev/null; then

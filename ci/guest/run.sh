@@ -31,8 +31,10 @@ set -uo pipefail
 # before running it (editing the file during a long run is then harmless).
 {
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
+repo=$GUEST_REPO
+CACHE=$GUEST_CACHE
 export VIRTIO_9P_CI_CACHE=$CACHE
 servers=qemu,diod,ours-socket,ours-vhost,ours-vhost-mapped,ours-vhost-packed,virtiofsd
 kernel=6.12
@@ -60,7 +62,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 case $mib in ''|*[!0-9]*) echo "run.sh: --mib needs a number" >&2; exit 2 ;; esac
-log() { echo "guest-run: $*" >&2; }
+GUEST_LOG_NAME=guest-run
 
 IFS=, read -r -a server_list <<<"$servers"
 if [ "$report_only" -eq 1 ]; then
@@ -85,7 +87,7 @@ esac
 # Stock QEMU >= 10.2 (ci/guest/build-qemu.sh): the frontend of every row,
 # QEMU built-in and virtiofsd included, so the peers share one QEMU. Its
 # firmware is Debian's (-L).
-QEMU=$CACHE/qemu-stock/bin/qemu-system-x86_64
+QEMU=$GUEST_QEMU_STOCK
 QEMU_FW=(-L /usr/share/qemu -L /usr/share/seabios)
 [ -x "$QEMU" ] || { log "no stock QEMU at $QEMU (ci/guest/build-qemu.sh)"; exit 1; }
 tools=$CACHE/tools/current
@@ -203,16 +205,6 @@ big_sha=$(sha256sum "$big" | cut -d' ' -f1)
 zero_sha=$(head -c $((mib * 1048576)) /dev/zero | sha256sum | cut -d' ' -f1)
 
 # ---------------------------------------------------------- one guest
-wait_for_socket() { # path pid
-    local i=0
-    while [ ! -S "$1" ] && [ $i -lt 100 ]; do
-        kill -0 "$2" 2>/dev/null || return 1
-        sleep 0.1
-        i=$((i + 1))
-    done
-    [ -S "$1" ]
-}
-
 # run_row NAME -> writes $out/NAME/{console.log,server.log,status}
 run_row() {
     local name=$1 dir=$out/$1
@@ -263,34 +255,24 @@ run_row() {
             return
         fi
         # ours-vhost-mapped: the same, in the model for untrusted guests
-        # (ownership, modes, devices and ACLs in user.virtfs.* xattrs).
-        local model=()
-        if [ "$name" = ours-vhost-mapped ]; then
-            if ! grep -q -- '--security-model' <<<"$ours_help"; then
-                echo "not available: virtio-9p-server has no --security-model yet" >"$dir/status"
+        # (ownership, modes, devices and ACLs in user.virtfs.* xattrs);
+        # ours-vhost-packed: packed rings, the others split. A row whose
+        # options the daemon lacks is skipped.
+        vhost_9p_daemon_flags "$name"
+        local flag
+        for flag in --no-packed-ring "${VHOST_9P_DAEMON_FLAGS[@]}"; do
+            case $flag in --*) ;; *) continue ;; esac
+            if ! grep -q -- "$flag" <<<"$ours_help"; then
+                echo "not available: virtio-9p-server has no $flag yet" >"$dir/status"
                 return
             fi
-            model=(--security-model mapped-xattr)
-        fi
-        # The daemon offers packed rings and QEMU's generic vhost-user
-        # device passes that through, so the guest picks packed unless the
-        # daemon declines: ours-vhost-packed is the packed row, the others
-        # stay split (a daemon without the option has split rings only).
-        local ring=()
-        if [ "$name" = ours-vhost-packed ]; then
-            if ! grep -q -- '--no-packed-ring' <<<"$ours_help"; then
-                echo "not available: virtio-9p-server has no --no-packed-ring (packed rings) yet" >"$dir/status"
-                return
-            fi
-        elif grep -q -- '--no-packed-ring' <<<"$ours_help"; then
-            ring=(--no-packed-ring)
-        fi
+        done
         RUST_LOG=${RUST_LOG:-debug} "$ours_bin" --socket-path "$sock" --shared-dir "$share" --tag share \
-            "${model[@]}" "${ring[@]}" "${ours_log[@]}" >"$dir/server.log" 2>&1 &
+            "${VHOST_9P_DAEMON_FLAGS[@]}" "${ours_log[@]}" >"$dir/server.log" 2>&1 &
         server_pid=$!
-        extra=(-object memory-backend-memfd,id=mem,size=512M,share=on
-            -chardev "socket,id=vu,path=$sock"
-            -device "vhost-user-test-device-pci,chardev=vu,virtio-id=9,num_vqs=1,config_size=$((2 + 5)),vq_size=1024")
+        guest_vhost_ram 512M
+        vhost_9p_args "$sock"
+        extra=("${GUEST_VHOST_RAM[@]}" "${VHOST_9P_ARGS[@]}")
         ;;
     virtiofsd)
         # virtio-fs, the other way to share a folder: stock QEMU's
@@ -306,8 +288,8 @@ run_row() {
         server_pid=$!
         mode=virtiofs
         opts=
-        extra=(-object memory-backend-memfd,id=mem,size=512M,share=on
-            -chardev "socket,id=vfs,path=$sock"
+        guest_vhost_ram 512M
+        extra=("${GUEST_VHOST_RAM[@]}" -chardev "socket,id=vfs,path=$sock"
             -device "vhost-user-fs-pci,chardev=vfs,tag=share,queue-size=1024")
         ;;
     *)
@@ -324,7 +306,7 @@ run_row() {
         fi
     fi
     local machine=q35
-    case $name in ours-vhost|ours-vhost-mapped|ours-vhost-packed|virtiofsd) machine=q35,memory-backend=mem ;; esac
+    case $name in ours-vhost|ours-vhost-mapped|ours-vhost-packed|virtiofsd) machine=$GUEST_VHOST_MACHINE ;; esac
     local append="console=ttyS0 loglevel=4 panic=-1 CI_MODE=$mode CI_SRC=$src CI_OPTS=$opts CI_TESTS=$tests CI_DD_MIB=$mib"
     log "$name: booting guest ($(basename "$KERNEL"), timeout ${timeout_s}s)"
     local t0 rc

@@ -33,6 +33,8 @@
 set -uo pipefail
 {
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=ci/guest/lib.sh
+. "$here/lib.sh"
 repo=$(cd "$here/../.." && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
@@ -84,7 +86,7 @@ else
     timeout_s=${timeout_s:-7200}
 fi
 IFS=, read -r -a server_list <<<"$servers"
-log() { echo "suite-$suite: $*" >&2; }
+GUEST_LOG_NAME=suite-$suite
 
 if [ "$report_only" -eq 1 ]; then
     [ -n "$out" ] && [ -d "$out" ] || { echo "suite.sh: --report-only needs --out DIR" >&2; exit 2; }
@@ -98,7 +100,7 @@ eval "$(bash "$here/fetch-kernel.sh" "$kernel")" # KERNEL=, INITRAMFS=
 eval "$(bash "$here/tooldisk.sh" "$kernel" | tail -1)" # TOOLDISK=
 # Stock QEMU >= 10.2 (ci/guest/build-qemu.sh) for every row, QEMU built-in
 # and virtiofsd included; Debian's firmware (-L).
-QEMU=$CACHE/qemu-stock/bin/qemu-system-x86_64
+QEMU=$GUEST_QEMU_STOCK
 QEMU_FW=(-L /usr/share/qemu -L /usr/share/seabios)
 [ -x "$QEMU" ] || { log "no stock QEMU at $QEMU (ci/guest/build-qemu.sh)"; exit 1; }
 virtiofsd_bin=
@@ -237,16 +239,6 @@ cpu_poll() { # dir qemu-pid server-pid...
     done >>"$dir/cpu.log"
 }
 
-wait_for_socket() { # path pid
-    local i=0
-    while [ ! -S "$1" ] && [ $i -lt 100 ]; do
-        kill -0 "$2" 2>/dev/null || return 1
-        sleep 0.1
-        i=$((i + 1))
-    done
-    [ -S "$1" ]
-}
-
 # run_row NAME -> $out/NAME/{console.log,server-*.log,status,results/}
 run_row() {
     local name=$1 dir=$out/$1
@@ -274,7 +266,7 @@ run_row() {
         cp -a "$tmpl/repo" "$dir/share-work/wl/repo"
         ln "$tmpl/fio.dat" "$dir/share-work/wl/fio.dat"
     fi
-    local vhost_mem=(-object "memory-backend-memfd,id=mem,size=${SUITE_MEM:-1G},share=on")
+    guest_vhost_ram "${SUITE_MEM:-1G}"
     local serial=(-device virtio-serial-pci -chardev "socket,id=p9c,path=$dir/9p.sock"
         -device virtserialport,chardev=p9c,name=ninep)
     local i pid sock tag
@@ -304,26 +296,24 @@ run_row() {
         ;;
     ours-vhost|ours-vhost-packed|ours-vhost-mapped)
         [ -n "$ours_bin" ] || { echo "not available: $ours_err" >"$dir/status"; return; }
-        machine=q35,memory-backend=mem
-        local flags=()
-        [ "$name" = ours-vhost-packed ] || flags+=(--no-packed-ring)
-        [ "$name" = ours-vhost-mapped ] && flags+=(--security-model mapped-xattr)
-        extra=("${vhost_mem[@]}")
+        machine=$GUEST_VHOST_MACHINE
+        vhost_9p_daemon_flags "$name"
+        extra=("${GUEST_VHOST_RAM[@]}")
         for i in "${!shares[@]}"; do
             sock=$dir/vu-$i.sock tag=${tags[$i]}
             RUST_LOG=${RUST_LOG:-info} "$ours_bin" --socket-path "$sock" --shared-dir "$dir/share-${shares[$i]}" \
-                --tag "$tag" "${flags[@]}" >"$dir/server-${shares[$i]}.log" 2>&1 &
+                --tag "$tag" "${VHOST_9P_DAEMON_FLAGS[@]}" >"$dir/server-${shares[$i]}.log" 2>&1 &
             pid=$!; pids+=("$pid")
             wait_for_socket "$sock" "$pid" || { echo "server failed: virtio-9p-server for $tag" >"$dir/status"; cleanup; return; }
-            extra+=(-chardev "socket,id=vu$i,path=$sock"
-                -device "vhost-user-test-device-pci,chardev=vu$i,virtio-id=9,num_vqs=1,config_size=$((2 + ${#tag})),vq_size=1024")
+            vhost_9p_args --id "vu$i" --tag "$tag" "$sock"
+            extra+=("${VHOST_9P_ARGS[@]}")
         done
         ;;
     virtiofsd)
         [ -n "$virtiofsd_bin" ] || { echo "not available: virtiofsd did not install" >"$dir/status"; return; }
-        machine=q35,memory-backend=mem
+        machine=$GUEST_VHOST_MACHINE
         mode=virtiofs; opts=
-        extra=("${vhost_mem[@]}")
+        extra=("${GUEST_VHOST_RAM[@]}")
         # Strict: cache=never (--allow-mmap: shared mmap as 9p's
         # cache=mmap allows); cached: cache=auto. Two daemons on one
         # directory for the workloads, one per tag.
