@@ -9,7 +9,8 @@
 #   $CACHE/qemu-patched/bin/qemu-system-x86_64  the same tree with our
 #       series ci/guest/qemu-patches/*.patch applied (`git am`), rebuilt
 #       incrementally in the same build directory, so the two binaries differ
-#       only by the series. Only the restart scenario (reconnect-ms) uses it.
+#       only by the series. Only the restart scenario (reconnect-ms) and
+#       the migration scenario (a migratable generic device) use it.
 #
 # Source: the newest Debian QEMU >= 10.2 whose orig tarball downloads. The
 # candidates are the `qemu` source versions that sid, trixie-backports and
@@ -42,6 +43,7 @@ set -euo pipefail
 # editing this file during a build is harmless.
 {
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib.sh"
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 JOBS=${JOBS:-$(nproc)}
 PATCHES=$here/qemu-patches
@@ -73,7 +75,6 @@ if all_built; then
     exit 0
 fi
 
-log() { echo "build-qemu: $*" >&2; }
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.qemu-build.lock"
 flock 9

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 # Shared helpers of the ci/guest host scripts; source it, don't run it.
-# Every host script sources it except build-qemu.sh and tooldisk.sh, whose
-# own text is part of their cache key (editing them rebuilds the cache).
+# Every host script sources it (build-qemu.sh and tooldisk.sh hash only
+# their own text into their cache keys, so editing this file rebuilds
+# nothing).
 # The guest-side scripts (*-guest.sh) run under busybox in the guest.
 # shellcheck shell=bash
 # shellcheck disable=SC2034 # its variables are for the scripts that source it

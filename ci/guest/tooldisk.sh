@@ -22,7 +22,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 CACHE=${VIRTIO_9P_CI_CACHE:-/var/cache/virtio-9p-ci}
 export VIRTIO_9P_CI_CACHE=$CACHE
 series=${1:-6.12}
-log() { echo "tooldisk: $*" >&2; }
+source "$here/lib.sh"
 
 # Rows run as parallel invocations (one per row) build the disk once: the
 # second waits here, then finds the image.
