@@ -726,6 +726,53 @@ pub(crate) fn encode_rgetattr(out: &mut Vec<u8>, a: &Rgetattr) {
     a.encode(&mut Encoder::new(out));
 }
 
+/// Bytes of a whole Rgetattr frame (it has no variable-length field).
+pub(crate) const RGETATTR_FRAME_SIZE: usize = HEADER_SIZE + 8 + QID_SIZE + 3 * 4 + 15 * 8;
+
+/// The whole Rgetattr frame answering `tag` with `a`, built on the stack
+/// with stores at fixed offsets: no buffer, no capacity check per field
+/// (the commonest reply; the same bytes as [`encode_rgetattr`] behind a
+/// header).
+pub(crate) fn rgetattr_frame(tag: u16, a: &Rgetattr) -> [u8; RGETATTR_FRAME_SIZE] {
+    let mut out = [0u8; RGETATTR_FRAME_SIZE];
+    let hdr = Header {
+        size: RGETATTR_FRAME_SIZE as u32,
+        ty: MsgType::Rgetattr.into(),
+        tag,
+    };
+    out[..HEADER_SIZE].copy_from_slice(&hdr.to_bytes());
+    let mut at = HEADER_SIZE;
+    let mut put = |b: &[u8]| {
+        out[at..at + b.len()].copy_from_slice(b);
+        at += b.len();
+    };
+    put(&a.valid.bits().to_le_bytes());
+    put(&a.qid.to_bytes());
+    for v in [a.mode, a.uid, a.gid] {
+        put(&v.to_le_bytes());
+    }
+    for v in [
+        a.nlink,
+        a.rdev,
+        a.size,
+        a.blksize,
+        a.blocks,
+        a.atime_sec,
+        a.atime_nsec,
+        a.mtime_sec,
+        a.mtime_nsec,
+        a.ctime_sec,
+        a.ctime_nsec,
+        a.btime_sec,
+        a.btime_nsec,
+        a.gen,
+        a.data_version,
+    ] {
+        put(&v.to_le_bytes());
+    }
+    out
+}
+
 /// Initial capacity of an encoded frame: enough for every fixed-size
 /// message (Rgetattr is the largest at 160 bytes) and short names.
 const FRAME_CAPACITY: usize = 256;
@@ -1051,6 +1098,12 @@ mod tests {
         Rmessage::Getattr(Box::new(a)).encode_body(&mut boxed);
         assert_eq!(direct, boxed);
         assert_eq!(direct.len() + HEADER_SIZE, 160);
+        let frame = rgetattr_frame(0x1234, &a);
+        assert_eq!(frame.len(), RGETATTR_FRAME_SIZE);
+        assert_eq!(
+            frame.to_vec(),
+            Rmessage::Getattr(Box::new(a)).encode_frame(0x1234)
+        );
         let back = Rmessage::decode_body(MsgType::Rgetattr.into(), &direct).unwrap();
         assert_eq!(back, Rmessage::Getattr(Box::new(a)));
     }
