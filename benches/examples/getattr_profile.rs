@@ -63,7 +63,10 @@ fn main() -> Res<()> {
             let server = Arc::new(Server::new(fs, Config::default())?);
             let session = Session::new();
             let cancel = Cancel::new();
-            for f in setup_frames().iter().chain(std::iter::repeat_n(&getattr, calls)) {
+            for f in setup_frames()
+                .iter()
+                .chain(std::iter::repeat_n(&getattr, calls))
+            {
                 let out = server.handle(
                     &session,
                     &mut SliceReader::new(f),
@@ -76,7 +79,10 @@ fn main() -> Res<()> {
         }
         "p9" => {
             let mut server = p9::Server::new(dir.path(), Default::default(), Default::default())?;
-            for f in setup_frames().iter().chain(std::iter::repeat_n(&getattr, calls)) {
+            for f in setup_frames()
+                .iter()
+                .chain(std::iter::repeat_n(&getattr, calls))
+            {
                 reply.clear();
                 let mut reader = f.as_slice();
                 server.handle_message(&mut reader, &mut reply)?;
