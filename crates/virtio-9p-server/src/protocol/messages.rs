@@ -726,6 +726,22 @@ pub(crate) fn encode_rgetattr(out: &mut Vec<u8>, a: &Rgetattr) {
     a.encode(&mut Encoder::new(out));
 }
 
+/// Bytes of a Tgetattr body: `fid[4] request_mask[8]`.
+pub(crate) const TGETATTR_BODY_SIZE: usize = 4 + 8;
+
+/// The Tgetattr of a body of exactly [`TGETATTR_BODY_SIZE`] bytes, as
+/// `Tmessage::decode_body` decodes it (the server's Tgetattr path, which
+/// builds no `Tmessage`).
+pub(crate) fn decode_tgetattr(b: &[u8; TGETATTR_BODY_SIZE]) -> Tgetattr {
+    let (fid, mask) = b.split_at(4);
+    Tgetattr {
+        fid: u32::from_le_bytes(fid.try_into().unwrap_or_default()),
+        request_mask: GetattrMask::from_bits_retain(u64::from_le_bytes(
+            mask.try_into().unwrap_or_default(),
+        )),
+    }
+}
+
 /// Bytes of a whole Rgetattr frame (it has no variable-length field).
 pub(crate) const RGETATTR_FRAME_SIZE: usize = HEADER_SIZE + 8 + QID_SIZE + 3 * 4 + 15 * 8;
 
@@ -1106,6 +1122,21 @@ mod tests {
         );
         let back = Rmessage::decode_body(MsgType::Rgetattr.into(), &direct).unwrap();
         assert_eq!(back, Rmessage::Getattr(Box::new(a)));
+    }
+
+    #[test]
+    fn test_decode_tgetattr_matches_decode_body() {
+        let m = Tgetattr {
+            fid: 0xdead_beef,
+            request_mask: GetattrMask::from_bits_retain(0x8000_0000_0000_3fff),
+        };
+        let frame = Tmessage::Getattr(m.clone()).encode_frame(3);
+        let body: &[u8; TGETATTR_BODY_SIZE] = frame[HEADER_SIZE..].try_into().unwrap();
+        assert_eq!(decode_tgetattr(body), m);
+        assert_eq!(
+            Tmessage::decode_body(MsgType::Tgetattr.into(), body).unwrap(),
+            Tmessage::Getattr(decode_tgetattr(body))
+        );
     }
 
     #[test]
