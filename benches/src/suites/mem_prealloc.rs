@@ -1041,7 +1041,10 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
          threads its own memfd of half the size (one thread on the whole memfd is the \
          baseline), ceiling_2t_memset zeroes already-resident memory page by page (store \
          bandwidth only). cpu_s_2t_vs_1t above 1 is CPU time the second thread adds per byte; \
-         with a fully used second CPU, speedup_2t cannot exceed 2 / cpu_s_2t_vs_1t.",
+         with a fully used second CPU, speedup_2t cannot exceed 2 / cpu_s_2t_vs_1t. \
+         ratio_vs_map_populate_2t and qemu_ratio_vs_map_populate_2t set us and QEMU against \
+         the kernel's own populate of the same memfd by two threads (each mmap(MAP_POPULATE) \
+         of one half at once): the ceiling of ratio_vs_qemu_2t.",
     );
     report.table(contenders);
     let mut seq = || four_regions(len, false);
