@@ -723,6 +723,69 @@ pub(crate) fn encode_rgetattr(out: &mut Vec<u8>, a: &Rgetattr) {
     a.encode(&mut Encoder::new(out));
 }
 
+/// Bytes of a Tgetattr body: `fid[4] request_mask[8]`.
+pub(crate) const TGETATTR_BODY_SIZE: usize = 4 + 8;
+
+/// The Tgetattr of a body of exactly [`TGETATTR_BODY_SIZE`] bytes, as
+/// `Tmessage::decode_body` decodes it (the server's Tgetattr path, which
+/// builds no `Tmessage`).
+pub(crate) fn decode_tgetattr(b: &[u8; TGETATTR_BODY_SIZE]) -> Tgetattr {
+    let (fid, mask) = b.split_at(4);
+    Tgetattr {
+        fid: u32::from_le_bytes(fid.try_into().unwrap_or_default()),
+        request_mask: GetattrMask::from_bits_retain(u64::from_le_bytes(
+            mask.try_into().unwrap_or_default(),
+        )),
+    }
+}
+
+/// Bytes of a whole Rgetattr frame (it has no variable-length field).
+pub(crate) const RGETATTR_FRAME_SIZE: usize = HEADER_SIZE + 8 + QID_SIZE + 3 * 4 + 15 * 8;
+
+/// The whole Rgetattr frame answering `tag` with `a`, built on the stack
+/// with stores at fixed offsets: no buffer, no capacity check per field
+/// (the commonest reply; the same bytes as [`encode_rgetattr`] behind a
+/// header).
+pub(crate) fn rgetattr_frame(tag: u16, a: &Rgetattr) -> [u8; RGETATTR_FRAME_SIZE] {
+    let mut out = [0u8; RGETATTR_FRAME_SIZE];
+    let hdr = Header {
+        size: RGETATTR_FRAME_SIZE as u32,
+        ty: MsgType::Rgetattr.into(),
+        tag,
+    };
+    out[..HEADER_SIZE].copy_from_slice(&hdr.to_bytes());
+    let mut at = HEADER_SIZE;
+    let mut put = |b: &[u8]| {
+        out[at..at + b.len()].copy_from_slice(b);
+        at += b.len();
+    };
+    put(&a.valid.bits().to_le_bytes());
+    put(&a.qid.to_bytes());
+    for v in [a.mode, a.uid, a.gid] {
+        put(&v.to_le_bytes());
+    }
+    for v in [
+        a.nlink,
+        a.rdev,
+        a.size,
+        a.blksize,
+        a.blocks,
+        a.atime_sec,
+        a.atime_nsec,
+        a.mtime_sec,
+        a.mtime_nsec,
+        a.ctime_sec,
+        a.ctime_nsec,
+        a.btime_sec,
+        a.btime_nsec,
+        a.gen,
+        a.data_version,
+    ] {
+        put(&v.to_le_bytes());
+    }
+    out
+}
+
 /// Initial capacity of an encoded frame: enough for every fixed-size
 /// message (Rgetattr is the largest at 160 bytes) and short names.
 const FRAME_CAPACITY: usize = 256;
@@ -1048,8 +1111,29 @@ mod tests {
         Rmessage::Getattr(Box::new(a)).encode_body(&mut boxed);
         assert_eq!(direct, boxed);
         assert_eq!(direct.len() + HEADER_SIZE, 160);
+        let frame = rgetattr_frame(0x1234, &a);
+        assert_eq!(frame.len(), RGETATTR_FRAME_SIZE);
+        assert_eq!(
+            frame.to_vec(),
+            Rmessage::Getattr(Box::new(a)).encode_frame(0x1234)
+        );
         let back = Rmessage::decode_body(MsgType::Rgetattr.into(), &direct).unwrap();
         assert_eq!(back, Rmessage::Getattr(Box::new(a)));
+    }
+
+    #[test]
+    fn test_decode_tgetattr_matches_decode_body() {
+        let m = Tgetattr {
+            fid: 0xdead_beef,
+            request_mask: GetattrMask::from_bits_retain(0x8000_0000_0000_3fff),
+        };
+        let frame = Tmessage::Getattr(m.clone()).encode_frame(3);
+        let body: &[u8; TGETATTR_BODY_SIZE] = frame[HEADER_SIZE..].try_into().unwrap();
+        assert_eq!(decode_tgetattr(body), m);
+        assert_eq!(
+            Tmessage::decode_body(MsgType::Tgetattr.into(), body).unwrap(),
+            Tmessage::Getattr(decode_tgetattr(body))
+        );
     }
 
     #[test]
