@@ -399,7 +399,7 @@ impl<F: Filesystem> Server<F> {
         if h.ty == MsgType::Twrite {
             return self.write(session, &h, req, reply, exec, msize);
         }
-        if h.ty == TGETATTR && body_len == TGETATTR_BODY_SIZE {
+        if h.ty == MsgType::Tgetattr && body_len == TGETATTR_BODY_SIZE {
             // The commonest request (every stat in the guest), decoded
             // from its fixed bytes without building a `Tmessage`; a body of
             // another size takes the general path and its error. Its
