@@ -601,10 +601,12 @@ fn test_garbage_and_unclaimed_listen_fds_are_closed() {
         d.wait_log(&[name, "is not one of this daemon's", "closed"]);
     }
     d.wait_log(&["9p-lock-7", "belongs to no restored fid"]);
-    assert!(
-        host_can_lock(&s.file("other")),
-        "the unclaimed fd's lock stayed"
-    );
+    // The daemon logs the line before it unlocks: give the unlock a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !host_can_lock(&s.file("other")) {
+        assert!(Instant::now() < deadline, "the unclaimed fd's lock stayed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     store.wait_for("9p-lock-7", false);
     let mut vmm = FakeVmm::connect(&s.sock(), VmmOptions::default()).unwrap();
     assert_eq!(version(&mut vmm, 65536), 65536);
