@@ -184,9 +184,9 @@ wait_console() {
     done
 }
 
-# qmp_open / qmp COMMAND... / qmp_close: the QMP client of the scenario,
-# ci/guest/qmp-session.py, a coprocess that stays connected (this qmp
-# replaces lib.sh's one-shot one).
+# qmp_open / qmp_session COMMAND... / qmp_close: the QMP client of the
+# scenario, ci/guest/qmp-session.py, a coprocess that stays connected
+# (lib.sh's qmp is one-shot).
 qmp_open() {
     local line=''
     coproc python3 -u "$here/qmp-session.py" "$dir/qmp.sock" 2>&1
@@ -195,7 +195,7 @@ qmp_open() {
     host_note "qmp ${line:-no answer}"
     [ "$line" = ready ]
 }
-qmp() {
+qmp_session() {
     local c line
     for c in "$@"; do
         [ -n "${COPROC[1]:-}" ] || { host_note "qmp: the client is gone"; return 1; }
@@ -256,9 +256,9 @@ drive_pause() {
     for ((i = 1; i <= cycles; i++)); do
         paused=1.$((i % 6))
         host_note "cycle $i: stop for ${paused} s"
-        qmp stop query-status || { hfail "cycle $i: QMP stop failed"; return 1; }
+        qmp_session stop query-status || { hfail "cycle $i: QMP stop failed"; return 1; }
         sleep "$paused"
-        qmp cont query-status || { hfail "cycle $i: QMP cont failed"; return 1; }
+        qmp_session cont query-status || { hfail "cycle $i: QMP cont failed"; return 1; }
         sleep 0.5
         [ $i -ne $(((cycles + 1) / 2)) ] || release_lock pause
         sleep 0.5
@@ -274,7 +274,7 @@ drive_reset() {
     wait_console 'LC-STAGE busy' 180 || { hfail "the guest never got busy"; return 1; }
     sleep 2
     host_note "system_reset"
-    qmp system_reset || { hfail "QMP system_reset failed"; return 1; }
+    qmp_session system_reset || { hfail "QMP system_reset failed"; return 1; }
     end_by=$(($(date +%s) + 240))
 }
 
