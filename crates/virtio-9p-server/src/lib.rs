@@ -130,10 +130,12 @@ pub mod client;
 
 pub use error::{Error, Result};
 pub use exec::{Blocking, CallHint, Cancel, Inline, Interrupted};
-pub use fs::passthrough::{MigrationMode, PassthroughConfig, PassthroughFs, SecurityModel};
+pub use fs::passthrough::{
+    MigrationMode, PassthroughConfig, PassthroughError, PassthroughFs, SecurityModel,
+};
 pub use io::{ReplyWriter, RequestReader};
 pub use server::{
-    Config, LockKeeper, Reply, Server, Session, DEFAULT_GUEST_LOG_LINES_PER_SEC, DEFAULT_MAX_FIDS,
-    DEFAULT_MAX_LOCK_WAITERS, DEFAULT_MAX_TOTAL_FIDS, DEFAULT_MAX_TOTAL_XATTR_BYTES,
-    DEFAULT_MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTR_SIZE,
+    Config, LockKeeper, Reply, Server, Session, DEFAULT_MAX_FIDS, DEFAULT_MAX_LOCK_WAITERS,
+    DEFAULT_MAX_TOTAL_FIDS, DEFAULT_MAX_TOTAL_XATTR_BYTES, DEFAULT_MAX_XATTR_BYTES, MAX_XATTR_NAME,
+    MAX_XATTR_SIZE,
 };

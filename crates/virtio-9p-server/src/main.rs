@@ -13,10 +13,10 @@ use log::{info, warn};
 
 use virtio_9p_server::fs::ids::{IdRules, IdTranslation};
 use virtio_9p_server::fs::Filesystem;
-use virtio_9p_server::transport::socket::{ListenAddr, Listener, SocketLimits};
+use virtio_9p_server::transport::socket::{ListenAddr, Listener, SocketError, SocketLimits};
 use virtio_9p_server::transport::unix;
 use virtio_9p_server::{
-    Config, LockKeeper, PassthroughConfig, PassthroughFs, SecurityModel, Server,
+    Config, LockKeeper, PassthroughConfig, PassthroughError, PassthroughFs, SecurityModel, Server,
 };
 
 use daemon::cli::{self, Cli};
@@ -53,10 +53,10 @@ fn harden(
         });
     }
     let shared_dir = std::fs::canonicalize(&cli.shared_dir).map_err(|source| {
-        virtio_9p_server::Error::SharedDir {
+        virtio_9p_server::Error::from(PassthroughError::SharedDir {
             path: cli.shared_dir.clone(),
             source,
-        }
+        })
     })?;
     let mut pcfg = PassthroughConfig::new(&shared_dir);
     pcfg.readonly = cli.readonly;
@@ -78,7 +78,9 @@ fn harden(
     let max_map_count = stack_budget_limit();
     let (fs, maps) = sb::enter(&scfg, || {
         let maps = coro_pool::MapsSource::open();
-        PassthroughFs::new(pcfg).map(|fs| (fs.with_ids(ids), maps))
+        PassthroughFs::new(pcfg)
+            .map(|fs| (fs.with_ids(ids), maps))
+            .map_err(virtio_9p_server::Error::from)
     })?;
     install_stack_budget(max_map_count, maps);
     // Inside the namespace and chroot sandboxes the current directory is
@@ -335,7 +337,7 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<()> {
                 return Err(Error::SocketGroupNotUnix);
             }
             check_tcp_exposure(cli)?;
-            Listener::bind(addr)?
+            Listener::bind(addr).map_err(virtio_9p_server::Error::from)?
         }
     };
     let bound = listener
@@ -363,7 +365,9 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<()> {
     );
     let mut limits = SocketLimits::default();
     limits.workers = cli.vhost.thread_pool_size;
-    let result = listener.serve_with(server, limits).map_err(Error::from);
+    let result = listener
+        .serve_with(server, limits)
+        .map_err(|e| Error::from(virtio_9p_server::Error::from(e)));
     if let Some(files) = CLEANUP.get() {
         remove_files(files);
     }
@@ -454,9 +458,9 @@ fn run_vhost_user(cli: &Cli, store: Arc<FdStore>) -> Result<()> {
 }
 
 /// A socket that cannot be bound (or read back): the library's
-/// [`virtio_9p_server::Error::Listen`], as `Listener::bind` reports it.
+/// [`SocketError::Listen`], as `Listener::bind` reports it.
 fn listen_error(addr: String, source: std::io::Error) -> Error {
-    virtio_9p_server::Error::Listen { addr, source }.into()
+    virtio_9p_server::Error::from(SocketError::Listen { addr, source }).into()
 }
 
 fn main() -> ExitCode {

@@ -18,7 +18,7 @@ use common::Gate;
 use virtio_9p_server::engine::EngineConfig;
 use virtio_9p_server::fs::{Cred, Filesystem};
 use virtio_9p_server::protocol::*;
-use virtio_9p_server::virtio::{Device, DEVICE_FEATURES};
+use virtio_9p_server::virtio::{Device, VirtioError, DEVICE_FEATURES};
 use virtio_9p_server::{Config, Error, PassthroughConfig, PassthroughFs, Server};
 use virtio_queue::{Queue, QueueT};
 use virtqueue_large::mock::{
@@ -154,7 +154,9 @@ fn call<F: Filesystem + 'static>(
 
 fn is_state(r: Result<(), Error>, what: &str) {
     match r {
-        Err(Error::DeviceState(m)) => assert!(m.contains(what), "{m:?} lacks {what:?}"),
+        Err(Error::Virtio(VirtioError::DeviceState(m))) => {
+            assert!(m.contains(what), "{m:?} lacks {what:?}")
+        }
         other => panic!("expected a device state error about {what:?}, got {other:?}"),
     }
 }
@@ -435,11 +437,17 @@ fn test_device_refuses_bad_construction() {
         .unwrap(),
     );
     let bad_tag = Device::<_, Mem>::new(Arc::clone(&server), "", &engine());
-    assert!(matches!(bad_tag, Err(Error::TagLength(0))));
+    assert!(matches!(
+        bad_tag,
+        Err(Error::Virtio(VirtioError::TagLength(0)))
+    ));
     let mut e = engine();
     e.max_in_flight = 1000;
     let bad_size = Device::<_, Mem>::new(server, "share", &e);
-    assert!(matches!(bad_size, Err(Error::QueueSize(1000))));
+    assert!(matches!(
+        bad_size,
+        Err(Error::Virtio(VirtioError::QueueSize(1000)))
+    ));
 }
 
 /// A thread handed over to [`Device::run`]: the device serves kicks until

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use virtio_9p_server::client::{Client, InProcess};
 use virtio_9p_server::protocol::{OpenFlags, SetattrMask, UnlinkFlags};
-use virtio_9p_server::{Config, Error, PassthroughConfig, PassthroughFs, Server};
+use virtio_9p_server::{Config, PassthroughConfig, PassthroughError, PassthroughFs, Server};
 
 static FDS: Mutex<()> = Mutex::new(());
 
@@ -164,7 +164,7 @@ fn test_from_fd_rejects_bad_fds_clearly() {
     let file = File::open(dir.path().join("file")).unwrap();
     let e = PassthroughFs::from_fd(file.as_fd(), None, cfg()).unwrap_err();
     assert!(
-        matches!(&e, Error::SharedDirFd { fd, source } if *fd == file.as_raw_fd()
+        matches!(&e, PassthroughError::SharedDirFd { fd, source } if *fd == file.as_raw_fd()
             && source.raw_os_error() == Some(libc::ENOTDIR)),
         "{e:?}"
     );
@@ -182,7 +182,7 @@ fn test_from_fd_rejects_bad_fds_clearly() {
     let gone = unsafe { BorrowedFd::borrow_raw(closed) };
     let e = PassthroughFs::from_fd(gone, None, cfg()).unwrap_err();
     assert!(
-        matches!(&e, Error::SharedDirFd { source, .. } if source.raw_os_error() == Some(libc::EBADF)),
+        matches!(&e, PassthroughError::SharedDirFd { source, .. } if source.raw_os_error() == Some(libc::EBADF)),
         "{e:?}"
     );
 
@@ -196,7 +196,7 @@ fn test_from_fd_rejects_bad_fds_clearly() {
         let p = File::open(&proc_path).unwrap();
         let e = PassthroughFs::from_fd(root.as_fd(), Some(p.as_fd()), cfg()).unwrap_err();
         assert!(
-            matches!(e, Error::ProcFd { fd, .. } if fd == p.as_raw_fd()),
+            matches!(e, PassthroughError::ProcFd { fd, .. } if fd == p.as_raw_fd()),
             "{e:?}"
         );
         let msg = e.to_string();
@@ -211,7 +211,7 @@ fn test_from_fd_rejects_bad_fds_clearly() {
     // A regular file as the /proc/self/fd fd.
     let e = PassthroughFs::from_fd(root.as_fd(), Some(file.as_fd()), cfg()).unwrap_err();
     assert!(
-        matches!(&e, Error::ProcFd { source, .. } if source.raw_os_error() == Some(libc::ENOTDIR)),
+        matches!(&e, PassthroughError::ProcFd { source, .. } if source.raw_os_error() == Some(libc::ENOTDIR)),
         "{e:?}"
     );
     drop((file, root));

@@ -128,6 +128,7 @@
 //! - `workers.rs`: the worker threads and the [`Executor`] seam.
 
 mod coroutine;
+mod error;
 mod policy;
 mod scheduler;
 #[cfg(test)]
@@ -135,12 +136,11 @@ mod tests;
 mod workers;
 
 pub(crate) use coroutine::{on_coroutine, sleep};
+pub use error::EngineError;
 pub use policy::OffloadPolicy;
 pub(crate) use policy::{flushed_silently, EngineExec};
 #[cfg(feature = "vhost-user")]
 pub(crate) use scheduler::DRAIN_LOG_EVERY;
-pub use scheduler::{
-    Engine, EngineConfig, EngineStats, DEFAULT_STACK_SIZE, DEFAULT_WORKERS, QUIESCE_TIMEOUT,
-};
+pub use scheduler::{Engine, EngineConfig, EngineStats, DEFAULT_STACK_SIZE, DEFAULT_WORKERS};
 pub(crate) use workers::ThreadPool;
 pub use workers::{Executor, Job, MAX_WORKERS, WORKER_JOIN_TIMEOUT};

@@ -18,11 +18,11 @@ use log::{debug, error, warn};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::error::Error;
 use crate::exec::Cancel;
 use crate::sys::{set_nonblocking, wait_readable};
 
 use super::coroutine::{Context, CurrentGuard, Resume, Suspend, CURRENT};
+use super::error::EngineError;
 use super::policy::OffloadPolicy;
 use super::workers::{Completions, Done, JobCell, JobFn, JobId, Outcome, ThreadPool};
 use super::workers::{Executor, Job, WORKER_JOIN_TIMEOUT};
@@ -38,7 +38,7 @@ pub const DEFAULT_STACK_SIZE: usize = 256 << 10;
 /// Default of [`EngineConfig::quiesce_timeout`]: how long a reset,
 /// disconnect or drop waits for requests running on workers before it
 /// leaks them.
-pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often [`Engine::drain`] says what it still waits for.
 pub(crate) const DRAIN_LOG_EVERY: Duration = Duration::from_secs(5);
@@ -64,7 +64,7 @@ pub struct EngineConfig {
     /// before it runs any call (the daemon installs its seccomp filter).
     pub on_worker_start: Option<Arc<dyn Fn() + Send + Sync>>,
     /// How long [`Engine::reset`] and [`Engine::shutdown`] wait for calls
-    /// running on workers before they leak those requests.
+    /// running on workers before they leak those requests (default 5 s).
     pub quiesce_timeout: Duration,
 }
 
@@ -204,20 +204,22 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     /// An engine whose coroutines take stacks from `pool`; it reserves
     /// `config.max_in_flight` stacks while it lives.
-    pub fn new(pool: Arc<StackPool>, config: &EngineConfig) -> Result<Engine, Error> {
-        let wake = EventFd::new(EFD_NONBLOCK).map_err(Error::Workers)?;
-        let completions = Arc::new(Completions::new(wake.try_clone().map_err(Error::Workers)?));
+    pub fn new(pool: Arc<StackPool>, config: &EngineConfig) -> Result<Engine, EngineError> {
+        let wake = EventFd::new(EFD_NONBLOCK).map_err(EngineError::Workers)?;
+        let completions = Arc::new(Completions::new(
+            wake.try_clone().map_err(EngineError::Workers)?,
+        ));
         let own_pool = if config.executor.is_none() && config.workers > 0 {
             Some(
                 ThreadPool::new(config.workers, config.on_worker_start.as_ref())
-                    .map_err(Error::Workers)?,
+                    .map_err(EngineError::Workers)?,
             )
         } else {
             None
         };
-        let timer =
-            TimerFd::new().map_err(|e| Error::Timer(io::Error::from_raw_os_error(e.errno())))?;
-        set_nonblocking(timer.as_raw_fd()).map_err(Error::Timer)?;
+        let timer = TimerFd::new()
+            .map_err(|e| EngineError::Timer(io::Error::from_raw_os_error(e.errno())))?;
+        set_nonblocking(timer.as_raw_fd()).map_err(EngineError::Timer)?;
         let reservation = pool.reserve(config.max_in_flight);
         Ok(Engine {
             pool,
@@ -282,7 +284,7 @@ impl Engine {
         tag: Option<u16>,
         cancel: Cancel,
         task: F,
-    ) -> Result<(), Error>
+    ) -> Result<(), EngineError>
     where
         F: FnOnce() -> u32 + 'static,
     {
@@ -299,12 +301,12 @@ impl Engine {
         tag: Option<u16>,
         cancel: Cancel,
         task: F,
-    ) -> Result<(), Error>
+    ) -> Result<(), EngineError>
     where
         F: FnOnce() -> u32 + 'static,
     {
         if self.live >= self.max_in_flight {
-            return Err(Error::TooManyRequests(self.max_in_flight));
+            return Err(EngineError::TooManyRequests(self.max_in_flight));
         }
         let co = Coroutine::new_in(
             &self.pool,
@@ -323,7 +325,7 @@ impl Engine {
                 }
             },
         )
-        .map_err(Error::Stack)?;
+        .map_err(EngineError::Stack)?;
         let generation = self.next_generation;
         self.next_generation += 1;
         let slot = Slot {

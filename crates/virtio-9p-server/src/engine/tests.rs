@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use coro_pool::StackPool;
 
-use crate::error::Error;
+use super::EngineError;
 use crate::exec::{Blocking, CallHint, Cancel};
 use crate::protocol::MsgType;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -513,7 +513,7 @@ fn test_too_many_requests_is_an_error() {
     .unwrap();
     assert!(matches!(
         e.spawn(2, None, Cancel::new(), || 1),
-        Err(Error::TooManyRequests(1))
+        Err(EngineError::TooManyRequests(1))
     ));
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use log::warn;
 
 /// Default for [`Config::guest_log_lines_per_sec`](crate::Config).
-pub const DEFAULT_GUEST_LOG_LINES_PER_SEC: u32 = 10;
+pub(crate) const DEFAULT_GUEST_LOG_LINES_PER_SEC: u32 = 10;
 
 const WINDOW: Duration = Duration::from_secs(1);
 

@@ -67,7 +67,7 @@ use crate::protocol::*;
 pub use crate::exec::{Blocking, Cancel, Interrupted};
 pub use keeper::LockKeeper;
 pub(crate) use log_limit::LogLimit;
-pub use log_limit::DEFAULT_GUEST_LOG_LINES_PER_SEC;
+use log_limit::DEFAULT_GUEST_LOG_LINES_PER_SEC;
 pub(crate) use session::try_add;
 pub use session::Session;
 use session::{Fid, FidKind, Limits, Usage};
@@ -177,7 +177,7 @@ pub struct Config {
     pub max_lock_waiters: usize,
     /// Most guest-triggered log lines (malformed requests, replies that do
     /// not fit, refused connections) per second; the rest are counted and
-    /// reported as one "suppressed" line.
+    /// reported as one "suppressed" line (default 10).
     pub guest_log_lines_per_sec: u32,
     /// Where the file descriptions holding granted locks are kept while
     /// they hold them, so that a crash of this process (`kill -9`) does

@@ -15,8 +15,9 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::backend::{BackendConfig, Virtio9pBackend};
-use crate::engine::DEFAULT_STACK_SIZE;
-use crate::error::{Error, Result};
+use super::VhostUserError;
+use crate::engine::{EngineError, DEFAULT_STACK_SIZE};
+use crate::error::Result;
 use crate::fs::Filesystem;
 use crate::server::{Server, Session};
 use crate::sys::poll_in;
@@ -198,7 +199,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
                     .policy(config.stack_policy)
                     .trim_interval(config.stack_trim_interval),
             )
-            .map_err(Error::StackPool)?,
+            .map_err(EngineError::StackPool)?,
         );
         drop(Virtio9pBackend::new(
             Arc::clone(&server),
@@ -208,7 +209,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
         let listener = match &config.listen {
             Listen::Path(p) => crate::transport::unix::bind(p, Default::default())
                 .map(Listener::from)
-                .map_err(|e| Error::VhostListen {
+                .map_err(|e| VhostUserError::Listen {
                     what: p.display().to_string(),
                     source: vhost::vhost_user::Error::SocketError(e),
                 })?,
@@ -221,7 +222,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
                     r == 0
                 };
                 if !ok || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-                    return Err(Error::BadFd(*fd));
+                    return Err(VhostUserError::BadFd(*fd).into());
                 }
                 // SAFETY: the caller hands the fd over (`--fd`): it is an
                 // open socket (checked above) that nothing else owns.
@@ -239,10 +240,10 @@ impl<F: Filesystem + 'static> Daemon<F> {
             listener,
             stop: StopHandle(Arc::new(StopState {
                 flag: AtomicBool::new(false),
-                wake: EventFd::new(EFD_NONBLOCK).map_err(Error::DaemonIo)?,
+                wake: EventFd::new(EFD_NONBLOCK).map_err(VhostUserError::DaemonIo)?,
                 conn: Mutex::new(None),
                 handover: AtomicBool::new(false),
-                handover_wake: EventFd::new(EFD_NONBLOCK).map_err(Error::DaemonIo)?,
+                handover_wake: EventFd::new(EFD_NONBLOCK).map_err(VhostUserError::DaemonIo)?,
                 freeze: Mutex::new(None),
             })),
             connections: AtomicU64::new(0),
@@ -281,7 +282,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
     /// directory holds no such state (or there is no directory).
     ///
     /// State that is not state, damaged, of another version or of
-    /// another export is refused ([`Error::State`]): fix or remove it, or
+    /// another export is refused ([`Error::State`](crate::Error::State)): fix or remove it, or
     /// set it aside with [`Daemon::discard_crashed_session`].
     pub fn recover_crashed_session(&mut self) -> Result<Option<usize>> {
         let Some(dir) = self.config.backend.state_dir.clone() else {
@@ -337,7 +338,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
             std::thread::Builder::new()
                 .name("9p-stop-watcher".into())
                 .spawn(move || watch_stop(&stop))
-                .map_err(Error::DaemonIo)?
+                .map_err(VhostUserError::DaemonIo)?
         };
         let result = self.serve_loop();
         // End the watcher (it waits for a stop that may never come).
@@ -443,7 +444,7 @@ impl<F: Filesystem + 'static> Daemon<F> {
                 [self.listener.as_raw_fd(), self.stop.0.wake.as_raw_fd()],
                 Duration::from_secs(1),
             )
-            .map_err(Error::DaemonIo)?;
+            .map_err(VhostUserError::DaemonIo)?;
             if self.stop.is_stopped() {
                 return Ok(false);
             }
@@ -452,9 +453,10 @@ impl<F: Filesystem + 'static> Daemon<F> {
             }
             if listener & (libc::POLLERR | libc::POLLNVAL) != 0 {
                 error!("virtio-9p: the listening socket failed");
-                return Err(Error::DaemonIo(std::io::Error::from_raw_os_error(
+                return Err(VhostUserError::DaemonIo(std::io::Error::from_raw_os_error(
                     libc::EBADF,
-                )));
+                ))
+                .into());
             }
         }
     }

@@ -26,7 +26,7 @@ use vmm_sys_util::event::{
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::DirtyLog;
+use super::{DirtyLog, VhostUserError};
 use crate::engine::{EngineConfig, DRAIN_LOG_EVERY, WORKER_JOIN_TIMEOUT};
 use crate::fs::Filesystem;
 use crate::persist::inflight_table::{InflightTable, USED};
@@ -283,7 +283,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 paused: None,
             }),
             epoll_fd: AtomicI32::new(-1),
-            control_fd: EventFd::new(EFD_NONBLOCK).map_err(crate::Error::BackendEvent)?,
+            control_fd: EventFd::new(EFD_NONBLOCK).map_err(VhostUserError::BackendEvent)?,
             control: Mutex::new(Control {
                 op: ControlOp::None,
                 requested: 0,
@@ -312,7 +312,7 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
                 EventSet::IN,
                 u64::from(CONTROL_EVENT),
             )
-            .map_err(crate::Error::BackendEvent)
+            .map_err(|e| VhostUserError::BackendEvent(e).into())
     }
 
     /// The 9P session of the current driver.

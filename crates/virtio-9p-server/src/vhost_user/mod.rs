@@ -50,6 +50,7 @@
 mod accept;
 mod backend;
 mod dirty_log;
+mod error;
 mod migrate;
 #[cfg(any(test, feature = "test-utils"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
@@ -61,3 +62,4 @@ pub use backend::{
     WAKE_EVENT,
 };
 pub use dirty_log::DirtyLog;
+pub use error::VhostUserError;

@@ -15,8 +15,9 @@ use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryB
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::VirtioError;
 use super::{packed_ring, validate_queue_size, DeviceConfig, RequestQueue, DEVICE_FEATURES};
-use crate::engine::EngineConfig;
+use crate::engine::{EngineConfig, EngineError};
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::server::{Server, Session};
@@ -71,7 +72,7 @@ struct Active<M: GuestMemoryBackend> {
 /// A driver that misbehaves gets an error, never a panic: features acked
 /// twice or after activation, activation before features or with a ring
 /// that is not set up (not ready, misaligned, outside guest memory) are
-/// refused with [`Error::DeviceState`] or [`Error::Ring`]; a kick before
+/// refused with [`VirtioError::DeviceState`] or [`VirtioError::Ring`]; a kick before
 /// activation or while paused is ignored (the chains wait on the ring and
 /// are served at activation or resume); a broken ring stops the queue
 /// until the driver resets the device. After [`reset`](Device::reset)
@@ -118,7 +119,7 @@ where
     pub fn new(server: Arc<Server<F>>, tag: &str, engine: &EngineConfig) -> Result<Self> {
         let config = DeviceConfig::new(tag)?;
         let size = validate_queue_size(u32::try_from(engine.max_in_flight).unwrap_or(u32::MAX))?;
-        let pool = StackPool::new(PoolConfig::default()).map_err(Error::StackPool)?;
+        let pool = StackPool::new(PoolConfig::default()).map_err(EngineError::StackPool)?;
         let rq = RequestQueue::new(
             Arc::clone(&server),
             Arc::new(Session::new()),
@@ -166,10 +167,10 @@ where
     /// refused and the first one stays.
     pub fn ack_features(&mut self, value: u64) -> Result<()> {
         if self.active.is_some() {
-            return Err(Error::DeviceState("features acked after activation"));
+            return Err(VirtioError::DeviceState("features acked after activation").into());
         }
         if self.acked.is_some() {
-            return Err(Error::DeviceState("features acked twice"));
+            return Err(VirtioError::DeviceState("features acked twice").into());
         }
         let unknown = value & !DEVICE_FEATURES;
         if unknown != 0 {
@@ -213,17 +214,15 @@ where
         interrupt: Box<dyn Fn() + Send>,
     ) -> Result<()> {
         if self.active.is_some() {
-            return Err(Error::DeviceState("activated twice"));
+            return Err(VirtioError::DeviceState("activated twice").into());
         }
         let Some(acked) = self.acked else {
-            return Err(Error::DeviceState(
-                "activated before the driver acked features",
-            ));
+            return Err(
+                VirtioError::DeviceState("activated before the driver acked features").into(),
+            );
         };
         if !queue.ready() {
-            return Err(Error::DeviceState(
-                "activated with a ring that is not ready",
-            ));
+            return Err(VirtioError::DeviceState("activated with a ring that is not ready").into());
         }
         let event_idx = acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
         queue.set_event_idx(event_idx);
@@ -237,27 +236,29 @@ where
                     GuestAddress(queue.avail_ring()),
                     GuestAddress(queue.used_ring()),
                 )
-                .map_err(Error::Ring)?;
+                .map_err(VirtioError::Ring)?;
                 let (d, a, u) = p.addresses();
                 if !m.check_range(d, 16 * usize::from(size))
                     || !m.check_range(a, 4)
                     || !m.check_range(u, 4)
                 {
-                    return Err(Error::DeviceState(
+                    return Err(VirtioError::DeviceState(
                         "the packed ring is outside guest memory",
-                    ));
+                    )
+                    .into());
                 }
                 p.set_ready(true);
                 p.set_event_idx(event_idx);
                 if let Some(base) = self.restored_ring {
-                    p.set_ring_base(base).map_err(Error::Ring)?;
+                    p.set_ring_base(base).map_err(VirtioError::Ring)?;
                 }
                 Some(p)
             } else {
                 if !queue.is_valid(&*m) {
-                    return Err(Error::DeviceState(
+                    return Err(VirtioError::DeviceState(
                         "the split ring is not set up (size, alignment or guest memory)",
-                    ));
+                    )
+                    .into());
                 }
                 if let Some(base) = self.restored_ring {
                     queue.set_next_avail(base as u16);
@@ -300,7 +301,7 @@ where
     ///
     /// Before activation and while paused it does nothing (a kick then is
     /// not lost: the chains wait on the ring). A broken ring is reported
-    /// once as [`Error::Ring`] and then ignored until a reset.
+    /// once as [`VirtioError::Ring`] and then ignored until a reset.
     pub fn process_queue(&mut self) -> Result<bool> {
         self.rq.clear_more();
         let Some(a) = self.active.as_mut() else {
@@ -390,7 +391,7 @@ where
     /// running, if requests did not finish in time.
     pub fn pause(&mut self) -> Result<()> {
         if self.active.is_none() {
-            return Err(Error::DeviceState("paused before activation"));
+            return Err(VirtioError::DeviceState("paused before activation").into());
         }
         if self.paused {
             return Ok(());
@@ -400,7 +401,7 @@ where
         // Completions go to the ring (and the interrupt) before the pause.
         let done = self.process_completions();
         if left > 0 {
-            return Err(Error::DeviceState("requests still in flight at pause"));
+            return Err(VirtioError::DeviceState("requests still in flight at pause").into());
         }
         done?;
         self.paused = true;
@@ -467,9 +468,9 @@ where
     /// while paused (nothing in flight) or not activated.
     pub fn snapshot(&self) -> Result<Vec<u8>> {
         if self.active.is_some() && !self.paused {
-            return Err(Error::DeviceState(
-                "snapshot of a running device: pause it first",
-            ));
+            return Err(
+                VirtioError::DeviceState("snapshot of a running device: pause it first").into(),
+            );
         }
         let session = self.server.save_session(self.rq.session())?;
         let mut flags = 0;
@@ -502,9 +503,9 @@ where
     /// device is left as it was.
     pub fn restore(&mut self, bytes: &[u8]) -> Result<()> {
         if self.active.is_some() {
-            return Err(Error::DeviceState("restore into an activated device"));
+            return Err(VirtioError::DeviceState("restore into an activated device").into());
         }
-        let bad = || Error::DeviceState("not a virtio-9p device snapshot");
+        let bad = || Error::from(VirtioError::DeviceState("not a virtio-9p device snapshot"));
         if bytes.len() < SNAPSHOT_HEADER || &bytes[..8] != SNAPSHOT_MAGIC {
             return Err(bad());
         }

@@ -24,18 +24,18 @@
 //! back in the used ring before the Rflush (the engine's "Tflush").
 
 mod device;
+mod error;
 pub(crate) mod io;
 mod queue;
 
 pub use device::Device;
+pub use error::VirtioError;
 pub use io::{ChainReader, ChainWriter};
 pub use queue::{RequestQueue, KICK_BUDGET, MAX_IN_FLIGHT_SEGMENTS};
 
 use virtio_bindings::virtio_config::{VIRTIO_F_RING_PACKED, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtqueue_large::ChainLimits;
-
-use crate::error::{Error, Result};
 
 /// Feature bit: the config space holds a mount tag (`VIRTIO_9P_MOUNT_TAG`
 /// of Linux's `virtio_9p.h`, which virtio-bindings 0.2 does not cover).
@@ -73,7 +73,7 @@ pub const MAX_QUEUE_SIZE: u16 = 32768;
 /// Descriptors per chain: 32768 data pages (128 MiB of 4 KiB pages) plus
 /// the request, the reply header and one spare, so a full 128 MiB msize
 /// works with page-sized scatter-gather lists.
-pub const MAX_CHAIN_DESCRIPTORS: u32 = virtqueue_large::LARGE_MAX_DESCRIPTORS + 3;
+pub(crate) const MAX_CHAIN_DESCRIPTORS: u32 = virtqueue_large::LARGE_MAX_DESCRIPTORS + 3;
 
 /// The chain policy of the request queue: the byte cap of
 /// `ChainLimits::large()` (128 MiB plus 64 KiB) with
@@ -94,13 +94,13 @@ pub(crate) struct DeviceConfig {
 
 impl DeviceConfig {
     /// The config space for `tag`.
-    pub(crate) fn new(tag: &str) -> Result<Self> {
+    pub(crate) fn new(tag: &str) -> Result<Self, VirtioError> {
         let t = tag.as_bytes();
         if t.is_empty() || t.len() > MAX_TAG_LEN {
-            return Err(Error::TagLength(t.len()));
+            return Err(VirtioError::TagLength(t.len()));
         }
         if t.contains(&0) {
-            return Err(Error::TagNul);
+            return Err(VirtioError::TagNul);
         }
         let mut bytes = Vec::with_capacity(2 + t.len());
         bytes.extend_from_slice(&(t.len() as u16).to_le_bytes());
@@ -129,9 +129,9 @@ impl DeviceConfig {
 }
 
 /// Checks a queue size.
-pub(crate) fn validate_queue_size(n: u32) -> Result<u16> {
+pub(crate) fn validate_queue_size(n: u32) -> Result<u16, VirtioError> {
     if n == 0 || n > u32::from(MAX_QUEUE_SIZE) || !n.is_power_of_two() {
-        return Err(Error::QueueSize(n));
+        return Err(VirtioError::QueueSize(n));
     }
     Ok(n as u16)
 }
@@ -152,12 +152,18 @@ mod tests {
 
     #[test]
     fn test_config_rejects_bad_tags() {
-        assert!(matches!(DeviceConfig::new(""), Err(Error::TagLength(0))));
+        assert!(matches!(
+            DeviceConfig::new(""),
+            Err(VirtioError::TagLength(0))
+        ));
         let e = DeviceConfig::new(&"x".repeat(255)).unwrap_err();
-        assert!(matches!(e, Error::TagLength(255)));
+        assert!(matches!(e, VirtioError::TagLength(255)));
         assert_eq!(e.to_string(), "mount tag must be 1 to 254 bytes, got 255");
         assert!(DeviceConfig::new(&"x".repeat(254)).is_ok());
-        assert!(matches!(DeviceConfig::new("a\0b"), Err(Error::TagNul)));
+        assert!(matches!(
+            DeviceConfig::new("a\0b"),
+            Err(VirtioError::TagNul)
+        ));
     }
 
     #[test]
@@ -177,7 +183,10 @@ mod tests {
     fn test_queue_size_validation() {
         assert_eq!(validate_queue_size(1024).unwrap(), 1024);
         assert_eq!(validate_queue_size(32768).unwrap(), 32768);
-        assert!(matches!(validate_queue_size(0), Err(Error::QueueSize(0))));
+        assert!(matches!(
+            validate_queue_size(0),
+            Err(VirtioError::QueueSize(0))
+        ));
         assert!(validate_queue_size(1000).is_err());
         assert!(validate_queue_size(65536).is_err());
     }
@@ -187,11 +196,11 @@ mod tests {
         // error.rs spells the limits out, so that it imports nothing from
         // the transports: these keep the two in step.
         assert_eq!(
-            Error::TagLength(0).to_string(),
+            VirtioError::TagLength(0).to_string(),
             format!("mount tag must be 1 to {MAX_TAG_LEN} bytes, got 0")
         );
         assert_eq!(
-            Error::QueueSize(3).to_string(),
+            VirtioError::QueueSize(3).to_string(),
             format!("queue size 3 must be a power of two from 1 to {MAX_QUEUE_SIZE}")
         );
     }

@@ -15,8 +15,9 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::io::{ChainReader, ChainWriter};
+use super::VirtioError;
 use crate::engine::{self, Engine, EngineConfig, EngineExec, EngineStats};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fs::Filesystem;
 use crate::persist::inflight_table::{
     request_digest, InflightTable, Left, RequestRecord, RingRecord, Slot, INTENT, USED,
@@ -25,7 +26,7 @@ use crate::protocol::{Header, MsgType, HEADER_SIZE};
 use crate::server::{Cancel, Server, Session};
 
 /// Descriptors one [`RequestQueue::process`] call walks at most (a chain
-/// fault counts as [`MAX_CHAIN_DESCRIPTORS`](super::MAX_CHAIN_DESCRIPTORS)).
+/// fault counts as a full chain, 32768 + 3 descriptors).
 /// The rest of the ring waits for the next round of the event loop, which
 /// [`RequestQueue::more_fd`] triggers: one kick cannot make the device walk
 /// queue size x 32768 descriptors before it serves anything else.
@@ -342,7 +343,8 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         config: &EngineConfig,
         indirect: bool,
     ) -> Result<Self> {
-        let walker = ChainWalker::new(super::chain_limits(indirect)).map_err(Error::ChainLimits)?;
+        let walker =
+            ChainWalker::new(super::chain_limits(indirect)).map_err(VirtioError::ChainLimits)?;
         Ok(RequestQueue {
             server,
             session,
@@ -352,7 +354,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
             exec: EngineExec::new(config.offload),
             done: Vec::new(),
             broken: false,
-            more: EventFd::new(EFD_NONBLOCK).map_err(Error::ResumeFd)?,
+            more: EventFd::new(EFD_NONBLOCK).map_err(VirtioError::ResumeFd)?,
             stalled: false,
             segments: 0,
             segments_of: Vec::new(),
@@ -571,8 +573,8 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
             self.stalled = false;
         }
         if indirect != self.indirect {
-            self.walker =
-                ChainWalker::new(super::chain_limits(indirect)).map_err(Error::ChainLimits)?;
+            self.walker = ChainWalker::new(super::chain_limits(indirect))
+                .map_err(VirtioError::ChainLimits)?;
             self.indirect = indirect;
         }
         Ok(())
@@ -611,7 +613,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         }
         let mut budget = KICK_BUDGET;
         loop {
-            ring.disable_kicks(mem.deref()).map_err(Error::Used)?;
+            ring.disable_kicks(mem.deref()).map_err(VirtioError::Used)?;
             loop {
                 // Notifications stay disabled when chains are left: the
                 // queue resumes itself through `more`.
@@ -637,7 +639,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                             let slots = s.slots.max(1);
                             if ring
                                 .skip_available(mem.deref(), slots)
-                                .map_err(Error::Used)?
+                                .map_err(VirtioError::Used)?
                             {
                                 b.old.remove(&p);
                                 b.ring_moved(ring.ring_base(), ring.used_position());
@@ -668,14 +670,14 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                     }
                     Err(e) => {
                         self.broken = true;
-                        return Err(Error::Ring(e));
+                        return Err(VirtioError::Ring(e).into());
                     }
                 }
             }
             match ring.enable_kicks(mem.deref()) {
                 Ok(true) => continue,
                 Ok(false) => return Ok(()),
-                Err(e) => return Err(Error::Used(e)),
+                Err(e) => return Err(VirtioError::Used(e).into()),
             }
         }
     }
@@ -716,7 +718,7 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
                     b.table.used(pos, b.lin(ring.used_position()));
                 }
             }
-            ring.push_used(mem, head, len).map_err(Error::Used)?;
+            ring.push_used(mem, head, len).map_err(VirtioError::Used)?;
             if let Some(b) = self.book.as_mut() {
                 b.ring_moved(ring.ring_base(), ring.used_position());
             }

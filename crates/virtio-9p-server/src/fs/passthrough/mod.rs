@@ -27,6 +27,7 @@
 //! - Creation, link, rename and unlink take a parent directory fd and one
 //!   validated name, so they cannot reach outside either.
 
+mod error;
 mod inode_naming;
 mod mapped;
 pub(crate) mod qid;
@@ -48,13 +49,14 @@ use log::{debug, info};
 
 use super::ids::IdTranslation;
 use super::{Cred, Filesystem};
-use crate::error::{Error, Result};
 use crate::io::{ReplyWriter, RequestReader};
 use crate::protocol::{
     DirEntry, GetattrMask, LockStatus, LockType, OpenFlags, Qid, QidType, Rgetattr, Rgetlock,
     Rstatfs, SetattrMask, Tgetlock, Tlock, Tsetattr, UnlinkFlags,
 };
 use sys::check;
+
+pub use error::PassthroughError;
 
 use qid::QidMap;
 use reclaim::{CountedFd, FdCache, FdSlot};
@@ -82,14 +84,14 @@ pub enum SecurityModel {
 }
 
 impl FromStr for SecurityModel {
-    type Err = Error;
+    type Err = PassthroughError;
 
-    fn from_str(s: &str) -> Result<Self> {
+    fn from_str(s: &str) -> Result<Self, PassthroughError> {
         match s {
             "passthrough" => Ok(SecurityModel::Passthrough),
             "mapped-xattr" | "mapped" => Ok(SecurityModel::MappedXattr),
             "none" => Ok(SecurityModel::None),
-            other => Err(Error::SecurityModel(other.to_string())),
+            other => Err(PassthroughError::SecurityModel(other.to_string())),
         }
     }
 }
@@ -169,13 +171,13 @@ pub enum MigrationMode {
 }
 
 impl FromStr for MigrationMode {
-    type Err = Error;
+    type Err = PassthroughError;
 
-    fn from_str(s: &str) -> Result<Self> {
+    fn from_str(s: &str) -> Result<Self, PassthroughError> {
         match s {
             "file-handles" => Ok(MigrationMode::FileHandles),
             "find-paths" => Ok(MigrationMode::FindPaths),
-            other => Err(Error::MigrationMode(other.to_string())),
+            other => Err(PassthroughError::MigrationMode(other.to_string())),
         }
     }
 }
@@ -404,20 +406,21 @@ impl PassthroughFs {
     /// `CAP_DAC_READ_SEARCH`) name files as `/proc/self/fd/N`, so `/proc`
     /// must stay mounted (or [`PassthroughFs::set_proc_fd_is_cwd`] be
     /// set); [`PassthroughFs::from_fd`] needs no `/proc` mount.
-    pub fn new(cfg: PassthroughConfig) -> Result<Self> {
-        let path =
-            CString::new(cfg.shared_dir.as_os_str().as_bytes()).map_err(|_| Error::SharedDir {
+    pub fn new(cfg: PassthroughConfig) -> Result<Self, PassthroughError> {
+        let path = CString::new(cfg.shared_dir.as_os_str().as_bytes()).map_err(|_| {
+            PassthroughError::SharedDir {
                 path: cfg.shared_dir.clone(),
                 source: err(libc::EINVAL),
-            })?;
-        let shared = |source| Error::SharedDir {
+            }
+        })?;
+        let shared = |source| PassthroughError::SharedDir {
             path: cfg.shared_dir.clone(),
             source,
         };
         let fd = sys::open_path(&path, libc::O_PATH | libc::O_DIRECTORY).map_err(shared)?;
         let st = sys::fstat(fd.as_fd()).map_err(shared)?;
         let proc_fd = sys::open_path(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY)
-            .map_err(Error::Proc)?;
+            .map_err(PassthroughError::Proc)?;
         Ok(Self::build(fd, &st, proc_fd, false, cfg))
     }
 
@@ -441,7 +444,7 @@ impl PassthroughFs {
     ///
     /// Without `proc_self_fd`, `/proc/self/fd` is opened here (as
     /// [`PassthroughFs::new`] does), so `/proc` must be mounted now; this
-    /// fails with [`Error::Proc`] otherwise. After that it works as with
+    /// fails with [`PassthroughError::Proc`] otherwise. After that it works as with
     /// a given fd.
     ///
     /// [`PassthroughFs::fds`] lists the fds the filesystem holds.
@@ -449,8 +452,8 @@ impl PassthroughFs {
         dir: BorrowedFd<'_>,
         proc_self_fd: Option<BorrowedFd<'_>>,
         cfg: PassthroughConfig,
-    ) -> Result<Self> {
-        let bad_dir = |source| Error::SharedDirFd {
+    ) -> Result<Self, PassthroughError> {
+        let bad_dir = |source| PassthroughError::SharedDirFd {
             fd: dir.as_raw_fd(),
             source,
         };
@@ -458,7 +461,7 @@ impl PassthroughFs {
         let st = sys::fstat(root.as_fd()).map_err(bad_dir)?;
         let proc_fd = match proc_self_fd {
             Some(p) => {
-                let bad_proc = |source| Error::ProcFd {
+                let bad_proc = |source| PassthroughError::ProcFd {
                     fd: p.as_raw_fd(),
                     source,
                 };
@@ -467,7 +470,7 @@ impl PassthroughFs {
                 proc_fd
             }
             None => sys::open_path(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY)
-                .map_err(Error::Proc)?,
+                .map_err(PassthroughError::Proc)?,
         };
         Ok(Self::build(root, &st, proc_fd, true, cfg))
     }
@@ -1680,7 +1683,7 @@ mod tests {
             assert_eq!(m.to_string().parse::<SecurityModel>().unwrap(), m);
         }
         let e = "bogus".parse::<SecurityModel>().unwrap_err();
-        assert!(matches!(&e, Error::SecurityModel(m) if m == "bogus"));
+        assert!(matches!(&e, PassthroughError::SecurityModel(m) if m == "bogus"));
         assert!(
             e.to_string().contains("unknown security model \"bogus\""),
             "{e}"

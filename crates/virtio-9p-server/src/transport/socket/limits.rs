@@ -20,7 +20,7 @@ pub const DEFAULT_MAX_REQUESTS: usize = 1024;
 
 /// The errno of the Rlerror a request gets when its tag is in flight on
 /// its connection.
-pub const DUPLICATE_TAG_ERRNO: i32 = libc::EBUSY;
+pub(crate) const DUPLICATE_TAG_ERRNO: i32 = libc::EBUSY;
 
 /// Default of [`SocketLimits::min_request_rate`]: 16 KiB/s.
 pub(crate) const DEFAULT_MIN_REQUEST_RATE: usize = 16 << 10;

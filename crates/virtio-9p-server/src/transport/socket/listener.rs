@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use log::{error, warn};
 
+use super::error::SocketError;
 use super::hub::Hub;
 use super::limits::SocketLimits;
-use crate::error::{Error, Result};
 use crate::fs::Filesystem;
 use crate::server::Server;
 
@@ -29,9 +29,9 @@ pub enum ListenAddr {
 }
 
 impl FromStr for ListenAddr {
-    type Err = Error;
+    type Err = SocketError;
 
-    fn from_str(s: &str) -> Result<Self> {
+    fn from_str(s: &str) -> Result<Self, SocketError> {
         if let Some(path) = s.strip_prefix("unix:") {
             if !path.is_empty() {
                 return Ok(ListenAddr::Unix(PathBuf::from(path)));
@@ -44,7 +44,7 @@ impl FromStr for ListenAddr {
                 return Ok(ListenAddr::Tcp(hp.to_string()));
             }
         }
-        Err(Error::ListenAddress(s.to_string()))
+        Err(SocketError::ListenAddress(s.to_string()))
     }
 }
 
@@ -70,8 +70,8 @@ pub enum Listener {
 impl Listener {
     /// Binds `addr`. A unix socket is owner-only and replaces only a stale
     /// socket ([`crate::transport::unix::bind`]).
-    pub fn bind(addr: &ListenAddr) -> Result<Self> {
-        let listen_err = |source| Error::Listen {
+    pub fn bind(addr: &ListenAddr) -> Result<Self, SocketError> {
+        let listen_err = |source| SocketError::Listen {
             addr: addr.to_string(),
             source,
         };
@@ -108,7 +108,7 @@ impl Listener {
 
     /// Accepts connections forever and serves them with the default
     /// [`SocketLimits`].
-    pub fn serve<F>(self, server: Arc<Server<F>>) -> Result<()>
+    pub fn serve<F>(self, server: Arc<Server<F>>) -> Result<(), SocketError>
     where
         F: Filesystem + 'static,
     {
@@ -118,13 +118,17 @@ impl Listener {
     /// Accepts connections forever (on the calling thread) and serves them
     /// on the socket threads within `limits` (see the module docs,
     /// "Threads"). Returns only if the socket threads cannot be started.
-    pub fn serve_with<F>(self, server: Arc<Server<F>>, limits: SocketLimits) -> Result<()>
+    pub fn serve_with<F>(
+        self,
+        server: Arc<Server<F>>,
+        limits: SocketLimits,
+    ) -> Result<(), SocketError>
     where
         F: Filesystem + 'static,
     {
         let addr = self.local_addr().map(|a| a.to_string()).unwrap_or_default();
         let log = Arc::clone(&server);
-        let hub = Hub::start(server, &limits).map_err(|source| Error::Listen {
+        let hub = Hub::start(server, &limits).map_err(|source| SocketError::Listen {
             addr: addr.clone(),
             source,
         })?;

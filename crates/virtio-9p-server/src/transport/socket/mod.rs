@@ -18,7 +18,7 @@
 //!   its replies is therefore held to the limit, never buffered without
 //!   bound.
 //! - **Duplicate tags.** A request whose tag is in flight on its
-//!   connection is answered with `EBUSY` ([`DUPLICATE_TAG_ERRNO`]) and not
+//!   connection is answered with `EBUSY` and not
 //!   run; the request holding the tag goes on undisturbed.
 //! - **Tflush** is the engine's ([`crate::engine`], "Tflush"): Rflush goes
 //!   out after the flushed request's reply, or instead of it when the
@@ -180,7 +180,7 @@
 //!   connections hold none. No pipe or fd to be had (the cap, `EMFILE`, a
 //!   size the kernel refuses) means the copy path. See [`crate::bound`]
 //!   for the fds.
-//! - **Copy path.** `pread` into the reply buffer and `send`, as before,
+//! - **Copy path.** `pread` into the reply buffer and `send`,
 //!   for ranges under 16 KiB or over 1 MiB, files that are not regular,
 //!   Treaddir and xattr reads, filesystems that are not fd-backed, and a
 //!   filesystem that writes other bytes around the range (the spliced
@@ -231,6 +231,7 @@
 mod admission;
 mod buffers;
 mod connection;
+mod error;
 mod framing;
 mod hub;
 mod limits;
@@ -243,9 +244,10 @@ mod stream;
 mod writer;
 
 pub(crate) use buffers::KEEP_BUFFER;
+pub use error::SocketError;
 pub use hub::serve_connection;
 pub use limits::{
     SocketLimits, DEFAULT_BUFFER_BYTES, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_REQUESTS,
-    DUPLICATE_TAG_ERRNO, MAX_CONNECTIONS,
+    MAX_CONNECTIONS,
 };
 pub use listener::{ListenAddr, Listener, Stream};

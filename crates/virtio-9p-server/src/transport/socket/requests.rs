@@ -18,7 +18,6 @@ use super::splice::{Filled, Splicer};
 use super::stream::{StreamRequest, StreamState, TWRITE_HEAD};
 use super::writer::SockWriter;
 use crate::engine::{self, EngineExec};
-use crate::error::Result;
 use crate::fs::Filesystem;
 use crate::io::SliceReader;
 use crate::server::{Cancel, Reply, Server, Session};
@@ -123,7 +122,7 @@ impl<F: Filesystem> Job for Streamed<F> {
 
 /// The length of the reply to send for `r`: 0 when the request was
 /// flushed before it answered, or could not be answered at all.
-fn reply_len(r: Result<Reply>, cancel: &Cancel) -> u32 {
+fn reply_len<E: std::fmt::Display>(r: Result<Reply, E>, cancel: &Cancel) -> u32 {
     match r {
         Ok(reply) if engine::flushed_silently(reply.reply_type, cancel) => 0,
         Ok(reply) => reply.size,
