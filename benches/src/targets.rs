@@ -40,7 +40,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         suite: "coro-pool",
-        // Not the former 1.2 bound: that conflicts with unwinding on
+        // 1.7, not 1.2: a 1.2 bound conflicts with unwinding on
         // drop, exact stats and the per-thread lookup
         // (docs/coro-pool-design.md).
         claim: "pooled lifecycle vs bare corosensei (borrowed stack)",
