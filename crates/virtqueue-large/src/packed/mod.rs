@@ -1,11 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Packed virtqueues (`VIRTIO_F_RING_PACKED`, virtio 1.1 section 2.8):
 //! the device side of the ring, used write-back and event suppression.
-//! Chains are popped and validated through [`DeviceRing::pop_chain`]
-//! (the child module `walk`, built on `crate::walk`, which never names
-//! this module: the dependency runs packed → walk only).
-//!
-//! [`DeviceRing::pop_chain`]: crate::DeviceRing::pop_chain
+//! Chains are popped and validated through [`DeviceRing::pop_chain`], in
+//! the child module `walk`. Dependencies run one way: packed uses
+//! `crate::walk`, which never names the packed ring.
 //!
 //! A packed ring is one array of 16-byte descriptors
 //! ([`virtio_queue::desc::packed::Descriptor`]) that the driver and the
@@ -18,6 +16,8 @@
 //! where they end only through the NEXT flag; buffers are returned in any
 //! order, each advancing the used position by the number of slots its
 //! chain occupied.
+//!
+//! [`DeviceRing::pop_chain`]: crate::DeviceRing::pop_chain
 
 use std::sync::atomic::{fence, Ordering};
 
