@@ -3,7 +3,7 @@
 //! laid out through virtqueue-large's `MockPackedDriver` (valid chains with
 //! driver-chosen buffer ids, raw descriptors with raw AVAIL/USED bits,
 //! every `PackedMalicious` pattern, driver event suppression values, ring
-//! bases) and served by `ChainWalker::pop_packed` / `PackedQueue`, under
+//! bases) and served by `PackedQueue` (`DeviceRing::pop_chain`), under
 //! the spec-strict policy, the large policy and a variant chosen by the
 //! input. The input format and the invariants live in
 //! `virtqueue_large::fuzzing::packed`; its unit tests run the seed corpus.

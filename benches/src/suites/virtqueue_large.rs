@@ -10,7 +10,7 @@ use std::os::unix::fs::FileExt;
 
 use virtio_queue::{Queue, QueueT};
 use virtqueue_large::mock::{guest_memory, Buf, Layout, MockDriver, MockPackedDriver};
-use virtqueue_large::{ChainLimits, ChainWalker, PackedQueue};
+use virtqueue_large::{ChainLimits, ChainWalker, DeviceRing, PackedQueue};
 use vm_memory::GuestMemoryMmap;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
@@ -224,7 +224,7 @@ pub fn run(ctx: &Ctx) -> SuiteResult {
              list) vs virtio-queue 0.18 pop + iteration (no buffer validation), {walks} pops per \
              sample. Split direct: the same chain as one direct chain on a \
              32768-entry split ring. Packed: the same chain direct on a 32768-entry \
-             packed ring and indirect on a 256-entry one, pop_packed with full validation \
+             packed ring and indirect on a 256-entry one, pop_chain with full validation \
              (wrap counters, buffer id, in-flight table), each pop timed alone (the ring-base \
              rewind between pops, which clears the in-flight table, is not counted). File: preadv of a page-cached tempfile into the chain. Scattered: the \
              buffers sit at shuffled guest pages (no two consecutive descriptors adjacent), so \
@@ -264,7 +264,7 @@ fn packed_walk(
     let mut total = 0u64;
     for _ in 0..walks {
         queue.set_ring_base(start)?;
-        let (chain, t) = time(|| walker.pop_packed(queue, mem));
+        let (chain, t) = time(|| queue.pop_chain(walker, mem));
         elapsed += t;
         let chain = chain?.ok_or("no packed chain")?;
         total += u64::from(black_box(&chain).writable_len());

@@ -25,11 +25,11 @@
 //!   with `read_obj`/`write_obj`, `split_at`, `std::io::Read`/`Write`, and
 //!   zero-copy [`Writer::read_from_file_at`] (`preadv`) /
 //!   [`Reader::write_to_file_at`] (`pwritev`).
-//! - [`PackedQueue`] and [`ChainWalker::pop_packed`]: packed virtqueues
-//!   (`VIRTIO_F_RING_PACKED`) under the same policies, with the same
-//!   [`Chain`], [`Reader`]/[`Writer`] and errors: wrap counters, buffer ids
-//!   returned in any order, packed indirect tables, event suppression with
-//!   event-idx, and the vhost-user ring base ([`packed`]).
+//! - [`PackedQueue`], popped with [`DeviceRing::pop_chain`]: packed
+//!   virtqueues (`VIRTIO_F_RING_PACKED`) under the same policies, with
+//!   the same [`Chain`], [`Reader`]/[`Writer`] and errors: wrap counters,
+//!   buffer ids returned in any order, packed indirect tables, event
+//!   suppression with event-idx, and the vhost-user ring base ([`packed`]).
 //! - [`DeviceRing`] (with [`AnyRing`] and [`SplitRing`]): one request path
 //!   for split and packed rings.
 //! - [`ChainWalker::adopt`]: a [`Chain`] from a `virtio_queue::DescriptorChain`

@@ -23,7 +23,8 @@ use crate::{Chain, ChainWalker, Error, Result};
 /// traits can be in scope at once.
 pub trait DeviceRing {
     /// Pops and validates the next chain; the outcomes are those of
-    /// [`ChainWalker::pop`] and [`ChainWalker::pop_packed`].
+    /// [`ChainWalker::pop`] (split) and of the packed implementation on
+    /// [`PackedQueue`].
     fn pop_chain<M>(&mut self, walker: &mut ChainWalker, mem: M) -> Result<Option<Chain<M>>>
     where
         M: Deref + Clone,
@@ -131,12 +132,27 @@ impl<Q: QueueT> DeviceRing for SplitRing<'_, Q> {
 }
 
 impl DeviceRing for PackedQueue {
+    /// Pops the next available chain of the packed queue and validates it,
+    /// with the same outcomes as [`ChainWalker::pop`]:
+    ///
+    /// - `Ok(Some(chain))`: a valid chain; [`Chain::head_index`] is its
+    ///   buffer id, for [`PackedQueue::add_used`].
+    /// - `Ok(None)`: the next slot is not available (for this wrap counter).
+    /// - `Err(e)` with [`Error::is_chain_fault`]: the chain was invalid,
+    ///   logged (rate-limited) and its slots consumed. With a valid buffer
+    ///   id it was returned with length 0; with an id out of range or
+    ///   already in flight it cannot be returned (that would free another
+    ///   chain) and is only skipped.
+    /// - `Err(e)` otherwise: the ring is broken (a chain running into
+    ///   descriptors that are not available, or never ending, or the ring
+    ///   outside guest memory). Where the chain ends is unknown, so
+    ///   nothing was consumed; stop using the queue until it is reset.
     fn pop_chain<M>(&mut self, walker: &mut ChainWalker, mem: M) -> Result<Option<Chain<M>>>
     where
         M: Deref + Clone,
         M::Target: GuestMemoryBackend + Sized,
     {
-        walker.pop_packed(self, mem)
+        crate::packed::walk::pop(self, walker, mem)
     }
 
     fn push_used<G: GuestMemoryBackend>(&mut self, mem: &G, id: u16, len: u32) -> Result<()> {

@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The validating chain walk and the pop that drives it; packed chains
-//! in the child module `packed`.
+//! The validating chain walk: split chains and the split pop, packed
+//! descriptors and indirect tables, and the pieces both layouts share
+//! ([`Acc`], [`Table`], [`RawDesc`]).
+//!
+//! Dependencies run one way: `packed::walk` pops packed chains with these
+//! pieces, and nothing here names the packed ring (cargo-modules charges
+//! every `ChainWalker` method to this module, whichever file holds it).
 
 use std::mem::size_of;
 use std::ops::Deref;
@@ -25,9 +30,9 @@ use crate::limits::{ChainLimits, MAX_TABLE_ENTRIES};
 use crate::segments::{Pool, SegBuf, Segment, Shared};
 use crate::{Error, Result};
 
-mod packed;
-
 pub(crate) const DESC_SIZE: u64 = size_of::<Descriptor>() as u64;
+// Packed descriptors are read with the same 16-byte table reads.
+const _: () = assert!(size_of::<virtio_queue::desc::packed::Descriptor>() as u64 == DESC_SIZE);
 const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
 const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
 const F_INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
@@ -331,6 +336,52 @@ impl ChainWalker {
             writable_bytes: summary.writable_bytes,
             descriptors: summary.descriptors,
         })
+    }
+
+    /// Validates the packed chain that starts with the 16-byte descriptor
+    /// `desc` (as it was in the ring when popped), for a queue of
+    /// `queue_size` entries: an indirect descriptor's table is walked from
+    /// guest memory (it stays the device's until the chain is used); a
+    /// descriptor without `NEXT` is a one-buffer chain. [`Chain::head_index`]
+    /// is the buffer id in `desc`. Nothing is read from the ring and
+    /// nothing is written: for a device that recorded a chain it popped
+    /// and must serve again after a crash, when the ring slot may hold a
+    /// used descriptor by now. A descriptor with `NEXT` (a chain spread
+    /// over several slots) is refused: only its slots described it.
+    pub fn walk_packed_descriptor<M>(
+        &mut self,
+        mem: M,
+        desc: [u8; 16],
+        queue_size: u16,
+    ) -> Result<Chain<M>>
+    where
+        M: Deref,
+        M::Target: GuestMemoryBackend + Sized,
+    {
+        let raw = RawDesc::from_bytes(desc);
+        let flags = raw.word14;
+        if flags & F_NEXT != 0 {
+            return Err(Error::InvalidQueueConfig(
+                "a recorded packed chain must fit one slot",
+            ));
+        }
+        let mut segs = self.take_buffer();
+        let summary = {
+            let out = &mut segs.get_mut().segs;
+            out.clear();
+            let limits = *self.limits();
+            let mut acc = Acc::new(&limits, queue_size);
+            if flags & F_INDIRECT != 0 {
+                if !limits.indirect {
+                    return Err(Error::IndirectNotNegotiated);
+                }
+                walk_packed_table(mem.deref(), &mut acc, raw, out)?;
+            } else {
+                acc.buffer(mem.deref(), raw.addr, raw.len, flags & F_WRITE != 0, out)?;
+            }
+            acc.finish(out.len())
+        };
+        Ok(Chain::from_walk(mem, raw.word12, segs, summary))
     }
 }
 
@@ -754,4 +805,26 @@ fn walk_into<G: GuestMemoryBackend>(
     }
 
     Ok(acc.finish(out.len()))
+}
+
+/// Walks a packed indirect table: every entry in order, WRITE the only
+/// flag that counts (NEXT and the buffer id are ignored, as the
+/// specification says), INDIRECT refused.
+pub(crate) fn walk_packed_table<G: GuestMemoryBackend>(
+    mem: &G,
+    acc: &mut Acc<'_>,
+    desc: RawDesc,
+    out: &mut Vec<Segment>,
+) -> Result<()> {
+    let entries = indirect_entries(desc.len)?;
+    let table = open_table(mem, GuestAddress(desc.addr), entries)?;
+    for i in 0..entries {
+        let d = table.read(mem, i as u16)?;
+        let flags = d.word14;
+        if flags & F_INDIRECT != 0 {
+            return Err(Error::NestedIndirect);
+        }
+        acc.buffer(mem, d.addr, d.len, flags & F_WRITE != 0, out)?;
+    }
+    Ok(())
 }

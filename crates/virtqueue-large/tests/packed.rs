@@ -35,7 +35,7 @@ fn round_trip(
     let laid = driver
         .add_chain_with_data(layout, &[b"hello ", b"packed"], &[4, 8])
         .unwrap();
-    let chain = walker.pop_packed(queue, mem).unwrap().expect("a chain");
+    let chain = queue.pop_chain(walker, mem).unwrap().expect("a chain");
     assert_eq!(chain.head_index(), laid.head);
     let mut got = Vec::new();
     chain.reader().read_to_end(&mut got).unwrap();
@@ -65,7 +65,7 @@ fn test_direct_and_indirect_chains_round_trip() {
     for layout in [Layout::Direct, Layout::Indirect] {
         round_trip(&mut walker, &mut driver, &mut queue, &mem, layout);
     }
-    assert!(walker.pop_packed(&mut queue, &mem).unwrap().is_none());
+    assert!(queue.pop_chain(&mut walker, &mem).unwrap().is_none());
     assert_eq!(queue.in_flight(), 0);
 }
 
@@ -106,7 +106,7 @@ fn test_used_out_of_order_and_ids_reused_out_of_order() {
                 .unwrap();
         }
         for _ in 0..3 {
-            chains.push(walker.pop_packed(&mut queue, &mem).unwrap().unwrap());
+            chains.push(queue.pop_chain(&mut walker, &mem).unwrap().unwrap());
         }
         let got: Vec<u16> = chains.iter().map(|c| c.head_index()).collect();
         assert_eq!(got, ids);
@@ -149,7 +149,7 @@ fn test_32768_descriptor_chains_direct_and_indirect() {
     let mut queue = driver.create_queue();
     let mut walker = large();
     driver.add_chain(Layout::Direct, &bufs).unwrap();
-    let chain = walker.pop_packed(&mut queue, &mem).unwrap().unwrap();
+    let chain = queue.pop_chain(&mut walker, &mem).unwrap().unwrap();
     assert_eq!(chain.descriptor_count(), 32768);
     assert_eq!(chain.writable_len(), 64 * 32768);
     assert_eq!(queue.next_avail(), (0, false));
@@ -160,7 +160,7 @@ fn test_32768_descriptor_chains_direct_and_indirect() {
         let mut queue = driver.create_queue();
         let mut walker = ChainWalker::new(limits).unwrap();
         driver.add_chain(Layout::Indirect, &bufs).unwrap();
-        match walker.pop_packed(&mut queue, &mem) {
+        match queue.pop_chain(&mut walker, &mem) {
             Ok(Some(chain)) => {
                 assert!(ok);
                 assert_eq!(chain.descriptor_count(), 32768);
@@ -181,7 +181,7 @@ fn test_head_with_the_wrong_wrap_counter_is_not_available() {
     driver
         .write_slot(0, pdesc(0x10000, 8, 0, avail_bits(false)))
         .unwrap();
-    assert!(walker.pop_packed(&mut queue, &mem).unwrap().is_none());
+    assert!(queue.pop_chain(&mut walker, &mem).unwrap().is_none());
     // Both bits equal to the wrap counter: a used descriptor, not available.
     driver
         .write_slot(
@@ -189,7 +189,7 @@ fn test_head_with_the_wrong_wrap_counter_is_not_available() {
             pdesc(0x10000, 8, 0, avail_bits(true) | avail_bits(false)),
         )
         .unwrap();
-    assert!(walker.pop_packed(&mut queue, &mem).unwrap().is_none());
+    assert!(queue.pop_chain(&mut walker, &mem).unwrap().is_none());
     assert_eq!(queue.next_avail(), (0, true));
     // The driver then publishes properly and the queue serves it.
     round_trip(&mut walker, &mut driver, &mut queue, &mem, Layout::Direct);
@@ -218,17 +218,17 @@ fn test_every_packed_malicious_pattern() {
             continue;
         }
         for _ in 0..pattern.valid_before() {
-            let c = walker.pop_packed(&mut queue, &mem).unwrap().unwrap();
+            let c = queue.pop_chain(&mut walker, &mem).unwrap().unwrap();
             drop(c);
         }
         let before = queue.next_avail();
-        let err = walker.pop_packed(&mut queue, &mem).unwrap_err();
+        let err = queue.pop_chain(&mut walker, &mem).unwrap_err();
         assert_eq!(err.kind(), pattern.expected(), "{pattern:?}: {err}");
         if pattern.breaks_ring() {
             // Nothing consumed, the same error again, no panic.
             assert!(!err.is_chain_fault(), "{pattern:?}");
             assert_eq!(queue.next_avail(), before, "{pattern:?}");
-            let again = walker.pop_packed(&mut queue, &mem).unwrap_err();
+            let again = queue.pop_chain(&mut walker, &mem).unwrap_err();
             assert_eq!(again.kind(), pattern.expected());
             continue;
         }
@@ -246,7 +246,7 @@ fn test_every_packed_malicious_pattern() {
         let laid = driver
             .add_chain_with_data(Layout::Direct, &[b"still alive"], &[8])
             .unwrap();
-        let chain = walker.pop_packed(&mut queue, &mem).unwrap().unwrap();
+        let chain = queue.pop_chain(&mut walker, &mem).unwrap().unwrap();
         assert_eq!(chain.head_index(), laid.head, "{pattern:?}");
         let mut got = Vec::new();
         chain.reader().read_to_end(&mut got).unwrap();
@@ -265,7 +265,7 @@ fn test_chain_crossing_the_ring_end_into_a_stale_slot() {
     for _ in 0..3 {
         // Chains of one slot: the next avail slot becomes 3.
         let laid = driver.add_chain(Layout::Direct, &[Buf::r(8)]).unwrap();
-        let c = walker.pop_packed(&mut queue, &mem).unwrap().unwrap();
+        let c = queue.pop_chain(&mut walker, &mem).unwrap().unwrap();
         queue.add_used(&mem, c.head_index(), 0).unwrap();
         assert_eq!(
             driver.take_used(),
@@ -280,7 +280,7 @@ fn test_chain_crossing_the_ring_end_into_a_stale_slot() {
     driver
         .publish(&[pdesc(0x10000, 8, 1, F_NEXT)], 1, false, false)
         .unwrap();
-    let err = walker.pop_packed(&mut queue, &mem).unwrap_err();
+    let err = queue.pop_chain(&mut walker, &mem).unwrap_err();
     assert!(
         matches!(
             err,
@@ -331,7 +331,7 @@ fn test_event_suppression_modes() {
         "a chain is pending"
     );
     queue.set_event_idx(true);
-    let c = walker.pop_packed(&mut queue, &mem).unwrap().unwrap();
+    let c = queue.pop_chain(&mut walker, &mem).unwrap().unwrap();
     queue.enable_notification(&mem).unwrap();
     assert_eq!(driver.device_event(), EventSuppression::new(1 | 0x8000, 2));
 
@@ -349,7 +349,7 @@ fn test_event_suppression_modes() {
     let mut notified = Vec::new();
     for i in 1..=10u16 {
         driver.add_chain(Layout::Direct, &[Buf::r(8)]).unwrap();
-        let c = walker.pop_packed(&mut queue, &mem).unwrap().unwrap();
+        let c = queue.pop_chain(&mut walker, &mem).unwrap().unwrap();
         queue.add_used(&mem, c.head_index(), 0).unwrap();
         driver.take_used();
         if queue.needs_notification(&mem).unwrap() {
@@ -496,7 +496,7 @@ fn test_queue_configuration_is_checked() {
     let mut q = PackedQueue::new(8, a, a, a).unwrap();
     let mut walker = large();
     assert_eq!(
-        walker.pop_packed(&mut q, &mem).unwrap_err().kind(),
+        q.pop_chain(&mut walker, &mem).unwrap_err().kind(),
         ErrorKind::QueueNotReady
     );
     // A ring that runs past the end of guest memory, its head available.
@@ -505,7 +505,7 @@ fn test_queue_configuration_is_checked() {
         .unwrap();
     let mut q = PackedQueue::new(8, ring, a, a).unwrap();
     q.set_ready(true);
-    let err = walker.pop_packed(&mut q, &mem).unwrap_err();
+    let err = q.pop_chain(&mut walker, &mem).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::RingOutsideMemory);
     assert!(!err.is_chain_fault(), "{err}");
 }
@@ -588,7 +588,7 @@ fn test_event_idx_notifies_after_a_whole_lap_unsignalled() {
     assert!(!queue.needs_notification(&mem).unwrap());
     for _ in 0..5 {
         driver.add_chain(Layout::Direct, &[Buf::r(8)]).unwrap();
-        let c = walker.pop_packed(&mut queue, &mem).unwrap().unwrap();
+        let c = queue.pop_chain(&mut walker, &mem).unwrap().unwrap();
         queue.add_used(&mem, c.head_index(), 0).unwrap();
         driver.take_used();
     }
@@ -619,7 +619,7 @@ fn test_a_restarted_device_skips_what_was_used_and_serves_a_recorded_chain() {
     let mut recorded = [0u8; 16];
     mem.read_slice(&mut recorded, desc_ring).unwrap();
     let chains: Vec<_> = (0..3)
-        .map(|_| walker.pop_packed(&mut queue, &mem).unwrap().unwrap())
+        .map(|_| queue.pop_chain(&mut walker, &mem).unwrap().unwrap())
         .collect();
     for c in &chains[1..] {
         queue.add_used(&mem, c.head_index(), 0).unwrap();

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 
 use virtio_queue::{Queue, QueueT};
 use virtqueue_large::mock::{guest_memory, Buf, Layout, Malicious, MockDriver, MockPackedDriver};
-use virtqueue_large::{ChainLimits, ChainWalker, Error, ErrorKind};
+use virtqueue_large::{ChainLimits, ChainWalker, DeviceRing, Error, ErrorKind};
 
 #[test]
 fn test_adopt_a_chain_popped_by_virtio_queue() {
@@ -122,7 +122,7 @@ fn test_reader_iovecs_merge_adjacent_buffers_on_a_packed_chain() {
         .unwrap();
     let payload: Vec<u8> = (0..48u8).collect();
     driver.fill_readable(&laid, &payload).unwrap();
-    let chain = walker.pop_packed(&mut queue, &mem).unwrap().unwrap();
+    let chain = queue.pop_chain(&mut walker, &mem).unwrap().unwrap();
     let mut r = chain.reader();
     let view = r.iovecs(40, 8).unwrap();
     assert_eq!(view.as_slice().len(), 1);

@@ -31,7 +31,7 @@ use crate::packed::{
     EventMode, EventSuppression, PackedQueue, EVENT_FLAG_DESC, EVENT_FLAG_DISABLE,
     EVENT_FLAG_ENABLE, F_AVAIL, F_USED, WRAP_BIT,
 };
-use crate::{Chain, ChainLimits, ChainWalker, ErrorKind};
+use crate::{Chain, ChainLimits, ChainWalker, DeviceRing, ErrorKind};
 
 /// Guest memory of every packed fuzz run (the malicious patterns that need
 /// more, [`PackedMalicious::LengthOverflow`], fail to lay out and are
@@ -328,7 +328,7 @@ impl<'m> Run<'m> {
         }
         let before = self.queue.next_avail();
         let oracle = self.oracle_extent();
-        match self.walker.pop_packed(&mut self.queue, self.mem) {
+        match self.queue.pop_chain(&mut self.walker, self.mem) {
             Ok(None) => false,
             Ok(Some(chain)) => {
                 let (slots, id) = oracle.expect("an accepted chain has an extent");

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Packed virtqueues (`VIRTIO_F_RING_PACKED`, virtio 1.1 section 2.8):
 //! the device side of the ring, used write-back and event suppression.
-//! Chains are popped and validated by the walk (`walk/packed.rs`), which
-//! drives this ring.
+//! Chains are popped and validated through [`DeviceRing::pop_chain`], in
+//! the child module `walk`. Dependencies run one way: packed uses
+//! `crate::walk`, which never names the packed ring.
 //!
 //! A packed ring is one array of 16-byte descriptors
 //! ([`virtio_queue::desc::packed::Descriptor`]) that the driver and the
@@ -15,18 +16,22 @@
 //! where they end only through the NEXT flag; buffers are returned in any
 //! order, each advancing the used position by the number of slots its
 //! chain occupied.
+//!
+//! [`DeviceRing::pop_chain`]: crate::DeviceRing::pop_chain
 
 use std::sync::atomic::{fence, Ordering};
 
 use virtio_bindings::bindings::virtio_ring::{
-    VRING_DESC_F_WRITE, VRING_PACKED_DESC_F_AVAIL, VRING_PACKED_DESC_F_USED,
-    VRING_PACKED_EVENT_FLAG_DESC, VRING_PACKED_EVENT_FLAG_DISABLE, VRING_PACKED_EVENT_FLAG_ENABLE,
-    VRING_PACKED_EVENT_F_WRAP_CTR,
+    VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_PACKED_DESC_F_AVAIL,
+    VRING_PACKED_DESC_F_USED, VRING_PACKED_EVENT_FLAG_DESC, VRING_PACKED_EVENT_FLAG_DISABLE,
+    VRING_PACKED_EVENT_FLAG_ENABLE, VRING_PACKED_EVENT_F_WRAP_CTR,
 };
 use virtio_queue::QueueT;
 use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, Le16};
 
 use crate::{Error, Result};
+
+pub(crate) mod walk;
 
 /// The largest packed queue (virtio 1.1, 2.8.10: the queue size is at most 2^15).
 pub const PACKED_MAX_SIZE: u16 = 1 << 15;
@@ -35,7 +40,9 @@ pub const PACKED_MAX_SIZE: u16 = 1 << 15;
 pub const F_AVAIL: u16 = 1 << VRING_PACKED_DESC_F_AVAIL;
 /// `VIRTQ_DESC_F_USED` as the descriptor flag bit.
 pub const F_USED: u16 = 1 << VRING_PACKED_DESC_F_USED;
+const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
 const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
+const F_INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
 /// The wrap counter bit of `off_wrap` and of the vhost-user ring base halves.
 pub const WRAP_BIT: u16 = 1 << VRING_PACKED_EVENT_F_WRAP_CTR;
 /// Event suppression flags: notifications enabled.
@@ -147,10 +154,10 @@ pub(crate) fn is_avail(flags: u16, wrap: bool) -> bool {
 /// wrap counters, the buffer ids in flight with the ring slots each chain
 /// occupied (so buffers can be returned in any order), and the used
 /// positions since the last notification (for event-idx). Chains are popped
-/// through [`ChainWalker::pop_packed`], under the same [`ChainLimits`]
+/// through [`DeviceRing::pop_chain`], under the same [`ChainLimits`]
 /// as split chains.
 ///
-/// [`ChainWalker::pop_packed`]: crate::ChainWalker::pop_packed
+/// [`DeviceRing::pop_chain`]: crate::DeviceRing::pop_chain
 /// [`ChainLimits`]: crate::ChainLimits
 #[derive(Debug, Clone)]
 pub struct PackedQueue {
