@@ -141,7 +141,7 @@ fn main() -> Res<()> {
         let t2 = Instant::now();
         submit_s += (t1 - t).as_secs_f64();
         wait_s += (t2 - t1).as_secs_f64();
-        if used.len() != 1 || used[0].1 != chunk + 11 {
+        if used.len() != 1 || used[0].len != chunk + 11 {
             return Err(format!("bad completion {used:?}").into());
         }
         bytes += u64::from(chunk);

@@ -27,6 +27,18 @@ log() {
     fi
 }
 
+# host_note MESSAGE...: "HH:MM:SS.mmm MESSAGE" (UTC) appended to
+# GUEST_HOST_LOG, the running scenario's host.log, which the script sets
+# as it starts a scenario. hfail MESSAGE...: a note "HOST-FAIL MESSAGE",
+# which the script's report lists as a failure.
+GUEST_HOST_LOG=
+host_note() {
+    printf '%s %s\n' "$(date -u +%H:%M:%S.%3N)" "$*" >>"$GUEST_HOST_LOG"
+}
+hfail() {
+    host_note "HOST-FAIL $*"
+}
+
 # The kernel command line every TCG guest gets. On a loaded host a TCG
 # guest calibrates its TSC wrongly (its clock ran 3x fast, crypto
 # self-tests timed out, the IO-APIC timer check panicked): time from the

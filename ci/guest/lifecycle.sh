@@ -169,8 +169,6 @@ date -u +%Y-%m-%dT%H:%MZ >"$out/date"
 # Globals of the running scenario (set by run_scenario and the drivers).
 dir='' con='' qpid='' share='' end_by=''
 declare -A holder=()
-host_note() { printf '%s %s\n' "$(date +%H:%M:%S.%3N)" "$*" >>"$dir/host.log"; }
-hfail() { host_note "HOST-FAIL $*"; }
 
 # wait_console ERE SECONDS: until the guest console shows ERE; fails when
 # QEMU ends first or the time runs out.
@@ -301,7 +299,8 @@ run_scenario() {
     if mountpoint -q "$share" 2>/dev/null; then umount "$share"; fi
     rm -rf "$dir"
     mkdir -p "$share"
-    : >"$dir/host.log"
+    GUEST_HOST_LOG=$dir/host.log
+    : >"$GUEST_HOST_LOG"
     : >"$con"
     # The mapped row keeps owners and modes in user.virtfs.* xattrs: tmpfs,
     # as in run.sh (ext4's one xattr block is too small for the POSIX suite).

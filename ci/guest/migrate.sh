@@ -175,8 +175,6 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 dir=
-host_note() { printf '%s %s\n' "$(date -u +%H:%M:%S.%3N)" "$*" >>"$dir/host.log"; }
-hfail() { host_note "HOST-FAIL $*"; }
 
 # start_server ROW SIDE: the row's server for SIDE (src: share, dst:
 # share-dst), in a process group of its own; sets server_pid.
@@ -324,7 +322,8 @@ run_row() {
     if mountpoint -q "$dir/share-dst" 2>/dev/null; then umount "$dir/share-dst"; fi
     rm -rf "$dir"
     mkdir -p "$dir/src" "$dir/dst" "$dir/share" "$dir/share-dst"
-    : >"$dir/host.log"
+    GUEST_HOST_LOG=$dir/host.log
+    : >"$GUEST_HOST_LOG"
     : >"$dir/src/console.log"
     : >"$dir/dst/console.log"
     # The destination's export: the same tree through another path.

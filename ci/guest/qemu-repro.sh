@@ -200,9 +200,6 @@ daemon() { # dir n [socket share extra-args...] -> DPID (own process group,
         i=$((i + 1))
     done
 }
-qmp() { # dir json -> the answer (JSON) on stdout
-    python3 "$here/qmp.py" "$1/qmp.sock" "$2"
-}
 wait_for() { # file regex seconds -> 0 when a line matches; 1 at timeout or QEMU exit
     local i=0
     while [ $i -lt $(($3 * 10)) ]; do
@@ -235,7 +232,7 @@ stub_qemu() { # dir features device-properties [qemu-args...]
     i=0
     until [ -S "$dir/qmp.sock" ] || ! alive || [ $i -ge 100 ]; do sleep 0.1; i=$((i + 1)); done
     if alive; then
-        qmp "$dir" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/nowhere.sock\"}}"
+        qmp "$dir/qmp.sock" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/nowhere.sock\"}}"
     else
         wait "$QPID"
         echo "exit $?: $(tr '\n' ' ' <"$dir/qemu.log")"
@@ -324,9 +321,9 @@ run() { # scenario
             RESULT[$sc]="FAIL: no guest (QEMU: $(last_words "$dir"))"
         else
             local path ans
-            path=$(qmp "$dir" '{"execute":"x-query-virtio"}' \
+            path=$(qmp "$dir/qmp.sock" '{"execute":"x-query-virtio"}' \
                 | python3 -c 'import json,sys; r=json.load(sys.stdin)["return"]; print(r[0]["path"] if r else "")')
-            ans=$(qmp "$dir" "{\"execute\":\"x-query-virtio-status\",\"arguments\":{\"path\":\"$path\"}}" 2>&1)
+            ans=$(qmp "$dir/qmp.sock" "{\"execute\":\"x-query-virtio-status\",\"arguments\":{\"path\":\"$path\"}}" 2>&1)
             sleep 1
             echo "$ans" >"$dir/answer.json"
             if alive && grep -q '"vhost-dev"' <<<"$ans"; then
@@ -340,7 +337,7 @@ run() { # scenario
         sleep 1
         kill -KILL -- "-$DPID"
         sleep 3
-        if alive && qmp "$dir" '{"execute":"query-status"}' | grep -q '"status"'; then
+        if alive && qmp "$dir/qmp.sock" '{"execute":"query-status"}' | grep -q '"status"'; then
             RESULT[$sc]="ok: QEMU runs on after the back-end died before the driver started"
         else
             RESULT[$sc]="FAIL: QEMU died ($(wait "$QPID"; echo "exit $?")): $(last_words "$dir")"
@@ -369,8 +366,8 @@ run() { # scenario
         ;;
     restart)
         sleep 2 # the chardev connects in the background
-        qmp "$dir" "{\"execute\":\"device_add\",\"arguments\":{\"driver\":\"vhost-user-test-device-pci\",\"bus\":\"rp0\",\"chardev\":\"vu\",\"virtio-id\":9,\"num_vqs\":1,\"config_size\":7,\"vq_size\":1024}}" >"$dir/device_add.json"
-        qmp "$dir" '{"execute":"cont"}' >/dev/null
+        qmp "$dir/qmp.sock" "{\"execute\":\"device_add\",\"arguments\":{\"driver\":\"vhost-user-test-device-pci\",\"bus\":\"rp0\",\"chardev\":\"vu\",\"virtio-id\":9,\"num_vqs\":1,\"config_size\":7,\"vq_size\":1024}}" >"$dir/device_add.json"
+        qmp "$dir/qmp.sock" '{"execute":"cont"}' >/dev/null
         if ! wait_for "$dir/console.log" '^REPRO-READY' 120; then
             RESULT[$sc]="FAIL: no guest ($(cat "$dir/device_add.json"); QEMU: $(last_words "$dir"))"
         else
@@ -427,10 +424,10 @@ migrate() { # dir device migrate|refused
     # migration on the source too (and the source guest goes on) instead
     # of the source reporting "completed".
     local cap='{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"return-path","state":true}]}}'
-    python3 "$here/qmp.py" "$dir/dst/qmp.sock" "$cap" >"$dir/dst/caps.json"
-    python3 "$here/qmp.py" "$dir/dst/qmp.sock" \
+    qmp "$dir/dst/qmp.sock" "$cap" >"$dir/dst/caps.json"
+    qmp "$dir/dst/qmp.sock" \
         "{\"execute\":\"migrate-incoming\",\"arguments\":{\"uri\":\"unix:$dir/mig.sock\"}}" >"$dir/dst/incoming.json"
-    qmp "$dir" "$cap" >"$dir/caps.json"
+    qmp "$dir/qmp.sock" "$cap" >"$dir/caps.json"
     i=0
     until [ -S "$dir/mig.sock" ]; do
         kill -0 "$dst_qpid" 2>/dev/null || break
@@ -442,7 +439,7 @@ migrate() { # dir device migrate|refused
         RESULT[$sc]="FAIL: destination QEMU exited: $(tail -c 400 "$dir/dst/qemu.log" | tr '\n' ' ')"
         return
     fi
-    ans=$(qmp "$dir" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/mig.sock\"}}")
+    ans=$(qmp "$dir/qmp.sock" "{\"execute\":\"migrate\",\"arguments\":{\"uri\":\"unix:$dir/mig.sock\"}}")
     echo "$ans" >"$dir/migrate.json"
     if grep -q '"error"' <<<"$ans"; then
         RESULT[$sc]="FAIL: migrate refused: $(python3 -c 'import json,sys; print(json.load(sys.stdin)["error"]["desc"])' <<<"$ans")"
@@ -450,7 +447,7 @@ migrate() { # dir device migrate|refused
     fi
     i=0
     while :; do
-        ans=$(qmp "$dir" '{"execute":"query-migrate"}')
+        ans=$(qmp "$dir/qmp.sock" '{"execute":"query-migrate"}')
         st=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["return"].get("status", "none"))' <<<"$ans")
         case $st in completed|failed|cancelled) break ;; esac
         [ $i -lt 600 ] || break
@@ -480,13 +477,13 @@ migrate() { # dir device migrate|refused
     i=0
     # The destination leaves "inmigrate" for "paused" (-S) once it loaded
     # the state.
-    until python3 "$here/qmp.py" "$dir/dst/qmp.sock" '{"execute":"query-status"}' | grep -q '"status": "paused"'; do
+    until qmp "$dir/dst/qmp.sock" '{"execute":"query-status"}' | grep -q '"status": "paused"'; do
         [ $i -lt 100 ] || break
         sleep 0.1
         i=$((i + 1))
     done
-    python3 "$here/qmp.py" "$dir/dst/qmp.sock" '{"execute":"query-status"}' >"$dir/dst/status-before-cont.json"
-    python3 "$here/qmp.py" "$dir/dst/qmp.sock" '{"execute":"cont"}' >"$dir/dst/cont.json"
+    qmp "$dir/dst/qmp.sock" '{"execute":"query-status"}' >"$dir/dst/status-before-cont.json"
+    qmp "$dir/dst/qmp.sock" '{"execute":"cont"}' >"$dir/dst/cont.json"
     touch "$dir/share/migrated"
     QPID=$dst_qpid
     if wait_for "$dir/dst/console.log" '^REPRO-AFTER' 120 && grep -q '^REPRO-AFTER ok' "$dir/dst/console.log"; then

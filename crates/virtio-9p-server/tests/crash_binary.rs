@@ -18,6 +18,7 @@ use vhost_user_support::scenarios::{attach_open, blocking_lock, hold_lock, ofd_l
 use vhost_user_support::*;
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, Submitted, VmmOptions};
+use virtqueue_large::mock::UsedEntry;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtio-9p-server");
 /// A tmpfs for the state directory, as `--state-dir` requires.
@@ -555,12 +556,12 @@ fn kill_in_flight_runs_each_request_once(ring: Ring, how: Rejoin) {
     let mut subs = HashMap::new();
     let mut answered: HashMap<u32, Vec<Rmessage>> = HashMap::new();
     let take = |vmm: &mut FakeVmm,
-                subs: &HashMap<u16, (u32, Submitted)>,
+                subs: &HashMap<u32, (u32, Submitted)>,
                 answered: &mut HashMap<u32, Vec<Rmessage>>,
-                used: Vec<(u16, u32)>| {
-        for (head, len) in used {
-            let (i, s) = subs[&head];
-            let (tag, r) = decode(&vmm.read(s.reply_addr, len as usize).unwrap());
+                used: Vec<UsedEntry>| {
+        for u in used {
+            let (i, s) = subs[&u.id];
+            let (tag, r) = decode(&vmm.read(s.reply_addr, u.len as usize).unwrap());
             assert_eq!(tag, i as u16 + 1);
             answered.entry(i).or_default().push(r);
         }
@@ -571,7 +572,7 @@ fn kill_in_flight_runs_each_request_once(ring: Ring, how: Rejoin) {
         let s = vmm
             .submit(&frame, 256, Layout::Indirect { seg: 256 })
             .unwrap();
-        subs.insert(s.head, (i, s));
+        subs.insert(u32::from(s.head), (i, s));
         if i % 8 == 7 {
             vmm.kick().unwrap();
         }

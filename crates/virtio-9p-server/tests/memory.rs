@@ -448,7 +448,7 @@ fn test_kick_budget_leaves_nothing_on_the_ring() {
         used.extend(got);
     }
     for s in &subs {
-        let len = used.iter().find(|(h, _)| *h == s.head).unwrap().1;
+        let len = used.iter().find(|u| u.id == u32::from(s.head)).unwrap().len;
         let reply = vmm.read(s.reply_addr, len as usize).unwrap();
         assert!(matches!(decode(&reply).1, Rmessage::Getattr(_)));
     }

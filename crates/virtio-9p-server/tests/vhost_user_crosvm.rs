@@ -24,6 +24,7 @@ use vhost_user_support::*;
 use virtio_9p_server::engine::OffloadPolicy;
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
+use virtqueue_large::mock::UsedEntry;
 
 #[test]
 fn test_crosvm_style_frontend_reads_through_direct_chains() {
@@ -178,7 +179,13 @@ fn read_into(
 ) -> Vec<u8> {
     let head = submit_read(vmm, tag, (offset, count), (reply_addr, 11 + count), layout);
     let used = vmm.wait_used(Duration::from_secs(30)).unwrap();
-    assert_eq!(used, vec![(head, 11 + count)]);
+    assert_eq!(
+        used,
+        vec![UsedEntry {
+            id: u32::from(head),
+            len: 11 + count
+        }]
+    );
     vmm.read(reply_addr, (11 + count) as usize).unwrap()
 }
 
@@ -232,7 +239,10 @@ fn test_reads_into_both_memory_regions_around_a_hole() {
     );
     assert_eq!(
         vmm.wait_used(Duration::from_secs(30)).unwrap(),
-        vec![(head, 0)]
+        vec![UsedEntry {
+            id: u32::from(head),
+            len: 0
+        }]
     );
     let again = read_into(&mut vmm, 23, 0, 4096, high_addr, Layout::Direct);
     check(&again, &data, 0, 4096);

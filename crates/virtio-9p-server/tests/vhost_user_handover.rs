@@ -106,9 +106,9 @@ fn check_replies(vmm: &mut FakeVmm, subs: &[(u16, Submitted, u8)], seen: &mut Ha
         used.extend(vmm.wait_used(Duration::from_millis(200)).unwrap());
     }
     assert_eq!(used.len(), subs.len(), "every request answered");
-    for (head, len) in used {
-        let (tag, sub, ty) = subs.iter().find(|s| s.1.head == head).unwrap();
-        let reply = vmm.read(sub.reply_addr, len as usize).unwrap();
+    for u in used {
+        let (tag, sub, ty) = subs.iter().find(|s| u32::from(s.1.head) == u.id).unwrap();
+        let reply = vmm.read(sub.reply_addr, u.len as usize).unwrap();
         assert_eq!(u16::from_le_bytes([reply[5], reply[6]]), *tag);
         assert_eq!(reply[4], *ty, "tag {tag}: {:?}", decode(&reply));
         *seen.entry(*tag).or_default() += 1;

@@ -35,6 +35,7 @@ use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, Submitted, VmmOptions};
 use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, StopHandle};
 use virtio_9p_server::{Config, ReplyWriter, RequestReader, Server};
+use virtqueue_large::mock::UsedEntry;
 use vm_memory::{Bytes, GuestAddress};
 
 /// How long a reset waits for a running call before giving up on it.
@@ -183,7 +184,7 @@ fn getattr(tag: u16, fid: u32) -> Vec<u8> {
 }
 
 /// Waits for `n` used entries (at most 20 s).
-fn wait_n(vmm: &mut FakeVmm, n: usize) -> Vec<(u16, u32)> {
+fn wait_n(vmm: &mut FakeVmm, n: usize) -> Vec<UsedEntry> {
     let mut out = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while out.len() < n && Instant::now() < deadline {
@@ -294,9 +295,9 @@ fn pause_keeps_waiting_locks_and_the_session(ring: Ring) {
         waited < Duration::from_secs(10),
         "granted {waited:?} after the release"
     );
-    for (h, len) in &used {
-        let sub = subs.iter().find(|s| s.head == *h).unwrap();
-        let reply = decode(&vmm.read(sub.reply_addr, *len as usize).unwrap());
+    for u in &used {
+        let sub = subs.iter().find(|s| u32::from(s.head) == u.id).unwrap();
+        let reply = decode(&vmm.read(sub.reply_addr, u.len as usize).unwrap());
         assert_eq!(reply.1, Rmessage::Lock(LockStatus::Success), "{reply:?}");
     }
     std::thread::sleep(Duration::from_millis(300));
@@ -364,7 +365,7 @@ fn pause_waits_for_a_running_call(ring: Ring) {
     let waited = t0.elapsed();
     let used = vmm.collect_used().unwrap();
     assert_eq!(used.len(), 1, "the reply is on the ring at the stop");
-    let reply = decode(&vmm.read(sub.reply_addr, used[0].1 as usize).unwrap());
+    let reply = decode(&vmm.read(sub.reply_addr, used[0].len as usize).unwrap());
     assert!(matches!(reply.1, Rmessage::Getattr(_)), "{reply:?}");
     // It cannot have answered before the call returned.
     assert!(waited >= slow / 2, "stopped after {waited:?}");
@@ -707,7 +708,7 @@ fn pause_keeps_replies_that_finish_as_the_ring_stops(ring: Ring) {
             1,
             "round {round}: the reply is on the ring at the stop"
         );
-        let reply = decode(&vmm.read(sub.reply_addr, used[0].1 as usize).unwrap());
+        let reply = decode(&vmm.read(sub.reply_addr, used[0].len as usize).unwrap());
         assert_eq!(reply, (tag, Rmessage::Fsync), "round {round}");
         vmm.resume_ring(base).unwrap();
     }

@@ -232,10 +232,11 @@ fn migrates_across_exports(ring: Ring) {
         used.extend(vmm.wait_used(std::time::Duration::from_secs(1)).unwrap());
     }
     assert_eq!(used.len(), subs.len(), "every request in flight answered");
-    let lens: std::collections::HashMap<u16, u32> = used.into_iter().collect();
+    let lens: std::collections::HashMap<u32, u32> =
+        used.into_iter().map(|u| (u.id, u.len)).collect();
     assert_eq!(lens.len(), subs.len(), "answered twice");
     for (i, s) in subs.iter().enumerate() {
-        let len = lens[&s.head] as usize;
+        let len = lens[&u32::from(s.head)] as usize;
         let (tag, r) = decode(&vmm.read(s.reply_addr, len).unwrap());
         assert_eq!(tag, 100 + i as u16);
         if i % 2 == 0 {
@@ -521,7 +522,7 @@ fn dirty_log_marks_written_pages(ring: Ring, offload: OffloadPolicy) {
             used = vmm.wait_used(std::time::Duration::from_secs(1)).unwrap();
         }
         assert_eq!(used.len(), 1);
-        let len = u64::from(used[0].1);
+        let len = u64::from(used[0].len);
         let (_, r) = decode(&vmm.read(s.reply_addr, len as usize).unwrap());
         if tag == 30 {
             assert_eq!(r, Rmessage::Read(data.clone()));
@@ -590,7 +591,7 @@ fn waiting_lock_at_the_save(ring: Ring, logging: bool) {
     if logging {
         let used = vmm.collect_used().unwrap();
         assert_eq!(used.len(), 1, "the waiter is answered at the stop");
-        let (tag, r) = decode(&vmm.read(s.reply_addr, used[0].1 as usize).unwrap());
+        let (tag, r) = decode(&vmm.read(s.reply_addr, used[0].len as usize).unwrap());
         assert_eq!((tag, r), (41, Rmessage::Lock(LockStatus::Blocked)));
         let state = vmm.save_device_state().unwrap();
         let dst_sock = socks.path().join("dst.sock");
@@ -611,7 +612,7 @@ fn waiting_lock_at_the_save(ring: Ring, logging: bool) {
             used = vmm.wait_used(std::time::Duration::from_secs(1)).unwrap();
         }
         assert_eq!(used.len(), 1);
-        let (tag, r) = decode(&vmm.read(s.reply_addr, used[0].1 as usize).unwrap());
+        let (tag, r) = decode(&vmm.read(s.reply_addr, used[0].len as usize).unwrap());
         assert_eq!((tag, r), (41, Rmessage::Lock(LockStatus::Success)));
     }
     drop(holder);

@@ -227,7 +227,7 @@ fn walk_clunk_us(vmm: &mut FakeVmm, n: usize) -> Res<f64> {
             vmm.submit(frame, 256, Layout::Direct)?;
             vmm.kick()?;
             // Rwalk of no names is 9 bytes, Rclunk 7; Rlerror 11.
-            let (_, len) = super::vhost::wait_one(vmm)?;
+            let len = super::vhost::wait_one(vmm)?.len;
             if len != 9 && len != 7 {
                 return Err(format!("Twalk/Tclunk failed ({len}-byte reply)").into());
             }

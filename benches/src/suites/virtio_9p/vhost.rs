@@ -34,6 +34,7 @@ use virtio_9p_server::protocol::{GetattrMask, OpenFlags, Tgetattr, Tmessage, Tre
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 use virtio_9p_server::vhost_user::{Daemon, DaemonConfig, Listen, StopHandle};
 use virtio_9p_server::{Config, PassthroughConfig, PassthroughFs, Server};
+use virtqueue_large::mock::UsedEntry;
 
 use crate::harness::{format_value, median, Ctx, SuiteReport, Table};
 
@@ -134,7 +135,7 @@ pub(super) fn session_on(
     Ok(vmm)
 }
 
-pub(super) fn wait_one(vmm: &mut FakeVmm) -> Res<(u16, u32)> {
+pub(super) fn wait_one(vmm: &mut FakeVmm) -> Res<UsedEntry> {
     let used = vmm.wait_used(Duration::from_secs(30))?;
     match used.as_slice() {
         [u] => Ok(*u),
@@ -155,7 +156,7 @@ pub(super) fn per_request_us(
     for _ in 0..n {
         vmm.submit(frame, reply_len, Layout::Direct)?;
         vmm.kick()?;
-        let (_, len) = wait_one(vmm)?;
+        let len = wait_one(vmm)?.len;
         if len < 11 {
             return Err(format!("short reply ({len} bytes)").into());
         }
@@ -305,7 +306,7 @@ pub(super) fn sequential_logged(
             )?;
         }
         vmm.kick()?;
-        let (_, len) = wait_one(&mut vmm)?;
+        let len = wait_one(&mut vmm)?.len;
         let expect = if write { 11 } else { this + 11 };
         if len != expect {
             return Err(format!("reply of {len} bytes, expected {expect} (msize {msize})").into());
@@ -347,7 +348,7 @@ pub(super) fn random_4k(
     // One fixed request slot and reply buffer per in-flight request.
     let mut head_slot = std::collections::HashMap::new();
     let mut started = vec![Instant::now(); depth];
-    let submit = |vmm: &mut FakeVmm, slot: usize, off: u64| -> Res<u16> {
+    let submit = |vmm: &mut FakeVmm, slot: usize, off: u64| -> Res<u32> {
         let req = Tmessage::Read(Tread {
             fid: 1,
             offset: off,
@@ -364,7 +365,7 @@ pub(super) fn random_4k(
             Layout::Direct,
             0,
         )?;
-        Ok(sub.head)
+        Ok(u32::from(sub.head))
     };
     for (slot, t) in started.iter_mut().enumerate() {
         let h = submit(&mut vmm, slot, next_offset())?;
@@ -383,11 +384,11 @@ pub(super) fn random_4k(
         // Every used head first: the driver may hand a head (or buffer
         // id) of this batch to the next submit at once.
         let mut done = Vec::with_capacity(used.len());
-        for (head, len) in used {
-            if len != 4096 + 11 {
-                return Err(format!("4 KiB read returned {len} bytes").into());
+        for u in used {
+            if u.len != 4096 + 11 {
+                return Err(format!("4 KiB read returned {} bytes", u.len).into());
             }
-            let slot = head_slot.remove(&head).ok_or("unknown head")?;
+            let slot = head_slot.remove(&u.id).ok_or("unknown head")?;
             lat.push(started[slot].elapsed().as_secs_f64() * 1e6);
             ops += 1;
             done.push(slot);
@@ -602,7 +603,7 @@ fn read_into_pages(
         vmm.write_desc(head, TABLE_AREA, 16 * n, F_INDIRECT, 0)?;
         vmm.push_avail(head)?;
         vmm.kick()?;
-        let (_, len) = wait_one(&mut vmm)?;
+        let len = wait_one(&mut vmm)?.len;
         if len != chunk + 11 {
             return Err(format!(
                 "reply of {len} bytes, expected {} (msize {msize})",

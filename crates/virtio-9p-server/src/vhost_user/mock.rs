@@ -28,7 +28,9 @@ use crate::protocol::{
 };
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtqueue_large::mock::{self as ring_mock, Buf, MockDriver, MockPackedDriver, MockRing};
+use virtqueue_large::mock::{
+    self as ring_mock, Buf, MockDriver, MockPackedDriver, MockRing, UsedEntry,
+};
 use vm_memory::{
     Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
 };
@@ -148,7 +150,8 @@ pub struct FakeVmm {
     bump: u64,
     /// Frontend virtual address of guest address 0.
     host: u64,
-    pending: HashMap<u16, Submitted>,
+    /// Submitted chains by head, widened to the `id` of a [`UsedEntry`].
+    pending: HashMap<u32, Submitted>,
     /// The ring base as QEMU knows it: the last one sent with
     /// SET_VRING_BASE or read with GET_VRING_BASE.
     known_base: u16,
@@ -711,14 +714,14 @@ impl FakeVmm {
             reply_addr,
             reply_len,
         };
-        self.pending.insert(sub.head, sub);
+        self.pending.insert(u32::from(sub.head), sub);
         Ok(sub)
     }
 
     /// Waits until at least one chain is used (or `timeout`) and returns
-    /// every `(head, len)` used since the last call; their descriptors go
-    /// back to the free list.
-    pub fn wait_used(&mut self, timeout: Duration) -> MockResult<Vec<(u16, u32)>> {
+    /// every entry used since the last call (`id` is
+    /// [`Submitted::head`]); their descriptors go back to the free list.
+    pub fn wait_used(&mut self, timeout: Duration) -> MockResult<Vec<UsedEntry>> {
         let deadline = Instant::now() + timeout;
         loop {
             let used = self.collect_used()?;
@@ -739,7 +742,7 @@ impl FakeVmm {
 
     /// Used entries so far, without waiting; their descriptors go back to
     /// the free list.
-    pub fn collect_used(&mut self) -> MockResult<Vec<(u16, u32)>> {
+    pub fn collect_used(&mut self) -> MockResult<Vec<UsedEntry>> {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         let event_idx = self.features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
         let used = self.driver.take_used();
@@ -747,11 +750,10 @@ impl FakeVmm {
             // used_event: notify me at the next used entry.
             self.driver.notify_at_next_used()?;
         }
-        let out: Vec<(u16, u32)> = used.into_iter().map(|u| (u.id as u16, u.len)).collect();
-        for (head, _) in &out {
-            self.pending.remove(head);
+        for u in &used {
+            self.pending.remove(&u.id);
         }
-        Ok(out)
+        Ok(used)
     }
 
     /// Reads `len` bytes of guest memory.
@@ -771,9 +773,9 @@ impl FakeVmm {
             if Instant::now() >= deadline {
                 return Err(format!("no reply to chain {} within 60 s", sub.head).into());
             }
-            for (h, len) in self.wait_used(Duration::from_secs(1))? {
-                if h == sub.head {
-                    got = Some(len);
+            for u in self.wait_used(Duration::from_secs(1))? {
+                if u.id == u32::from(sub.head) {
+                    got = Some(u.len);
                 }
             }
         }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use virtio_9p_server::protocol::*;
 use virtio_9p_server::vhost_user::mock::{FakeVmm, Layout, VmmOptions};
 use virtio_9p_server::DEFAULT_MAX_LOCK_WAITERS;
-use virtqueue_large::mock::{Malicious, PackedMalicious};
+use virtqueue_large::mock::{Malicious, PackedMalicious, UsedEntry};
 
 use super::{decode, frame, version};
 
@@ -130,7 +130,13 @@ pub fn read_128m_through_indirect_chain(
         .unwrap();
     vmm.kick().unwrap();
     let used = vmm.wait_used(Duration::from_secs(60)).unwrap();
-    assert_eq!(used, vec![(sub.head, MAX_MSIZE)]);
+    assert_eq!(
+        used,
+        vec![UsedEntry {
+            id: u32::from(sub.head),
+            len: MAX_MSIZE
+        }]
+    );
     let reply = vmm.read(sub.reply_addr, MAX_MSIZE as usize).unwrap();
     assert_eq!(&reply[..4], &MAX_MSIZE.to_le_bytes());
     assert_eq!(reply[4], MsgType::Rread);
@@ -176,8 +182,8 @@ pub fn requests_1024_in_flight(
         let mut got = 0;
         let deadline = Instant::now() + Duration::from_secs(60);
         while got < n && Instant::now() < deadline {
-            for (_, len) in vmm.wait_used(Duration::from_secs(1)).unwrap() {
-                assert_eq!(len, 11 + 8);
+            for u in vmm.wait_used(Duration::from_secs(1)).unwrap() {
+                assert_eq!(u.len, 11 + 8);
                 got += 1;
             }
         }
@@ -227,14 +233,14 @@ pub fn blocked_locks_then_flushed(
     std::thread::sleep(Duration::from_millis(300));
     early.extend(vmm.collect_used().unwrap());
     assert_eq!(early.len(), blocked_at_once);
-    for (h, len) in &early {
-        let sub = subs.iter().find(|s| s.head == *h).unwrap();
-        let reply = decode(&vmm.read(sub.reply_addr, *len as usize).unwrap());
+    for u in &early {
+        let sub = subs.iter().find(|s| u32::from(s.head) == u.id).unwrap();
+        let reply = decode(&vmm.read(sub.reply_addr, u.len as usize).unwrap());
         assert_eq!(reply.1, Rmessage::Lock(LockStatus::Blocked), "{reply:?}");
     }
     let waiting: Vec<_> = subs
         .iter()
-        .filter(|s| !early.iter().any(|(h, _)| *h == s.head))
+        .filter(|s| !early.iter().any(|u| u.id == u32::from(s.head)))
         .collect();
     let target = waiting[0];
     let target_tag = 100 + subs.iter().position(|s| s.head == target.head).unwrap() as u16;
@@ -255,10 +261,17 @@ pub fn blocked_locks_then_flushed(
     }
     assert_eq!(order.len(), 2, "{order:?}");
     assert_eq!(
-        order[0].0, target.head,
+        order[0].id,
+        u32::from(target.head),
         "the flushed request must come back first"
     );
-    assert_eq!(order[1], (flush.head, 7));
+    assert_eq!(
+        order[1],
+        UsedEntry {
+            id: u32::from(flush.head),
+            len: 7
+        }
+    );
     let rflush = vmm.read(flush.reply_addr, 7).unwrap();
     assert_eq!(decode(&rflush), (5000, Rmessage::Flush));
 
@@ -270,9 +283,9 @@ pub fn blocked_locks_then_flushed(
         granted.extend(vmm.wait_used(Duration::from_secs(1)).unwrap());
     }
     assert_eq!(granted.len(), waiting.len() - 1);
-    for (h, len) in &granted {
-        let sub = subs.iter().find(|s| s.head == *h).unwrap();
-        let reply = decode(&vmm.read(sub.reply_addr, *len as usize).unwrap());
+    for u in &granted {
+        let sub = subs.iter().find(|s| u32::from(s.head) == u.id).unwrap();
+        let reply = decode(&vmm.read(sub.reply_addr, u.len as usize).unwrap());
         assert_eq!(reply.1, Rmessage::Lock(LockStatus::Success), "{reply:?}");
     }
 }
@@ -327,12 +340,12 @@ pub fn malformed_chains_and_messages(
     while used.len() < heads.len() && Instant::now() < deadline {
         used.extend(vmm.wait_used(Duration::from_millis(200)).unwrap());
     }
-    let mut got: Vec<u16> = used.iter().map(|(h, _)| *h).collect();
-    let mut want: Vec<u16> = heads.iter().flatten().copied().collect();
+    let mut got: Vec<u32> = used.iter().map(|u| u.id).collect();
+    let mut want: Vec<u32> = heads.iter().flatten().copied().map(u32::from).collect();
     got.sort_unstable();
     want.sort_unstable();
     assert_eq!(got, want, "refused chains come back: {used:?}");
-    assert!(used.iter().all(|(_, len)| *len == 0), "{used:?}");
+    assert!(used.iter().all(|u| u.len == 0), "{used:?}");
 
     // 5. Malformed 9P: garbage, a size larger than the buffer, a truncated
     // header, no room for a reply. Each is answered or returned, and the
