@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_STEPS=(fmt spdx commit-titles clippy msrv minimal-versions feature-matrix unit-tests aarch64 lib-deps public-items embed-abort embed-vmm docs docs-rs semver publish-dry-run package-tests fuzz-smoke bench-quick guest-conformance guest-large-msize guest-lifecycle guest-migration guest-xfstests miri audit)
+ALL_STEPS=(fmt spdx commit-titles clippy msrv minimal-versions feature-matrix unit-tests aarch64 lib-deps module-cycles public-items embed-abort embed-vmm docs docs-rs semver publish-dry-run package-tests fuzz-smoke bench-quick guest-conformance guest-large-msize guest-lifecycle guest-migration guest-xfstests miri audit)
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL_STEPS[@]}")
 

@@ -21,7 +21,7 @@ pub const QEMU_MAX_THREADS: usize = 16;
 pub const MIN_BYTES_PER_THREAD: usize = 64 << 20;
 
 /// The largest CPU number accepted in an affinity list (`CPU_SETSIZE - 1`).
-pub const MAX_CPU: usize = 1023;
+pub const MAX_CPU: usize = sys::LAST_CPU;
 
 /// The largest NUMA node number accepted (`MAX_NUMNODES - 1` of a kernel
 /// built with `NODES_SHIFT = 10`).

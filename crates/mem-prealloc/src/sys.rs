@@ -23,6 +23,9 @@ const HUGETLBFS_MAGIC: u64 = 0x9584_58f6;
 /// How often a transient `EINTR`/`EAGAIN` is retried before it is reported.
 const MAX_RETRIES: u32 = 64;
 
+/// The largest CPU number a `cpu_set_t` holds (`CPU_SETSIZE - 1`).
+pub(crate) const LAST_CPU: usize = libc::CPU_SETSIZE as usize - 1;
+
 /// The errno of the last failed call.
 fn errno() -> i32 {
     io::Error::last_os_error()
@@ -210,7 +213,7 @@ fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
         match part.split_once('-') {
             Some((from, to)) => {
                 let (from, to): (usize, usize) = (from.parse().ok()?, to.parse().ok()?);
-                if from > to || to > crate::MAX_CPU {
+                if from > to || to > LAST_CPU {
                     return None;
                 }
                 cpus.extend(from..=to);
@@ -234,7 +237,7 @@ pub(crate) fn allowed_cpus() -> Option<Vec<usize>> {
     }
     // SAFETY: CPU_ISSET reads one bit inside `set` for cpu < CPU_SETSIZE.
     Some(
-        (0..=crate::MAX_CPU)
+        (0..=LAST_CPU)
             .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
             .collect(),
     )

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The fd syscalls the transports and the server share, in one place (as
 //! virtiofsd's `oslib`): positional reads and writes retried on `EINTR`,
-//! the page-cache check, nonblocking socket reads and sends, and the one
-//! `poll(2)` wait. The passthrough's own path calls are in
+//! the page-cache check, nonblocking socket reads and sends, the one
+//! `poll(2)` wait, and the soft `RLIMIT_NOFILE` that the fid and path-fd
+//! budgets start from. The passthrough's own path calls are in
 //! `fs/passthrough/sys.rs`; the pipe calls of the zero-copy Rread stay in
 //! `transport/socket/splice.rs`.
 
@@ -272,6 +273,20 @@ pub(crate) fn send_fd(sock: BorrowedFd<'_>, buf: &[u8], more: bool) -> io::Resul
             io::ErrorKind::Interrupted => continue,
             _ => return Err(e),
         }
+    }
+}
+
+/// The soft `RLIMIT_NOFILE` (1024 if it cannot be read).
+pub(crate) fn soft_nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out pointer for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
     }
 }
 

@@ -51,35 +51,11 @@ use crate::fs::Filesystem;
 use crate::io::{ReplyWriter, RequestReader, SliceReader};
 use crate::protocol::*;
 use crate::server::session::{Fid, FidKind};
-use crate::server::{errno, Blocking, Cancel, OpResult, Reply, Server, Session};
+use crate::server::{errno, records_reply, Blocking, Cancel, OpResult, Reply, Server, Session};
 
 /// Largest request a new daemon decodes to look for what a killed one
 /// left done (the requests that change fids or the export are small).
 const MAX_LEFT_FRAME: usize = 64 << 10;
-
-/// Whether the reply of a request of type `ty` is recorded.
-pub(crate) fn records_reply(ty: u8) -> bool {
-    [
-        MsgType::Twalk,
-        MsgType::Tattach,
-        MsgType::Txattrwalk,
-        MsgType::Tlopen,
-        MsgType::Tlcreate,
-        MsgType::Txattrcreate,
-        MsgType::Tclunk,
-        MsgType::Tremove,
-        MsgType::Tmkdir,
-        MsgType::Tsymlink,
-        MsgType::Tmknod,
-        MsgType::Tlink,
-        MsgType::Tunlinkat,
-        MsgType::Trenameat,
-        MsgType::Trename,
-        MsgType::Tsetattr,
-    ]
-    .iter()
-    .any(|t| u8::from(*t) == ty)
-}
 
 /// `CLOCK_REALTIME_COARSE` in nanoseconds: the clock the kernel stamps
 /// ctimes with.

@@ -271,7 +271,7 @@ impl<F: Filesystem> Server<F> {
                     }
                 }
                 if !adopted {
-                    self.keep_locks(fid, &file, &mut log);
+                    self.keep_locks(fid, &file, log.holds_locks(), &mut log.kept);
                 }
                 FidKind::Open {
                     file,

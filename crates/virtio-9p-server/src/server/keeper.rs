@@ -33,7 +33,6 @@ use std::sync::Arc;
 
 use log::{error, info, warn};
 
-use super::session::LockLog;
 use super::Server;
 use crate::fs::Filesystem;
 use crate::protocol::{OpenFlags, Tlock};
@@ -109,31 +108,38 @@ fn dup(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 }
 
 impl<F: Filesystem> Server<F> {
-    /// After a Tlock on `fid` changed `log`: keeps the file description
-    /// when it holds its first lock, releases it when its last lock went
-    /// (an unlock of the whole file). No-op without a keeper.
-    pub(crate) fn keep_locks(&self, fid: u32, file: &F::File, log: &mut LockLog) {
+    /// After a Tlock on `fid` changed its lock log: keeps the file
+    /// description in `kept` when it holds its first lock (`holds`),
+    /// releases it when its last lock went (an unlock of the whole file).
+    /// No-op without a keeper.
+    pub(crate) fn keep_locks(
+        &self,
+        fid: u32,
+        file: &F::File,
+        holds: bool,
+        kept: &mut Option<Kept>,
+    ) {
         let Some(keeper) = &self.config.lock_keeper else {
             return;
         };
-        if log.granted.is_empty() && !log.incomplete {
+        if !holds {
             // Dropping unlocks (nothing is locked any more) and releases.
-            log.kept = None;
+            *kept = None;
             return;
         }
-        if log.kept.is_some() {
+        if kept.is_some() {
             return;
         }
         let Some(fd) = self.fs.lock_fd(file) else {
             return;
         };
-        let kept = dup(fd).and_then(|own| {
+        let handed = dup(fd).and_then(|own| {
             keeper.keep(fid, own.as_fd())?;
             Ok(own)
         });
-        match kept {
+        match handed {
             Ok(fd) => {
-                log.kept = Some(Kept {
+                *kept = Some(Kept {
                     keeper: Arc::clone(keeper),
                     fid,
                     fd,

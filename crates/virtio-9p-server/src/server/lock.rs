@@ -87,7 +87,7 @@ impl<F: Filesystem> Server<F> {
                 // before the guest hears of the grant.
                 let mut log = locks.lock().unwrap_or_else(|e| e.into_inner());
                 log.record(m);
-                self.keep_locks(m.fid, file, &mut log);
+                self.keep_locks(m.fid, file, log.holds_locks(), &mut log.kept);
             }
             if status != LockStatus::Blocked || !wait {
                 return Ok(Rmessage::Lock(status));

@@ -214,7 +214,7 @@ impl Config {
     /// fids up to half of what is left after 256 fds for the process,
     /// at most [`DEFAULT_MAX_FIDS`] and at least the embedded default.
     pub fn sized_to_process() -> Self {
-        let half = soft_nofile().saturating_sub(PROCESS_RESERVED_FDS) / 2;
+        let half = crate::sys::soft_nofile().saturating_sub(PROCESS_RESERVED_FDS) / 2;
         Config {
             max_open_fids: usize::try_from(half)
                 .unwrap_or(usize::MAX)
@@ -224,18 +224,30 @@ impl Config {
     }
 }
 
-/// The soft `RLIMIT_NOFILE` (1024 if it cannot be read).
-pub(crate) fn soft_nofile() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid out pointer for the call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-        lim.rlim_cur
-    } else {
-        1024
-    }
+/// Whether the reply of a request of type `ty` is recorded for exactly
+/// once across a crash (`persist::exactly_once`): the requests that change
+/// fids or the export.
+pub(crate) fn records_reply(ty: u8) -> bool {
+    [
+        MsgType::Twalk,
+        MsgType::Tattach,
+        MsgType::Txattrwalk,
+        MsgType::Tlopen,
+        MsgType::Tlcreate,
+        MsgType::Txattrcreate,
+        MsgType::Tclunk,
+        MsgType::Tremove,
+        MsgType::Tmkdir,
+        MsgType::Tsymlink,
+        MsgType::Tmknod,
+        MsgType::Tlink,
+        MsgType::Tunlinkat,
+        MsgType::Trenameat,
+        MsgType::Trename,
+        MsgType::Tsetattr,
+    ]
+    .iter()
+    .any(|t| u8::from(*t) == ty)
 }
 
 /// What [`Server::handle`] wrote.
@@ -503,7 +515,7 @@ impl<F: Filesystem> Server<F> {
             Tmessage::Renameat(m) => self.renameat(session, &m, exec),
             Tmessage::Unlinkat(m) => self.unlinkat(session, &m, exec),
         };
-        let rec = rec.filter(|_| crate::persist::exactly_once::records_reply(h.ty));
+        let rec = rec.filter(|_| records_reply(h.ty));
         self.send_recorded(reply, &h, result, msize, rec)
     }
 

@@ -114,6 +114,12 @@ pub(crate) struct LockLog {
 }
 
 impl LockLog {
+    /// Whether the fid may hold a lock: one recorded, or more than the
+    /// log could record.
+    pub fn holds_locks(&self) -> bool {
+        !self.granted.is_empty() || self.incomplete
+    }
+
     /// Records a granted (or unlocking) Tlock.
     pub fn record(&mut self, m: &Tlock) {
         if m.ty == LockType::Unlck && m.start == 0 && m.length == 0 {

@@ -187,7 +187,7 @@ const EMBEDDED_MAX_PATH_FDS: usize = 256;
 
 /// Half the soft `RLIMIT_NOFILE`, at least 64.
 fn process_max_path_fds() -> usize {
-    let soft = crate::server::soft_nofile();
+    let soft = crate::sys::soft_nofile();
     usize::try_from(soft / 2).unwrap_or(usize::MAX).max(64)
 }
 
