@@ -50,7 +50,7 @@ fn test_packed_ring_not_offered_when_turned_off() {
         e.to_string(),
         "the device does not offer VIRTIO_F_RING_PACKED"
     );
-    // A split-ring driver is served as before.
+    // A split-ring driver is still served.
     let mut vmm = d.connect(VmmOptions::default());
     assert_eq!(vmm.features() & (1 << 34), 0);
     assert_eq!(version(&mut vmm, 8192), 8192);
