@@ -14,6 +14,8 @@ import re
 import sys
 from collections import defaultdict
 
+from circles import circles, print_circles
+
 NODE = re.compile(r'^\s*"([^"]+)" \[label="[^|]*?(\bmod|crate)\|')
 EDGE = re.compile(r'^\s*"([^"]+)" -> "([^"]+)" \[label="uses"')
 
@@ -49,46 +51,8 @@ def main():
         uses[a].add(b)
         why.setdefault((a, b), f"{m.group(1)} -> {m.group(2)}")
 
-    # Tarjan's strongly connected components, iteratively.
-    index, low, on, stack, sccs = {}, {}, set(), [], []
-    for root in sorted(modules):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(uses[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on.add(root)
-        while work:
-            node, it = work[-1]
-            nxt = next(it, None)
-            if nxt is None:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    scc = []
-                    while True:
-                        w = stack.pop()
-                        on.discard(w)
-                        scc.append(w)
-                        if w == node:
-                            break
-                    if len(scc) > 1:
-                        sccs.append(sorted(scc))
-            elif nxt not in index:
-                index[nxt] = low[nxt] = len(index)
-                stack.append(nxt)
-                on.add(nxt)
-                work.append((nxt, iter(sorted(uses[nxt]))))
-            elif nxt in on:
-                low[node] = min(low[node], index[nxt])
-
-    for scc in sccs:
-        print("circle: " + ", ".join(scc))
-        members = set(scc)
-        for a in scc:
-            for b in sorted(uses[a] & members):
-                print(f"  {a} uses {b}  ({why[(a, b)]})")
+    sccs = circles(modules, uses)
+    print_circles(sccs, uses, why)
     print(f"{len(modules)} modules, {len(sccs)} circles")
     return 1 if sccs else 0
 

@@ -21,6 +21,8 @@ import re
 import sys
 from collections import defaultdict
 
+from circles import circles, print_circles
+
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 
 
@@ -126,9 +128,9 @@ def use_tree(text):
 class Crate:
     def __init__(self, src_dir, root_file):
         self.files = {}  # module path (tuple) -> file
-        self.load(src_dir, os.path.join(src_dir, root_file), ())
+        self.code = {}  # module path -> its file without comments, strings, tests
+        self.load(os.path.join(src_dir, root_file), ())
         self.reexports = {}  # (module, name) -> full path (tuple)
-        self.code = {m: drop_test_modules(strip(open(f).read())) for m, f in self.files.items()}
         for m, code in self.code.items():
             for u in re.finditer(r"\bpub(\([^)]*\))?\s+use\s+([^;]+);", code):
                 for p, known_as in use_tree(u.group(2)):
@@ -136,18 +138,18 @@ class Crate:
                     if full and full[-1] != "*":
                         self.reexports[(m, known_as)] = full
 
-    def load(self, src_dir, path, module):
+    def load(self, path, module):
         self.files[module] = path
-        code = drop_test_modules(strip(open(path).read()))
+        code = self.code[module] = drop_test_modules(strip(open(path).read()))
         base = os.path.dirname(path)
         stem = os.path.splitext(os.path.basename(path))[0]
-        if module and stem not in ("mod",):
+        if module and stem != "mod":
             base = os.path.join(base, stem)
-        for m in re.finditer(r"(?:#\[path\s*=\s*\"([^\"]+)\"\]\s*)?(?:pub(?:\([^)]*\))?\s+)?mod\s+(" + IDENT + r")\s*;", code):
-            name = m.group(2)
+        for m in re.finditer(r"(?:pub(?:\([^)]*\))?\s+)?mod\s+(" + IDENT + r")\s*;", code):
+            name = m.group(1)
             for cand in (os.path.join(base, name + ".rs"), os.path.join(base, name, "mod.rs")):
                 if os.path.exists(cand):
-                    self.load(src_dir, cand, module + (name,))
+                    self.load(cand, module + (name,))
                     break
 
     def absolute(self, module, parts):
@@ -207,42 +209,6 @@ def related(a, b):
     return a[:len(b)] == b or b[:len(a)] == a
 
 
-def circles(nodes, edges):
-    index, low, on, stack, out = {}, {}, set(), [], []
-    for root in sorted(nodes):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(edges[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on.add(root)
-        while work:
-            node, it = work[-1]
-            nxt = next(it, None)
-            if nxt is None:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    scc = []
-                    while True:
-                        w = stack.pop()
-                        on.discard(w)
-                        scc.append(w)
-                        if w == node:
-                            break
-                    if len(scc) > 1:
-                        out.append(sorted(scc))
-            elif nxt not in index:
-                index[nxt] = low[nxt] = len(index)
-                stack.append(nxt)
-                on.add(nxt)
-                work.append((nxt, iter(sorted(edges[nxt]))))
-            elif nxt in on:
-                low[node] = min(low[node], index[nxt])
-    return out
-
-
 def name(m):
     return "::".join(m) or "(root)"
 
@@ -255,12 +221,7 @@ def main():
         crate = Crate(src, root)
         edges, why = crate.uses()
         found = circles(crate.files, edges)
-        for scc in found:
-            print(f"circle ({root}): " + ", ".join(map(name, scc)))
-            members = set(scc)
-            for a in scc:
-                for b in sorted(edges[a] & members):
-                    print(f"  {name(a)} uses {name(b)}  ({why[(a, b)]})")
+        print_circles(found, edges, why, name, f"circle ({root})")
         print(f"{src}/{root}: {len(crate.files)} modules, {len(found)} circles")
         rc |= 1 if found else 0
     return rc
