@@ -33,9 +33,9 @@ use crate::{Error, Result};
 pub(crate) const DESC_SIZE: u64 = size_of::<Descriptor>() as u64;
 // Packed descriptors are read with the same 16-byte table reads.
 const _: () = assert!(size_of::<virtio_queue::desc::packed::Descriptor>() as u64 == DESC_SIZE);
-const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
-const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
-const F_INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
+pub(crate) const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
+pub(crate) const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
+pub(crate) const F_INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
 
 /// Segment buffers kept for reuse by default (see [`ChainWalker::with_pool_size`]).
 pub const DEFAULT_POOL_SIZE: usize = 64;

@@ -22,13 +22,13 @@
 use std::sync::atomic::{fence, Ordering};
 
 use virtio_bindings::bindings::virtio_ring::{
-    VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_PACKED_DESC_F_AVAIL,
-    VRING_PACKED_DESC_F_USED, VRING_PACKED_EVENT_FLAG_DESC, VRING_PACKED_EVENT_FLAG_DISABLE,
-    VRING_PACKED_EVENT_FLAG_ENABLE, VRING_PACKED_EVENT_F_WRAP_CTR,
+    VRING_PACKED_DESC_F_AVAIL, VRING_PACKED_DESC_F_USED, VRING_PACKED_EVENT_FLAG_DESC,
+    VRING_PACKED_EVENT_FLAG_DISABLE, VRING_PACKED_EVENT_FLAG_ENABLE, VRING_PACKED_EVENT_F_WRAP_CTR,
 };
 use virtio_queue::QueueT;
 use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, Le16};
 
+use crate::walk::F_WRITE;
 use crate::{Error, Result};
 
 pub(crate) mod walk;
@@ -40,9 +40,6 @@ pub const PACKED_MAX_SIZE: u16 = 1 << 15;
 pub const F_AVAIL: u16 = 1 << VRING_PACKED_DESC_F_AVAIL;
 /// `VIRTQ_DESC_F_USED` as the descriptor flag bit.
 pub const F_USED: u16 = 1 << VRING_PACKED_DESC_F_USED;
-const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
-const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
-const F_INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
 /// The wrap counter bit of `off_wrap` and of the vhost-user ring base halves.
 pub const WRAP_BIT: u16 = 1 << VRING_PACKED_EVENT_F_WRAP_CTR;
 /// Event suppression flags: notifications enabled.

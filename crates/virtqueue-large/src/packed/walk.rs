@@ -10,8 +10,10 @@ use std::ops::Deref;
 
 use vm_memory::GuestMemoryBackend;
 
-use super::{advance, is_avail, PackedQueue, DESC_SIZE, F_INDIRECT, F_NEXT, F_WRITE};
-use crate::walk::{open_table, walk_packed_table, Acc, Summary, Table};
+use super::{advance, is_avail, PackedQueue, DESC_SIZE};
+use crate::walk::{
+    open_table, walk_packed_table, Acc, Summary, Table, F_INDIRECT, F_NEXT, F_WRITE,
+};
 use crate::{Chain, ChainWalker, Error, Result};
 
 /// How a packed chain sits in the ring: slots occupied and the buffer id
