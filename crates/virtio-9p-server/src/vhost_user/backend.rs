@@ -16,7 +16,7 @@ use vhost::vhost_user::message::{
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_RING_PACKED;
 use virtio_queue::QueueT;
-use virtqueue_large::{AnyRing, DeviceRing, PackedQueue};
+use virtqueue_large::{AnyRing, PackedQueue};
 use vm_memory::{
     GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
 };
@@ -923,11 +923,8 @@ impl<F: Filesystem + 'static> Virtio9pBackend<F> {
         let m = mem.memory();
         let notify = {
             let mut ring = any_ring(st.get_queue_mut(), packed);
-            match q.complete_ring(&mut ring, &*m) {
-                // A broken event suppression area gets a signal rather than
-                // a driver left waiting.
-                Ok(true) => ring.notify_needed(&*m).unwrap_or(true),
-                Ok(false) => false,
+            match q.complete_and_check_signal(&mut ring, &*m) {
+                Ok(notify) => notify,
                 Err(e) => {
                     error!("virtio-9p: {e}");
                     false

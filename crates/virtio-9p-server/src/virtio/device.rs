@@ -10,7 +10,7 @@ use coro_pool::{PoolConfig, StackPool};
 use log::{debug, error, warn};
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{Queue, QueueT};
-use virtqueue_large::{AnyRing, DeviceRing, PackedQueue};
+use virtqueue_large::{AnyRing, PackedQueue};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -318,11 +318,8 @@ where
             None => AnyRing::Split(&mut a.queue),
         };
         let popped = self.rq.process_ring(&mut ring, m.clone().into_inner());
-        let notify = match self.rq.complete_ring(&mut ring, &*m) {
-            // A broken event suppression area gets an interrupt rather
-            // than a driver left waiting.
-            Ok(true) => ring.notify_needed(&*m).unwrap_or(true),
-            Ok(false) => false,
+        let notify = match self.rq.complete_and_check_signal(&mut ring, &*m) {
+            Ok(notify) => notify,
             Err(e) => {
                 error!("virtio-9p: {e}");
                 false
@@ -420,7 +417,7 @@ where
             Some(p) => AnyRing::Packed(p),
             None => AnyRing::Split(&mut a.queue),
         };
-        if self.rq.complete_ring(&mut ring, &*m)? && ring.notify_needed(&*m).unwrap_or(true) {
+        if self.rq.complete_and_check_signal(&mut ring, &*m)? {
             (a.interrupt)();
         }
         Ok(())

@@ -726,6 +726,18 @@ impl<F: Filesystem + 'static> RequestQueue<F> {
         Ok(any)
     }
 
+    /// [`complete_ring`](Self::complete_ring), then whether to signal the
+    /// driver: what [`DeviceRing::notify_needed`] says, or yes when it
+    /// fails (a broken event suppression area gets a signal rather than a
+    /// driver left waiting).
+    pub(crate) fn complete_and_check_signal<R, G>(&mut self, ring: &mut R, mem: &G) -> Result<bool>
+    where
+        R: DeviceRing,
+        G: GuestMemoryBackend,
+    {
+        Ok(self.complete_ring(ring, mem)? && ring.notify_needed(mem).unwrap_or(true))
+    }
+
     /// Drops the finished requests without touching the ring (the queue
     /// was stopped).
     pub fn discard_completed(&mut self) {
