@@ -359,10 +359,10 @@ impl FakeVmm {
         self.reconnect_at(path, base)
     }
 
-    /// [`FakeVmm::reconnect`] with SET_VRING_BASE at `base`: any value,
-    /// for a frontend whose base is stale (QEMU's `last_avail_idx` of a
-    /// ring it never processed is 0) or wrong.
-    pub fn reconnect_at(&mut self, path: &Path, base: u16) -> MockResult<()> {
+    /// A new connection to the backend at `path`, set up as this VMM's
+    /// was: the protocol features offered, this VMM's features and its
+    /// memory table. The ring is not set up.
+    fn open_with_memory(&self, path: &Path) -> MockResult<Frontend> {
         let (mut frontend, _) = open_frontend(path)?;
         let proto = frontend.get_protocol_features()?;
         frontend.set_protocol_features(proto)?;
@@ -373,7 +373,14 @@ impl FakeVmm {
             .map(VhostUserMemoryRegionInfo::from_guest_region)
             .collect::<Result<Vec<_>, _>>()?;
         frontend.set_mem_table(&regions)?;
-        self.frontend = frontend;
+        Ok(frontend)
+    }
+
+    /// [`FakeVmm::reconnect`] with SET_VRING_BASE at `base`: any value,
+    /// for a frontend whose base is stale (QEMU's `last_avail_idx` of a
+    /// ring it never processed is 0) or wrong.
+    pub fn reconnect_at(&mut self, path: &Path, base: u16) -> MockResult<()> {
+        self.frontend = self.open_with_memory(path)?;
         self.kick = EventFd::new(EFD_NONBLOCK)?;
         self.call = EventFd::new(EFD_NONBLOCK)?;
         let addrs = self.driver.ring_addresses();
@@ -476,16 +483,7 @@ impl FakeVmm {
     /// source). If the destination refuses the state, this VMM stays on
     /// the source backend, as a failed migration leaves QEMU.
     pub fn migrate_to(&mut self, path: &Path, state: &[u8], base: u32) -> MockResult<()> {
-        let (mut frontend, _) = open_frontend(path)?;
-        let proto = frontend.get_protocol_features()?;
-        frontend.set_protocol_features(proto)?;
-        frontend.set_features(self.features)?;
-        let regions = self
-            .memory()
-            .iter()
-            .map(VhostUserMemoryRegionInfo::from_guest_region)
-            .collect::<Result<Vec<_>, _>>()?;
-        frontend.set_mem_table(&regions)?;
+        let frontend = self.open_with_memory(path)?;
         let (r, w) = pipe()?;
         let back = frontend.set_device_state_fd(
             VhostTransferStateDirection::LOAD,
