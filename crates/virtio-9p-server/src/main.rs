@@ -52,12 +52,11 @@ fn harden(
             sessions,
         });
     }
-    let shared_dir = std::fs::canonicalize(&cli.shared_dir).map_err(|source| {
-        virtio_9p_server::Error::from(PassthroughError::SharedDir {
+    let shared_dir =
+        std::fs::canonicalize(&cli.shared_dir).map_err(|source| PassthroughError::SharedDir {
             path: cli.shared_dir.clone(),
             source,
-        })
-    })?;
+        })?;
     let mut pcfg = PassthroughConfig::new(&shared_dir);
     pcfg.readonly = cli.readonly;
     pcfg.inline_metadata = !cli.no_inline_metadata;
@@ -337,7 +336,7 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<()> {
                 return Err(Error::SocketGroupNotUnix);
             }
             check_tcp_exposure(cli)?;
-            Listener::bind(addr).map_err(virtio_9p_server::Error::from)?
+            Listener::bind(addr)?
         }
     };
     let bound = listener
@@ -365,9 +364,7 @@ fn run_socket(cli: &Cli, addr: &ListenAddr) -> Result<()> {
     );
     let mut limits = SocketLimits::default();
     limits.workers = cli.vhost.thread_pool_size;
-    let result = listener
-        .serve_with(server, limits)
-        .map_err(|e| Error::from(virtio_9p_server::Error::from(e)));
+    let result = listener.serve_with(server, limits).map_err(Error::from);
     if let Some(files) = CLEANUP.get() {
         remove_files(files);
     }
@@ -460,7 +457,7 @@ fn run_vhost_user(cli: &Cli, store: Arc<FdStore>) -> Result<()> {
 /// A socket that cannot be bound (or read back): the library's
 /// [`SocketError::Listen`], as `Listener::bind` reports it.
 fn listen_error(addr: String, source: std::io::Error) -> Error {
-    virtio_9p_server::Error::from(SocketError::Listen { addr, source }).into()
+    SocketError::Listen { addr, source }.into()
 }
 
 fn main() -> ExitCode {

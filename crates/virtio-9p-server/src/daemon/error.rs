@@ -15,7 +15,8 @@
 use std::io;
 use std::path::PathBuf;
 
-use virtio_9p_server::SecurityModel;
+use virtio_9p_server::transport::socket::SocketError;
+use virtio_9p_server::{PassthroughError, SecurityModel};
 
 /// Errors of the daemon's startup: command line, pid file, sandbox,
 /// capabilities, seccomp, logging. Each message names what failed.
@@ -264,6 +265,20 @@ pub enum Error {
     /// The filters were installed once already.
     #[error("seccomp: the filters are already installed")]
     SeccompInstalled,
+}
+
+// The library layers the binary calls directly, wrapped as the library
+// wraps them.
+impl From<PassthroughError> for Error {
+    fn from(e: PassthroughError) -> Self {
+        Error::Library(e.into())
+    }
+}
+
+impl From<SocketError> for Error {
+    fn from(e: SocketError) -> Self {
+        Error::Library(e.into())
+    }
 }
 
 /// `Result` with the daemon's [`Error`].
