@@ -314,6 +314,12 @@ impl FakeVmm {
     /// chains and replies are kept.
     pub fn resume_ring(&mut self, base: u32) -> MockResult<()> {
         self.frontend.set_features(self.features)?;
+        self.program_at(base as u16)
+    }
+
+    /// Sends the driver's ring as it is, with SET_VRING_BASE at `base` and
+    /// new kick and call eventfds, and enables it.
+    fn program_at(&mut self, base: u16) -> MockResult<()> {
         self.kick = EventFd::new(EFD_NONBLOCK)?;
         self.call = EventFd::new(EFD_NONBLOCK)?;
         let addrs = self.driver.ring_addresses();
@@ -322,11 +328,11 @@ impl FakeVmm {
             self.opts.queue_size,
             addrs,
             self.host,
-            base as u16,
+            base,
             &self.kick,
             &self.call,
         )?;
-        self.known_base = base as u16;
+        self.known_base = base;
         Ok(())
     }
 
@@ -381,20 +387,7 @@ impl FakeVmm {
     /// ring it never processed is 0) or wrong.
     pub fn reconnect_at(&mut self, path: &Path, base: u16) -> MockResult<()> {
         self.frontend = self.open_with_memory(path)?;
-        self.kick = EventFd::new(EFD_NONBLOCK)?;
-        self.call = EventFd::new(EFD_NONBLOCK)?;
-        let addrs = self.driver.ring_addresses();
-        program_ring(
-            &mut self.frontend,
-            self.opts.queue_size,
-            addrs,
-            self.host,
-            base,
-            &self.kick,
-            &self.call,
-        )?;
-        self.known_base = base;
-        Ok(())
+        self.program_at(base)
     }
 
     /// Starts dirty-page logging as a VMM does when a live migration
